@@ -1,0 +1,282 @@
+// Package kvwatch follows a JetStream KV bucket and survives what kills nats.go's own watcher.
+//
+// nats.go's KeyValue.Watch runs on an ordered push consumer that, on some failures, closes its
+// channel silently or recovers only after 8-17 s. A Follower instead owns an ephemeral pull
+// consumer on the bucket's stream with idle heartbeats: a dead or stale consumer is noticed
+// within two heartbeat intervals and replaced by one that starts at the revision after the last
+// one applied, so the handler sees every revision once, in order, with no gap and no duplicate.
+//
+// A Follower first delivers the current value of every key (or every revision after a start
+// revision), then calls the handler's Synced once, then delivers updates as they happen.
+package kvwatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Op is what happened to a key.
+type Op uint8
+
+const (
+	Put Op = iota
+	Delete
+	Purge
+)
+
+// Entry is one revision of one key.
+type Entry struct {
+	Key      string
+	Value    []byte
+	Revision uint64
+	Op       Op
+	Created  time.Time
+}
+
+// Handler receives a bucket's entries. Apply and Synced are called from the follower's
+// goroutine only, one at a time.
+type Handler interface {
+	// Apply is called once per revision, in revision order.
+	Apply(Entry)
+	// Synced is called when the initial values are in (once per Run).
+	Synced()
+}
+
+// Config configures a Follower.
+type Config struct {
+	JS     jetstream.JetStream
+	Bucket string
+	// Filter selects keys ("" or ">" for all); it may use NATS wildcards.
+	Filter string
+	// After: start with the revisions after this one instead of each key's current value.
+	// Used to resume from a snapshot that covers revisions up to After.
+	After uint64
+	// Heartbeat is the consumer's idle heartbeat; a consumer silent for twice this long is
+	// replaced. Default 500ms.
+	Heartbeat time.Duration
+	// Batch is how many messages one pull asks for. Default 4096.
+	Batch int
+	// Retry is the wait between attempts to recreate the consumer. Default 100ms, doubling to 1s.
+	Retry time.Duration
+	// Logger; if nil, logs are discarded.
+	Logger *slog.Logger
+}
+
+// Stats are a follower's counters.
+type Stats struct {
+	Revision uint64 // last revision applied
+	Applied  uint64 // entries applied
+	Resumes  uint64 // consumers recreated after a failure
+	Gaps     uint64 // sequence gaps detected (each causes a resume)
+	// LastMessage is when the last entry arrived.
+	LastMessage time.Time
+	// DownSince is when the follower lost its consumer, zero while it has one. Routing from a
+	// snapshot that has been down for long is routing from stale data: report it.
+	DownSince time.Time
+	Synced    bool
+}
+
+// Follower follows one bucket. Create with New, run with Run.
+type Follower struct {
+	cfg    Config
+	h      Handler
+	prefix string
+
+	rev         atomic.Uint64
+	applied     atomic.Uint64
+	resumes     atomic.Uint64
+	gaps        atomic.Uint64
+	lastMessage atomic.Int64
+	downSince   atomic.Int64
+	synced      atomic.Bool
+}
+
+// New makes a follower; it does nothing until Run.
+func New(cfg Config, h Handler) (*Follower, error) {
+	if cfg.JS == nil || cfg.Bucket == "" || h == nil {
+		return nil, errors.New("kvwatch: JS, Bucket and a handler are required")
+	}
+	if cfg.Filter == "" {
+		cfg.Filter = ">"
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = 500 * time.Millisecond
+	}
+	if cfg.Batch <= 0 {
+		cfg.Batch = 4096
+	}
+	if cfg.Retry <= 0 {
+		cfg.Retry = 100 * time.Millisecond
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	f := &Follower{cfg: cfg, h: h, prefix: "$KV." + cfg.Bucket + "."}
+	f.rev.Store(cfg.After)
+	return f, nil
+}
+
+// Stats returns the follower's counters.
+func (f *Follower) Stats() Stats {
+	return Stats{
+		Revision:    f.rev.Load(),
+		Applied:     f.applied.Load(),
+		Resumes:     f.resumes.Load(),
+		Gaps:        f.gaps.Load(),
+		LastMessage: unixTime(f.lastMessage.Load()),
+		DownSince:   unixTime(f.downSince.Load()),
+		Synced:      f.synced.Load(),
+	}
+}
+
+func unixTime(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+// Revision is the last revision applied.
+func (f *Follower) Revision() uint64 { return f.rev.Load() }
+
+// Run follows the bucket until ctx ends. It returns ctx's error; failures on the way are
+// logged and retried.
+func (f *Follower) Run(ctx context.Context) error {
+	backoff := f.cfg.Retry
+	for ctx.Err() == nil {
+		err := f.session(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		f.downSince.CompareAndSwap(0, time.Now().UnixNano())
+		f.resumes.Add(1)
+		f.cfg.Logger.Warn("kv follower resuming", "bucket", f.cfg.Bucket, "after_revision", f.rev.Load(), "err", err)
+		if errors.Is(err, errGap) {
+			continue // resume at once; the server is fine
+		}
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+		}
+		backoff = min(2*backoff, time.Second)
+		if err == nil {
+			backoff = f.cfg.Retry
+		}
+	}
+	return ctx.Err()
+}
+
+var errGap = errors.New("sequence gap")
+
+// session runs one consumer until it fails.
+func (f *Follower) session(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	stream, err := f.cfg.JS.Stream(cctx, "KV_"+f.cfg.Bucket)
+	if err != nil {
+		cancel()
+		return fmt.Errorf("open stream: %w", err)
+	}
+	cc := jetstream.ConsumerConfig{
+		FilterSubject:     f.prefix + f.cfg.Filter,
+		AckPolicy:         jetstream.AckNonePolicy,
+		MemoryStorage:     true,
+		Replicas:          1,
+		InactiveThreshold: 30 * time.Second,
+		MaxWaiting:        4,
+		HeadersOnly:       false,
+	}
+	after := f.rev.Load()
+	if after == 0 {
+		cc.DeliverPolicy = jetstream.DeliverLastPerSubjectPolicy
+	} else {
+		cc.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cc.OptStartSeq = after + 1
+	}
+	cons, err := stream.CreateConsumer(cctx, cc)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("create consumer: %w", err)
+	}
+	defer func() {
+		dctx, dcancel := context.WithTimeout(context.Background(), time.Second)
+		_ = stream.DeleteConsumer(dctx, cons.CachedInfo().Name)
+		dcancel()
+	}()
+	f.downSince.Store(0)
+	if !f.synced.Load() && cons.CachedInfo().NumPending == 0 {
+		f.markSynced()
+	}
+	it, err := cons.Messages(
+		jetstream.PullMaxMessages(f.cfg.Batch),
+		jetstream.PullHeartbeat(f.cfg.Heartbeat),
+		jetstream.WithMessagesErrOnMissingHeartbeat(true),
+	)
+	if err != nil {
+		return fmt.Errorf("pull: %w", err)
+	}
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	var consSeq uint64
+	for {
+		m, err := it.Next()
+		if err != nil {
+			return fmt.Errorf("next: %w", err)
+		}
+		f.lastMessage.Store(time.Now().UnixNano())
+		md, err := m.Metadata()
+		if err != nil {
+			return fmt.Errorf("metadata: %w", err)
+		}
+		if md.Sequence.Consumer != consSeq+1 {
+			f.gaps.Add(1)
+			return fmt.Errorf("%w: consumer sequence %d after %d", errGap, md.Sequence.Consumer, consSeq)
+		}
+		consSeq = md.Sequence.Consumer
+		if md.Sequence.Stream > f.rev.Load() {
+			f.apply(m, md)
+		}
+		if md.NumPending == 0 && !f.synced.Load() {
+			f.markSynced()
+		}
+	}
+}
+
+func (f *Follower) apply(m jetstream.Msg, md *jetstream.MsgMetadata) {
+	e := Entry{
+		Key:      strings.TrimPrefix(m.Subject(), f.prefix),
+		Value:    m.Data(),
+		Revision: md.Sequence.Stream,
+		Created:  md.Timestamp,
+	}
+	if h := m.Headers(); len(h) > 0 {
+		switch h.Get("KV-Operation") {
+		case "DEL":
+			e.Op = Delete
+		case "PURGE":
+			e.Op = Purge
+		default:
+			switch h.Get("Nats-Marker-Reason") {
+			case "MaxAge", "Purge":
+				e.Op = Purge
+			case "Remove":
+				e.Op = Delete
+			}
+		}
+	}
+	f.h.Apply(e)
+	f.rev.Store(e.Revision)
+	f.applied.Add(1)
+}
+
+func (f *Follower) markSynced() {
+	f.synced.Store(true)
+	f.h.Synced()
+}

@@ -1,0 +1,139 @@
+package schema
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// AuditEvent records one placement change or workflow step in TM_AUDIT.
+type AuditEvent struct {
+	Time   time.Time `json:"time"`
+	Actor  string    `json:"actor"`  // who: "rebalancer/<id>", "gateway/<id>", "cli/<user>"
+	Action string    `json:"action"` // what: "placement.assign", "move.handoff", ...
+	Kind   string    `json:"kind,omitempty"`
+	Tenant string    `json:"tenant,omitempty"`
+	Plan   string    `json:"plan,omitempty"`
+	Move   string    `json:"move,omitempty"`
+	Before any       `json:"before,omitempty"`
+	After  any       `json:"after,omitempty"`
+	// Revision is the KV revision the change produced.
+	Revision uint64 `json:"revision,omitempty"`
+	Detail   string `json:"detail,omitempty"`
+
+	// Seq is the event's sequence in TM_AUDIT (set when read).
+	Seq uint64 `json:"-"`
+}
+
+// Audit appends ev to the journal and waits for JetStream's acknowledgement.
+func (s *Store) Audit(ctx context.Context, ev AuditEvent) error {
+	if ev.Time.IsZero() {
+		ev.Time = time.Now().UTC()
+	}
+	if ev.Action == "" || ev.Actor == "" {
+		return fmt.Errorf("%w: audit events need an actor and an action", ErrInvalid)
+	}
+	if ev.Tenant != "" {
+		if err := CheckTenant(ev.Tenant); err != nil {
+			return err
+		}
+	}
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return fmt.Errorf("schema: encode audit event: %w", err)
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	if _, err := s.js.Publish(ctx, AuditSubject(ev.Kind, ev.Tenant), b); err != nil {
+		return fmt.Errorf("schema: publish audit %s: %w", ev.Action, err)
+	}
+	return nil
+}
+
+// AuditQuery selects journal entries. The zero value reads the newest 100.
+type AuditQuery struct {
+	Kind, Tenant string    // "" for any
+	Since        time.Time // zero: no lower bound
+	Limit        int       // newest entries returned, at most; default 100, max 10000
+}
+
+// ReadAudit returns the newest entries matching q, oldest first.
+func (s *Store) ReadAudit(ctx context.Context, q AuditQuery) ([]AuditEvent, error) {
+	if q.Limit <= 0 {
+		q.Limit = 100
+	}
+	q.Limit = min(q.Limit, 10000)
+	kind, tenant := q.Kind, q.Tenant
+	if kind == "" {
+		kind = "*"
+	}
+	if tenant == "" {
+		tenant = "*"
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{"tm.audit." + kind + "." + tenant}}
+	if !q.Since.IsZero() {
+		cfg.DeliverPolicy = jetstream.DeliverByStartTimePolicy
+		cfg.OptStartTime = &q.Since
+	} else if q.Kind == "" && q.Tenant == "" {
+		info, err := s.js.Stream(ctx, StreamAudit)
+		if err != nil {
+			return nil, fmt.Errorf("schema: audit stream: %w", err)
+		}
+		st := info.CachedInfo().State
+		if st.Msgs == 0 {
+			return nil, nil
+		}
+		start := st.FirstSeq
+		if st.LastSeq >= uint64(q.Limit) && st.LastSeq-uint64(q.Limit)+1 > start {
+			start = st.LastSeq - uint64(q.Limit) + 1
+		}
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = start
+	}
+	cons, err := s.js.OrderedConsumer(ctx, StreamAudit, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("schema: read audit: %w", err)
+	}
+	if cons.CachedInfo().NumPending == 0 {
+		return nil, nil
+	}
+	ring := make([]AuditEvent, 0, q.Limit)
+	for {
+		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("schema: read audit: %w", err)
+		}
+		done := false
+		for m := range batch.Messages() {
+			md, err := m.Metadata()
+			if err != nil {
+				continue
+			}
+			var ev AuditEvent
+			if err := json.Unmarshal(m.Data(), &ev); err != nil {
+				s.opts.Logger.Warn("skipping corrupt audit event", "seq", md.Sequence.Stream, "err", err)
+			} else {
+				ev.Seq = md.Sequence.Stream
+				if len(ring) == q.Limit {
+					ring = append(ring[:0], ring[1:]...)
+				}
+				ring = append(ring, ev)
+			}
+			if md.NumPending == 0 {
+				done = true
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			return nil, fmt.Errorf("schema: read audit: %w", err)
+		}
+		if done {
+			return ring, nil
+		}
+	}
+}

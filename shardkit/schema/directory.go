@@ -1,0 +1,194 @@
+package schema
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+)
+
+// Status is an instance's health as the directory shows it.
+type Status string
+
+const (
+	StatusOnline   Status = "online"
+	StatusDegraded Status = "degraded"
+	StatusDraining Status = "draining"
+	StatusOffline  Status = "offline"
+)
+
+// Instance is one process of a shard, key <kind>.<shard>.<instance> in tm_instances.
+type Instance struct {
+	InstanceID
+	URL      string            `json:"url"`
+	Capacity int               `json:"capacity"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	Version  string            `json:"version,omitempty"`
+	Started  time.Time         `json:"started"`
+	// Heartbeat is when the instance last reported itself.
+	Heartbeat time.Time `json:"heartbeat"`
+	// Reported is the status the instance reports of itself (online, degraded, draining); the
+	// status a reader sees also ages with Heartbeat (see Thresholds.Status).
+	Reported Status `json:"status"`
+	// Metrics are the instance's last figures (seed 003's lastMetrics).
+	Metrics *InstanceMetrics `json:"metrics,omitempty"`
+
+	Revision uint64 `json:"-"`
+}
+
+// InstanceMetrics are the last figures an instance sent with its heartbeat.
+type InstanceMetrics struct {
+	InFlight   int     `json:"in_flight"`
+	RatePerSec float64 `json:"rate_per_sec"`
+	LatencyMS  float64 `json:"latency_ms"`
+	CPU        float64 `json:"cpu"`
+	Tenants    int     `json:"tenants"`
+	ErrorRate  float64 `json:"error_rate"`
+	Running    int     `json:"running,omitempty"`
+}
+
+// Validate checks the registration.
+func (i Instance) Validate() error {
+	if err := i.InstanceID.Check(); err != nil {
+		return err
+	}
+	u, err := url.Parse(i.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%w: instance %s: url %q must be an absolute http(s) URL", ErrInvalid, i.Key(), i.URL)
+	}
+	if i.Capacity < 0 {
+		return fmt.Errorf("%w: instance %s: capacity must be >= 0", ErrInvalid, i.Key())
+	}
+	return nil
+}
+
+// Thresholds turn heartbeat age into a status. The zero value uses the defaults.
+type Thresholds struct {
+	// DegradedAfter: no heartbeat for this long marks the instance degraded. Default 3s.
+	DegradedAfter time.Duration
+	// OfflineAfter: no heartbeat for this long marks it offline (seed 003). Default 2m.
+	OfflineAfter time.Duration
+}
+
+func (t Thresholds) withDefaults() Thresholds {
+	if t.DegradedAfter <= 0 {
+		t.DegradedAfter = 3 * time.Second
+	}
+	if t.OfflineAfter <= 0 {
+		t.OfflineAfter = 2 * time.Minute
+	}
+	return t
+}
+
+// Status derives i's status at now: the worse of what it reports and what its heartbeat age says.
+func (t Thresholds) Status(i Instance, now time.Time) Status {
+	t = t.withDefaults()
+	age := now.Sub(i.Heartbeat)
+	switch {
+	case age >= t.OfflineAfter:
+		return StatusOffline
+	case i.Reported == StatusOffline:
+		return StatusOffline
+	case i.Reported == StatusDraining:
+		return StatusDraining
+	case age >= t.DegradedAfter || i.Reported == StatusDegraded:
+		return StatusDegraded
+	}
+	return StatusOnline
+}
+
+// Live reports whether an instance in status st may receive new requests.
+func (st Status) Live() bool { return st == StatusOnline || st == StatusDegraded }
+
+// Register writes the instance's entry (replacing any previous one of the same id).
+func (s *Store) Register(ctx context.Context, i Instance) (Instance, error) {
+	now := time.Now().UTC()
+	if i.Started.IsZero() {
+		i.Started = now
+	}
+	i.Heartbeat = now
+	if i.Reported == "" {
+		i.Reported = StatusOnline
+	}
+	if err := i.Validate(); err != nil {
+		return Instance{}, err
+	}
+	rev, err := s.putJSON(ctx, s.instances, i.Key(), i)
+	if err != nil {
+		return Instance{}, err
+	}
+	i.Revision = rev
+	return i, nil
+}
+
+// Heartbeat refreshes the entry's heartbeat time and metrics. It re-creates the entry if a
+// sweeper removed it, so an instance that was wrongly declared dead comes back.
+func (s *Store) Heartbeat(ctx context.Context, i Instance) (Instance, error) {
+	i.Heartbeat = time.Now().UTC()
+	if err := i.Validate(); err != nil {
+		return Instance{}, err
+	}
+	rev, err := s.putJSON(ctx, s.instances, i.Key(), i)
+	if err != nil {
+		return Instance{}, err
+	}
+	i.Revision = rev
+	return i, nil
+}
+
+// Unregister removes the instance's entry. Removing an absent entry is not an error.
+func (s *Store) Unregister(ctx context.Context, id InstanceID) error {
+	if err := id.Check(); err != nil {
+		return err
+	}
+	return s.deleteKey(ctx, s.instances, id.Key(), 0)
+}
+
+// Instance reads one entry.
+func (s *Store) Instance(ctx context.Context, id InstanceID) (Instance, error) {
+	if err := id.Check(); err != nil {
+		return Instance{}, err
+	}
+	var i Instance
+	rev, err := s.getJSON(ctx, s.instances, id.Key(), &i)
+	if err != nil {
+		return Instance{}, err
+	}
+	i.Revision = rev
+	return i, nil
+}
+
+// Instances lists the directory, optionally only one kind ("" for all).
+func (s *Store) Instances(ctx context.Context, kind string) ([]Instance, error) {
+	filter := ">"
+	if kind != "" {
+		if err := CheckName("kind", kind); err != nil {
+			return nil, err
+		}
+		filter = kind + ".>"
+	}
+	var out []Instance
+	_, err := listJSON(ctx, s, s.instances, filter, func(_ string, rev uint64, i Instance) {
+		i.Revision = rev
+		out = append(out, i)
+	})
+	return out, err
+}
+
+// MarkOffline records that the sweeper found the instance offline, by CAS on the revision read,
+// so a heartbeat that lands meanwhile wins.
+func (s *Store) MarkOffline(ctx context.Context, i Instance) error {
+	i.Reported = StatusOffline
+	_, err := s.casJSON(ctx, s.instances, i.Key(), i.Revision, i)
+	return err
+}
+
+// RemoveInstance deletes an entry if it is unchanged since it was read (sweeper).
+func (s *Store) RemoveInstance(ctx context.Context, i Instance) error {
+	err := s.deleteKey(ctx, s.instances, i.Key(), i.Revision)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	return err
+}

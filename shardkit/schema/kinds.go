@@ -1,0 +1,292 @@
+package schema
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Policy is how a kind places tenants (DESIGN.md "Policies").
+type Policy string
+
+const (
+	// PolicyManaged: placement is written by the rebalancer; tenants move only through moves.
+	PolicyManaged Policy = "managed"
+	// PolicyAffinity: the gateway assigns tenants to instances with room, up to Multiplex owners
+	// (seed 000, the prerender manager).
+	PolicyAffinity Policy = "affinity"
+	// PolicyLoad: soft affinity with a TTL driven by load scores (seed 001, the Queen coordinator).
+	PolicyLoad Policy = "load"
+)
+
+// Unplaced is what the gateway does with a tenant that has no placement.
+type Unplaced string
+
+const (
+	// UnplacedAssign assigns the tenant to the least-loaded shard with room (by KV create).
+	UnplacedAssign Unplaced = "assign"
+	// UnplacedReject answers 404.
+	UnplacedReject Unplaced = "reject"
+)
+
+// KindConfig is one kind's configuration, key <kind> in tm_kinds. Zero fields take the defaults
+// documented on each field (see WithDefaults).
+type KindConfig struct {
+	Kind   string `json:"kind"`
+	Policy Policy `json:"policy"` // default managed
+	// Unplaced is the rule for tenants without placement. Default assign.
+	Unplaced Unplaced `json:"unplaced,omitempty"`
+	// Capacity is the default number of tenants an instance hosts when it registers none.
+	// Default 1000 (affinity: 4, seed 000's page pool).
+	Capacity int `json:"capacity,omitempty"`
+	// HoldBudget is how long the gateway holds a tenant's requests during a handoff. Default 2s.
+	HoldBudget Duration `json:"hold_budget,omitempty"`
+	// Overlap marks a kind that only reads: moves skip the hold (warm then cut over).
+	Overlap bool `json:"overlap,omitempty"`
+	// UpstreamTimeout bounds one proxied request. Default 30s.
+	UpstreamTimeout Duration `json:"upstream_timeout,omitempty"`
+	// RateLimit, if set, limits each tenant's requests to this kind (429 beyond it).
+	RateLimit *RateLimit `json:"rate_limit,omitempty"`
+	// Affinity configures PolicyAffinity.
+	Affinity *AffinityConfig `json:"affinity,omitempty"`
+	// Load configures PolicyLoad.
+	Load *LoadConfig `json:"load,omitempty"`
+}
+
+// RateLimit is a token bucket per tenant.
+type RateLimit struct {
+	PerSecond float64 `json:"per_second"`
+	Burst     int     `json:"burst"`
+}
+
+// AffinityConfig holds seed 000's settings.
+type AffinityConfig struct {
+	// Multiplex is M, the most instances that serve one tenant at once. Default 1.
+	Multiplex int `json:"multiplex"`
+	// HealthInterval is how often the gateway polls each server. Default 10s.
+	HealthInterval Duration `json:"health_interval"`
+	// ServerTimeout bounds one proxied request. Default 30s.
+	ServerTimeout Duration `json:"server_timeout"`
+	// DefaultPort is used to infer a registering server's URL from its peer address. Default 4223.
+	DefaultPort int `json:"default_port"`
+}
+
+// LoadConfig holds seed 001's settings.
+type LoadConfig struct {
+	AffinityTTL      Duration `json:"affinity_ttl"`      // default 5m
+	MigrateThreshold float64  `json:"migrate_threshold"` // default 0.70
+	BreakThreshold   float64  `json:"break_threshold"`   // default 0.90
+	MigrateMinGain   float64  `json:"migrate_min_gain"`  // default 0.15
+	ForwardThreshold float64  `json:"forward_threshold"` // default 0.10
+	EMAAlpha         float64  `json:"ema_alpha"`         // default 0.3
+	ForwardTimeout   Duration `json:"forward_timeout"`   // default 5s
+	ConnectTimeout   Duration `json:"connect_timeout"`   // default 1s
+	CircuitFailures  int      `json:"circuit_failures"`  // default 3
+	CircuitRetry     Duration `json:"circuit_retry"`     // default 5s
+	CircuitMaxRetry  Duration `json:"circuit_max_retry"` // default 5m
+}
+
+// DefaultKindConfig is the configuration a kind gets when it is first registered.
+func DefaultKindConfig(kind string) KindConfig {
+	return KindConfig{Kind: kind}.WithDefaults()
+}
+
+// WithDefaults fills zero fields with their documented defaults.
+func (c KindConfig) WithDefaults() KindConfig {
+	if c.Policy == "" {
+		c.Policy = PolicyManaged
+	}
+	if c.Unplaced == "" {
+		c.Unplaced = UnplacedAssign
+	}
+	if c.Capacity <= 0 {
+		c.Capacity = 1000
+		if c.Policy == PolicyAffinity {
+			c.Capacity = 4
+		}
+	}
+	if c.HoldBudget <= 0 {
+		c.HoldBudget = Duration(2 * time.Second)
+	}
+	if c.UpstreamTimeout <= 0 {
+		c.UpstreamTimeout = Duration(30 * time.Second)
+	}
+	if c.Policy == PolicyAffinity {
+		a := AffinityConfig{}
+		if c.Affinity != nil {
+			a = *c.Affinity
+		}
+		if a.Multiplex <= 0 {
+			a.Multiplex = 1
+		}
+		if a.HealthInterval <= 0 {
+			a.HealthInterval = Duration(10 * time.Second)
+		}
+		if a.ServerTimeout <= 0 {
+			a.ServerTimeout = Duration(30 * time.Second)
+		}
+		if a.DefaultPort <= 0 {
+			a.DefaultPort = 4223
+		}
+		c.Affinity = &a
+	}
+	if c.Policy == PolicyLoad {
+		l := LoadConfig{}
+		if c.Load != nil {
+			l = *c.Load
+		}
+		l = l.withDefaults()
+		c.Load = &l
+	}
+	return c
+}
+
+func (l LoadConfig) withDefaults() LoadConfig {
+	def := func(v *float64, d float64) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defD := func(v *Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = Duration(d)
+		}
+	}
+	defD(&l.AffinityTTL, 5*time.Minute)
+	def(&l.MigrateThreshold, 0.70)
+	def(&l.BreakThreshold, 0.90)
+	def(&l.MigrateMinGain, 0.15)
+	def(&l.ForwardThreshold, 0.10)
+	def(&l.EMAAlpha, 0.3)
+	defD(&l.ForwardTimeout, 5*time.Second)
+	defD(&l.ConnectTimeout, time.Second)
+	if l.CircuitFailures <= 0 {
+		l.CircuitFailures = 3
+	}
+	defD(&l.CircuitRetry, 5*time.Second)
+	defD(&l.CircuitMaxRetry, 5*time.Minute)
+	return l
+}
+
+// Validate reports the first problem with c, wrapping ErrInvalid or ErrInvalidName.
+func (c KindConfig) Validate() error {
+	if err := CheckName("kind", c.Kind); err != nil {
+		return err
+	}
+	switch c.Policy {
+	case PolicyManaged, PolicyAffinity, PolicyLoad:
+	default:
+		return fmt.Errorf("%w: kind %s: policy %q is not one of managed, affinity, load", ErrInvalid, c.Kind, c.Policy)
+	}
+	switch c.Unplaced {
+	case UnplacedAssign, UnplacedReject:
+	default:
+		return fmt.Errorf("%w: kind %s: unplaced %q is not one of assign, reject", ErrInvalid, c.Kind, c.Unplaced)
+	}
+	if c.RateLimit != nil && (c.RateLimit.PerSecond <= 0 || c.RateLimit.Burst < 1) {
+		return fmt.Errorf("%w: kind %s: rate_limit needs per_second > 0 and burst >= 1", ErrInvalid, c.Kind)
+	}
+	if l := c.Load; l != nil && !(l.MigrateThreshold < l.BreakThreshold && l.BreakThreshold <= 1) {
+		return fmt.Errorf("%w: kind %s: load thresholds need migrate < break <= 1", ErrInvalid, c.Kind)
+	}
+	return nil
+}
+
+// Kind reads one kind's config; an unregistered kind is ErrUnknownKind.
+func (s *Store) Kind(ctx context.Context, kind string) (KindConfig, error) {
+	if err := CheckName("kind", kind); err != nil {
+		return KindConfig{}, err
+	}
+	var c KindConfig
+	if _, err := s.getJSON(ctx, s.kinds, kind, &c); err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return KindConfig{}, fmt.Errorf("%w: %q is not registered in %s ; register the kind first", ErrUnknownKind, kind, BucketKinds)
+		}
+		return KindConfig{}, err
+	}
+	return c.WithDefaults(), nil
+}
+
+// Kinds lists every registered kind's config.
+func (s *Store) Kinds(ctx context.Context) ([]KindConfig, error) {
+	var out []KindConfig
+	_, err := listJSON(ctx, s, s.kinds, ">", func(_ string, _ uint64, c KindConfig) {
+		out = append(out, c.WithDefaults())
+	})
+	return out, err
+}
+
+// PutKind registers or replaces a kind's config and creates its placement bucket.
+func (s *Store) PutKind(ctx context.Context, c KindConfig) (KindConfig, error) {
+	c = c.WithDefaults()
+	if err := c.Validate(); err != nil {
+		return KindConfig{}, err
+	}
+	if _, err := s.placementKVCreate(ctx, c.Kind); err != nil {
+		return KindConfig{}, err
+	}
+	if _, err := s.putJSON(ctx, s.kinds, c.Kind, c); err != nil {
+		return KindConfig{}, err
+	}
+	return c, nil
+}
+
+// EnsureKind registers c if its kind is absent and returns the stored config either way.
+func (s *Store) EnsureKind(ctx context.Context, c KindConfig) (KindConfig, error) {
+	c = c.WithDefaults()
+	if err := c.Validate(); err != nil {
+		return KindConfig{}, err
+	}
+	if _, err := s.placementKVCreate(ctx, c.Kind); err != nil {
+		return KindConfig{}, err
+	}
+	if _, err := s.casJSON(ctx, s.kinds, c.Kind, 0, c); err != nil {
+		if errors.Is(err, ErrConflict) {
+			return s.Kind(ctx, c.Kind)
+		}
+		return KindConfig{}, err
+	}
+	return c, nil
+}
+
+// placementKV opens kind's placement bucket, which exists only for registered kinds.
+func (s *Store) placementKV(ctx context.Context, kind string) (jetstream.KeyValue, error) {
+	if err := CheckName("kind", kind); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	kv, ok := s.placements[kind]
+	s.mu.Unlock()
+	if ok {
+		return kv, nil
+	}
+	if _, err := s.Kind(ctx, kind); err != nil {
+		return nil, err
+	}
+	return s.placementKVCreate(ctx, kind)
+}
+
+func (s *Store) placementKVCreate(ctx context.Context, kind string) (jetstream.KeyValue, error) {
+	s.mu.Lock()
+	kv, ok := s.placements[kind]
+	s.mu.Unlock()
+	if ok {
+		return kv, nil
+	}
+	kv, err := s.ensureKV(ctx, PlacementBucket(kind), "tenantmesh placement of kind "+kind, 1)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.placements[kind] = kv
+	s.mu.Unlock()
+	return kv, nil
+}
+
+// PlacementKV returns kind's placement bucket, for watchers. Unregistered kinds are ErrUnknownKind.
+func (s *Store) PlacementKV(ctx context.Context, kind string) (jetstream.KeyValue, error) {
+	return s.placementKV(ctx, kind)
+}

@@ -1,0 +1,267 @@
+package schema
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Phase is where a tenant's placement stands in the move state machine:
+//
+//	active(A) -> warming(A->B) -> handoff(A->B) -> draining(B, epoch+1, from A) -> active(B)
+//	warming or handoff -> active(A) aborts the move.
+type Phase string
+
+const (
+	PhaseActive   Phase = "active"
+	PhaseWarming  Phase = "warming"
+	PhaseHandoff  Phase = "handoff"
+	PhaseDraining Phase = "draining"
+)
+
+// Placement is one tenant's owner for one kind, key <tenant> in tm_placement_<kind>.
+type Placement struct {
+	Kind   string `json:"kind"`
+	Tenant string `json:"tenant"`
+	// Shard is the owner: it serves the tenant at Epoch.
+	Shard string `json:"shard"`
+	// Epoch grows by one with every change of owner; it fences stale routers and owners.
+	Epoch uint64 `json:"epoch"`
+	Phase Phase  `json:"phase"`
+	// Target is the shard a move goes to (warming, handoff).
+	Target string `json:"target,omitempty"`
+	// Source is the former owner finishing its drain (draining).
+	Source string `json:"source,omitempty"`
+	// Move names the move workflow that made the current phase.
+	Move string `json:"move,omitempty"`
+	// Owners lists the instances serving the tenant under the affinity policy, most recently
+	// used first, at most the kind's multiplex.
+	Owners []string `json:"owners,omitempty"`
+	// Pinned tenants are never moved by a planner.
+	Pinned    bool      `json:"pinned,omitempty"`
+	UpdatedAt time.Time `json:"updated_at"`
+	UpdatedBy string    `json:"updated_by,omitempty"`
+
+	// Revision is the KV revision the value was read at (not stored).
+	Revision uint64 `json:"-"`
+}
+
+// Validate checks the value on its own: names, phase and the fields each phase needs.
+func (p Placement) Validate() error {
+	if err := CheckName("kind", p.Kind); err != nil {
+		return err
+	}
+	if err := CheckTenant(p.Tenant); err != nil {
+		return err
+	}
+	if err := CheckName("shard", p.Shard); err != nil {
+		return err
+	}
+	if p.Epoch == 0 {
+		return fmt.Errorf("%w: %s/%s: epoch starts at 1", ErrInvalid, p.Kind, p.Tenant)
+	}
+	switch p.Phase {
+	case PhaseActive:
+		if p.Target != "" || p.Source != "" {
+			return fmt.Errorf("%w: %s/%s: an active placement has no target or source", ErrInvalid, p.Kind, p.Tenant)
+		}
+	case PhaseWarming, PhaseHandoff:
+		if err := CheckName("target shard", p.Target); err != nil {
+			return err
+		}
+		if p.Target == p.Shard {
+			return fmt.Errorf("%w: %s/%s: target %s is already the owner", ErrInvalid, p.Kind, p.Tenant, p.Target)
+		}
+	case PhaseDraining:
+		if err := CheckName("source shard", p.Source); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("%w: %s/%s: phase %q is not one of active, warming, handoff, draining", ErrInvalid, p.Kind, p.Tenant, p.Phase)
+	}
+	return nil
+}
+
+// CheckTransition enforces the move state machine and the epoch rules between a stored value
+// and its replacement: the epoch changes only with the owner, and then by exactly one.
+func CheckTransition(prev, next Placement) error {
+	bad := func(why string) error {
+		return fmt.Errorf("%w: %s/%s: %s -> %s: %s", ErrTransition, next.Kind, next.Tenant, prev.Phase, next.Phase, why)
+	}
+	if prev.Kind != next.Kind || prev.Tenant != next.Tenant {
+		return bad("kind and tenant cannot change")
+	}
+	if next.Shard == prev.Shard {
+		if next.Epoch != prev.Epoch {
+			return bad(fmt.Sprintf("the owner stays %s, so the epoch must stay %d (got %d)", prev.Shard, prev.Epoch, next.Epoch))
+		}
+	} else if next.Epoch != prev.Epoch+1 {
+		return bad(fmt.Sprintf("the owner changes %s -> %s, so the epoch must become %d (got %d)", prev.Shard, next.Shard, prev.Epoch+1, next.Epoch))
+	}
+	switch prev.Phase {
+	case PhaseActive:
+		switch next.Phase {
+		case PhaseActive, PhaseWarming:
+			return nil // owner edits (affinity, manual reassignment) or a move starts
+		}
+	case PhaseWarming:
+		switch next.Phase {
+		case PhaseHandoff:
+			if next.Shard == prev.Shard && next.Target == prev.Target {
+				return nil
+			}
+			return bad("handoff keeps owner and target")
+		case PhaseActive:
+			if next.Shard == prev.Shard {
+				return nil // abort
+			}
+			return bad("an abort keeps the owner")
+		case PhaseWarming:
+			if next.Shard == prev.Shard && next.Target == prev.Target {
+				return nil
+			}
+			return bad("warming keeps owner and target")
+		}
+	case PhaseHandoff:
+		switch next.Phase {
+		case PhaseDraining:
+			if next.Shard == prev.Target && next.Source == prev.Shard {
+				return nil // commit
+			}
+			return bad(fmt.Sprintf("commit makes %s the owner with %s as the draining source", prev.Target, prev.Shard))
+		case PhaseActive:
+			if next.Shard == prev.Shard {
+				return nil // abort
+			}
+			if next.Shard == prev.Target {
+				return nil // commit that skips draining (nothing to drain)
+			}
+			return bad("handoff ends in its owner or its target")
+		}
+	case PhaseDraining:
+		switch next.Phase {
+		case PhaseActive:
+			if next.Shard == prev.Shard {
+				return nil
+			}
+			return bad("draining ends with the new owner active")
+		case PhaseDraining:
+			if next.Shard == prev.Shard && next.Source == prev.Source {
+				return nil
+			}
+		}
+	}
+	return bad("not a step of the move state machine")
+}
+
+// Placement reads tenant's placement for kind. Absent: ErrNotFound.
+func (s *Store) Placement(ctx context.Context, kind, tenant string) (Placement, error) {
+	if err := CheckTenant(tenant); err != nil {
+		return Placement{}, err
+	}
+	kv, err := s.placementKV(ctx, kind)
+	if err != nil {
+		return Placement{}, err
+	}
+	var p Placement
+	rev, err := s.getJSON(ctx, kv, tenant, &p)
+	if err != nil {
+		return Placement{}, err
+	}
+	p.Revision = rev
+	return p, nil
+}
+
+// CreatePlacement writes p only if the tenant has no placement. It returns p with its revision;
+// if the tenant is already placed, a *ConflictError.
+func (s *Store) CreatePlacement(ctx context.Context, p Placement) (Placement, error) {
+	if p.Phase == "" {
+		p.Phase = PhaseActive
+	}
+	if p.Epoch == 0 {
+		p.Epoch = 1
+	}
+	if p.UpdatedAt.IsZero() {
+		p.UpdatedAt = time.Now().UTC()
+	}
+	if err := p.Validate(); err != nil {
+		return Placement{}, err
+	}
+	kv, err := s.placementKV(ctx, p.Kind)
+	if err != nil {
+		return Placement{}, err
+	}
+	rev, err := s.casJSON(ctx, kv, p.Tenant, 0, p)
+	if err != nil {
+		return Placement{}, err
+	}
+	p.Revision = rev
+	return p, nil
+}
+
+// EnsurePlacement creates p if the tenant is unplaced, else returns the placement that won.
+// Every caller racing on the same tenant gets the same answer.
+func (s *Store) EnsurePlacement(ctx context.Context, p Placement) (_ Placement, created bool, _ error) {
+	got, err := s.CreatePlacement(ctx, p)
+	if err == nil {
+		return got, true, nil
+	}
+	if !errors.Is(err, ErrConflict) {
+		return Placement{}, false, err
+	}
+	got, err = s.Placement(ctx, p.Kind, p.Tenant)
+	return got, false, err
+}
+
+// UpdatePlacement replaces prev (as read, with its Revision) by next, by compare-and-set on
+// prev.Revision, after checking the transition. It returns next with its new revision. If the
+// key changed since prev was read, the error is a *ConflictError.
+func (s *Store) UpdatePlacement(ctx context.Context, prev, next Placement) (Placement, error) {
+	next.UpdatedAt = time.Now().UTC()
+	if err := next.Validate(); err != nil {
+		return Placement{}, err
+	}
+	if err := CheckTransition(prev, next); err != nil {
+		return Placement{}, err
+	}
+	if prev.Revision == 0 {
+		return Placement{}, fmt.Errorf("%w: %s/%s: prev has no revision; pass the placement as read", ErrInvalid, prev.Kind, prev.Tenant)
+	}
+	kv, err := s.placementKV(ctx, next.Kind)
+	if err != nil {
+		return Placement{}, err
+	}
+	rev, err := s.casJSON(ctx, kv, next.Tenant, prev.Revision, next)
+	if err != nil {
+		return Placement{}, err
+	}
+	next.Revision = rev
+	return next, nil
+}
+
+// DeletePlacement removes the tenant's placement if its revision is still rev (0: any).
+func (s *Store) DeletePlacement(ctx context.Context, kind, tenant string, rev uint64) error {
+	if err := CheckTenant(tenant); err != nil {
+		return err
+	}
+	kv, err := s.placementKV(ctx, kind)
+	if err != nil {
+		return err
+	}
+	return s.deleteKey(ctx, kv, tenant, rev)
+}
+
+// Placements lists every placement of kind (for planners and tools; routers use the watcher).
+func (s *Store) Placements(ctx context.Context, kind string) ([]Placement, int, error) {
+	kv, err := s.placementKV(ctx, kind)
+	if err != nil {
+		return nil, 0, err
+	}
+	var out []Placement
+	corrupt, err := listJSON(ctx, s, kv, ">", func(_ string, rev uint64, p Placement) {
+		p.Revision = rev
+		out = append(out, p)
+	})
+	return out, corrupt, err
+}

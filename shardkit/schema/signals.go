@@ -1,0 +1,111 @@
+package schema
+
+import (
+	"context"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// SignalPhase is a tenant's state on one instance of a shard.
+type SignalPhase string
+
+const (
+	SignalWarming  SignalPhase = "warming"
+	SignalReady    SignalPhase = "ready"
+	SignalDraining SignalPhase = "draining"
+	SignalDrained  SignalPhase = "drained"
+)
+
+// TenantSignal is what one instance reports about one tenant, key
+// <kind>.<tenant>.<shard>.<instance> in tm_tenant_state. (DESIGN.md keys it per shard; a shard
+// with several instances needs every live instance's word, so the key names the instance.)
+type TenantSignal struct {
+	Kind     string      `json:"kind"`
+	Tenant   string      `json:"tenant"`
+	Shard    string      `json:"shard"`
+	Instance string      `json:"instance"`
+	Phase    SignalPhase `json:"phase"`
+	// Epoch is the placement epoch the signal refers to.
+	Epoch uint64 `json:"epoch"`
+	// Applied is the service's applied sequence for the tenant; Fence the one it must reach.
+	Applied uint64 `json:"applied"`
+	Fence   uint64 `json:"fence,omitempty"`
+	// Lag is the number of the tenant's stream entries not yet applied.
+	Lag      uint64    `json:"lag"`
+	InFlight int       `json:"in_flight"`
+	Updated  time.Time `json:"updated"`
+
+	Revision uint64 `json:"-"`
+}
+
+func (t TenantSignal) id() InstanceID {
+	return InstanceID{Kind: t.Kind, Shard: t.Shard, Instance: t.Instance}
+}
+
+// PutSignal writes an instance's signal for a tenant.
+func (s *Store) PutSignal(ctx context.Context, sig TenantSignal) (TenantSignal, error) {
+	if err := CheckTenant(sig.Tenant); err != nil {
+		return TenantSignal{}, err
+	}
+	if err := sig.id().Check(); err != nil {
+		return TenantSignal{}, err
+	}
+	sig.Updated = time.Now().UTC()
+	rev, err := s.putJSON(ctx, s.signals, signalKey(sig.Kind, sig.Tenant, sig.id()), sig)
+	if err != nil {
+		return TenantSignal{}, err
+	}
+	sig.Revision = rev
+	return sig, nil
+}
+
+// DeleteSignal removes an instance's signal for a tenant (it no longer hosts it).
+func (s *Store) DeleteSignal(ctx context.Context, kind, tenant string, id InstanceID) error {
+	if err := CheckTenant(tenant); err != nil {
+		return err
+	}
+	return s.deleteKey(ctx, s.signals, signalKey(kind, tenant, id), 0)
+}
+
+// Signals lists the signals of a tenant on one shard (every instance), or on every shard when
+// shard is "".
+func (s *Store) Signals(ctx context.Context, kind, tenant, shard string) ([]TenantSignal, error) {
+	if err := CheckTenant(tenant); err != nil {
+		return nil, err
+	}
+	if err := CheckName("kind", kind); err != nil {
+		return nil, err
+	}
+	filter := kind + "." + tenant + ".>"
+	if shard != "" {
+		if err := CheckName("shard", shard); err != nil {
+			return nil, err
+		}
+		filter = kind + "." + tenant + "." + shard + ".*"
+	}
+	var out []TenantSignal
+	_, err := listJSON(ctx, s, s.signals, filter, func(_ string, rev uint64, t TenantSignal) {
+		t.Revision = rev
+		out = append(out, t)
+	})
+	return out, err
+}
+
+// SignalsKV is the tenant-signal bucket, for watchers (the rebalancer awaits ready and drained).
+func (s *Store) SignalsKV() jetstream.KeyValue { return s.signals }
+
+// SignalFilter is the watch filter for one tenant's signals on one shard.
+func SignalFilter(kind, tenant, shard string) string { return kind + "." + tenant + "." + shard + ".*" }
+
+// RoutesKV is the route bucket, for the gateway's route table.
+func (s *Store) RoutesKV() jetstream.KeyValue { return s.routes }
+
+// InstancesKV is the directory bucket, for watchers.
+func (s *Store) InstancesKV() jetstream.KeyValue { return s.instances }
+
+// KindsKV is the kind-config bucket, for watchers.
+func (s *Store) KindsKV() jetstream.KeyValue { return s.kinds }
+
+// RebalanceKV is the rebalancer's bucket.
+func (s *Store) RebalanceKV() jetstream.KeyValue { return s.rebalance }

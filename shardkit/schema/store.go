@@ -1,0 +1,317 @@
+package schema
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Options configure how a Store creates buckets and streams. The zero value suits one embedded
+// server: one replica, file storage.
+type Options struct {
+	// Replicas for every bucket and stream the store creates: 1 embedded, 3 in a cluster.
+	Replicas int
+	// Storage for buckets and streams. Default: file.
+	Storage jetstream.StorageType
+	// AuditMaxAge bounds how long audit events are kept. Default: 30 days.
+	AuditMaxAge time.Duration
+	// AuditMaxBytes bounds the audit stream. Default: 1 GiB.
+	AuditMaxBytes int64
+	// Timeout bounds each NATS call that the caller's context leaves unbounded. Default: 5s.
+	Timeout time.Duration
+	// Logger receives warnings (for example skipped corrupt values). If nil, they are discarded.
+	Logger *slog.Logger
+	// DefaultKinds are registered with their defaults at Open if absent. Default: aggregate,
+	// projection and runner.
+	DefaultKinds []string
+}
+
+func (o Options) withDefaults() Options {
+	if o.Replicas <= 0 {
+		o.Replicas = 1
+	}
+	if o.AuditMaxAge <= 0 {
+		o.AuditMaxAge = 30 * 24 * time.Hour
+	}
+	if o.AuditMaxBytes <= 0 {
+		o.AuditMaxBytes = 1 << 30
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 5 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.DefaultKinds == nil {
+		o.DefaultKinds = []string{"aggregate", "projection", "runner"}
+	}
+	return o
+}
+
+// Store reads and writes tenantmesh's state in NATS. It is safe for concurrent use.
+type Store struct {
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	opts Options
+
+	kinds, instances, routes, signals, rebalance jetstream.KeyValue
+
+	mu         sync.Mutex
+	placements map[string]jetstream.KeyValue
+}
+
+// Open connects a Store to nc, creating every missing bucket and stream, and registering the
+// default kinds that are absent.
+func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("schema: jetstream: %w", err)
+	}
+	s := &Store{nc: nc, js: js, opts: opts.withDefaults(), placements: map[string]jetstream.KeyValue{}}
+	buckets := []struct {
+		dst     *jetstream.KeyValue
+		name    string
+		desc    string
+		history uint8
+	}{
+		{&s.kinds, BucketKinds, "tenantmesh kind config", 5},
+		{&s.instances, BucketInstances, "tenantmesh instance directory", 1},
+		{&s.routes, BucketRoutes, "tenantmesh route registry", 1},
+		{&s.signals, BucketTenantState, "tenantmesh tenant signals", 1},
+		{&s.rebalance, BucketRebalance, "tenantmesh plans, moves and leader lease", 1},
+	}
+	for _, b := range buckets {
+		kv, err := s.ensureKV(ctx, b.name, b.desc, b.history)
+		if err != nil {
+			return nil, err
+		}
+		*b.dst = kv
+	}
+	if err := s.ensureStream(ctx, jetstream.StreamConfig{
+		Name:        StreamAudit,
+		Description: "tenantmesh audit journal",
+		Subjects:    []string{SubjectAuditAll},
+		MaxAge:      s.opts.AuditMaxAge,
+		MaxBytes:    s.opts.AuditMaxBytes,
+		Discard:     jetstream.DiscardOld,
+	}); err != nil {
+		return nil, err
+	}
+	for _, k := range s.opts.DefaultKinds {
+		if _, err := s.EnsureKind(ctx, DefaultKindConfig(k)); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Conn is the store's NATS connection.
+func (s *Store) Conn() *nats.Conn { return s.nc }
+
+// JetStream is the store's JetStream context.
+func (s *Store) JetStream() jetstream.JetStream { return s.js }
+
+// Options returns the options the store was opened with, defaults applied.
+func (s *Store) Options() Options { return s.opts }
+
+// EnsureStream creates or updates a stream with the store's replicas and storage.
+func (s *Store) EnsureStream(ctx context.Context, cfg jetstream.StreamConfig) error {
+	return s.ensureStream(ctx, cfg)
+}
+
+// EnsureKV creates or updates a bucket with the store's replicas and storage.
+func (s *Store) EnsureKV(ctx context.Context, bucket, desc string, history uint8) (jetstream.KeyValue, error) {
+	return s.ensureKV(ctx, bucket, desc, history)
+}
+
+func (s *Store) ensureStream(ctx context.Context, cfg jetstream.StreamConfig) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	cfg.Replicas = s.opts.Replicas
+	cfg.Storage = s.opts.Storage
+	if _, err := s.js.CreateOrUpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("schema: ensure stream %s: %w", cfg.Name, err)
+	}
+	return nil
+}
+
+func (s *Store) ensureKV(ctx context.Context, bucket, desc string, history uint8) (jetstream.KeyValue, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	kv, err := s.js.KeyValue(ctx, bucket)
+	if err == nil {
+		return kv, nil
+	}
+	if !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("schema: open bucket %s: %w", bucket, err)
+	}
+	kv, err = s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      bucket,
+		Description: desc,
+		History:     history,
+		Replicas:    s.opts.Replicas,
+		Storage:     s.opts.Storage,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("schema: create bucket %s: %w", bucket, err)
+	}
+	return kv, nil
+}
+
+// bound gives ctx the store's timeout unless it already has a deadline.
+func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.opts.Timeout)
+}
+
+// getJSON reads key into v and returns its revision.
+func (s *Store) getJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	e, err := kv.Get(ctx, key)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return 0, fmt.Errorf("%s/%s: %w", kv.Bucket(), key, ErrNotFound)
+		}
+		return 0, fmt.Errorf("schema: get %s/%s: %w", kv.Bucket(), key, err)
+	}
+	if err := json.Unmarshal(e.Value(), v); err != nil {
+		return e.Revision(), fmt.Errorf("%s/%s revision %d: %w: %v", kv.Bucket(), key, e.Revision(), ErrCorrupt, err)
+	}
+	return e.Revision(), nil
+}
+
+// casJSON writes v to key if its revision is still rev (0: only if absent) and returns the
+// new revision. A lost race is a *ConflictError.
+func (s *Store) casJSON(ctx context.Context, kv jetstream.KeyValue, key string, rev uint64, v any) (uint64, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return 0, fmt.Errorf("schema: encode %s/%s: %w", kv.Bucket(), key, err)
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	var newRev uint64
+	if rev == 0 {
+		newRev, err = kv.Create(ctx, key, b)
+	} else {
+		newRev, err = kv.Update(ctx, key, b, rev)
+	}
+	if err != nil {
+		if isConflict(err) {
+			return 0, &ConflictError{Bucket: kv.Bucket(), Key: key, Expected: rev, Err: err}
+		}
+		return 0, fmt.Errorf("schema: write %s/%s: %w", kv.Bucket(), key, err)
+	}
+	return newRev, nil
+}
+
+// putJSON writes v to key unconditionally.
+func (s *Store) putJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return 0, fmt.Errorf("schema: encode %s/%s: %w", kv.Bucket(), key, err)
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	rev, err := kv.Put(ctx, key, b)
+	if err != nil {
+		return 0, fmt.Errorf("schema: put %s/%s: %w", kv.Bucket(), key, err)
+	}
+	return rev, nil
+}
+
+// deleteKey deletes key; with rev > 0 only if its revision is still rev.
+func (s *Store) deleteKey(ctx context.Context, kv jetstream.KeyValue, key string, rev uint64) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	var opts []jetstream.KVDeleteOpt
+	if rev > 0 {
+		opts = append(opts, jetstream.LastRevision(rev))
+	}
+	if err := kv.Delete(ctx, key, opts...); err != nil {
+		if isConflict(err) {
+			return &ConflictError{Bucket: kv.Bucket(), Key: key, Expected: rev, Err: err}
+		}
+		return fmt.Errorf("schema: delete %s/%s: %w", kv.Bucket(), key, err)
+	}
+	return nil
+}
+
+// listJSON decodes every live value under filter, calling fn per value. Corrupt values are
+// logged and skipped; their count is returned.
+func listJSON[T any](ctx context.Context, s *Store, kv jetstream.KeyValue, filter string, fn func(key string, rev uint64, v T)) (corrupt int, err error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	w, err := kv.Watch(ctx, filter, jetstream.IgnoreDeletes())
+	if err != nil {
+		return 0, fmt.Errorf("schema: list %s: %w", kv.Bucket(), err)
+	}
+	defer w.Stop()
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return corrupt, fmt.Errorf("schema: list %s: watch closed", kv.Bucket())
+			}
+			if e == nil {
+				return corrupt, nil
+			}
+			var v T
+			if err := json.Unmarshal(e.Value(), &v); err != nil {
+				corrupt++
+				s.opts.Logger.Warn("skipping corrupt value", "bucket", kv.Bucket(), "key", e.Key(), "revision", e.Revision(), "err", err)
+				continue
+			}
+			fn(e.Key(), e.Revision(), v)
+		case <-ctx.Done():
+			return corrupt, fmt.Errorf("schema: list %s: %w", kv.Bucket(), ctx.Err())
+		}
+	}
+}
+
+func isConflict(err error) bool {
+	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// Duration is a time.Duration that reads and writes as a string like "2s" in JSON.
+type Duration time.Duration
+
+// D returns d as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			return err
+		}
+		*d = Duration(v)
+		return nil
+	}
+	var n int64
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("duration must be a string like \"2s\" or nanoseconds: %w", err)
+	}
+	*d = Duration(n)
+	return nil
+}
