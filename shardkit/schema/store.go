@@ -315,3 +315,27 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	*d = Duration(n)
 	return nil
 }
+
+// Snapshots opens (creating if missing) the object store of compacted placement snapshots.
+func (s *Store) Snapshots(ctx context.Context) (jetstream.ObjectStore, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	os, err := s.js.ObjectStore(ctx, BucketSnapshots)
+	if err == nil {
+		return os, nil
+	}
+	if !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("schema: open %s: %w", BucketSnapshots, err)
+	}
+	os, err = s.js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+		Bucket:      BucketSnapshots,
+		Description: "tenantmesh compacted placement snapshots",
+		Replicas:    s.opts.Replicas,
+		Storage:     s.opts.Storage,
+		Compression: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("schema: create %s: %w", BucketSnapshots, err)
+	}
+	return os, nil
+}

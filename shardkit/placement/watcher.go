@@ -1,0 +1,426 @@
+// Package placement keeps tenant placement in memory from NATS KV, for the gateway, the shards
+// and the rebalancer.
+//
+// # Overview
+//
+// A [Watcher] follows the tm_placement_<kind> bucket of one or more kinds. It is ready once the
+// initial values are in; after that [Watcher.Lookup] answers from memory, without a lock and
+// without allocating. Every change is applied in revision order, exactly once, and survives the
+// server restarting or the cluster node holding the watch dying (see package kvwatch): the
+// watcher resumes from the last revision it applied.
+//
+// At start a watcher loads the kind's compacted snapshot from the tm_snapshots object store, if
+// one exists, and follows the bucket from the snapshot's revision; a watcher configured with
+// Compact writes those snapshots. Values that cannot be decoded are logged, counted and skipped.
+package placement
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/kvwatch"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// Change is one applied placement change. OldOK/NewOK are false when the tenant had or has no
+// placement.
+type Change struct {
+	Kind, Tenant string
+	Old, New     Entry
+	OldOK, NewOK bool
+}
+
+// Config configures a Watcher.
+type Config struct {
+	Store *schema.Store
+	// Kinds to follow; each must be registered.
+	Kinds []string
+	// Heartbeat of the underlying consumers; a dead watch is replaced within twice this.
+	// Default 500ms.
+	Heartbeat time.Duration
+	// NoSnapshot skips loading the compacted snapshot at start.
+	NoSnapshot bool
+	// Compact makes this watcher write compacted snapshots (run it in one process, such as the
+	// rebalancer leader). CompactEvery is the number of changes since the last snapshot that
+	// triggers a new one, checked every CompactInterval. Defaults 10000 and 30s.
+	Compact         bool
+	CompactEvery    int
+	CompactInterval time.Duration
+	// OnChange, if set, is called after each change, on the kind's apply goroutine: keep it short.
+	OnChange func(Change)
+	// Logger; if nil, logs are discarded.
+	Logger *slog.Logger
+	// Registerer, if set, receives the watcher's metrics.
+	Registerer prometheus.Registerer
+}
+
+// Watcher keeps placements of several kinds in memory.
+type Watcher struct {
+	cfg   Config
+	kinds map[string]*kindState // fixed at New
+
+	ready      chan struct{}
+	readyOnce  sync.Once
+	discSince  atomic.Int64 // unix ns of the connection's last disconnect, 0 while connected
+	metrics    *metrics
+	pendingSyn atomic.Int32
+}
+
+type kindState struct {
+	w    *Watcher
+	kind string
+	t    atomic.Pointer[table]
+	f    *kvwatch.Follower
+
+	mu        sync.Mutex // held by the writer while applying; by snapshots while encoding
+	rev       uint64     // last revision applied (under mu)
+	changes   int        // changes since the last snapshot (under mu)
+	corrupt   atomic.Uint64
+	synced    chan struct{}
+	syncOnce  sync.Once
+	snapRev   uint64
+	startedAt time.Time
+}
+
+// New makes a watcher; it follows nothing until Run.
+func New(cfg Config) (*Watcher, error) {
+	if cfg.Store == nil || len(cfg.Kinds) == 0 {
+		return nil, errors.New("placement: Store and at least one kind are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.CompactEvery <= 0 {
+		cfg.CompactEvery = 10000
+	}
+	if cfg.CompactInterval <= 0 {
+		cfg.CompactInterval = 30 * time.Second
+	}
+	w := &Watcher{cfg: cfg, kinds: map[string]*kindState{}, ready: make(chan struct{})}
+	for _, k := range cfg.Kinds {
+		if err := schema.CheckName("kind", k); err != nil {
+			return nil, err
+		}
+		ks := &kindState{w: w, kind: k, synced: make(chan struct{})}
+		ks.t.Store(newTable(0))
+		w.kinds[k] = ks
+	}
+	w.pendingSyn.Store(int32(len(w.kinds)))
+	w.metrics = newMetrics(w, cfg.Registerer)
+	return w, nil
+}
+
+// Lookup returns the placement of tenant for kind. It takes no lock and allocates nothing.
+func (w *Watcher) Lookup(kind, tenant string) (Entry, bool) {
+	ks := w.kinds[kind]
+	if ks == nil {
+		return Entry{}, false
+	}
+	return ks.t.Load().lookup(tenant)
+}
+
+// Has reports whether the watcher follows kind.
+func (w *Watcher) Has(kind string) bool { return w.kinds[kind] != nil }
+
+// Ready is closed once every kind's initial values are in.
+func (w *Watcher) Ready() <-chan struct{} { return w.ready }
+
+// WaitReady waits for Ready or ctx.
+func (w *Watcher) WaitReady(ctx context.Context) error {
+	select {
+	case <-w.ready:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("placement: waiting for initial values: %w", ctx.Err())
+	}
+}
+
+// KindStats describe one kind's follower.
+type KindStats struct {
+	Kind       string
+	Placements int
+	Revision   uint64
+	Corrupt    uint64
+	Resumes    uint64
+	Gaps       uint64
+	Synced     bool
+	// SnapshotRevision is the revision of the snapshot loaded at start (0: none).
+	SnapshotRevision uint64
+}
+
+// Stats returns per-kind figures.
+func (w *Watcher) Stats(kind string) (KindStats, bool) {
+	ks := w.kinds[kind]
+	if ks == nil {
+		return KindStats{}, false
+	}
+	st := KindStats{Kind: kind, Corrupt: ks.corrupt.Load(), SnapshotRevision: ks.snapRev}
+	if ks.f != nil {
+		fs := ks.f.Stats()
+		st.Revision, st.Resumes, st.Gaps, st.Synced = fs.Revision, fs.Resumes, fs.Gaps, fs.Synced
+	}
+	ks.mu.Lock()
+	st.Placements = ks.t.Load().len()
+	if ks.rev > st.Revision {
+		st.Revision = ks.rev
+	}
+	ks.mu.Unlock()
+	return st, true
+}
+
+// Revision is the last revision applied for kind.
+func (w *Watcher) Revision(kind string) uint64 {
+	st, _ := w.Stats(kind)
+	return st.Revision
+}
+
+// ShardCounts returns the number of tenants each shard of kind owns.
+func (w *Watcher) ShardCounts(kind string) map[string]int {
+	ks := w.kinds[kind]
+	if ks == nil {
+		return nil
+	}
+	return ks.t.Load().shardCounts()
+}
+
+// Staleness is how long the watcher has been cut off from NATS (0 while it follows). While it
+// is cut off, lookups answer from the last snapshot: static stability.
+func (w *Watcher) Staleness() time.Duration {
+	since := w.discSince.Load()
+	for _, ks := range w.kinds {
+		if ks.f == nil {
+			continue
+		}
+		if ds := ks.f.Stats().DownSince; !ds.IsZero() && (since == 0 || ds.UnixNano() < since) {
+			since = ds.UnixNano()
+		}
+	}
+	if since == 0 {
+		return 0
+	}
+	return time.Since(time.Unix(0, since))
+}
+
+// Run follows every kind until ctx ends. It returns an error only if it cannot start.
+func (w *Watcher) Run(ctx context.Context) error {
+	nc := w.cfg.Store.Conn()
+	status := nc.StatusChanged(nats.CONNECTED, nats.DISCONNECTED, nats.RECONNECTING, nats.CLOSED)
+	defer nc.RemoveStatusListener(status)
+	if !nc.IsConnected() {
+		w.discSince.Store(time.Now().UnixNano())
+	}
+	var wg sync.WaitGroup
+	for _, ks := range w.kinds {
+		if err := ks.start(ctx); err != nil {
+			return err
+		}
+		wg.Go(func() { _ = ks.f.Run(ctx) })
+		if w.cfg.Compact {
+			wg.Go(func() { ks.compactLoop(ctx) })
+		}
+	}
+	for {
+		select {
+		case st := <-status:
+			if st == nats.CONNECTED {
+				w.discSince.Store(0)
+			} else {
+				w.discSince.CompareAndSwap(0, time.Now().UnixNano())
+			}
+		case <-ctx.Done():
+			wg.Wait()
+			return nil
+		}
+	}
+}
+
+// start loads the kind's snapshot, if any, and makes its follower.
+func (ks *kindState) start(ctx context.Context) error {
+	w := ks.w
+	ks.startedAt = time.Now()
+	var after uint64
+	if !w.cfg.NoSnapshot {
+		t, rev, err := ks.loadSnapshot(ctx)
+		switch {
+		case err != nil:
+			w.cfg.Logger.Warn("ignoring placement snapshot", "kind", ks.kind, "err", err)
+		case t != nil:
+			ks.t.Store(t)
+			ks.rev, ks.snapRev, after = rev, rev, rev
+			w.cfg.Logger.Info("loaded placement snapshot", "kind", ks.kind, "revision", rev, "placements", t.len(), "took", time.Since(ks.startedAt).Round(time.Millisecond))
+		}
+	}
+	f, err := kvwatch.New(kvwatch.Config{
+		JS:        w.cfg.Store.JetStream(),
+		Bucket:    schema.PlacementBucket(ks.kind),
+		After:     after,
+		Heartbeat: w.cfg.Heartbeat,
+		Logger:    w.cfg.Logger.With("kind", ks.kind),
+	}, ks)
+	if err != nil {
+		return err
+	}
+	ks.f = f
+	return nil
+}
+
+// loadSnapshot fetches and decodes the kind's snapshot; (nil, 0, nil) if there is none or it
+// does not fit the bucket's current stream.
+func (ks *kindState) loadSnapshot(ctx context.Context) (*table, uint64, error) {
+	st := ks.w.cfg.Store
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	obs, err := st.Snapshots(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	data, err := obs.GetBytes(ctx, schema.SnapshotObject(ks.kind))
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	t, rev, err := decodeSnapshot(ks.kind, data)
+	if err != nil {
+		return nil, 0, err
+	}
+	stream, err := st.JetStream().Stream(ctx, schema.PlacementStream(ks.kind))
+	if err != nil {
+		return nil, 0, err
+	}
+	if last := stream.CachedInfo().State.LastSeq; rev > last {
+		return nil, 0, fmt.Errorf("snapshot revision %d is past the bucket's last revision %d (bucket recreated?)", rev, last)
+	}
+	return t, rev, nil
+}
+
+// routing is the part of a placement value the table keeps; decoding only it is cheaper.
+type routing struct {
+	Shard  string       `json:"shard"`
+	Epoch  uint64       `json:"epoch"`
+	Phase  schema.Phase `json:"phase"`
+	Target string       `json:"target"`
+	Source string       `json:"source"`
+	Owners []string     `json:"owners"`
+	Pinned bool         `json:"pinned"`
+}
+
+// Apply implements kvwatch.Handler.
+func (ks *kindState) Apply(e kvwatch.Entry) {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	ks.rev = e.Revision
+	ks.changes++
+	t := ks.t.Load()
+	var v uint64
+	if e.Op == kvwatch.Put {
+		var ok bool
+		if v, ok = ks.decode(t, e); !ok {
+			return
+		}
+	}
+	old := t.set(e.Key, v, e.Revision)
+	if cb := ks.w.cfg.OnChange; cb != nil && old != v {
+		c := Change{Kind: ks.kind, Tenant: e.Key}
+		c.Old, c.OldOK = t.decode(old, 0)
+		c.New, c.NewOK = t.decode(v, e.Revision)
+		cb(c)
+	}
+}
+
+func (ks *kindState) decode(t *table, e kvwatch.Entry) (uint64, bool) {
+	var r routing
+	err := schema.CheckTenant(e.Key)
+	if err == nil {
+		dec := json.NewDecoder(bytes.NewReader(e.Value))
+		err = dec.Decode(&r)
+	}
+	if err == nil {
+		p := schema.Placement{Kind: ks.kind, Tenant: e.Key, Shard: r.Shard, Epoch: r.Epoch, Phase: r.Phase,
+			Target: r.Target, Source: r.Source, Owners: r.Owners, Pinned: r.Pinned}
+		if err = p.Validate(); err == nil {
+			v, ok := t.pack(p)
+			if ok {
+				return v, true
+			}
+			err = errors.New("epoch or shard count out of range")
+		}
+	}
+	ks.corrupt.Add(1)
+	ks.w.metrics.corrupt.WithLabelValues(ks.kind).Inc()
+	ks.w.cfg.Logger.Warn("skipping corrupt placement", "kind", ks.kind, "key", e.Key, "revision", e.Revision, "err", err)
+	return 0, false
+}
+
+// Synced implements kvwatch.Handler.
+func (ks *kindState) Synced() {
+	ks.syncOnce.Do(func() {
+		close(ks.synced)
+		ks.w.cfg.Logger.Info("placement synced", "kind", ks.kind, "placements", ks.t.Load().len(),
+			"took", time.Since(ks.startedAt).Round(time.Millisecond))
+		if ks.w.pendingSyn.Add(-1) == 0 {
+			ks.w.readyOnce.Do(func() { close(ks.w.ready) })
+		}
+	})
+}
+
+// WriteSnapshot writes kind's compacted snapshot now.
+func (w *Watcher) WriteSnapshot(ctx context.Context, kind string) error {
+	ks := w.kinds[kind]
+	if ks == nil {
+		return fmt.Errorf("%w: watcher does not follow %q", schema.ErrUnknownKind, kind)
+	}
+	select {
+	case <-ks.synced:
+	default:
+		return errors.New("placement: not synced yet; a snapshot now would be incomplete")
+	}
+	ks.mu.Lock()
+	data := encodeSnapshot(kind, ks.rev, ks.t.Load())
+	rev := ks.rev
+	ks.changes = 0
+	ks.mu.Unlock()
+	obs, err := w.cfg.Store.Snapshots(ctx)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := obs.PutBytes(ctx, schema.SnapshotObject(kind), data); err != nil {
+		return fmt.Errorf("placement: write snapshot of %s: %w", kind, err)
+	}
+	w.cfg.Logger.Info("wrote placement snapshot", "kind", kind, "revision", rev, "bytes", len(data))
+	return nil
+}
+
+func (ks *kindState) compactLoop(ctx context.Context) {
+	tick := time.NewTicker(ks.w.cfg.CompactInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-tick.C:
+			ks.mu.Lock()
+			due := ks.changes >= ks.w.cfg.CompactEvery
+			ks.mu.Unlock()
+			if due {
+				if err := ks.w.WriteSnapshot(ctx, ks.kind); err != nil {
+					ks.w.cfg.Logger.Warn("placement snapshot failed", "kind", ks.kind, "err", err)
+				}
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
+}
