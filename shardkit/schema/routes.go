@@ -151,4 +151,3 @@ func (s *Store) RemoveInstanceFromRoutes(ctx context.Context, id InstanceID) (in
 	}
 	return n, nil
 }
-
