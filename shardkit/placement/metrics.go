@@ -20,7 +20,9 @@ func newMetrics(w *Watcher, reg prometheus.Registerer) *metrics {
 	if reg == nil {
 		return m
 	}
-	register(reg, m.corrupt)
+	if are, ok := register(reg, m.corrupt).(*prometheus.CounterVec); ok {
+		m.corrupt = are // another watcher in this process registered it first
+	}
 	register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tm_placement_staleness_seconds",
 		Help: "How long the placement watcher has been cut off from NATS (0 while following).",
@@ -40,12 +42,15 @@ func newMetrics(w *Watcher, reg prometheus.Registerer) *metrics {
 	return m
 }
 
-// register tolerates a collector that is already registered (several watchers in one process).
-func register(reg prometheus.Registerer, c prometheus.Collector) {
+// register tolerates a collector that is already registered (several watchers in one
+// process) and returns the registered one.
+func register(reg prometheus.Registerer, c prometheus.Collector) prometheus.Collector {
 	if err := reg.Register(c); err != nil {
 		var are prometheus.AlreadyRegisteredError
 		if !errors.As(err, &are) {
 			panic(err)
 		}
+		return are.ExistingCollector
 	}
+	return c
 }

@@ -15,7 +15,6 @@
 package placement
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -344,8 +343,7 @@ func (ks *kindState) decode(t *table, e kvwatch.Entry) (uint64, bool) {
 	var r routing
 	err := schema.CheckTenant(e.Key)
 	if err == nil {
-		dec := json.NewDecoder(bytes.NewReader(e.Value))
-		err = dec.Decode(&r)
+		err = json.Unmarshal(e.Value, &r)
 	}
 	if err == nil {
 		p := schema.Placement{Kind: ks.kind, Tenant: e.Key, Shard: r.Shard, Epoch: r.Epoch, Phase: r.Phase,
