@@ -1,0 +1,106 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/placement"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
+)
+
+// assignTimeout bounds the KV create (and audit) of one assignment.
+const assignTimeout = 3 * time.Second
+
+type assignCall struct {
+	done  chan struct{}
+	entry placement.Entry
+	err   error
+}
+
+// assign places an unplaced tenant on the least-loaded shard of its kind that has room, by KV
+// create: every gateway racing on the tenant ends up with the placement that won. Concurrent
+// requests for the same tenant share one assignment.
+func (g *Gateway) assign(ctx context.Context, snap *snapshot, ke *kindEntry, tenant string) (placement.Entry, error) {
+	k := holdKey{ke.name, tenant}
+	g.assignMu.Lock()
+	if c := g.assigning[k]; c != nil {
+		g.assignMu.Unlock()
+		select {
+		case <-c.done:
+			return c.entry, c.err
+		case <-ctx.Done():
+			return placement.Entry{}, ctx.Err()
+		}
+	}
+	c := &assignCall{done: make(chan struct{})}
+	g.assigning[k] = c
+	g.assignMu.Unlock()
+
+	c.entry, c.err = g.doAssign(snap, ke, tenant)
+	g.assignMu.Lock()
+	delete(g.assigning, k)
+	g.assignMu.Unlock()
+	close(c.done)
+	return c.entry, c.err
+}
+
+func (g *Gateway) doAssign(snap *snapshot, ke *kindEntry, tenant string) (placement.Entry, error) {
+	shard, err := g.chooseShard(snap, ke)
+	if err != nil {
+		return placement.Entry{}, err
+	}
+	// Not the request's context: a client that goes away must not leave a half-done assignment.
+	ctx, cancel := context.WithTimeout(g.bgCtx, assignTimeout)
+	defer cancel()
+	p, created, err := g.store.EnsurePlacement(ctx, schema.Placement{
+		Kind: ke.name, Tenant: tenant, Shard: shard, Phase: schema.PhaseActive, Epoch: 1,
+		UpdatedBy: "gateway/" + g.cfg.ID,
+	})
+	if err != nil {
+		g.log.Warn("assigning tenant failed", "kind", ke.name, "err", err)
+		return placement.Entry{}, &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "assign-failed", Title: "Tenant could not be placed",
+			Detail: "the tenant has no placement and the gateway could not write one; retry shortly", RetryAfter: time.Second, Err: err}
+	}
+	if created {
+		ke.metrics.m.assigned.WithLabelValues(ke.name).Inc()
+		if err := g.store.Audit(ctx, schema.AuditEvent{
+			Actor: "gateway/" + g.cfg.ID, Action: "placement.assign", Kind: ke.name, Tenant: tenant,
+			After: p, Revision: p.Revision, Detail: "unplaced tenant assigned on first request to the least-loaded shard with room",
+		}); err != nil {
+			g.log.Warn("audit of assignment failed", "kind", ke.name, "err", err)
+		}
+	}
+	return placement.Entry{Shard: p.Shard, Epoch: p.Epoch, Phase: p.Phase, Target: p.Target, Source: p.Source,
+		Owners: p.Owners, Pinned: p.Pinned, Revision: p.Revision}, nil
+}
+
+// chooseShard returns the live shard with the lowest tenants/capacity that still has room.
+func (g *Gateway) chooseShard(snap *snapshot, ke *kindEntry) (string, error) {
+	shards := snap.shards[ke.name]
+	if len(shards) == 0 {
+		return "", &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "no-live-instance", Title: "No live instance",
+			Detail: "kind " + ke.name + " has no live shard to place the tenant on", RetryAfter: time.Second}
+	}
+	var counts map[string]int
+	if w := ke.w.Load(); w != nil {
+		counts = w.ShardCounts(ke.name)
+	}
+	best, bestUtil := "", 0.0
+	for _, s := range shards {
+		n := counts[s.name]
+		if s.capacity <= 0 || n >= s.capacity {
+			continue
+		}
+		u := float64(n) / float64(s.capacity)
+		if best == "" || u < bestUtil {
+			best, bestUtil = s.name, u
+		}
+	}
+	if best == "" {
+		return "", &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "no-room", Title: "No shard with room",
+			Detail: "every live shard of kind " + ke.name + " is at capacity", RetryAfter: 5 * time.Second}
+	}
+	return best, nil
+}

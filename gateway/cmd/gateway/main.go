@@ -1,0 +1,78 @@
+// Command gateway is tenantmesh's data plane: it routes every tenant request to the shard that
+// owns the tenant (see package gateway). Flags have TM_* environment variables.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/tenantmesh/tenantmesh/gateway"
+	"github.com/tenantmesh/tenantmesh/internal/envflag"
+	"github.com/tenantmesh/tenantmesh/internal/natsconn"
+	"github.com/tenantmesh/tenantmesh/internal/tmlog"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "gateway:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	fs := flag.NewFlagSet("gateway", flag.ExitOnError)
+	var (
+		natsURL, addr, id, logLevel, logFormat string
+		retries, maxHeader, idlePerHost        int
+		maxBody, replayBody                    int
+		readHeader, shutdown, connect          time.Duration
+	)
+	envflag.String(fs, &natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
+	envflag.String(fs, &addr, "addr", ":8080", "listen address")
+	envflag.String(fs, &id, "gateway-id", "", "gateway id in audit events (default hostname-pid)")
+	envflag.String(fs, &logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	envflag.String(fs, &logFormat, "log-format", "auto", "log format: auto, text, json")
+	envflag.Int(fs, &retries, "retries", 2, "further attempts after a 421 or an unreachable instance (-1: none)")
+	envflag.Int(fs, &maxHeader, "max-header-bytes", 64<<10, "largest request header block")
+	envflag.Int(fs, &maxBody, "max-body-bytes", 32<<20, "largest request body (-1: unbounded)")
+	envflag.Int(fs, &replayBody, "max-replay-body", 1<<20, "largest body buffered for retries and holds")
+	envflag.Int(fs, &idlePerHost, "max-idle-conns-per-host", 256, "idle upstream connections kept per instance")
+	envflag.Duration(fs, &readHeader, "read-header-timeout", 5*time.Second, "time allowed to read request headers")
+	envflag.Duration(fs, &shutdown, "shutdown-timeout", 30*time.Second, "time allowed for in-flight requests at shutdown")
+	envflag.Duration(fs, &connect, "connect-timeout", time.Second, "time allowed to connect to an instance")
+	if err := envflag.Check(fs); err != nil {
+		return err
+	}
+	_ = fs.Parse(os.Args[1:])
+	log, err := tmlog.New(os.Stderr, logLevel, logFormat)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	nc, err := natsconn.Connect(natsURL, "tm-gateway", log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	store, err := openStore(ctx, nc, log)
+	if err != nil {
+		return err
+	}
+	g, err := gateway.New(gateway.Config{
+		Store: store, ID: id, Addr: addr, Logger: log, Retries: retries,
+		MaxHeaderBytes: maxHeader, MaxBodyBytes: int64(maxBody), MaxReplayBody: int64(replayBody),
+		MaxIdleConnsPerHost: idlePerHost, ReadHeaderTimeout: readHeader, ShutdownTimeout: shutdown,
+		ConnectTimeout: connect,
+	})
+	if err != nil {
+		return err
+	}
+	return g.Run(ctx)
+}

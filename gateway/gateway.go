@@ -1,0 +1,418 @@
+// Package gateway is tenantmesh's data plane: every tenant request passes through it.
+//
+// # Overview
+//
+// A [Gateway] follows the route registry, the instance directory and the kind configs (KV
+// followers from package kvwatch) and every kind's placement (package placement), and keeps
+// them as immutable snapshots swapped by pointer, so the request path takes no lock. For each
+// request it (DESIGN.md "The request path"):
+//
+//  1. validates x-tenant-id (400);
+//  2. matches method and the longest path prefix in the route registry (404);
+//  3. applies the kind's per-tenant rate limit, if any (429);
+//  4. looks up the placement, assigning an unplaced tenant to the least-loaded shard with room
+//     by KV create, or answering 404, as the kind says;
+//  5. holds the request while the tenant is in handoff, until the move commits (then it goes to
+//     the new owner, in arrival order) or the kind's hold budget is spent (503 + Retry-After);
+//  6. picks one of the shard's live instances by power of two choices on in-flight requests and
+//     latency, skipping open circuits;
+//  7. proxies it with httputil.ReverseProxy, adding x-tm-epoch, x-tm-shard, x-tm-kind and
+//     x-request-id, stripping every x-tm-* header the client sent; on 421 it refreshes the
+//     placement and retries on the owner, on a refused connection it retries another instance.
+//
+// Errors are problem+json with the status table of DESIGN.md; the client never sees 421. With
+// NATS unreachable the gateway keeps routing from its snapshots and reports their age.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/tenantmesh/tenantmesh/gateway/breaker"
+	"github.com/tenantmesh/tenantmesh/shardkit/kvwatch"
+	"github.com/tenantmesh/tenantmesh/shardkit/placement"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// Config configures a Gateway. Only Store is required; every other zero field takes the default
+// its comment names.
+type Config struct {
+	// Store is the NATS schema store (required).
+	Store *schema.Store
+	// ID names this gateway in audit events ("gateway/<ID>"). Default: hostname-pid.
+	ID string
+	// Addr is the listen address. Default ":8080". Ignored when Listener is set.
+	Addr string
+	// Listener, if set, is served instead of listening on Addr (tests, socket activation).
+	Listener net.Listener
+	// Logger; if nil, logs are discarded.
+	Logger *slog.Logger
+	// Registry receives the gateway's metrics and is served on /metrics. Default: a new registry
+	// with the Go and process collectors.
+	Registry *prometheus.Registry
+
+	// Retries is the number of further attempts after the first (421, unreachable instance).
+	// Default 2. A negative value disables retries.
+	Retries int
+	// RefreshWait bounds the wait for a newer placement after a 421 that names no newer owner.
+	// Default 500ms.
+	RefreshWait time.Duration
+	// MaxReplayBody is the largest request body buffered so that the request can be retried or
+	// held; larger bodies are streamed and never replayed. Default 1 MiB.
+	MaxReplayBody int64
+	// MaxBodyBytes bounds request bodies (413 beyond). Default 32 MiB; negative: no bound.
+	MaxBodyBytes int64
+	// MaxHeaderBytes bounds request headers. Default 64 KiB.
+	MaxHeaderBytes int
+	// ReadHeaderTimeout bounds reading a request's headers. Default 5s.
+	ReadHeaderTimeout time.Duration
+	// IdleTimeout closes idle client connections. Default 2m.
+	IdleTimeout time.Duration
+	// ShutdownTimeout bounds the wait for in-flight requests at shutdown. Default 30s.
+	ShutdownTimeout time.Duration
+	// ConnectTimeout bounds dialing an instance (seed 001's connect timeout). Default 1s.
+	ConnectTimeout time.Duration
+	// MaxIdleConnsPerHost is the idle connection pool per instance. Default 256.
+	MaxIdleConnsPerHost int
+	// MaxIdleConns is the idle connection pool overall. Default 4096.
+	MaxIdleConns int
+	// Hold bounds the hold buffer.
+	Hold HoldLimits
+	// Breaker sets the circuit breakers' numbers (default seed 001's: 3 failures, 5s, 5m).
+	Breaker breaker.Config
+	// Thresholds turn heartbeat age into instance status (schema defaults).
+	Thresholds schema.Thresholds
+	// Transport, if set, replaces the tuned HTTP/1.1 transport to instances (tests).
+	Transport *http.Transport
+}
+
+func (c Config) withDefaults() Config {
+	if c.ID == "" {
+		h, _ := os.Hostname()
+		c.ID = h + "-" + strconv.Itoa(os.Getpid())
+	}
+	if c.Addr == "" {
+		c.Addr = ":8080"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Registry == nil {
+		c.Registry = prometheus.NewRegistry()
+		c.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	if c.Retries == 0 {
+		c.Retries = 2
+	} else if c.Retries < 0 {
+		c.Retries = 0
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.RefreshWait, 500*time.Millisecond)
+	def(&c.ReadHeaderTimeout, 5*time.Second)
+	def(&c.IdleTimeout, 2*time.Minute)
+	def(&c.ShutdownTimeout, 30*time.Second)
+	def(&c.ConnectTimeout, time.Second)
+	if c.MaxReplayBody <= 0 {
+		c.MaxReplayBody = 1 << 20
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 32 << 20
+	}
+	if c.MaxHeaderBytes <= 0 {
+		c.MaxHeaderBytes = 64 << 10
+	}
+	if c.MaxIdleConnsPerHost <= 0 {
+		c.MaxIdleConnsPerHost = 256
+	}
+	if c.MaxIdleConns <= 0 {
+		c.MaxIdleConns = 4096
+	}
+	return c
+}
+
+// Gateway routes tenant traffic. Create with New, serve with Run.
+type Gateway struct {
+	cfg     Config
+	log     *slog.Logger
+	store   *schema.Store
+	reg     *registry
+	hold    *holdBuffer
+	metrics *gwMetrics
+
+	transport *http.Transport
+	proxy     *httputil.ReverseProxy
+	admin     *http.ServeMux
+
+	// changed is closed and replaced on a placement change while someone waits (after a 421).
+	changed atomic.Pointer[chan struct{}]
+	waiters atomic.Int64
+
+	assignMu  sync.Mutex
+	assigning map[holdKey]*assignCall
+
+	ready     chan struct{}
+	readyOnce sync.Once
+	synced    chan struct{} // registry: routes, directory and kinds are in
+	syncOnce  sync.Once
+
+	// Background work: watchers started as kinds appear run under bgCtx and bg.
+	bgCtx  context.Context
+	bgStop context.CancelFunc
+	bg     sync.WaitGroup
+	addr   atomic.Pointer[net.Addr]
+	ran    atomic.Bool
+}
+
+// New makes a gateway. It starts nothing until Run.
+func New(cfg Config) (*Gateway, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("gateway: Config.Store is required")
+	}
+	cfg = cfg.withDefaults()
+	g := &Gateway{
+		cfg:       cfg,
+		log:       cfg.Logger,
+		store:     cfg.Store,
+		assigning: map[holdKey]*assignCall{},
+		ready:     make(chan struct{}),
+		synced:    make(chan struct{}),
+	}
+	ch := make(chan struct{})
+	g.changed.Store(&ch)
+	g.bgCtx, g.bgStop = context.WithCancel(context.Background())
+	g.reg = newRegistry(g)
+	g.metrics = newMetrics(g, cfg.Registry)
+	g.hold = newHoldBuffer(cfg.Hold, g.metrics)
+	g.transport = cfg.Transport
+	if g.transport == nil {
+		g.transport = newTransport(cfg)
+	}
+	g.proxy = &httputil.ReverseProxy{
+		Rewrite:      g.rewrite,
+		Transport:    upstream{g},
+		BufferPool:   bufferPool{},
+		ErrorHandler: g.proxyError,
+		ErrorLog:     slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+	}
+	g.admin = g.adminMux()
+	return g, nil
+}
+
+func newTransport(cfg Config) *http.Transport {
+	d := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		DialContext:            d.DialContext,
+		MaxIdleConns:           cfg.MaxIdleConns,
+		MaxIdleConnsPerHost:    cfg.MaxIdleConnsPerHost,
+		IdleConnTimeout:        90 * time.Second,
+		DisableCompression:     true,
+		ForceAttemptHTTP2:      false,
+		ExpectContinueTimeout:  time.Second,
+		WriteBufferSize:        16 << 10,
+		ReadBufferSize:         16 << 10,
+		MaxResponseHeaderBytes: 1 << 20,
+	}
+}
+
+// Ready is closed once routes, directory, kinds and every kind's placement are in. It stays
+// closed when NATS goes away later (static stability).
+func (g *Gateway) Ready() <-chan struct{} { return g.ready }
+
+// Addr is the address the gateway listens on, once Run has started listening.
+func (g *Gateway) Addr() net.Addr {
+	if a := g.addr.Load(); a != nil {
+		return *a
+	}
+	return nil
+}
+
+// Staleness is how long the routing state has been cut off from NATS (0 while following).
+func (g *Gateway) Staleness() time.Duration { return g.reg.staleness(time.Now()) }
+
+// Run follows the state in NATS and serves until ctx ends, then stops taking connections,
+// finishes in-flight requests (bounded by ShutdownTimeout) and stops its watchers.
+func (g *Gateway) Run(ctx context.Context) error {
+	if !g.ran.CompareAndSwap(false, true) {
+		return errors.New("gateway: Run called twice")
+	}
+	defer g.bgStop()
+	ln := g.cfg.Listener
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", g.cfg.Addr); err != nil {
+			return fmt.Errorf("gateway: listen on %s: %w", g.cfg.Addr, err)
+		}
+	}
+	a := ln.Addr()
+	g.addr.Store(&a)
+	if err := g.start(); err != nil {
+		ln.Close()
+		return err
+	}
+	srv := &http.Server{
+		Handler:           g,
+		MaxHeaderBytes:    g.cfg.MaxHeaderBytes,
+		ReadHeaderTimeout: g.cfg.ReadHeaderTimeout,
+		IdleTimeout:       g.cfg.IdleTimeout,
+		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	g.log.Info("gateway listening", "addr", a.String(), "id", g.cfg.ID)
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-serveErr:
+		err = fmt.Errorf("gateway: serve: %w", err)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), g.cfg.ShutdownTimeout)
+	defer cancel()
+	if serr := srv.Shutdown(sctx); serr != nil {
+		g.log.Warn("shutdown did not finish in time; closing connections", "err", serr)
+		srv.Close()
+	}
+	g.bgStop()
+	g.bg.Wait()
+	g.transport.CloseIdleConnections()
+	return err
+}
+
+// start launches the followers, the load subscription and the housekeeping loop.
+func (g *Gateway) start() error {
+	for _, b := range []string{schema.BucketRoutes, schema.BucketInstances, schema.BucketKinds} {
+		f, err := kvwatch.New(kvwatch.Config{JS: g.store.JetStream(), Bucket: b, Logger: g.log.With("bucket", b)},
+			bucketHandler{r: g.reg, bucket: b})
+		if err != nil {
+			return err
+		}
+		g.reg.mu.Lock()
+		g.reg.followed[b] = f
+		g.reg.mu.Unlock()
+		g.bg.Go(func() { _ = f.Run(g.bgCtx) })
+	}
+	sub, err := g.store.SubscribeLoad("", g.onLoad)
+	if err != nil {
+		return err
+	}
+	g.bg.Go(func() {
+		<-g.bgCtx.Done()
+		_ = sub.Unsubscribe()
+	})
+	g.bg.Go(g.housekeeping)
+	g.bg.Go(g.awaitReady)
+	return nil
+}
+
+// startKind makes and runs the placement watcher of a kind seen for the first time (called by
+// the registry, under its lock).
+func (g *Gateway) startKind(ke *kindEntry) {
+	w, err := placement.New(placement.Config{
+		Store:      g.store,
+		Kinds:      []string{ke.name},
+		OnChange:   g.onChange,
+		Logger:     g.log.With("kind", ke.name),
+		Registerer: g.cfg.Registry,
+	})
+	if err != nil {
+		g.log.Error("cannot follow placement", "kind", ke.name, "err", err)
+		return
+	}
+	ke.w.Store(w)
+	if g.bgCtx.Err() != nil {
+		return
+	}
+	g.bg.Go(func() {
+		if err := w.Run(g.bgCtx); err != nil {
+			g.log.Error("placement watcher stopped", "kind", ke.name, "err", err)
+		}
+	})
+}
+
+// awaitReady closes Ready once the registry is synced and every kind known then has its
+// placement in.
+func (g *Gateway) awaitReady() {
+	select {
+	case <-g.synced:
+	case <-g.bgCtx.Done():
+		return
+	}
+	for _, ke := range g.reg.snap.Load().kinds {
+		w := ke.w.Load()
+		if w == nil {
+			continue
+		}
+		select {
+		case <-w.Ready():
+		case <-g.bgCtx.Done():
+			return
+		}
+	}
+	g.readyOnce.Do(func() { close(g.ready) })
+	g.log.Info("gateway ready", "routes", len(g.reg.snap.Load().routes))
+}
+
+// housekeeping rebuilds the snapshot once a second (heartbeat ages change liveness) and drops
+// idle rate-limit buckets.
+func (g *Gateway) housekeeping() {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	n := 0
+	for {
+		select {
+		case <-tick.C:
+			if g.reg.allSynced() {
+				g.reg.rebuild()
+			}
+			if n++; n%30 == 0 {
+				now := time.Now()
+				for _, ke := range g.reg.snap.Load().kinds {
+					if l := ke.limiter.Load(); l != nil {
+						l.sweep(now, time.Minute)
+					}
+				}
+			}
+		case <-g.bgCtx.Done():
+			return
+		}
+	}
+}
+
+// onLoad keeps each instance's last load report for /admin/balance.
+func (g *Gateway) onLoad(r schema.LoadReport) {
+	g.reg.mu.Lock()
+	in := g.reg.insts[r.Key()]
+	g.reg.mu.Unlock()
+	if in != nil {
+		in.load.Store(&r)
+	}
+}
+
+// onChange runs on a kind's placement apply goroutine for every change: it ends holds when a
+// handoff commits or aborts, and wakes requests waiting for a newer placement after a 421.
+func (g *Gateway) onChange(c placement.Change) {
+	if c.OldOK && c.Old.Phase == schema.PhaseHandoff && !(c.NewOK && c.New.Phase == schema.PhaseHandoff) {
+		aborted := !c.NewOK || c.New.Shard == c.Old.Shard
+		g.hold.release(c.Kind, c.Tenant, aborted)
+	}
+	if g.waiters.Load() > 0 {
+		ch := make(chan struct{})
+		close(*g.changed.Swap(&ch))
+	}
+}

@@ -1,0 +1,138 @@
+package gateway
+
+import (
+	"errors"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tenantmesh/tenantmesh/gateway/breaker"
+)
+
+// gwMetrics are the gateway's Prometheus metrics. No metric has a tenant label; instance labels
+// are bounded by the directory.
+type gwMetrics struct {
+	requests   *prometheus.CounterVec   // kind, code
+	duration   *prometheus.HistogramVec // kind
+	holds      *prometheus.CounterVec   // kind, outcome
+	holdWait   *prometheus.HistogramVec // kind
+	holdQueued prometheus.Gauge
+	retries    *prometheus.CounterVec // kind, reason
+	assigned   *prometheus.CounterVec // kind
+	corrupt    *prometheus.CounterVec // bucket
+}
+
+func newMetrics(g *Gateway, reg prometheus.Registerer) *gwMetrics {
+	m := &gwMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tm_gateway_requests_total", Help: "Requests answered, by kind and status code (kind \"-\" before one is known).",
+		}, []string{"kind", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "tm_gateway_request_duration_seconds", Help: "Time to the response headers, by kind.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"kind"}),
+		holds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tm_gateway_hold_total", Help: "Requests held during a handoff, by outcome (released, aborted, expired, overflow, canceled).",
+		}, []string{"kind", "outcome"}),
+		holdWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "tm_gateway_hold_wait_seconds", Help: "How long released requests were held.",
+			Buckets: []float64{.001, .005, .01, .05, .1, .25, .5, 1, 2, 5, 10},
+		}, []string{"kind"}),
+		holdQueued: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tm_gateway_hold_queued", Help: "Requests held now.",
+		}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tm_gateway_retries_total", Help: "Upstream attempts retried, by reason (misdirected, unreachable, failed).",
+		}, []string{"kind", "reason"}),
+		assigned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tm_gateway_assignments_total", Help: "Unplaced tenants this gateway assigned to a shard.",
+		}, []string{"kind"}),
+		corrupt: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tm_gateway_corrupt_total", Help: "Registry, directory or kind values skipped because they could not be decoded.",
+		}, []string{"bucket"}),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.holds, m.holdWait, m.holdQueued, m.retries, m.assigned, m.corrupt,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tm_gateway_snapshot_staleness_seconds",
+			Help: "How long the gateway's routing state has been cut off from NATS (0 while following). It keeps routing from it.",
+		}, func() float64 { return g.Staleness().Seconds() }),
+		&breakerCollector{g: g},
+	} {
+		register(reg, c)
+	}
+	return m
+}
+
+func register(reg prometheus.Registerer, c prometheus.Collector) {
+	if reg == nil {
+		return
+	}
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			panic(err)
+		}
+	}
+}
+
+// kindMetrics caches one kind's children so the request path does no label lookups.
+type kindMetrics struct {
+	m        *gwMetrics
+	kind     string
+	duration prometheus.Observer
+	holdWait prometheus.Observer
+	codes    [600]atomic.Pointer[prometheus.Counter]
+}
+
+func (m *gwMetrics) forKind(kind string) *kindMetrics {
+	return &kindMetrics{m: m, kind: kind,
+		duration: m.duration.WithLabelValues(kind), holdWait: m.holdWait.WithLabelValues(kind)}
+}
+
+func (k *kindMetrics) code(code int) {
+	if code < 100 || code >= len(k.codes) {
+		code = 599
+	}
+	if c := k.codes[code].Load(); c != nil {
+		(*c).Inc()
+		return
+	}
+	c := k.m.requests.WithLabelValues(k.kind, strconv.Itoa(code))
+	k.codes[code].Store(&c)
+	c.Inc()
+}
+
+func (k *kindMetrics) hold(outcome string) { k.m.holds.WithLabelValues(k.kind, outcome).Inc() }
+
+func (k *kindMetrics) retry(reason string) { k.m.retries.WithLabelValues(k.kind, reason).Inc() }
+
+// breakerCollector exports each known instance's circuit state and load figures at scrape time.
+type breakerCollector struct{ g *Gateway }
+
+var (
+	breakerDesc = prometheus.NewDesc("tm_gateway_circuit_state",
+		"Circuit breaker state per instance: 0 closed, 1 open, 2 half-open.", []string{"instance"}, nil)
+	inflightDesc = prometheus.NewDesc("tm_gateway_upstream_in_flight",
+		"Requests in flight to each instance.", []string{"instance"}, nil)
+)
+
+func (c *breakerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- breakerDesc
+	ch <- inflightDesc
+}
+
+func (c *breakerCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, in := range c.g.reg.instances() {
+		st := in.breaker.State()
+		v := 0.0
+		switch st {
+		case breaker.Open:
+			v = 1
+		case breaker.HalfOpen:
+			v = 2
+		}
+		ch <- prometheus.MustNewConstMetric(breakerDesc, prometheus.GaugeValue, v, in.key)
+		ch <- prometheus.MustNewConstMetric(inflightDesc, prometheus.GaugeValue, float64(in.inflight.Load()), in.key)
+	}
+}

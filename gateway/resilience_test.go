@@ -1,0 +1,297 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tenantmesh/tenantmesh/gateway/breaker"
+	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
+)
+
+type testClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *testClock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func (e *env) circuit(key string) string {
+	e.t.Helper()
+	for _, in := range e.gw.balance().Instances {
+		if in.Instance == key {
+			return in.Circuit.State
+		}
+	}
+	e.t.Fatalf("instance %s not in /admin/balance", key)
+	return ""
+}
+
+// TestRetriesAndBreaker: requests skip an instance that refuses connections (even a POST, which
+// provably never reached it) and one that drops them (GET only); the dropping instance's circuit
+// opens after 3 failures, half-opens after 5s, and closes on a successful probe.
+func TestRetriesAndBreaker(t *testing.T) {
+	clock := &testClock{t: time.Unix(1_000_000, 0)}
+	var good, flaky, dead *backend
+	deadURL := ""
+	e := newEnv(t, Config{Breaker: breaker.Config{Now: clock.Now}}, nil, func(e *env) {
+		good = newBackend(t, "aggregate", "aggregate-1", "good")
+		flaky = newBackend(t, "aggregate", "aggregate-1", "flaky")
+		dead = newBackend(t, "aggregate", "aggregate-1", "dead")
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		deadURL = "http://" + ln.Addr().String()
+		ln.Close() // nothing listens: connection refused
+		e.register(good, "", 10, aggRoute)
+		e.register(flaky, "", 10, aggRoute)
+		e.register(dead, deadURL, 10, aggRoute)
+		e.place("aggregate", "t1", "aggregate-1")
+	})
+	dropping := func(w http.ResponseWriter, r *http.Request) {
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close()
+		}
+	}
+	flaky.setHandler(dropping)
+	for i := range 20 {
+		method, body := "GET", ""
+		if i%2 == 1 {
+			method, body = "POST", fmt.Sprintf(`{"i":%d}`, i)
+		}
+		resp, got := e.do(method, "/agg/x", "t1", body, nil)
+		if method == "POST" && resp.StatusCode == 502 {
+			continue // a POST dropped by flaky may have reached it: not replayed
+		}
+		if resp.StatusCode != 200 || got != good.id.Key() {
+			t.Fatalf("%s %d: status %d from %q", method, i, resp.StatusCode, got)
+		}
+	}
+	if st := e.circuit(dead.id.Key()); st != "open" {
+		t.Fatalf("dead instance circuit %s, want open", st)
+	}
+	if st := e.circuit(flaky.id.Key()); st != "open" {
+		t.Fatalf("flaky instance circuit %s, want open", st)
+	}
+	// Open circuits are skipped: nothing more reaches flaky.
+	before, _ := flaky.requests()
+	for range 10 {
+		if resp, got := e.do("GET", "/agg/x", "t1", "", nil); resp.StatusCode != 200 || got != good.id.Key() {
+			t.Fatalf("with open circuits: %d from %q", resp.StatusCode, got)
+		}
+	}
+	if after, _ := flaky.requests(); len(after) != len(before) {
+		t.Fatalf("open circuit let %d requests through", len(after)-len(before))
+	}
+	// 5s later the circuit is half-open; flaky recovered, so its probe succeeds and closes it.
+	flaky.setHandler(nil)
+	clock.Add(5 * time.Second)
+	if st := e.circuit(flaky.id.Key()); st != "half-open" {
+		t.Fatalf("after 5s circuit %s, want half-open", st)
+	}
+	for i := 0; e.circuit(flaky.id.Key()) != "closed"; i++ {
+		if i == 200 {
+			t.Fatal("probe never went to the half-open instance")
+		}
+		if resp, _ := e.do("GET", "/agg/x", "t1", "", nil); resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	// dead probed and failed again: its wait doubled.
+	for _, in := range e.gw.balance().Instances {
+		if in.Instance == dead.id.Key() && in.Circuit.State != "closed" && in.Circuit.Wait != 10*time.Second && in.Circuit.Wait != 5*time.Second {
+			t.Fatalf("dead circuit %+v", in.Circuit)
+		}
+	}
+	_, metrics := e.do("GET", "/metrics", "", "", nil)
+	for _, m := range []string{`reason="unreachable"`, `reason="failed"`, `tm_gateway_circuit_state{instance="aggregate.aggregate-1.good"} 0`} {
+		if !contains2(metrics, m) {
+			t.Errorf("metrics lack %s", m)
+		}
+	}
+}
+
+// TestHoldDuringHandoff: requests for a tenant in handoff are held and reach the new owner after
+// commit, in order, with no error; past the per-tenant bound they get 503 at once; past the
+// kind's hold budget 503 with Retry-After.
+func TestHoldDuringHandoff(t *testing.T) {
+	briefRoute := schema.Route{Method: "*", Prefix: "/brief/", Kind: "brief"}
+	var a, b, br *backend
+	e := newEnv(t, Config{Hold: HoldLimits{PerTenant: 5}}, []schema.KindConfig{
+		{Kind: "aggregate", HoldBudget: schema.Duration(20 * time.Second)},
+		{Kind: "brief", HoldBudget: schema.Duration(300 * time.Millisecond)},
+	}, func(e *env) {
+		a = newBackend(t, "aggregate", "aggregate-1", "i1")
+		b = newBackend(t, "aggregate", "aggregate-2", "i1")
+		br = newBackend(t, "brief", "brief-1", "i1")
+		e.register(a, "", 10, aggRoute)
+		e.register(b, "", 10, aggRoute)
+		e.register(br, "", 10, briefRoute)
+		e.place("aggregate", "t1", "aggregate-1")
+		e.place("brief", "t1", "brief-1")
+	})
+	e.move("aggregate", "t1", func(p *schema.Placement) { p.Phase, p.Target = schema.PhaseWarming, "aggregate-2" })
+	e.move("aggregate", "t1", func(p *schema.Placement) { p.Phase = schema.PhaseHandoff })
+	e.waitPhase("aggregate", "t1", schema.PhaseHandoff)
+
+	type result struct {
+		i      int
+		status int
+		by     string
+	}
+	results := make(chan result, 5)
+	for i := range 5 {
+		go func() {
+			resp, _ := e.do("POST", "/agg/cmd", "t1", fmt.Sprintf("cmd-%d", i), nil)
+			results <- result{i, resp.StatusCode, resp.Header.Get(tmhttp.HeaderServedBy)}
+		}()
+		// Send the next only once this one is held, so arrival order is known.
+		eventually(t, 10*time.Second, fmt.Sprintf("request %d held", i), func() bool {
+			n, _, _ := e.gw.hold.stats()
+			return n == i+1
+		})
+	}
+	// The sixth is over the per-tenant bound: 503 at once.
+	resp, body := e.do("POST", "/agg/cmd", "t1", "overflow", nil)
+	if p := problem(t, resp, body); p.Status != 503 || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("overflow: %+v", p)
+	}
+	// Commit: aggregate-2 owns t1 at epoch 2.
+	e.move("aggregate", "t1", func(p *schema.Placement) {
+		p.Phase, p.Shard, p.Source, p.Target, p.Epoch = schema.PhaseDraining, "aggregate-2", "aggregate-1", "", p.Epoch+1
+	})
+	for range 5 {
+		select {
+		case r := <-results:
+			if r.status != 200 || r.by != b.id.Key() {
+				t.Fatalf("held request %d: status %d by %q", r.i, r.status, r.by)
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatal("held requests not released within 15s of commit")
+		}
+	}
+	reqs, bodies := b.requests()
+	for i := range 5 {
+		if bodies[i] != fmt.Sprintf("cmd-%d", i) || reqs[i].Header.Get(tmhttp.HeaderEpoch) != "2" {
+			t.Fatalf("new owner saw, in order, %q (epoch %s)", bodies, reqs[i].Header.Get(tmhttp.HeaderEpoch))
+		}
+	}
+	if got, _ := a.requests(); len(got) != 0 {
+		t.Fatalf("old owner got %d requests during the handoff", len(got))
+	}
+
+	// Budget expiry: brief holds for 300ms only.
+	e.move("brief", "t1", func(p *schema.Placement) { p.Phase, p.Target = schema.PhaseWarming, "brief-2" })
+	e.move("brief", "t1", func(p *schema.Placement) { p.Phase = schema.PhaseHandoff })
+	e.waitPhase("brief", "t1", schema.PhaseHandoff)
+	resp, body = e.do("GET", "/brief/x", "t1", "", nil)
+	if p := problem(t, resp, body); p.Status != 503 || resp.Header.Get("Retry-After") != "1" || p.Type != tmhttp.TypeBase+"tenant-moving" {
+		t.Fatalf("expiry: %+v retry-after %q", p, resp.Header.Get("Retry-After"))
+	}
+	// Abort: the move is called off; held requests go to the old owner.
+	done := make(chan int, 1)
+	go func() {
+		resp, _ := e.do("GET", "/brief/x", "t1", "", nil)
+		done <- resp.StatusCode
+	}()
+	eventually(t, 10*time.Second, "request held", func() bool { n, _, _ := e.gw.hold.stats(); return n == 1 })
+	e.move("brief", "t1", func(p *schema.Placement) { p.Phase, p.Target = schema.PhaseActive, "" })
+	if code := <-done; code != 200 {
+		t.Fatalf("after abort: %d", code)
+	}
+
+	_, metrics := e.do("GET", "/metrics", "", "", nil)
+	for _, m := range []string{
+		`tm_gateway_hold_total{kind="aggregate",outcome="released"} 5`,
+		`tm_gateway_hold_total{kind="aggregate",outcome="overflow"} 1`,
+		`tm_gateway_hold_total{kind="brief",outcome="expired"} 1`,
+		`tm_gateway_hold_total{kind="brief",outcome="aborted"} 1`,
+		`tm_gateway_hold_queued 0`,
+	} {
+		if !contains2(metrics, m) {
+			t.Errorf("metrics lack %s", m)
+		}
+	}
+}
+
+// TestStaticStability: with NATS stopped the gateway keeps routing from its snapshot, stays
+// ready, reports the snapshot's age, and resyncs when NATS returns.
+func TestStaticStability(t *testing.T) {
+	var a, b *backend
+	e := newEnv(t, Config{}, nil, func(e *env) {
+		a = newBackend(t, "aggregate", "aggregate-1", "i1")
+		b = newBackend(t, "aggregate", "aggregate-2", "i1")
+		e.register(a, "", 10, aggRoute)
+		e.register(b, "", 10, aggRoute)
+		e.place("aggregate", "t1", "aggregate-1")
+	})
+	e.waitServedBy("/agg/x", "t1", a.id.Key())
+	cfg := e.nats.Config()
+	e.nats.Stop()
+
+	readyz := func() (int, Readiness) {
+		resp, body := e.do("GET", "/readyz", "", "", nil)
+		var rd Readiness
+		if err := jsonUnmarshal(body, &rd); err != nil {
+			t.Fatalf("readyz body %q: %v", body, err)
+		}
+		return resp.StatusCode, rd
+	}
+	eventually(t, 15*time.Second, "readyz to report staleness", func() bool {
+		code, rd := readyz()
+		if code != 200 || !rd.Ready {
+			t.Fatalf("readyz %d %+v while NATS is down", code, rd)
+		}
+		return rd.Stale && rd.SnapshotAgeSeconds > 0 && !rd.NATSConnected
+	})
+	for range 20 {
+		if resp, got := e.do("GET", "/agg/x", "t1", "", nil); resp.StatusCode != 200 || got != a.id.Key() {
+			t.Fatalf("with NATS down: %d from %q", resp.StatusCode, got)
+		}
+	}
+	_, metrics := e.do("GET", "/metrics", "", "", nil)
+	if contains2(metrics, "tm_gateway_snapshot_staleness_seconds 0\n") || !contains2(metrics, "tm_gateway_snapshot_staleness_seconds") {
+		t.Fatal("staleness metric does not show the outage")
+	}
+
+	e.nats = natstest.Restart(t, cfg)
+	eventually(t, 20*time.Second, "readyz fresh again", func() bool {
+		_, rd := readyz()
+		return !rd.Stale && rd.NATSConnected
+	})
+	// Resynced: a change made after NATS came back is followed.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var err error
+	for ctx.Err() == nil { // the store's connection may still be reconnecting
+		var p schema.Placement
+		if p, err = e.st.Placement(ctx, "aggregate", "t1"); err == nil {
+			next := p
+			next.Shard, next.Epoch = "aggregate-2", p.Epoch+1
+			if _, err = e.st.UpdatePlacement(ctx, p, next); err == nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitServedBy("/agg/x", "t1", b.id.Key())
+}
