@@ -271,5 +271,4 @@ func (e *env) waitPhase(kind, tenant string, phase schema.Phase) {
 	})
 }
 
-
 func jsonUnmarshal(s string, v any) error { return json.Unmarshal([]byte(s), v) }
