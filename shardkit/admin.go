@@ -1,0 +1,214 @@
+package shardkit
+
+import (
+	"context"
+	"crypto/subtle"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
+)
+
+// Mount registers the admin routes (/admin/*, behind the bearer token) and /healthz, /readyz
+// and /metrics (open) on the service's router. Mount them outside the Gate.
+func (s *Shard) Mount(r chi.Router) {
+	r.Get("/healthz", s.handleHealthz)
+	r.Get("/readyz", s.handleReadyz)
+	r.Handle("/metrics", promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{}))
+	r.Route("/admin", func(r chi.Router) {
+		r.Use(s.requireToken)
+		r.Post("/drain", s.handleDrain)
+		r.Get("/drain", s.handleDrainStatus)
+		r.Delete("/drain", s.handleUndrain)
+		r.Post("/reload", s.handleReload)
+		r.Get("/tenants", s.handleTenants)
+	})
+}
+
+// requireToken admits requests bearing the admin token. Without a configured token every admin
+// request is refused.
+func (s *Shard) requireToken(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.AdminToken == "" {
+			tmhttp.WriteProblem(w, r, tmhttp.Problem{Type: tmhttp.TypeBase + "admin-disabled", Title: "Admin disabled",
+				Status: http.StatusForbidden, Detail: "admin routes are disabled: set " + EnvAdminToken + " to enable them"})
+			return
+		}
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.AdminToken)) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="tenantmesh admin"`)
+			tmhttp.WriteProblem(w, r, tmhttp.Problem{Type: tmhttp.TypeBase + "unauthorized", Title: "Unauthorized",
+				Status: http.StatusUnauthorized, Detail: "admin routes need Authorization: Bearer <" + EnvAdminToken + ">"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (s *Shard) handleHealthz(w http.ResponseWriter, _ *http.Request) {
+	tmhttp.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok", "instance": s.self})
+}
+
+// Readiness is /readyz's body.
+type Readiness struct {
+	Ready    bool   `json:"ready"`
+	Instance string `json:"instance"`
+	Detail   string `json:"detail,omitempty"`
+	// PlacementStaleness is how long the placement snapshot has been cut off from NATS.
+	PlacementStaleness string `json:"placement_staleness,omitempty"`
+}
+
+func (s *Shard) handleReadyz(w http.ResponseWriter, _ *http.Request) {
+	rd := Readiness{Ready: s.ready.Load(), Instance: s.self}
+	if st := s.watcher.Staleness(); st > 0 {
+		rd.PlacementStaleness = st.Round(time.Millisecond).String()
+	}
+	status := http.StatusOK
+	if !rd.Ready {
+		status = http.StatusServiceUnavailable
+		rd.Detail = "not running or shutting down"
+		if s.closing.Load() {
+			rd.Detail = "shutting down: draining"
+		}
+	}
+	tmhttp.WriteJSON(w, status, rd)
+}
+
+// TenantStatus is one hosted tenant's line in /admin/tenants and /admin/drain.
+type TenantStatus struct {
+	Tenant string `json:"tenant"`
+	// Phase is what this instance reports: serving, warming, ready, draining or drained.
+	Phase string `json:"phase"`
+	// Placement is the placement's phase, Owner its shard and Epoch its epoch.
+	Placement schema.Phase `json:"placement,omitempty"`
+	Owner     string       `json:"owner,omitempty"`
+	Epoch     uint64       `json:"epoch,omitempty"`
+	InFlight  int64        `json:"in_flight"`
+	Requests  uint64       `json:"requests"`
+	Errors    uint64       `json:"errors"`
+	Applied   uint64       `json:"applied"`
+	Fence     uint64       `json:"fence,omitempty"`
+	Lag       uint64       `json:"lag"`
+}
+
+func (s *Shard) status(ts *tenantState) TenantStatus {
+	ts.mu.Lock()
+	st := TenantStatus{Tenant: ts.tenant, Phase: string(ts.phase), Fence: ts.fence, Lag: ts.lag, Applied: ts.applied}
+	ts.mu.Unlock()
+	st.InFlight, st.Requests, st.Errors = ts.inflight.Load(), ts.requests.Load(), ts.errors.Load()
+	if st.Phase == "" {
+		st.Phase = "serving"
+		if ts.draining.Load() {
+			st.Phase = string(schema.SignalDraining)
+		}
+	}
+	if s.cfg.Hooks.Applied != nil {
+		st.Applied = s.cfg.Hooks.Applied(ts.tenant)
+	}
+	if e, ok := s.watcher.Lookup(s.kind, ts.tenant); ok {
+		st.Placement, st.Owner, st.Epoch = e.Phase, e.Shard, e.Epoch
+	}
+	return st
+}
+
+// Tenants lists the tenants this instance holds state for, by name.
+func (s *Shard) Tenants() []TenantStatus {
+	var out []TenantStatus
+	for _, ts := range s.states.all() {
+		out = append(out, s.status(ts))
+	}
+	slices.SortFunc(out, func(a, b TenantStatus) int { return strings.Compare(a.Tenant, b.Tenant) })
+	return out
+}
+
+func (s *Shard) handleTenants(w http.ResponseWriter, _ *http.Request) {
+	tmhttp.WriteJSON(w, http.StatusOK, map[string]any{"instance": s.self, "tenants": s.Tenants()})
+}
+
+// adminTenant reads and checks the tenant_id parameter.
+func (s *Shard) adminTenant(w http.ResponseWriter, r *http.Request) (string, bool) {
+	tenant := r.URL.Query().Get("tenant_id")
+	if err := schema.CheckTenant(tenant); err != nil {
+		tmhttp.WriteError(w, r, err, tenant, s.kind)
+		return "", false
+	}
+	return tenant, true
+}
+
+// handleDrain starts draining a tenant and answers 202 at once; GET the same URL to follow it.
+func (s *Shard) handleDrain(w http.ResponseWriter, r *http.Request) {
+	tenant, ok := s.adminTenant(w, r)
+	if !ok {
+		return
+	}
+	ts := s.states.getOrCreate(tenant)
+	ts.draining.Store(true) // refuse new requests from now on, before the answer
+	s.goTask(func() {
+		if _, err := s.Drain(s.runCtx, tenant); err != nil {
+			s.cfg.Logger.Warn("admin drain", "tenant", tenant, "err", err)
+		}
+	})
+	tmhttp.WriteJSON(w, http.StatusAccepted, s.status(ts))
+}
+
+func (s *Shard) handleDrainStatus(w http.ResponseWriter, r *http.Request) {
+	tenant, ok := s.adminTenant(w, r)
+	if !ok {
+		return
+	}
+	ts := s.states.get(tenant)
+	if ts == nil {
+		tmhttp.WriteJSON(w, http.StatusOK, TenantStatus{Tenant: tenant, Phase: "serving"})
+		return
+	}
+	tmhttp.WriteJSON(w, http.StatusOK, s.status(ts))
+}
+
+func (s *Shard) handleUndrain(w http.ResponseWriter, r *http.Request) {
+	tenant, ok := s.adminTenant(w, r)
+	if !ok {
+		return
+	}
+	if err := s.Undrain(r.Context(), tenant); err != nil {
+		tmhttp.WriteError(w, r, err, tenant, s.kind)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// handleReload re-reads the kind, re-registers the instance and its routes, and calls the
+// service's Reload hook.
+func (s *Shard) handleReload(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	if err := s.Reload(ctx); err != nil {
+		tmhttp.WriteError(w, r, err, "", s.kind)
+		return
+	}
+	tmhttp.WriteJSON(w, http.StatusOK, map[string]string{"status": "reloaded", "instance": s.self})
+}
+
+// Reload re-reads the kind's config, re-registers the instance and its routes (repairing them
+// if a sweeper removed them) and calls the Reload hook.
+func (s *Shard) Reload(ctx context.Context) error {
+	kc, err := s.st.Kind(ctx, s.kind)
+	if err != nil {
+		return err
+	}
+	s.kindCfg.Store(&kc)
+	if s.ready.Load() {
+		if err := s.register(ctx); err != nil {
+			return err
+		}
+	}
+	if s.cfg.Hooks.Reload != nil {
+		return s.cfg.Hooks.Reload(ctx)
+	}
+	return nil
+}

@@ -1,0 +1,209 @@
+package shardkit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// EnvAdminToken is the environment variable read for Config.AdminToken when the field is empty.
+const EnvAdminToken = "TM_ADMIN_TOKEN"
+
+// Config configures a Shard. Store, ID and URL are required; every other field has a default
+// documented beside it.
+type Config struct {
+	// Store is the NATS schema store; required.
+	Store *schema.Store
+	// ID names this instance: kind, shard and instance; required.
+	ID schema.InstanceID
+	// URL is where this instance serves HTTP (absolute http(s) URL); required.
+	URL string
+	// Capacity is the number of tenants the instance can host. Default: the kind's capacity.
+	Capacity int
+	// Labels and Version are published in the instance directory.
+	Labels  map[string]string
+	Version string
+	// Routes this instance serves, published in the route registry (seed 002) while it runs and
+	// removed on shutdown. An empty Kind means ID.Kind.
+	Routes []schema.Route
+
+	// Hooks connect the service's state to moves; the zero value suits a stateless service.
+	Hooks Hooks
+
+	// Forward makes the gate proxy requests for tenants this shard does not own to the owner's
+	// live instances instead of answering 421 (seed 001: clients may call any instance).
+	Forward bool
+	// ForwardRetries is how many other instances of the owner a forwarded request may try after
+	// the first, when that is safe. Default 2.
+	ForwardRetries int
+	// ForwardTimeout bounds one forwarded request, all attempts included. Default 30s.
+	ForwardTimeout time.Duration
+	// MaxForwardBody is the largest request body buffered so a forward can be retried; larger
+	// bodies are streamed and not retried. Default 1 MiB.
+	MaxForwardBody int64
+	// Transport carries forwarded requests. Default: a clone of http.DefaultTransport with a 1s
+	// dial timeout.
+	Transport http.RoundTripper
+	// Thresholds turn peers' heartbeat ages into liveness (forward mode). Default schema's.
+	Thresholds schema.Thresholds
+
+	// AdminToken is the bearer token /admin/* requires. Default $TM_ADMIN_TOKEN. Without a
+	// token, admin routes answer 403: they are refused, never open.
+	AdminToken string
+
+	// DrainTimeout bounds how long a drain waits for in-flight requests. Default 10s.
+	DrainTimeout time.Duration
+	// EpochWait bounds how long a request carrying an epoch newer than the local placement
+	// snapshot waits for the snapshot to catch up. Default 2s.
+	EpochWait time.Duration
+	// Heartbeat is the interval of directory heartbeats and load telemetry. Default 1s.
+	Heartbeat time.Duration
+	// WarmRetry is the pause before Warm is called again when it failed or returned short of
+	// the fence. Default 500ms.
+	WarmRetry time.Duration
+	// TopN is how many tenants get their own metric labels; the rest are "other". Default 20.
+	// Load reports carry the same number of busiest tenants.
+	TopN int
+	// TopNEvery is how often the labelled set is recomputed. Default 15s.
+	TopNEvery time.Duration
+
+	// Registerer receives the shard's metrics; Gatherer serves /metrics. If Registerer is nil a
+	// private registry is used. If Gatherer is nil, Registerer is used when it is a Gatherer,
+	// else prometheus.DefaultGatherer.
+	Registerer prometheus.Registerer
+	Gatherer   prometheus.Gatherer
+	// Logger; if nil, logs are discarded.
+	Logger *slog.Logger
+	// Now is the clock used for liveness decisions. Default time.Now.
+	Now func() time.Time
+}
+
+// Hooks are what a stateful service implements so shardkit can move its tenants. Every hook is
+// optional: with the zero Hooks, warm-up is immediate and drain releases nothing.
+type Hooks struct {
+	// Warm brings the tenant's state up to at least fence (0: as far as known now). It is called
+	// when this shard becomes a move's target, and again at handoff with the source's fence. Its
+	// ctx is cancelled if the move is aborted.
+	Warm func(ctx context.Context, tenant string, fence uint64) error
+	// Applied is the tenant's last applied sequence. Default: always 0.
+	Applied func(tenant string) uint64
+	// Fence is the sequence a drained source reports as the fence at handoff. Default Applied.
+	Fence func(tenant string) uint64
+	// Lag is the tenant's count of entries not yet applied. Default fence - applied.
+	Lag func(tenant string) uint64
+	// Release drops the tenant's state once this shard no longer serves it (after a drain, after
+	// a move's commit, or when a move to this shard is aborted).
+	Release func(ctx context.Context, tenant string) error
+	// Reload is called by POST /admin/reload after the instance re-registered.
+	Reload func(ctx context.Context) error
+}
+
+func (h Hooks) applied(tenant string) uint64 {
+	if h.Applied == nil {
+		return 0
+	}
+	return h.Applied(tenant)
+}
+
+func (h Hooks) fence(tenant string) uint64 {
+	if h.Fence != nil {
+		return h.Fence(tenant)
+	}
+	return h.applied(tenant)
+}
+
+func (h Hooks) lag(tenant string, fence, applied uint64) uint64 {
+	if h.Lag != nil {
+		return h.Lag(tenant)
+	}
+	if fence > applied {
+		return fence - applied
+	}
+	return 0
+}
+
+// ErrConfig is wrapped by every configuration error.
+var ErrConfig = errors.New("shardkit: invalid config")
+
+func (c Config) withDefaults() Config {
+	if c.ForwardRetries <= 0 {
+		c.ForwardRetries = 2
+	}
+	if c.ForwardTimeout <= 0 {
+		c.ForwardTimeout = 30 * time.Second
+	}
+	if c.MaxForwardBody <= 0 {
+		c.MaxForwardBody = 1 << 20
+	}
+	if c.Transport == nil {
+		c.Transport = defaultTransport()
+	}
+	if c.AdminToken == "" {
+		c.AdminToken = os.Getenv(EnvAdminToken)
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = 10 * time.Second
+	}
+	if c.EpochWait <= 0 {
+		c.EpochWait = 2 * time.Second
+	}
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = time.Second
+	}
+	if c.WarmRetry <= 0 {
+		c.WarmRetry = 500 * time.Millisecond
+	}
+	if c.TopN <= 0 {
+		c.TopN = 20
+	}
+	if c.TopNEvery <= 0 {
+		c.TopNEvery = 15 * time.Second
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
+	}
+	if c.Gatherer == nil {
+		if g, ok := c.Registerer.(prometheus.Gatherer); ok {
+			c.Gatherer = g
+		} else {
+			c.Gatherer = prometheus.DefaultGatherer
+		}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+func (c Config) valid() error {
+	if c.Store == nil {
+		return fmt.Errorf("%w: Store is required", ErrConfig)
+	}
+	if err := c.ID.Check(); err != nil {
+		return fmt.Errorf("%w: ID: %w", ErrConfig, err)
+	}
+	inst := schema.Instance{InstanceID: c.ID, URL: c.URL, Capacity: c.Capacity}
+	if err := inst.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	for _, r := range c.Routes {
+		if r.Kind == "" {
+			r.Kind = c.ID.Kind
+		}
+		if err := r.Validate(); err != nil {
+			return fmt.Errorf("%w: route: %w", ErrConfig, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,309 @@
+package shardkit
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/kvwatch"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
+)
+
+// peerView keeps the kind's part of the instance directory in memory (forward mode).
+type peerView struct {
+	s      *Shard
+	f      *kvwatch.Follower
+	synced chan struct{}
+	once   sync.Once
+	rr     atomic.Uint32
+
+	mu    sync.RWMutex
+	insts map[string]schema.Instance // by key
+	// version grows with every applied entry; notify is closed and replaced on each.
+	version uint64
+	notify  chan struct{}
+}
+
+func newPeerView(s *Shard) *peerView {
+	return &peerView{s: s, synced: make(chan struct{}), insts: map[string]schema.Instance{}, notify: make(chan struct{})}
+}
+
+func (p *peerView) start(ctx context.Context, wg *sync.WaitGroup) error {
+	f, err := kvwatch.New(kvwatch.Config{
+		JS:     p.s.st.JetStream(),
+		Bucket: schema.BucketInstances,
+		Filter: p.s.kind + ".>",
+		Logger: p.s.cfg.Logger.With("watch", schema.BucketInstances),
+	}, p)
+	if err != nil {
+		return fmt.Errorf("shardkit: %w", err)
+	}
+	p.f = f
+	wg.Go(func() { _ = f.Run(ctx) })
+	return nil
+}
+
+func (p *peerView) waitReady(ctx context.Context) error {
+	select {
+	case <-p.synced:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("shardkit: waiting for the instance directory: %w", ctx.Err())
+	}
+}
+
+// Apply implements kvwatch.Handler.
+func (p *peerView) Apply(e kvwatch.Entry) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	defer func() {
+		p.version++
+		close(p.notify)
+		p.notify = make(chan struct{})
+	}()
+	if e.Op != kvwatch.Put {
+		delete(p.insts, e.Key)
+		return
+	}
+	var inst schema.Instance
+	if err := json.Unmarshal(e.Value, &inst); err != nil {
+		p.s.cfg.Logger.Warn("skipping corrupt instance entry", "key", e.Key, "err", err)
+		delete(p.insts, e.Key)
+		return
+	}
+	inst.Revision = e.Revision
+	p.insts[e.Key] = inst
+}
+
+// Synced implements kvwatch.Handler.
+func (p *peerView) Synced() { p.once.Do(func() { close(p.synced) }) }
+
+// instance returns the directory's entry for key, and a channel closed at the next change.
+func (p *peerView) instance(key string) (schema.Instance, bool, <-chan struct{}) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	inst, ok := p.insts[key]
+	return inst, ok, p.notify
+}
+
+// live returns the live instances of shard other than this one, rotated round-robin.
+func (p *peerView) live(shard string) []schema.Instance {
+	now := p.s.cfg.Now()
+	p.mu.RLock()
+	var out []schema.Instance
+	for k, inst := range p.insts {
+		if inst.Shard == shard && k != p.s.self && p.s.cfg.Thresholds.Status(inst, now).Live() {
+			out = append(out, inst)
+		}
+	}
+	p.mu.RUnlock()
+	if len(out) > 1 {
+		// map order is random; sort for a fair rotation
+		sortInstances(out)
+		n := int(p.rr.Add(1)) % len(out)
+		out = append(out[n:], out[:n]...)
+	}
+	return out
+}
+
+func sortInstances(xs []schema.Instance) {
+	for i := 1; i < len(xs); i++ {
+		for j := i; j > 0 && xs[j].Key() < xs[j-1].Key(); j-- {
+			xs[j], xs[j-1] = xs[j-1], xs[j]
+		}
+	}
+}
+
+// PeerStatus is the status of another instance of this kind as this instance sees it (forward
+// mode), judged with the configured clock and thresholds. ok is false when the directory has no
+// entry for it.
+func (s *Shard) PeerStatus(id schema.InstanceID) (st schema.Status, ok bool) {
+	if s.peers == nil {
+		return "", false
+	}
+	inst, ok, _ := s.peers.instance(id.Key())
+	if !ok {
+		return "", false
+	}
+	return s.cfg.Thresholds.Status(inst, s.cfg.Now()), true
+}
+
+// forwardPlan travels in a forwarded request's context to the proxy's transport.
+type forwardPlan struct {
+	targets []*url.URL
+	body    []byte // buffered body; nil when there is none or it was too big to buffer
+	retry   bool   // retrying is allowed at all (body buffered or empty)
+	tenant  string
+}
+
+type planKey struct{}
+
+// forward proxies r to a live instance of shard, trying others when the request provably never
+// reached one (or, for idempotent methods, failed before an answer).
+func (s *Shard) forward(w http.ResponseWriter, r *http.Request, tenant, shard string) {
+	if fb := r.Header.Values(tmhttp.HeaderForwardedBy); len(fb) > 0 {
+		s.metrics.forwards.WithLabelValues("loop").Inc()
+		if forwardedBy(fb, s.self) {
+			tmhttp.WriteProblem(w, r, s.problem(http.StatusLoopDetected, "forward-loop", "Forwarding loop", tenant,
+				"the request was already forwarded by this instance ("+s.self+")"))
+			return
+		}
+		p := s.problem(http.StatusMisdirectedRequest, "not-owner", "Not the owner", tenant,
+			"the request was forwarded here by "+strings.Join(fb, ",")+" but shard "+shard+" owns the tenant; forwarded requests are not forwarded again")
+		p.Owner = shard
+		tmhttp.WriteProblem(w, r, p)
+		return
+	}
+	peers := s.peers.live(shard)
+	if len(peers) == 0 {
+		s.metrics.forwards.WithLabelValues("no_instance").Inc()
+		p := s.problem(http.StatusServiceUnavailable, "no-live-instance", "No live instance", tenant,
+			"no live instance of shard "+shard+" to forward to")
+		p.Owner, p.RetryAfter = shard, 1
+		tmhttp.WriteProblem(w, r, p)
+		return
+	}
+	plan := &forwardPlan{tenant: tenant, retry: true}
+	for _, inst := range peers {
+		if u, err := url.Parse(inst.URL); err == nil {
+			plan.targets = append(plan.targets, u)
+		}
+	}
+	if n := 1 + s.cfg.ForwardRetries; len(plan.targets) > n {
+		plan.targets = plan.targets[:n]
+	}
+	if r.Body != nil && r.Body != http.NoBody {
+		buf, err := io.ReadAll(io.LimitReader(r.Body, s.cfg.MaxForwardBody+1))
+		if err != nil {
+			tmhttp.WriteProblem(w, r, s.problem(http.StatusBadRequest, "bad-body", "Unreadable body", tenant, "reading the request body failed"))
+			return
+		}
+		if int64(len(buf)) > s.cfg.MaxForwardBody {
+			plan.retry = false
+			r.Body = struct {
+				io.Reader
+				io.Closer
+			}{io.MultiReader(bytes.NewReader(buf), r.Body), r.Body}
+		} else {
+			plan.body = buf
+			r.Body = io.NopCloser(bytes.NewReader(buf))
+		}
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ForwardTimeout)
+	defer cancel()
+	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, planKey{}, plan)))
+}
+
+func forwardedBy(values []string, self string) bool {
+	for _, v := range values {
+		for part := range strings.SplitSeq(v, ",") {
+			if strings.TrimSpace(part) == self {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// newProxy builds the forward-mode reverse proxy.
+func (s *Shard) newProxy() http.Handler {
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			plan := pr.In.Context().Value(planKey{}).(*forwardPlan)
+			pr.SetURL(plan.targets[0])
+			pr.Out.Host = pr.In.Host
+			pr.SetXForwarded()
+			pr.Out.Header.Set(tmhttp.HeaderForwardedBy, s.self)
+		},
+		Transport: &retryTransport{base: s.cfg.Transport, s: s},
+		ModifyResponse: func(resp *http.Response) error {
+			resp.Header.Set(tmhttp.HeaderForwardedBy, s.self)
+			s.metrics.forwards.WithLabelValues("ok").Inc()
+			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			plan, _ := r.Context().Value(planKey{}).(*forwardPlan)
+			tenant := ""
+			if plan != nil {
+				tenant = plan.tenant
+			}
+			status, typ, title := http.StatusBadGateway, "upstream-failed", "Forward failed"
+			if errors.Is(err, context.DeadlineExceeded) {
+				status, typ, title = http.StatusGatewayTimeout, "upstream-timeout", "Forward timed out"
+			}
+			s.metrics.forwards.WithLabelValues(typ).Inc()
+			s.cfg.Logger.Warn("forward failed", "tenant", tenant, "err", err)
+			tmhttp.WriteProblem(w, r, s.problem(status, typ, title, tenant, "forwarding to the owner failed: "+err.Error()))
+		},
+	}
+}
+
+// retryTransport sends a forwarded request to the plan's targets in turn, moving on only when
+// that is safe: the connection was never made, or the method is idempotent and the body is
+// buffered.
+type retryTransport struct {
+	base http.RoundTripper
+	s    *Shard
+}
+
+func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	plan, _ := req.Context().Value(planKey{}).(*forwardPlan)
+	if plan == nil {
+		return t.base.RoundTrip(req)
+	}
+	var errs []error
+	for i, target := range plan.targets {
+		out := req
+		if i > 0 {
+			out = req.Clone(req.Context())
+			out.URL.Scheme, out.URL.Host = target.Scheme, target.Host
+			out.Host = req.Host
+			if plan.body != nil {
+				out.Body = io.NopCloser(bytes.NewReader(plan.body))
+			}
+		}
+		resp, err := t.base.RoundTrip(out)
+		if err == nil {
+			return resp, nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", target.Host, err))
+		if !plan.retry || !retriable(req, err) || req.Context().Err() != nil {
+			break
+		}
+		t.s.metrics.forwards.WithLabelValues("retry").Inc()
+	}
+	return nil, errors.Join(errs...)
+}
+
+// retriable reports whether a failed attempt may be repeated on another instance.
+func retriable(req *http.Request, err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true // the request never left
+	}
+	switch req.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+		return !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
+	}
+	return false
+}
+
+func defaultTransport() http.RoundTripper {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.DialContext = (&net.Dialer{Timeout: time.Second, KeepAlive: 30 * time.Second}).DialContext
+	t.MaxIdleConnsPerHost = 64
+	t.ResponseHeaderTimeout = 30 * time.Second
+	return t
+}

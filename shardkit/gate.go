@@ -1,0 +1,280 @@
+package shardkit
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/placement"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
+)
+
+// verdict is the gate's judgement of one request.
+type verdict uint8
+
+const (
+	serve      verdict = iota
+	notOwner           // another shard owns the tenant: 421 naming it, or forward
+	unplaced           // nobody owns it: 421 without an owner
+	inHandoff          // the tenant is being handed off: 503 Retry-After
+	behind             // the request's epoch is newer than what this instance learned: 503
+	staleEpoch         // the request's epoch is older than the owner's: 421 naming the owner
+	draining           // the tenant is draining here: 421 to the new owner, else 503
+	closing            // the instance is shutting down: 503 (forward mode: to a sibling)
+)
+
+var refuseReasons = [...]string{
+	notOwner: "not_owner", unplaced: "unplaced", inHandoff: "handoff", behind: "behind",
+	staleEpoch: "stale_epoch", draining: "draining", closing: "closing",
+}
+
+// Tenant returns the request's tenant id (the x-tenant-id header). Behind the gate it is valid
+// and owned by this shard.
+func Tenant(r *http.Request) string { return r.Header.Get(tmhttp.HeaderTenant) }
+
+// Tenant is the package-level Tenant, as a method for convenience.
+func (s *Shard) Tenant(r *http.Request) string { return Tenant(r) }
+
+// Epoch returns the placement epoch at which this shard serves tenant (0 if it does not).
+// Behind the gate it is the epoch the request was admitted at, unless a move committed since.
+func (s *Shard) Epoch(tenant string) uint64 {
+	e, ok := s.watcher.Lookup(s.kind, tenant)
+	if !ok || !s.owns(e) {
+		return 0
+	}
+	return e.Epoch
+}
+
+// Gate is the middleware that serves a request only if this shard owns its tenant at the
+// request's epoch (x-tm-epoch; without one, at the local snapshot's). Otherwise it answers 421
+// naming the owner, or in forward mode proxies to the owner's live instances. Mount it on the
+// tenant routes only; Mount's admin and health routes must stay outside it.
+func (s *Shard) Gate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.serveGate(next, w, r) })
+}
+
+func (s *Shard) serveGate(next http.Handler, w http.ResponseWriter, r *http.Request) {
+	tenant := r.Header.Get(tmhttp.HeaderTenant)
+	if !schema.ValidTenant(tenant) {
+		tmhttp.WriteError(w, r, schema.CheckTenant(tenant), tenant, s.kind)
+		return
+	}
+	var want uint64
+	if h := r.Header.Get(tmhttp.HeaderEpoch); h != "" {
+		n, err := strconv.ParseUint(h, 10, 64)
+		if err != nil || n == 0 {
+			tmhttp.WriteProblem(w, r, s.problem(http.StatusBadRequest, "invalid-epoch", "Invalid epoch", tenant,
+				"x-tm-epoch must be a positive integer"))
+			return
+		}
+		want = n
+	}
+	e, ok := s.watcher.Lookup(s.kind, tenant)
+	if want > 0 && (!ok || e.Epoch < want) {
+		e, ok = s.awaitEpoch(r.Context(), tenant, want)
+	}
+	v := s.judge(e, ok, want)
+	if v != serve {
+		s.refuse(w, r, tenant, v, e)
+		return
+	}
+	s.inflight.Add(1)
+	defer s.releaseInstance()
+	if s.closing.Load() {
+		s.refuse(w, r, tenant, closing, e)
+		return
+	}
+	ts := s.states.getOrCreate(tenant)
+	for {
+		ok, dead := ts.acquire()
+		if ok {
+			break
+		}
+		if !dead {
+			s.refuse(w, r, tenant, draining, e)
+			return
+		}
+		ts = s.states.getOrCreate(tenant)
+	}
+	defer ts.release()
+	s.serveOwned(next, w, r, ts)
+}
+
+// serveOwned runs next, counting the answer.
+func (s *Shard) serveOwned(next http.Handler, w http.ResponseWriter, r *http.Request, ts *tenantState) {
+	start := time.Now()
+	w.Header()[tmhttp.HeaderServedBy] = s.servedBy
+	sw := writerPool.Get().(*statusWriter)
+	sw.ResponseWriter, sw.status = w, 0
+	defer func() {
+		status := sw.status
+		if status == 0 {
+			status = http.StatusOK
+		}
+		sw.ResponseWriter = nil
+		writerPool.Put(sw)
+		ts.requests.Add(1)
+		if status >= 500 {
+			ts.errors.Add(1)
+		}
+		ts.labels.Load().requests[classIndex(status)].Inc()
+		d := time.Since(start)
+		ts.latency.Add(uint64(d))
+		s.metrics.latency.Observe(d.Seconds())
+	}()
+	next.ServeHTTP(sw, r)
+}
+
+func (s *Shard) releaseInstance() {
+	if s.inflight.Add(-1) == 0 && s.closing.Load() {
+		select {
+		case s.idle <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// owns reports whether this shard serves e's tenant now.
+func (s *Shard) owns(e placement.Entry) bool {
+	switch e.Phase {
+	case schema.PhaseActive, schema.PhaseWarming, schema.PhaseDraining:
+		return e.Shard == s.cfg.ID.Shard || s.inOwners(e.Owners)
+	}
+	return false
+}
+
+// inOwners reports whether an affinity owner list names this instance (by key or by name).
+func (s *Shard) inOwners(owners []string) bool {
+	return len(owners) > 0 && (slices.Contains(owners, s.self) || slices.Contains(owners, s.cfg.ID.Instance))
+}
+
+// judge decides whether to serve a request for a tenant placed at e (ok: placed at all) that
+// carries epoch want (0: none).
+func (s *Shard) judge(e placement.Entry, ok bool, want uint64) verdict {
+	switch {
+	case !ok:
+		return unplaced
+	case want > e.Epoch:
+		return behind
+	case e.Phase == schema.PhaseHandoff:
+		return inHandoff
+	case !s.owns(e):
+		return notOwner
+	case want != 0 && want < e.Epoch:
+		return staleEpoch
+	}
+	return serve
+}
+
+// awaitEpoch waits, up to EpochWait, for the local snapshot to reach epoch want for tenant.
+func (s *Shard) awaitEpoch(ctx context.Context, tenant string, want uint64) (placement.Entry, bool) {
+	t := time.NewTimer(s.cfg.EpochWait)
+	defer t.Stop()
+	for {
+		ch := s.changes()
+		e, ok := s.watcher.Lookup(s.kind, tenant)
+		if ok && e.Epoch >= want {
+			return e, ok
+		}
+		select {
+		case <-ch:
+		case <-t.C:
+			return s.watcher.Lookup(s.kind, tenant)
+		case <-ctx.Done():
+			return s.watcher.Lookup(s.kind, tenant)
+		}
+	}
+}
+
+// refuse answers a request the gate does not serve here: a problem, or a forward.
+func (s *Shard) refuse(w http.ResponseWriter, r *http.Request, tenant string, v verdict, e placement.Entry) {
+	s.metrics.refused.WithLabelValues(refuseReasons[v]).Inc()
+	owner := e.Shard
+	if v == draining && (e.Shard == s.cfg.ID.Shard || e.Phase == schema.PhaseHandoff) {
+		owner = ""
+	}
+	switch v {
+	case notOwner, staleEpoch, draining:
+		if owner == "" {
+			break
+		}
+		if s.cfg.Forward {
+			s.forward(w, r, tenant, owner)
+			return
+		}
+		p := s.problem(http.StatusMisdirectedRequest, "not-owner", "Not the owner", tenant,
+			"shard "+s.cfg.ID.Shard+" does not serve this tenant; its owner is "+owner+" at epoch "+strconv.FormatUint(e.Epoch, 10))
+		p.Owner, p.Epoch = owner, e.Epoch
+		tmhttp.WriteProblem(w, r, p)
+		return
+	case unplaced:
+		tmhttp.WriteProblem(w, r, s.problem(http.StatusMisdirectedRequest, "not-owner", "Not the owner", tenant,
+			"the tenant has no placement for kind "+s.kind))
+		return
+	case closing:
+		if s.cfg.Forward {
+			s.forward(w, r, tenant, s.cfg.ID.Shard)
+			return
+		}
+		p := s.problem(http.StatusServiceUnavailable, "instance-draining", "Instance shutting down", tenant,
+			"instance "+s.self+" is shutting down; retry on another instance")
+		p.RetryAfter = 1
+		tmhttp.WriteProblem(w, r, p)
+		return
+	case inHandoff:
+		p := s.problem(http.StatusServiceUnavailable, "handoff", "Tenant in handoff", tenant,
+			"the tenant is moving from "+e.Shard+" to "+e.Target+"; retry shortly")
+		p.Owner, p.Epoch, p.RetryAfter = e.Target, e.Epoch+1, 1
+		tmhttp.WriteProblem(w, r, p)
+		return
+	case behind:
+		p := s.problem(http.StatusServiceUnavailable, "placement-behind", "Placement not caught up", tenant,
+			"this instance has not yet seen the request's epoch; retry shortly")
+		p.RetryAfter = 1
+		tmhttp.WriteProblem(w, r, p)
+		return
+	}
+	p := s.problem(http.StatusServiceUnavailable, "tenant-draining", "Tenant draining", tenant,
+		"the tenant is draining on "+s.self+"; retry shortly")
+	p.RetryAfter = 1
+	tmhttp.WriteProblem(w, r, p)
+}
+
+// statusWriter records the status the service answers. Pooled: the gate allocates nothing.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+var writerPool = sync.Pool{New: func() any { return new(statusWriter) }}
+
+func (sw *statusWriter) WriteHeader(code int) {
+	if sw.status == 0 && code >= 200 {
+		sw.status = code
+	}
+	sw.ResponseWriter.WriteHeader(code)
+}
+
+func (sw *statusWriter) Write(b []byte) (int, error) {
+	if sw.status == 0 {
+		sw.status = http.StatusOK
+	}
+	return sw.ResponseWriter.Write(b)
+}
+
+// Flush passes through to the underlying writer when it can flush.
+func (sw *statusWriter) Flush() {
+	if f, ok := sw.ResponseWriter.(http.Flusher); ok {
+		if sw.status == 0 {
+			sw.status = http.StatusOK
+		}
+		f.Flush()
+	}
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (sw *statusWriter) Unwrap() http.ResponseWriter { return sw.ResponseWriter }

@@ -1,0 +1,438 @@
+package shardkit
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/placement"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// handleChange reacts to one placement change of the kind (see doc.go, "Moves"). It only
+// starts tasks; it never blocks.
+func (s *Shard) handleChange(c placement.Change) {
+	me := s.cfg.ID.Shard
+	n, o := c.New, c.Old
+	switch {
+	case c.NewOK && (n.Phase == schema.PhaseWarming || n.Phase == schema.PhaseHandoff) && n.Target == me:
+		s.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { s.warmTask(ctx, ts, n) })
+	case c.NewOK && n.Phase == schema.PhaseHandoff && n.Shard == me:
+		s.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { s.handoffTask(ctx, ts, n) })
+	case c.NewOK && n.Phase == schema.PhaseDraining && n.Source == me:
+		s.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { s.commitTask(ctx, ts, n) })
+	case c.NewOK && s.owns(n):
+		if s.states.get(c.Tenant) != nil {
+			s.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { s.resumeTask(ctx, ts, n) })
+		}
+	case c.OldOK && (s.owns(o) || o.Shard == me || o.Target == me || o.Source == me):
+		s.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { s.leaveTask(ctx, ts, o) })
+	}
+}
+
+// startTask runs fn as the tenant's move task, after cancelling (and waiting for) the previous
+// one, so a tenant's tasks run one at a time, in order.
+func (s *Shard) startTask(tenant string, fn func(context.Context, *tenantState)) {
+	if s.runCtx.Err() != nil {
+		return
+	}
+	ts := s.states.getOrCreate(tenant)
+	ctx, cancel := context.WithCancel(s.runCtx)
+	done := make(chan struct{})
+	ts.mu.Lock()
+	prevCancel, prevDone := ts.task, ts.taskDone
+	ts.task, ts.taskDone = cancel, done
+	ts.mu.Unlock()
+	if prevCancel != nil {
+		prevCancel()
+	}
+	s.goTask(func() {
+		defer close(done)
+		defer cancel()
+		if prevDone != nil {
+			<-prevDone
+		}
+		fn(ctx, ts)
+		ts.mu.Lock()
+		if ts.taskDone == done {
+			ts.task, ts.taskDone = nil, nil
+		}
+		ts.mu.Unlock()
+	})
+}
+
+// warmTask runs on a move's target: warming reports warming, calls Warm and reports ready; at
+// handoff it learns the source's fence from the source's drained signals, warms up to it and
+// reports ready with that fence.
+func (s *Shard) warmTask(ctx context.Context, ts *tenantState, e placement.Entry) {
+	var fence uint64
+	if e.Phase == schema.PhaseHandoff {
+		var ok bool
+		if fence, ok = s.awaitFence(ctx, ts.tenant, e.Shard, e.Epoch); !ok {
+			return
+		}
+	} else {
+		s.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalWarming, Epoch: e.Epoch, Applied: s.cfg.Hooks.applied(ts.tenant)})
+	}
+	for {
+		var err error
+		if s.cfg.Hooks.Warm != nil {
+			err = s.cfg.Hooks.Warm(ctx, ts.tenant, fence)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		applied := s.cfg.Hooks.applied(ts.tenant)
+		lag := s.cfg.Hooks.lag(ts.tenant, fence, applied)
+		if err == nil && applied >= fence {
+			s.metrics.clearLag(ts.tenant)
+			s.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalReady, Epoch: e.Epoch, Applied: applied, Fence: fence, Lag: lag})
+			return
+		}
+		if err != nil {
+			s.cfg.Logger.Warn("warm-up failed; retrying", "tenant", ts.tenant, "fence", fence, "err", err)
+		}
+		s.metrics.setLag(ts.tenant, lag)
+		s.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalWarming, Epoch: e.Epoch, Applied: applied, Fence: fence, Lag: lag})
+		if !sleepCtx(ctx, s.cfg.WarmRetry) {
+			return
+		}
+	}
+}
+
+// awaitFence watches the source shard's signals for the tenant until every live source
+// instance (at least one) reports drained at epoch, and returns the highest fence reported.
+func (s *Shard) awaitFence(ctx context.Context, tenant, source string, epoch uint64) (uint64, bool) {
+	for ctx.Err() == nil {
+		fence, err := s.watchFence(ctx, tenant, source, epoch)
+		if err == nil {
+			return fence, true
+		}
+		if ctx.Err() == nil {
+			s.cfg.Logger.Warn("waiting for the source's fence", "tenant", tenant, "source", source, "err", err)
+			sleepCtx(ctx, s.cfg.WarmRetry)
+		}
+	}
+	return 0, false
+}
+
+func (s *Shard) watchFence(ctx context.Context, tenant, source string, epoch uint64) (uint64, error) {
+	live, err := s.liveInstances(ctx, source)
+	if err != nil {
+		return 0, err
+	}
+	w, err := s.st.SignalsKV().Watch(ctx, schema.SignalFilter(s.kind, tenant, source))
+	if err != nil {
+		return 0, fmt.Errorf("watch signals: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	sigs := map[string]schema.TenantSignal{}
+	initial := true
+	for {
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case u, ok := <-w.Updates():
+			if !ok {
+				return 0, errors.New("signal watch closed")
+			}
+			if u == nil {
+				initial = false
+			} else if u.Operation() != jetstream.KeyValuePut {
+				delete(sigs, u.Key())
+			} else {
+				var sig schema.TenantSignal
+				if json.Unmarshal(u.Value(), &sig) == nil {
+					sigs[sig.Instance] = sig
+				}
+			}
+			if initial {
+				continue
+			}
+			if fence, ok := fenceOf(sigs, live, epoch); ok {
+				return fence, nil
+			}
+		}
+	}
+}
+
+// fenceOf decides whether the source is drained: every live instance reported drained at epoch
+// (instances not in the directory are not waited for), and at least one did.
+func fenceOf(sigs map[string]schema.TenantSignal, live []string, epoch uint64) (uint64, bool) {
+	var fence uint64
+	n := 0
+	for _, sig := range sigs {
+		if sig.Phase == schema.SignalDrained && sig.Epoch == epoch {
+			n++
+			fence = max(fence, sig.Fence)
+		}
+	}
+	if n == 0 {
+		return 0, false
+	}
+	for _, inst := range live {
+		if sig, ok := sigs[inst]; !ok || sig.Phase != schema.SignalDrained || sig.Epoch != epoch {
+			return 0, false
+		}
+	}
+	return fence, true
+}
+
+// liveInstances lists the names of shard's live instances in the directory.
+func (s *Shard) liveInstances(ctx context.Context, shard string) ([]string, error) {
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	insts, err := s.st.Instances(lctx, s.kind)
+	if err != nil {
+		return nil, err
+	}
+	now := s.cfg.Now()
+	var out []string
+	for _, inst := range insts {
+		if inst.Shard == shard && s.cfg.Thresholds.Status(inst, now).Live() {
+			out = append(out, inst.Instance)
+		}
+	}
+	return out, nil
+}
+
+// handoffTask runs on a move's source at handoff: stop accepting, wait for in-flight requests
+// within DrainTimeout, then report drained with the fence (the service's last applied sequence)
+// at the handoff epoch.
+func (s *Shard) handoffTask(ctx context.Context, ts *tenantState, e placement.Entry) {
+	ts.draining.Store(true)
+	s.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalDraining, Epoch: e.Epoch})
+	if !s.quiesce(ctx, ts) {
+		return
+	}
+	fence := s.cfg.Hooks.fence(ts.tenant)
+	s.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalDrained, Epoch: e.Epoch, Applied: fence, Fence: fence})
+}
+
+// commitTask runs on the former owner once the move committed: make sure nothing is in flight,
+// release the tenant's state and report drained at the new epoch.
+func (s *Shard) commitTask(ctx context.Context, ts *tenantState, e placement.Entry) {
+	ts.draining.Store(true)
+	if !s.quiesce(ctx, ts) {
+		return
+	}
+	s.release(ctx, ts)
+	ts.mu.Lock()
+	fence := ts.fence
+	ts.mu.Unlock()
+	s.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalDrained, Epoch: e.Epoch, Applied: s.cfg.Hooks.applied(ts.tenant), Fence: fence})
+}
+
+// resumeTask runs when this shard owns the tenant again or still (a move aborted, a move to it
+// committed): accept requests again and, once the placement is active, clear the signal.
+func (s *Shard) resumeTask(ctx context.Context, ts *tenantState, e placement.Entry) {
+	ts.mu.Lock()
+	manual := ts.manual
+	ts.released = false
+	ts.mu.Unlock()
+	if !manual {
+		ts.draining.Store(false)
+	}
+	s.metrics.clearLag(ts.tenant)
+	if e.Phase == schema.PhaseActive && !manual {
+		s.clearSignal(ctx, ts)
+	}
+}
+
+// leaveTask runs when this shard no longer has anything to do with the tenant: a move to it was
+// aborted, the tenant was moved away without a move workflow or deleted, or a move from it
+// finished. In-flight requests finish (within the bound), the state is released if it was not
+// yet, and the signal is removed.
+func (s *Shard) leaveTask(ctx context.Context, ts *tenantState, old placement.Entry) {
+	ts.draining.Store(true)
+	s.quiesce(ctx, ts)
+	if ctx.Err() != nil {
+		return
+	}
+	s.release(ctx, ts)
+	s.metrics.clearLag(ts.tenant)
+	s.clearSignal(ctx, ts)
+	ts.mu.Lock()
+	ts.manual, ts.released = false, false
+	ts.mu.Unlock()
+	ts.draining.Store(false) // the gate refuses by placement now; let the state be forgotten
+}
+
+// quiesce waits up to DrainTimeout for the tenant's in-flight requests to finish (its draining
+// flag must be set). It reports false if ctx ended first.
+func (s *Shard) quiesce(ctx context.Context, ts *tenantState) bool {
+	t := time.NewTimer(s.cfg.DrainTimeout)
+	defer t.Stop()
+	for ts.inflight.Load() > 0 {
+		select {
+		case <-ts.idle:
+		case <-t.C:
+			s.metrics.drains.WithLabelValues("timeout").Inc()
+			s.cfg.Logger.Warn("drain bound reached with requests in flight", "tenant", ts.tenant, "in_flight", ts.inflight.Load())
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	s.metrics.drains.WithLabelValues("drained").Inc()
+	return true
+}
+
+// release calls the Release hook once per stint of hosting.
+func (s *Shard) release(ctx context.Context, ts *tenantState) {
+	ts.mu.Lock()
+	done := ts.released
+	ts.released = true
+	ts.mu.Unlock()
+	if done || s.cfg.Hooks.Release == nil {
+		return
+	}
+	if err := s.cfg.Hooks.Release(ctx, ts.tenant); err != nil {
+		s.cfg.Logger.Warn("release hook failed", "tenant", ts.tenant, "err", err)
+	}
+}
+
+// putSignal writes this instance's signal for the tenant, retrying a few times.
+func (s *Shard) putSignal(ctx context.Context, ts *tenantState, sig schema.TenantSignal) {
+	sig.Kind, sig.Tenant, sig.Shard, sig.Instance = s.kind, ts.tenant, s.cfg.ID.Shard, s.cfg.ID.Instance
+	sig.InFlight = int(ts.inflight.Load())
+	ts.mu.Lock()
+	ts.phase, ts.fence, ts.epoch, ts.applied, ts.lag = sig.Phase, sig.Fence, sig.Epoch, sig.Applied, sig.Lag
+	ts.mu.Unlock()
+	for attempt := range 5 {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := s.st.PutSignal(pctx, sig)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		s.cfg.Logger.Warn("writing tenant signal", "tenant", ts.tenant, "phase", sig.Phase, "attempt", attempt+1, "err", err)
+		if !sleepCtx(ctx, time.Duration(attempt+1)*200*time.Millisecond) {
+			return
+		}
+	}
+}
+
+// clearSignal removes this instance's signal for the tenant, if it wrote one.
+func (s *Shard) clearSignal(ctx context.Context, ts *tenantState) {
+	ts.mu.Lock()
+	had := ts.phase != ""
+	ts.phase, ts.fence, ts.epoch, ts.applied, ts.lag = "", 0, 0, 0, 0
+	ts.mu.Unlock()
+	if !had {
+		return
+	}
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := s.st.DeleteSignal(dctx, s.kind, ts.tenant, s.cfg.ID); err != nil {
+		s.cfg.Logger.Warn("removing tenant signal", "tenant", ts.tenant, "err", err)
+	}
+}
+
+// Drain stops accepting the tenant's requests on this instance, waits (within DrainTimeout) for
+// those in flight, calls the Release hook and reports drained. The tenant stays drained here
+// until Undrain or until a placement change gives it back. It reports how many requests were
+// still in flight when the bound ran out.
+func (s *Shard) Drain(ctx context.Context, tenant string) (int, error) {
+	if err := schema.CheckTenant(tenant); err != nil {
+		return 0, err
+	}
+	ts := s.states.getOrCreate(tenant)
+	ts.mu.Lock()
+	ts.manual = true
+	ts.mu.Unlock()
+	ts.draining.Store(true)
+	e, _ := s.watcher.Lookup(s.kind, tenant)
+	s.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalDraining, Epoch: e.Epoch})
+	if !s.quiesce(ctx, ts) {
+		return int(ts.inflight.Load()), ctx.Err()
+	}
+	left := int(ts.inflight.Load())
+	s.release(ctx, ts)
+	fence := s.cfg.Hooks.fence(tenant)
+	s.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalDrained, Epoch: e.Epoch, Applied: fence, Fence: fence})
+	return left, nil
+}
+
+// Undrain accepts the tenant's requests again after Drain, and removes its signal.
+func (s *Shard) Undrain(ctx context.Context, tenant string) error {
+	ts := s.states.get(tenant)
+	if ts == nil {
+		return nil
+	}
+	ts.mu.Lock()
+	ts.manual, ts.released = false, false
+	ts.mu.Unlock()
+	ts.draining.Store(false)
+	s.clearSignal(ctx, ts)
+	return nil
+}
+
+// ErrNotAffinity is returned by Release for kinds whose placement is not the affinity policy's.
+var ErrNotAffinity = errors.New("shardkit: Release is for affinity kinds; managed and load tenants move through the rebalancer")
+
+// Release gives up this instance's hold on an affinity tenant (seed 000: a server disposing a
+// realm): it removes the instance from the placement's owners by compare-and-set, deleting the
+// placement when no owner is left, and forgets the tenant here. Releasing a tenant this
+// instance does not hold is not an error.
+func (s *Shard) Release(ctx context.Context, tenant string) error {
+	if err := schema.CheckTenant(tenant); err != nil {
+		return err
+	}
+	if kc := s.kindCfg.Load(); kc != nil && kc.Policy != schema.PolicyAffinity {
+		return ErrNotAffinity
+	}
+	for range 16 {
+		err := s.releaseOnce(ctx, tenant)
+		if !errors.Is(err, schema.ErrConflict) {
+			if err == nil {
+				if ts := s.states.get(tenant); ts != nil {
+					s.clearSignal(ctx, ts)
+				}
+			}
+			return err
+		}
+	}
+	return fmt.Errorf("shardkit: release %s: too many concurrent placement writers", tenant)
+}
+
+func (s *Shard) releaseOnce(ctx context.Context, tenant string) error {
+	p, err := s.st.Placement(ctx, s.kind, tenant)
+	if errors.Is(err, schema.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	owners := slices.DeleteFunc(slices.Clone(p.Owners), func(o string) bool {
+		return o == s.self || o == s.cfg.ID.Instance
+	})
+	switch {
+	case len(owners) == len(p.Owners) && (len(p.Owners) > 0 || p.Shard != s.cfg.ID.Shard):
+		return nil // not ours
+	case len(owners) == 0:
+		return s.st.DeletePlacement(ctx, s.kind, tenant, p.Revision)
+	}
+	next := p
+	next.Owners = owners
+	next.UpdatedBy = s.self
+	_, err = s.st.UpdatePlacement(ctx, p, next)
+	return err
+}
+
+// sleepCtx waits d or until ctx ends; it reports whether d passed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

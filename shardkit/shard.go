@@ -1,0 +1,389 @@
+package shardkit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/placement"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
+)
+
+// Shard is one instance of a shard service as shardkit sees it. Make it with New, mount Gate
+// and Mount on the service's router, and call Run; Shutdown (or cancelling Run's context) drains
+// and unregisters.
+type Shard struct {
+	cfg     Config
+	kind    string
+	self    string // the instance key
+	st      *schema.Store
+	watcher *placement.Watcher
+	metrics *metrics
+	states  *stateMap
+	peers   *peerView // forward mode only
+	proxy   http.Handler
+
+	// servedBy is the x-served-by value, shared by every response (never modified).
+	servedBy []string
+
+	inflight atomic.Int64
+	closing  atomic.Bool // whole-instance drain: refuse new requests
+	idle     chan struct{}
+	ready    atomic.Bool
+	kindCfg  atomic.Pointer[schema.KindConfig]
+
+	changeMu sync.Mutex
+	changed  chan struct{} // closed and replaced on every placement change
+
+	queueMu sync.Mutex
+	queue   []placement.Change
+	queued  chan struct{}
+
+	runCtx    context.Context // lives while Run runs; tasks derive from it
+	cancel    context.CancelFunc
+	tasks     sync.WaitGroup
+	taskMu    sync.Mutex
+	noTasks   bool // set once Run stops waiting for tasks
+	started   atomic.Bool
+	stopped   chan struct{} // closed when Run's loops have stopped
+	hbStopped chan struct{} // closed when the heartbeat loop has returned
+	running   chan struct{} // closed once registered and serving
+	shutOnce  sync.Once
+	shutErr   error
+	shutDone  chan struct{}
+
+	instMu sync.Mutex
+	inst   schema.Instance
+}
+
+// New makes a Shard from cfg; nothing touches the network until Run.
+func New(cfg Config) (*Shard, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.valid(); err != nil {
+		return nil, err
+	}
+	s := &Shard{
+		cfg:       cfg,
+		kind:      cfg.ID.Kind,
+		self:      cfg.ID.Key(),
+		st:        cfg.Store,
+		idle:      make(chan struct{}, 1),
+		changed:   make(chan struct{}),
+		queued:    make(chan struct{}, 1),
+		stopped:   make(chan struct{}),
+		hbStopped: make(chan struct{}),
+		running:   make(chan struct{}),
+		shutDone:  make(chan struct{}),
+		servedBy:  []string{cfg.ID.Key()},
+	}
+	s.runCtx, s.cancel = context.WithCancel(context.Background())
+	s.metrics = newMetrics(cfg.Registerer, s)
+	s.states = newStateMap(s.metrics.seriesFor)
+	w, err := placement.New(placement.Config{
+		Store:      cfg.Store,
+		Kinds:      []string{s.kind},
+		OnChange:   s.onChange,
+		Logger:     cfg.Logger,
+		Registerer: cfg.Registerer,
+		NoSnapshot: false,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("shardkit: %w", err)
+	}
+	s.watcher = w
+	if cfg.Forward {
+		s.peers = newPeerView(s)
+		s.proxy = s.newProxy()
+	}
+	return s, nil
+}
+
+// ID is the instance's id.
+func (s *Shard) ID() schema.InstanceID { return s.cfg.ID }
+
+// Watcher is the shard's placement watcher (read-only use: Lookup, Stats).
+func (s *Shard) Watcher() *placement.Watcher { return s.watcher }
+
+// Running is closed once Run has registered the instance and takes traffic.
+func (s *Shard) Running() <-chan struct{} { return s.running }
+
+// Stopped is closed once Run has returned.
+func (s *Shard) Stopped() <-chan struct{} { return s.stopped }
+
+// Ready reports whether the instance takes traffic: running, registered and not shutting down.
+func (s *Shard) Ready() bool { return s.ready.Load() }
+
+// Run registers the instance, publishes its routes, follows placement and heartbeats until ctx
+// ends; then it shuts down cleanly (see Shutdown) and returns. It returns early with an error
+// if it cannot start.
+func (s *Shard) Run(ctx context.Context) error {
+	if !s.started.CompareAndSwap(false, true) {
+		return errors.New("shardkit: Run called twice")
+	}
+	runCtx, cancel := s.runCtx, s.cancel
+	var loops sync.WaitGroup
+	defer func() {
+		cancel()
+		loops.Wait()
+		s.taskMu.Lock()
+		s.noTasks = true
+		s.taskMu.Unlock()
+		s.tasks.Wait()
+		close(s.stopped)
+	}()
+	loops.Go(func() { _ = s.watcher.Run(runCtx) })
+	if s.peers != nil {
+		if err := s.peers.start(runCtx, &loops); err != nil {
+			return err
+		}
+	}
+	if err := s.start(ctx); err != nil {
+		return err
+	}
+	loops.Go(func() { s.applyLoop(runCtx) })
+	loops.Go(func() { s.heartbeatLoop(runCtx) })
+	s.ready.Store(true)
+	close(s.running)
+	s.cfg.Logger.Info("shard instance running", "instance", s.self, "url", s.cfg.URL, "forward", s.cfg.Forward)
+	select {
+	case <-ctx.Done():
+		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.DrainTimeout+10*time.Second)
+		defer scancel()
+		return s.Shutdown(sctx)
+	case <-s.shutDone:
+		return s.shutErr
+	}
+}
+
+// start waits for placement, reads the kind and registers the instance and its routes.
+func (s *Shard) start(ctx context.Context) error {
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := s.watcher.WaitReady(wctx); err != nil {
+		return fmt.Errorf("shardkit: %w", err)
+	}
+	if s.peers != nil {
+		if err := s.peers.waitReady(wctx); err != nil {
+			return err
+		}
+	}
+	kc, err := s.st.Kind(wctx, s.kind)
+	if err != nil {
+		return fmt.Errorf("shardkit: read kind %s: %w", s.kind, err)
+	}
+	s.kindCfg.Store(&kc)
+	return s.register(wctx)
+}
+
+// register writes the directory entry and publishes the routes.
+func (s *Shard) register(ctx context.Context) error {
+	capacity := s.cfg.Capacity
+	if capacity == 0 {
+		if kc := s.kindCfg.Load(); kc != nil {
+			capacity = kc.Capacity
+		}
+	}
+	s.instMu.Lock()
+	inst := schema.Instance{InstanceID: s.cfg.ID, URL: s.cfg.URL, Capacity: capacity, Labels: s.cfg.Labels,
+		Version: s.cfg.Version, Started: s.inst.Started, Reported: schema.StatusOnline}
+	s.instMu.Unlock()
+	inst, err := s.st.Register(ctx, inst)
+	if err != nil {
+		return fmt.Errorf("shardkit: register %s: %w", s.self, err)
+	}
+	s.instMu.Lock()
+	s.inst = inst
+	s.instMu.Unlock()
+	for _, r := range s.routes() {
+		if _, err := s.st.AddRouteInstance(ctx, r, s.cfg.ID); err != nil {
+			return fmt.Errorf("shardkit: publish route %s %s: %w", r.Method, r.Prefix, err)
+		}
+	}
+	return nil
+}
+
+func (s *Shard) routes() []schema.Route {
+	out := make([]schema.Route, 0, len(s.cfg.Routes))
+	for _, r := range s.cfg.Routes {
+		if r.Kind == "" {
+			r.Kind = s.kind
+		}
+		r.Instances = nil
+		out = append(out, r)
+	}
+	return out
+}
+
+// Shutdown is the whole-instance drain: it reports not-ready (readyz and the directory's
+// "draining" status) first, then refuses new requests and waits, within DrainTimeout, for those
+// in flight; then it removes its routes and directory entry and its tenant signals, and stops
+// Run. It is idempotent; later calls return the first call's result.
+func (s *Shard) Shutdown(ctx context.Context) error {
+	s.shutOnce.Do(func() {
+		s.shutErr = s.shutdown(ctx)
+		close(s.shutDone)
+	})
+	return s.shutErr
+}
+
+// Close is Shutdown with a bound of DrainTimeout plus 10s, waiting for Run to stop.
+func (s *Shard) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout+10*time.Second)
+	defer cancel()
+	err := s.Shutdown(ctx)
+	if s.started.Load() {
+		select {
+		case <-s.stopped:
+		case <-ctx.Done():
+		}
+	}
+	return err
+}
+
+func (s *Shard) shutdown(ctx context.Context) error {
+	s.ready.Store(false)
+	s.closing.Store(true)
+	if !s.started.Load() {
+		s.cancel()
+		return nil
+	}
+	log := s.cfg.Logger
+	s.instMu.Lock()
+	inst := s.inst
+	s.instMu.Unlock()
+	if inst.URL != "" {
+		inst.Reported = schema.StatusDraining
+		if _, err := s.st.Heartbeat(ctx, inst); err != nil {
+			log.Warn("reporting draining", "err", err)
+		}
+	}
+	if n := s.waitIdle(ctx, s.cfg.DrainTimeout); n > 0 {
+		log.Warn("shutdown: requests still in flight after the drain bound", "in_flight", n)
+	}
+	s.cancel() // stop heartbeats, telemetry, tasks
+	var errs []error
+	for _, r := range s.routes() {
+		if _, err := s.st.RemoveRouteInstance(ctx, r, s.cfg.ID); err != nil {
+			errs = append(errs, fmt.Errorf("unpublish route %s %s: %w", r.Method, r.Prefix, err))
+		}
+	}
+	for _, ts := range s.states.all() {
+		ts.mu.Lock()
+		had := ts.phase != ""
+		ts.mu.Unlock()
+		if had {
+			if err := s.st.DeleteSignal(ctx, s.kind, ts.tenant, s.cfg.ID); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	// Heartbeats have stopped by now only once their loop exits; unregister after it, so a late
+	// heartbeat cannot re-create the entry.
+	select {
+	case <-s.hbStopped:
+	case <-s.stopped:
+	case <-ctx.Done():
+	}
+	if err := s.st.Unregister(ctx, s.cfg.ID); err != nil {
+		errs = append(errs, fmt.Errorf("unregister: %w", err))
+	}
+	log.Info("shard instance stopped", "instance", s.self)
+	return errors.Join(errs...)
+}
+
+// waitIdle waits up to bound for the instance's in-flight count to reach zero and returns it.
+func (s *Shard) waitIdle(ctx context.Context, bound time.Duration) int64 {
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	for {
+		n := s.inflight.Load()
+		if n <= 0 {
+			return 0
+		}
+		select {
+		case <-s.idle:
+		case <-t.C:
+			return s.inflight.Load()
+		case <-ctx.Done():
+			return s.inflight.Load()
+		}
+	}
+}
+
+// onChange runs on the watcher's apply goroutine: wake epoch waiters and queue the change.
+func (s *Shard) onChange(c placement.Change) {
+	s.changeMu.Lock()
+	close(s.changed)
+	s.changed = make(chan struct{})
+	s.changeMu.Unlock()
+	s.queueMu.Lock()
+	s.queue = append(s.queue, c)
+	s.queueMu.Unlock()
+	select {
+	case s.queued <- struct{}{}:
+	default:
+	}
+}
+
+// changes returns a channel closed at the next placement change.
+func (s *Shard) changes() <-chan struct{} {
+	s.changeMu.Lock()
+	defer s.changeMu.Unlock()
+	return s.changed
+}
+
+// WaitPlacement waits until the local placement snapshot has applied revision rev of the
+// kind's placement bucket (for example the revision an UpdatePlacement returned).
+func (s *Shard) WaitPlacement(ctx context.Context, rev uint64) error {
+	for {
+		ch := s.changes()
+		if s.watcher.Revision(s.kind) >= rev {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("shardkit: waiting for placement revision %d: %w", rev, ctx.Err())
+		}
+	}
+}
+
+// applyLoop hands queued placement changes to handleChange, in order.
+func (s *Shard) applyLoop(ctx context.Context) {
+	for {
+		select {
+		case <-s.queued:
+		case <-ctx.Done():
+			return
+		}
+		s.queueMu.Lock()
+		q := s.queue
+		s.queue = nil
+		s.queueMu.Unlock()
+		for _, c := range q {
+			s.handleChange(c)
+		}
+	}
+}
+
+// problem builds a problem+json body about tenant.
+func (s *Shard) problem(status int, typ, title, tenant, detail string) tmhttp.Problem {
+	return tmhttp.Problem{Type: tmhttp.TypeBase + typ, Title: title, Status: status, Detail: detail,
+		Tenant: tenant, Kind: s.kind}
+}
+
+// goTask runs fn on a goroutine that Run waits for; after Run stopped, fn does not run.
+func (s *Shard) goTask(fn func()) bool {
+	s.taskMu.Lock()
+	defer s.taskMu.Unlock()
+	if s.noTasks {
+		return false
+	}
+	s.tasks.Go(fn)
+	return true
+}
