@@ -1,0 +1,248 @@
+package shardkit_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// watchInstance follows one directory entry; nil values are deletions.
+func watchInstance(t *testing.T, st *schema.Store, key string) <-chan *schema.Instance {
+	t.Helper()
+	w, err := st.InstancesKV().Watch(context.Background(), key, jetstream.UpdatesOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Stop() })
+	ch := make(chan *schema.Instance, 64)
+	go func() {
+		for e := range w.Updates() {
+			if e == nil {
+				continue
+			}
+			var inst *schema.Instance
+			if e.Operation() == jetstream.KeyValuePut {
+				inst = new(schema.Instance)
+				if json.Unmarshal(e.Value(), inst) != nil {
+					continue
+				}
+				inst.Revision = e.Revision()
+			}
+			select {
+			case ch <- inst:
+			default:
+			}
+		}
+	}()
+	return ch
+}
+
+func nextInstance(t *testing.T, ch <-chan *schema.Instance, what string, ok func(*schema.Instance) bool) *schema.Instance {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		select {
+		case inst := <-ch:
+			if ok(inst) {
+				return inst
+			}
+		case <-deadline:
+			t.Fatalf("no directory update %s within 20s", what)
+		}
+	}
+}
+
+// An instance heartbeats into the directory; once its heartbeats stop (its NATS connection is
+// gone), peers see it degraded, then offline after the threshold, and stop forwarding to it.
+func TestHeartbeatsStoppingMakeInstanceOffline(t *testing.T) {
+	srv := natstest.Server(t)
+	st := openStore(t, srv.URL())
+	rev := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"}).Revision
+	stA := openStore(t, srv.URL())
+	var fixed atomic.Int64
+	clock := func() time.Time {
+		if v := fixed.Load(); v != 0 {
+			return time.Unix(0, v)
+		}
+		return time.Now()
+	}
+	th := schema.Thresholds{DegradedAfter: 2 * time.Second, OfflineAfter: 10 * time.Second}
+	updates := watchInstance(t, st, "aggregate.aggregate-1.a")
+	a := startShard(t, shardkit.Config{Store: stA, ID: id("aggregate-1", "a"), Heartbeat: 50 * time.Millisecond})
+	b := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-2", "b"), Forward: true, Thresholds: th, Now: clock})
+	synced(t, rev, b)
+
+	first := nextInstance(t, updates, "registration", func(i *schema.Instance) bool { return i != nil })
+	beat := nextInstance(t, updates, "heartbeat", func(i *schema.Instance) bool { return i != nil && i.Heartbeat.After(first.Heartbeat) })
+	if beat.Metrics == nil || beat.URL != a.URL || beat.Reported != schema.StatusOnline {
+		t.Fatalf("heartbeat entry: %+v", beat)
+	}
+	if code, _, body := call(t, "GET", b.URL+"/t/x", "t1", nil, ""); code != http.StatusOK {
+		t.Fatalf("forward to the live owner: %d %s", code, body)
+	}
+
+	stA.Conn().Close() // A's heartbeats stop; its entry stays behind, as after a crash
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	last, err := st.Instance(ctx, a.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for { // wait for B's view to hold A's last heartbeat
+		inst, ok, changed := b.PeerForTest(a.ID())
+		if ok && inst.Revision >= last.Revision {
+			break
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			t.Fatal("B's directory view never caught up")
+		}
+	}
+	at := func(d time.Duration) schema.Status {
+		fixed.Store(last.Heartbeat.Add(d).UnixNano())
+		s, _ := b.PeerStatus(a.ID())
+		return s
+	}
+	if s := at(time.Second); s != schema.StatusOnline {
+		t.Fatalf("1s after the last heartbeat: %s", s)
+	}
+	if s := at(th.DegradedAfter); s != schema.StatusDegraded {
+		t.Fatalf("at the degraded threshold: %s", s)
+	}
+	if s := at(th.OfflineAfter - time.Millisecond); s != schema.StatusDegraded {
+		t.Fatalf("just before the offline threshold: %s", s)
+	}
+	if s := at(th.OfflineAfter); s != schema.StatusOffline {
+		t.Fatalf("at the offline threshold: %s", s)
+	}
+	code, h, body := call(t, "GET", b.URL+"/t/x", "t1", nil, "")
+	if p := problemOf(t, h, body); code != http.StatusServiceUnavailable || p.Owner != "aggregate-1" {
+		t.Fatalf("forward to an offline owner: %d %+v", code, p)
+	}
+}
+
+// SIGTERM (Run's context ending) reports not-ready first, refuses new requests, waits for the
+// one in flight, then leaves no directory entry and no route behind; routes shared with another
+// instance keep only that one.
+func TestShutdownLeavesNothingBehind(t *testing.T) {
+	srv := natstest.Server(t)
+	st := openStore(t, srv.URL())
+	rev := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"}).Revision
+	routes := []schema.Route{{Method: "POST", Prefix: "/t/commands"}, {Method: "GET", Prefix: "/t/state"}}
+	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), Routes: routes})
+	b := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "b"), Routes: routes[:1]})
+	synced(t, rev, a, b)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	routeInstances := func() map[string][]string {
+		t.Helper()
+		rs, err := st.Routes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string][]string{}
+		for _, r := range rs {
+			out[r.Method+" "+r.Prefix] = r.Instances
+		}
+		return out
+	}
+	got := routeInstances()
+	if !slices.Equal(got["POST /t/commands"], []string{"aggregate.aggregate-1.a", "aggregate.aggregate-1.b"}) ||
+		!slices.Equal(got["GET /t/state"], []string{"aggregate.aggregate-1.a"}) {
+		t.Fatalf("published routes: %v", got)
+	}
+
+	updates := watchInstance(t, st, "aggregate.aggregate-1.a")
+	slow := make(chan int, 1)
+	go func() { code, _, _ := call(t, "GET", a.URL+"/t/slow", "t1", nil, ""); slow <- code }()
+	<-a.app.entered
+	a.cancel() // SIGTERM
+	nextInstance(t, updates, "draining", func(i *schema.Instance) bool { return i != nil && i.Reported == schema.StatusDraining })
+	if code, _, _ := call(t, "GET", a.URL+"/readyz", "", nil, ""); code != http.StatusServiceUnavailable {
+		t.Fatalf("readyz while draining: %d", code)
+	}
+	if code, _, _ := call(t, "GET", a.URL+"/t/x", "t1", nil, ""); code != http.StatusServiceUnavailable {
+		t.Fatalf("new request while draining: %d", code)
+	}
+	if _, err := st.Instance(ctx, a.ID()); err != nil {
+		t.Fatalf("entry gone while a request is in flight: %v", err)
+	}
+	close(a.app.release)
+	if code := <-slow; code != http.StatusOK {
+		t.Fatalf("in-flight request: %d", code)
+	}
+	if err := a.stop(t); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if _, err := st.Instance(ctx, a.ID()); !errors.Is(err, schema.ErrNotFound) {
+		t.Fatalf("directory entry after shutdown: %v", err)
+	}
+	got = routeInstances()
+	if !slices.Equal(got["POST /t/commands"], []string{"aggregate.aggregate-1.b"}) || got["GET /t/state"] != nil {
+		t.Fatalf("routes after A's shutdown: %v", got)
+	}
+
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.stop(t); err != nil {
+		t.Fatalf("Run after Close: %v", err)
+	}
+	if got := routeInstances(); len(got) != 0 {
+		t.Fatalf("routes after both shut down: %v", got)
+	}
+	if _, err := st.Instance(ctx, b.ID()); !errors.Is(err, schema.ErrNotFound) {
+		t.Fatalf("B's entry after Close: %v", err)
+	}
+}
+
+// Admin routes refuse a missing or wrong token, and everything when no token is configured;
+// health and metrics stay open.
+func TestAdminRoutesNeedToken(t *testing.T) {
+	srv := natstest.Server(t)
+	st := openStore(t, srv.URL())
+	t.Setenv(shardkit.EnvAdminToken, "")
+	open := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a")})
+	locked := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "b"), AdminToken: testToken})
+	paths := []struct{ method, path string }{
+		{"GET", "/admin/tenants"}, {"POST", "/admin/reload"}, {"POST", "/admin/drain?tenant_id=t1"}, {"GET", "/admin/drain?tenant_id=t1"},
+	}
+	for _, p := range paths {
+		if code, body := admin(t, p.method, open.URL+p.path, testToken); code != http.StatusForbidden {
+			t.Fatalf("%s %s without a configured token: %d %s", p.method, p.path, code, body)
+		}
+		for _, tok := range []string{"", "wrong", testToken + "x"} {
+			if code, _ := admin(t, p.method, locked.URL+p.path, tok); code != http.StatusUnauthorized {
+				t.Fatalf("%s %s with token %q: %d", p.method, p.path, tok, code)
+			}
+		}
+	}
+	for _, p := range []string{"/admin/tenants", "/admin/drain?tenant_id=t1"} {
+		if code, body := admin(t, "GET", locked.URL+p, testToken); code != http.StatusOK {
+			t.Fatalf("GET %s with the token: %d %s", p, code, body)
+		}
+	}
+	if code, body := admin(t, "POST", locked.URL+"/admin/reload", testToken); code != http.StatusOK {
+		t.Fatalf("reload: %d %s", code, body)
+	}
+	if code, body := admin(t, "GET", locked.URL+"/admin/drain?tenant_id=bad/id", testToken); code != http.StatusBadRequest {
+		t.Fatalf("bad tenant id: %d %s", code, body)
+	}
+	for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
+		if code, _ := admin(t, "GET", open.URL+p, ""); code != http.StatusOK {
+			t.Fatalf("GET %s: %d", p, code)
+		}
+	}
+}
