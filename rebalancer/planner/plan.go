@@ -1,0 +1,161 @@
+package planner
+
+import (
+	"cmp"
+	"slices"
+)
+
+// Plan is the planner's output: the moves, in order, and the predicted effect per shard.
+// It is JSON with stable snake_case field names.
+type Plan struct {
+	Strategy    Strategy `json:"strategy"`
+	Tolerance   float64  `json:"tolerance"`
+	Budget      int      `json:"budget,omitempty"`
+	Concurrency int      `json:"concurrency"`
+	// Waves is how many groups of at most Concurrency moves the moves form (see Move.Wave).
+	Waves int    `json:"waves"`
+	Moves []Move `json:"moves"`
+	// Shards are every shard's figures before and after the plan, by kind then shard name.
+	Shards []ShardDiff `json:"shards"`
+	// Kinds are each kind's imbalance before and after.
+	Kinds []KindSummary `json:"kinds"`
+	// Complete is true when the strategy's goal is reached: balance within tolerance, the shard
+	// evacuated or filled, every requested move planned. Notes say why not.
+	Complete bool     `json:"complete"`
+	Notes    []string `json:"notes,omitempty"`
+	// MinMoves is, for balance, a lower bound on the moves any plan needs to reach the tolerance
+	// (see [Balance]); 0 for other strategies.
+	MinMoves int `json:"min_moves,omitempty"`
+}
+
+// Move is one tenant changing owner in one kind.
+type Move struct {
+	Kind   string  `json:"kind"`
+	Tenant string  `json:"tenant"`
+	From   string  `json:"from"`
+	To     string  `json:"to"`
+	Load   float64 `json:"load"`
+	// Revision is the placement revision the move was planned from; apply skips the move if
+	// the placement has changed since.
+	Revision uint64 `json:"revision"`
+	// Wave is the move's group, from 1: the engine runs wave n+1 after wave n.
+	Wave int `json:"wave"`
+}
+
+// ShardDiff is one shard's predicted change.
+type ShardDiff struct {
+	Kind          string  `json:"kind"`
+	Shard         string  `json:"shard"`
+	Capacity      float64 `json:"capacity"`
+	MaxTenants    int     `json:"max_tenants,omitempty"`
+	Draining      bool    `json:"draining,omitempty"`
+	LoadBefore    float64 `json:"load_before"`
+	LoadAfter     float64 `json:"load_after"`
+	TenantsBefore int     `json:"tenants_before"`
+	TenantsAfter  int     `json:"tenants_after"`
+	In            int     `json:"in"`
+	Out           int     `json:"out"`
+}
+
+// UtilBefore and UtilAfter are load/capacity (0 for a shard without capacity).
+func (d ShardDiff) UtilBefore() float64 { return ratio(d.LoadBefore, d.Capacity) }
+func (d ShardDiff) UtilAfter() float64  { return ratio(d.LoadAfter, d.Capacity) }
+
+// KindSummary is one kind's imbalance before and after the plan.
+type KindSummary struct {
+	Kind   string    `json:"kind"`
+	Before Imbalance `json:"before"`
+	After  Imbalance `json:"after"`
+}
+
+// Imbalance summarises utilisation over a kind's shards (draining and evacuated shards left out).
+type Imbalance struct {
+	// Mean is total load / total capacity.
+	Mean float64 `json:"mean_utilisation"`
+	// Max is the largest shard utilisation (load/capacity).
+	Max float64 `json:"max_utilisation"`
+	// MaxOverMean is Max/Mean, 1 when perfectly balanced (0 when there is no load).
+	MaxOverMean float64 `json:"max_over_mean"`
+}
+
+// Summary returns the kind's summary (the zero value if the plan does not cover it).
+func (p *Plan) Summary(kind string) KindSummary {
+	for _, k := range p.Kinds {
+		if k.Kind == kind {
+			return k
+		}
+	}
+	return KindSummary{}
+}
+
+func ratio(a, b float64) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return a / b
+}
+
+func newPlan(st Strategy, o Options) *Plan {
+	return &Plan{Strategy: st, Tolerance: o.Tolerance, Budget: o.Budget, Concurrency: o.Concurrency, Moves: []Move{}, Shards: []ShardDiff{}}
+}
+
+// add appends state s's moves, shard figures and summary to the plan.
+func (p *Plan) add(s *state) {
+	p.Moves = append(p.Moves, s.moves...)
+	for _, si := range s.order {
+		sh := &s.w.Shards[si]
+		p.Shards = append(p.Shards, ShardDiff{
+			Kind: s.w.Kind, Shard: sh.Name, Capacity: sh.Capacity, MaxTenants: sh.MaxTenants, Draining: sh.Draining,
+			LoadBefore: s.load0[si], LoadAfter: s.load[si],
+			TenantsBefore: int(s.count0[si]), TenantsAfter: int(s.count[si]),
+			In: int(s.in[si]), Out: int(s.out[si]),
+		})
+	}
+	p.Kinds = append(p.Kinds, KindSummary{Kind: s.w.Kind, Before: s.imbalance(s.load0), After: s.imbalance(s.load)})
+}
+
+func (s *state) imbalance(load []float64) Imbalance {
+	var l, c, mx float64
+	for i, sh := range s.w.Shards {
+		if s.excluded[i] {
+			continue
+		}
+		l += load[i]
+		c += sh.Capacity
+		mx = max(mx, ratio(load[i], sh.Capacity))
+	}
+	im := Imbalance{Mean: ratio(l, c), Max: mx}
+	im.MaxOverMean = ratio(im.Max, im.Mean)
+	return im
+}
+
+// finish numbers the waves: moves keep their order; a wave holds at most Concurrency moves and
+// never two moves of the same tenant, so a tenant's moves across kinds run one after the other.
+func (p *Plan) finish() *Plan {
+	wave, inWave := 0, 0
+	seen := map[string]bool{}
+	for i := range p.Moves {
+		m := &p.Moves[i]
+		if wave == 0 || inWave == p.Concurrency || seen[m.Tenant] {
+			wave++
+			inWave = 0
+			clear(seen)
+		}
+		seen[m.Tenant] = true
+		inWave++
+		m.Wave = wave
+	}
+	p.Waves = wave
+	slices.SortStableFunc(p.Kinds, func(a, b KindSummary) int { return cmp.Compare(kindRank(a.Kind), kindRank(b.Kind)) })
+	return p
+}
+
+// kindOrder is the order a tenant's moves across kinds run in; other kinds follow by name.
+var kindOrder = []string{"aggregate", "projection", "runner"}
+
+func kindRank(k string) int {
+	if i := slices.Index(kindOrder, k); i >= 0 {
+		return i
+	}
+	return len(kindOrder)
+}

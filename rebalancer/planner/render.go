@@ -1,0 +1,114 @@
+package planner
+
+import (
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+)
+
+// String renders the plan as Render does.
+func (p *Plan) String() string {
+	var b strings.Builder
+	_ = p.Render(&b)
+	return b.String()
+}
+
+// Render writes the plan as the dry run of `rebalance plan` shows it: a header, each kind's
+// imbalance, a table of shards (load before and after, capacity, utilisation, tenants in and
+// out) and the list of moves.
+func (p *Plan) Render(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "plan: %s, %d moves in %d waves (concurrency %d), tolerance %s", p.Strategy, len(p.Moves), p.Waves, p.Concurrency, pct(p.Tolerance))
+	if p.Budget > 0 {
+		fmt.Fprintf(&b, ", budget %d", p.Budget)
+	}
+	if p.MinMoves > 0 {
+		fmt.Fprintf(&b, ", lower bound %d moves", p.MinMoves)
+	}
+	b.WriteString("\n")
+	status := "complete"
+	if !p.Complete {
+		status = "incomplete"
+	}
+	fmt.Fprintf(&b, "status: %s\n", status)
+	for _, n := range p.Notes {
+		fmt.Fprintf(&b, "note: %s\n", n)
+	}
+	for _, k := range p.Kinds {
+		fmt.Fprintf(&b, "%s: max/mean %.3f -> %.3f, max utilisation %s -> %s, mean %s\n",
+			k.Kind, k.Before.MaxOverMean, k.After.MaxOverMean, pct(k.Before.Max), pct(k.After.Max), pct(k.After.Mean))
+	}
+	b.WriteString("\n")
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KIND\tSHARD\tBEFORE\tAFTER\tCAPACITY\tUTILISATION\tTENANTS\tIN\tOUT")
+	for _, d := range p.Shards {
+		name := d.Shard
+		if d.Draining {
+			name += " (draining)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s -> %s\t%d -> %d\t%s\t%s\n", d.Kind, name, num(d.LoadBefore), num(d.LoadAfter), capacity(d),
+			pct(d.UtilBefore()), pct(d.UtilAfter()), d.TenantsBefore, d.TenantsAfter, plus(d.In), minus(d.Out))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(p.Moves) > 0 {
+		b.WriteString("\nmoves:\n")
+		tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "#\tWAVE\tKIND\tTENANT\tFROM\tTO\tLOAD\tREVISION")
+		for i, m := range p.Moves {
+			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\n", i+1, m.Wave, m.Kind, m.Tenant, m.From, m.To, num(m.Load), m.Revision)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func pct(f float64) string { return fmt.Sprintf("%.1f%%", 100*f) }
+
+func num(f float64) string {
+	s := fmt.Sprintf("%.2f", f)
+	s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
+	if s == "-0" {
+		s = "0"
+	}
+	return s
+}
+
+func capacity(d ShardDiff) string {
+	s := num(d.Capacity)
+	if d.MaxTenants > 0 {
+		s += fmt.Sprintf(" (%d tenants)", d.MaxTenants)
+	}
+	return s
+}
+
+func plus(n int) string {
+	if n == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("+%d", n)
+}
+
+func minus(n int) string {
+	if n == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("-%d", n)
+}
+
+// labelString renders labels as k=v,k=v sorted by key.
+func labelString(l map[string]string) string {
+	keys := slices.Sorted(maps.Keys(l))
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + l[k]
+	}
+	return strings.Join(parts, ",")
+}
