@@ -21,12 +21,12 @@ func (p *Plan) String() string {
 // out) and the list of moves.
 func (p *Plan) Render(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "plan: %s, %d moves in %d waves (concurrency %d), tolerance %s", p.Strategy, len(p.Moves), p.Waves, p.Concurrency, pct(p.Tolerance))
+	fmt.Fprintf(&b, "plan: %s, %s in %s (concurrency %d), tolerance %s", p.Strategy, count(len(p.Moves), "move"), count(p.Waves, "wave"), p.Concurrency, pct(p.Tolerance))
 	if p.Budget > 0 {
 		fmt.Fprintf(&b, ", budget %d", p.Budget)
 	}
 	if p.MinMoves > 0 {
-		fmt.Fprintf(&b, ", lower bound %d moves", p.MinMoves)
+		fmt.Fprintf(&b, ", lower bound %s", count(p.MinMoves, "move"))
 	}
 	b.WriteString("\n")
 	status := "complete"
@@ -68,6 +68,13 @@ func (p *Plan) Render(w io.Writer) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 func pct(f float64) string { return fmt.Sprintf("%.1f%%", 100*f) }
