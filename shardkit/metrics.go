@@ -3,6 +3,7 @@ package shardkit
 import (
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -111,26 +112,36 @@ func (m *metrics) seriesFor(tenant string) *tenantSeries {
 	return m.other
 }
 
-// setTop makes the n busiest of states the labelled set and repoints every state's series.
-// Tenants leaving the set lose their series, so label cardinality stays at n+1.
+// setTop makes the n tenants with the most requests since the previous call the labelled set
+// and repoints every state's series. Tenants leaving the set lose their series, so label
+// cardinality stays at n+1. Called from the heartbeat goroutine only.
 func (m *metrics) setTop(states []*tenantState, n int) {
-	sorted := slices.Clone(states)
-	slices.SortFunc(sorted, func(a, b *tenantState) int {
+	type ranked struct {
+		ts    *tenantState
+		delta uint64
+	}
+	sorted := make([]ranked, 0, len(states))
+	for _, ts := range states {
+		r := ts.requests.Load()
+		sorted = append(sorted, ranked{ts, r - ts.topMark})
+		ts.topMark = r
+	}
+	slices.SortFunc(sorted, func(a, b ranked) int {
 		switch {
-		case a.rate > b.rate:
+		case a.delta > b.delta:
 			return -1
-		case a.rate < b.rate:
+		case a.delta < b.delta:
 			return 1
 		}
-		return 0
+		return strings.Compare(a.ts.tenant, b.ts.tenant)
 	})
 	want := map[string]bool{}
-	for _, ts := range sorted {
-		if len(want) >= n || ts.rate <= 0 {
+	for _, r := range sorted {
+		if len(want) >= n || r.delta == 0 {
 			break
 		}
-		if ts.tenant != otherTenant {
-			want[ts.tenant] = true
+		if r.ts.tenant != otherTenant {
+			want[r.ts.tenant] = true
 		}
 	}
 	m.mu.Lock()

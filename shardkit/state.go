@@ -44,6 +44,7 @@ type tenantState struct {
 	lastRequests uint64
 	lastErrors   uint64
 	rate         float64
+	topMark      uint64 // requests at the last top-N recomputation
 }
 
 // acquire counts a request in, unless the tenant is draining or the state was removed.
