@@ -65,8 +65,14 @@ func newMetrics(reg prometheus.Registerer, s *Shard) *metrics {
 		top:      map[string]*tenantSeries{},
 		lagNames: map[string]bool{},
 	}
+	m.requests = registerAs(reg, m.requests)
+	m.latency = registerAs(reg, m.latency)
+	m.refused = registerAs(reg, m.refused)
+	m.forwards = registerAs(reg, m.forwards)
+	m.drains = registerAs(reg, m.drains)
+	m.lag = registerAs(reg, m.lag)
 	m.other = m.series(otherTenant)
-	for _, c := range []prometheus.Collector{m.requests, m.latency, m.refused, m.forwards, m.drains, m.lag,
+	for _, c := range []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tm_shard_in_flight", Help: "Requests being served now.",
 		}, func() float64 { return float64(s.inflight.Load()) }),
@@ -82,6 +88,21 @@ func newMetrics(reg prometheus.Registerer, s *Shard) *metrics {
 		register(reg, c)
 	}
 	return m
+}
+
+// registerAs registers c, or returns the equal collector registered before (two shards on one
+// registry share their counters).
+func registerAs[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+		panic(err)
+	}
+	return c
 }
 
 // register tolerates a collector registered before (a shard rebuilt on the same registry).

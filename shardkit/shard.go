@@ -90,7 +90,6 @@ func New(cfg Config) (*Shard, error) {
 		OnChange:   s.onChange,
 		Logger:     cfg.Logger,
 		Registerer: cfg.Registerer,
-		NoSnapshot: false,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("shardkit: %w", err)
@@ -142,7 +141,13 @@ func (s *Shard) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := s.start(ctx); err != nil {
+	// start's calls end when Run's ctx or Shutdown ends, so Shutdown never races a registration.
+	sctx, scancel := context.WithCancel(runCtx)
+	stopStart := context.AfterFunc(ctx, scancel)
+	err := s.start(sctx)
+	stopStart()
+	scancel()
+	if err != nil {
 		return err
 	}
 	loops.Go(func() { s.applyLoop(runCtx) })
@@ -315,12 +320,16 @@ func (s *Shard) waitIdle(ctx context.Context, bound time.Duration) int64 {
 	}
 }
 
-// onChange runs on the watcher's apply goroutine: wake epoch waiters and queue the change.
+// onChange runs on the watcher's apply goroutine: wake epoch waiters and queue the changes
+// that may need work (see handleChange).
 func (s *Shard) onChange(c placement.Change) {
 	s.changeMu.Lock()
 	close(s.changed)
 	s.changed = make(chan struct{})
 	s.changeMu.Unlock()
+	if !s.involved(c) {
+		return
+	}
 	s.queueMu.Lock()
 	s.queue = append(s.queue, c)
 	s.queueMu.Unlock()
@@ -328,6 +337,21 @@ func (s *Shard) onChange(c placement.Change) {
 	case s.queued <- struct{}{}:
 	default:
 	}
+}
+
+// involved reports whether a change may need work here: it names this shard, and it is not
+// just a tenant placed (or staying) active here that this instance holds no state for, which
+// is most of the changes at start.
+func (s *Shard) involved(c placement.Change) bool {
+	me := s.cfg.ID.Shard
+	names := func(ok bool, e placement.Entry) bool {
+		return ok && (e.Shard == me || e.Target == me || e.Source == me || s.inOwners(e.Owners))
+	}
+	if !names(c.OldOK, c.Old) && !names(c.NewOK, c.New) {
+		return false
+	}
+	quiet := c.NewOK && c.New.Phase == schema.PhaseActive && s.owns(c.New) && (!c.OldOK || c.Old.Phase == schema.PhaseActive && s.owns(c.Old))
+	return !quiet || s.states.get(c.Tenant) != nil
 }
 
 // changes returns a channel closed at the next placement change.
