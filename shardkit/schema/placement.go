@@ -35,6 +35,9 @@ type Placement struct {
 	Source string `json:"source,omitempty"`
 	// Move names the move workflow that made the current phase.
 	Move string `json:"move,omitempty"`
+	// Strategy tells the move's target how to warm up ("snapshot", "replay"; "" = the
+	// service's default). The rebalancer chooses it per move, from the tenant's size.
+	Strategy string `json:"strategy,omitempty"`
 	// Owners lists the instances serving the tenant under the affinity policy, most recently
 	// used first, at most the kind's multiplex.
 	Owners []string `json:"owners,omitempty"`

@@ -1,0 +1,58 @@
+package aggregate
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	commands      *prometheus.CounterVec
+	conflicts     prometheus.Counter
+	rehydrate     *prometheus.HistogramVec
+	snapshotHits  *prometheus.CounterVec
+	snapshotBytes prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tm_aggregate_commands_total", Help: "Commands by name and outcome (applied, replayed, rejected, error).",
+		}, []string{"command", "result"}),
+		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tm_aggregate_append_conflicts_total", Help: "Appends rejected because another writer appended first.",
+		}),
+		rehydrate: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "tm_aggregate_rehydrate_seconds", Help: "Time to load a tenant's state, by strategy.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}, []string{"strategy"}),
+		snapshotHits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tm_aggregate_snapshot_loads_total", Help: "Tenant loads that found a snapshot (hit) or not (miss).",
+		}, []string{"result"}),
+		snapshotBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tm_aggregate_last_snapshot_bytes", Help: "Size of the last snapshot written.",
+		}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.commands, m.conflicts, m.rehydrate, m.snapshotHits, m.snapshotBytes} {
+			if err := reg.Register(c); err != nil {
+				var are prometheus.AlreadyRegisteredError
+				if !errors.As(err, &are) {
+					panic(err)
+				}
+			}
+		}
+	}
+	return m
+}
+
+func (m *metrics) observeLoad(r loadReport) {
+	m.rehydrate.WithLabelValues(string(r.Strategy)).Observe(r.Took.Seconds())
+	if r.Strategy == StrategySnapshot {
+		res := "miss"
+		if r.SnapshotHit {
+			res = "hit"
+		}
+		m.snapshotHits.WithLabelValues(res).Inc()
+	}
+}

@@ -1,0 +1,189 @@
+package aggregate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// errStale means the aggregate's stream has events this instance has not applied: another
+// writer (a sibling instance, or a stale owner's rival) appended first.
+var errStale = errors.New("aggregate changed underneath")
+
+// eventStore reads and writes TM_EVENTS and the snapshot object store.
+type eventStore struct {
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	snaps  jetstream.ObjectStore
+	// batch is how many events one fetch asks for while replaying.
+	batch int
+}
+
+func openEventStore(ctx context.Context, st *schema.Store) (*eventStore, error) {
+	if err := st.EnsureEventsStream(ctx); err != nil {
+		return nil, err
+	}
+	js := st.JetStream()
+	stream, err := js.Stream(ctx, schema.StreamEvents)
+	if err != nil {
+		return nil, fmt.Errorf("aggregate: open %s: %w", schema.StreamEvents, err)
+	}
+	bucket := schema.ServiceBucket("aggregate", "snapshots")
+	snaps, err := js.ObjectStore(ctx, bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		snaps, err = js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+			Bucket:      bucket,
+			Description: "aggregate service: per-tenant ledger snapshots",
+			Replicas:    st.Options().Replicas,
+			Storage:     st.Options().Storage,
+			Compression: true,
+		})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("aggregate: open %s: %w", bucket, err)
+	}
+	return &eventStore{js: js, stream: stream, snaps: snaps, batch: 4096}, nil
+}
+
+// append stores ev if its aggregate's last event is still expectLast (0: the aggregate has no
+// events). The message id makes a retried command a duplicate JetStream drops; dup reports that.
+func (es *eventStore) append(ctx context.Context, ev Event, expectLast uint64) (seq uint64, dup bool, err error) {
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return 0, false, err
+	}
+	msg := &nats.Msg{
+		Subject: schema.EventSubject(ev.Tenant, ev.AggregateType, ev.AggregateID),
+		Data:    b,
+		Header:  nats.Header{},
+	}
+	opts := []jetstream.PublishOpt{jetstream.WithExpectLastSequencePerSubject(expectLast)}
+	if ev.CommandKey != "" {
+		opts = append(opts, jetstream.WithMsgID(ev.Tenant+":"+ev.CommandKey))
+	}
+	ack, err := es.js.PublishMsg(ctx, msg, opts...)
+	if err != nil {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+			return 0, false, fmt.Errorf("%w: %v", errStale, err)
+		}
+		return 0, false, fmt.Errorf("aggregate: append to %s: %w", msg.Subject, err)
+	}
+	return ack.Sequence, ack.Duplicate, nil
+}
+
+// replay calls fn with every event on filter after sequence after, in order, up to the last
+// one present when it started, and returns the sequence of the last event it delivered.
+func (es *eventStore) replay(ctx context.Context, filter string, after uint64, fn func(Event) error) (uint64, error) {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}}
+	if after > 0 {
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = after + 1
+	}
+	cons, err := es.js.OrderedConsumer(ctx, schema.StreamEvents, cfg)
+	if err != nil {
+		return 0, fmt.Errorf("aggregate: replay %s: %w", filter, err)
+	}
+	pending := cons.CachedInfo().NumPending
+	last := after
+	for pending > 0 {
+		batch, err := cons.Fetch(int(min(pending, uint64(es.batch))), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return last, fmt.Errorf("aggregate: replay %s: %w", filter, err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			md, err := m.Metadata()
+			if err != nil {
+				return last, err
+			}
+			var ev Event
+			if err := json.Unmarshal(m.Data(), &ev); err != nil {
+				return last, fmt.Errorf("aggregate: event %d on %s is corrupt: %w", md.Sequence.Stream, m.Subject(), err)
+			}
+			ev.Seq = md.Sequence.Stream
+			if err := fn(ev); err != nil {
+				return last, err
+			}
+			got++
+			last, pending = ev.Seq, md.NumPending
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			return last, fmt.Errorf("aggregate: replay %s: %w", filter, err)
+		}
+		if got == 0 {
+			return last, fmt.Errorf("aggregate: replay %s stalled at %d with %d pending", filter, last, pending)
+		}
+	}
+	return last, nil
+}
+
+// lastSeq is the stream sequence of the newest message matching subject (0 if none).
+func (es *eventStore) lastSeq(ctx context.Context, subject string) (uint64, error) {
+	m, err := es.stream.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("aggregate: last event on %s: %w", subject, err)
+	}
+	return m.Sequence, nil
+}
+
+// tenantEvents counts a tenant's events in the stream (its size, for choosing a warm-up
+// strategy).
+func (es *eventStore) tenantEvents(ctx context.Context, tenant string) (uint64, error) {
+	info, err := es.stream.Info(ctx, jetstream.WithSubjectFilter(schema.TenantEvents(tenant)))
+	if err != nil {
+		return 0, fmt.Errorf("aggregate: count events of %s: %w", tenant, err)
+	}
+	var n uint64
+	for _, c := range info.State.Subjects {
+		n += c
+	}
+	return n, nil
+}
+
+// snapshot is a tenant's ledger at one applied sequence.
+type snapshot struct {
+	Tenant   string              `json:"tenant"`
+	Applied  uint64              `json:"applied"`
+	Accounts map[string]*Account `json:"accounts"`
+	Totals   Totals              `json:"totals"`
+	Recent   []idemEntry         `json:"recent"`
+}
+
+func (es *eventStore) saveSnapshot(ctx context.Context, s *snapshot) (int, error) {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := es.snaps.PutBytes(ctx, s.Tenant, b); err != nil {
+		return 0, fmt.Errorf("aggregate: save snapshot of %s: %w", s.Tenant, err)
+	}
+	return len(b), nil
+}
+
+// loadSnapshot returns the tenant's newest snapshot, or nil if it has none.
+func (es *eventStore) loadSnapshot(ctx context.Context, tenant string) (*snapshot, int, error) {
+	b, err := es.snaps.GetBytes(ctx, tenant)
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("aggregate: load snapshot of %s: %w", tenant, err)
+	}
+	var s snapshot
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, 0, fmt.Errorf("aggregate: snapshot of %s is corrupt: %w", tenant, err)
+	}
+	return &s, len(b), nil
+}
