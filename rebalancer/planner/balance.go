@@ -6,7 +6,10 @@ import (
 )
 
 // Balance plans moves that bring every shard's utilisation to at most (1+Tolerance) times the
-// mean utilisation, with as few moves as it can.
+// mean utilisation, with as few moves as it can. Draining shards are left alone (neither give
+// nor take): evacuate them. It fails with ErrNoCapacity only if the load exceeds the total
+// capacity; a goal it cannot reach (pinned or oversized tenants, labels, budget) gives an
+// incomplete plan whose Notes say why.
 //
 // # Algorithm
 //
