@@ -72,9 +72,11 @@ func (s *Shard) handleReadyz(w http.ResponseWriter, _ *http.Request) {
 	status := http.StatusOK
 	if !rd.Ready {
 		status = http.StatusServiceUnavailable
-		rd.Detail = "not running or shutting down"
-		if s.closing.Load() {
+		rd.Detail = "starting: not registered yet"
+		select {
+		case <-s.running:
 			rd.Detail = "shutting down: draining"
+		default:
 		}
 	}
 	tmhttp.WriteJSON(w, status, rd)

@@ -61,6 +61,10 @@ type Config struct {
 
 	// DrainTimeout bounds how long a drain waits for in-flight requests. Default 10s.
 	DrainTimeout time.Duration
+	// ShutdownGrace is how long Shutdown keeps serving new requests after it reported the
+	// instance not ready and draining, so routers stop sending before requests are refused.
+	// Default 0 (refuse at once); binaries behind a gateway should set about 2 heartbeats.
+	ShutdownGrace time.Duration
 	// EpochWait bounds how long a request carrying an epoch newer than the local placement
 	// snapshot waits for the snapshot to catch up. Default 2s.
 	EpochWait time.Duration

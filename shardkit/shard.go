@@ -150,9 +150,9 @@ func (s *Shard) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	s.ready.Store(true)
 	loops.Go(func() { s.applyLoop(runCtx) })
 	loops.Go(func() { s.heartbeatLoop(runCtx) })
-	s.ready.Store(true)
 	close(s.running)
 	s.cfg.Logger.Info("shard instance running", "instance", s.self, "url", s.cfg.URL, "forward", s.cfg.Forward)
 	select {
@@ -225,7 +225,7 @@ func (s *Shard) routes() []schema.Route {
 }
 
 // Shutdown is the whole-instance drain: it reports not-ready (readyz and the directory's
-// "draining" status) first, then refuses new requests and waits, within DrainTimeout, for those
+// "draining" status) first, keeps serving for ShutdownGrace, then refuses new requests and waits, within DrainTimeout, for those
 // in flight; then it removes its routes and directory entry and its tenant signals, and stops
 // Run. It is idempotent; later calls return the first call's result.
 func (s *Shard) Shutdown(ctx context.Context) error {
@@ -252,8 +252,8 @@ func (s *Shard) Close() error {
 
 func (s *Shard) shutdown(ctx context.Context) error {
 	s.ready.Store(false)
-	s.closing.Store(true)
 	if !s.started.Load() {
+		s.closing.Store(true)
 		s.cancel()
 		return nil
 	}
@@ -267,6 +267,10 @@ func (s *Shard) shutdown(ctx context.Context) error {
 			log.Warn("reporting draining", "err", err)
 		}
 	}
+	if s.cfg.ShutdownGrace > 0 {
+		sleepCtx(ctx, s.cfg.ShutdownGrace) // routers notice "draining" while we still serve
+	}
+	s.closing.Store(true)
 	if n := s.waitIdle(ctx, s.cfg.DrainTimeout); n > 0 {
 		log.Warn("shutdown: requests still in flight after the drain bound", "in_flight", n)
 	}

@@ -44,7 +44,7 @@ func (s *Shard) heartbeat(ctx context.Context, r schema.LoadReport) {
 	inst.Metrics = &schema.InstanceMetrics{InFlight: r.InFlight, RatePerSec: r.RatePerSec, LatencyMS: r.LatencyMS,
 		CPU: r.CPU, Tenants: r.Tenants, ErrorRate: r.ErrorRate}
 	s.instMu.Unlock()
-	if s.closing.Load() {
+	if !s.ready.Load() {
 		inst.Reported = schema.StatusDraining
 	}
 	hctx, cancel := context.WithTimeout(ctx, s.cfg.Heartbeat*3)
