@@ -47,7 +47,7 @@ func newState(w *World, opts Options) (*state, error) {
 		if _, dup := s.byName[sh.Name]; dup {
 			return nil, fmt.Errorf("%w: %s: shard %s is listed twice", ErrInvalid, w.Kind, sh.Name)
 		}
-		if !sh.Draining && !(sh.Capacity > 0) || sh.Capacity < 0 || math.IsInf(sh.Capacity, 0) {
+		if !sh.Draining && !(sh.Capacity > 0) || sh.Capacity < 0 || math.IsInf(sh.Capacity, 0) || math.IsNaN(sh.Capacity) {
 			return nil, fmt.Errorf("%w: %s: shard %s has capacity %v: give it a positive capacity or mark it draining", ErrInvalid, w.Kind, sh.Name, sh.Capacity)
 		}
 		s.byName[sh.Name] = int32(i)
