@@ -246,3 +246,35 @@ func TestAdminRoutesNeedToken(t *testing.T) {
 		}
 	}
 }
+
+// A route a sweeper removed while the instance was cut off comes back with its heartbeats.
+func TestRoutesRepublished(t *testing.T) {
+	srv := natstest.Server(t)
+	st := openStore(t, srv.URL())
+	routes := []schema.Route{{Method: "GET", Prefix: "/t/state"}}
+	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), Routes: routes, Heartbeat: 20 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	w, err := st.RoutesKV().Watch(ctx, ">", jetstream.UpdatesOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = w.Stop() }()
+	if n, err := st.RemoveInstanceFromRoutes(ctx, a.ID()); err != nil || n != 1 {
+		t.Fatalf("sweeper removal: %d %v", n, err)
+	}
+	for {
+		select {
+		case e := <-w.Updates():
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			var r schema.Route
+			if json.Unmarshal(e.Value(), &r) == nil && slices.Contains(r.Instances, a.ID().Key()) {
+				return
+			}
+		case <-ctx.Done():
+			t.Fatal("route not re-published within 20s")
+		}
+	}
+}

@@ -275,6 +275,12 @@ func (s *Shard) shutdown(ctx context.Context) error {
 		log.Warn("shutdown: requests still in flight after the drain bound", "in_flight", n)
 	}
 	s.cancel() // stop heartbeats, telemetry, tasks
+	// Once heartbeats have stopped nothing re-creates the entry or re-adds a route.
+	select {
+	case <-s.hbStopped:
+	case <-s.stopped:
+	case <-ctx.Done():
+	}
 	var errs []error
 	for _, r := range s.routes() {
 		if _, err := s.st.RemoveRouteInstance(ctx, r, s.cfg.ID); err != nil {
@@ -290,13 +296,6 @@ func (s *Shard) shutdown(ctx context.Context) error {
 				errs = append(errs, err)
 			}
 		}
-	}
-	// Heartbeats have stopped by now only once their loop exits; unregister after it, so a late
-	// heartbeat cannot re-create the entry.
-	select {
-	case <-s.hbStopped:
-	case <-s.stopped:
-	case <-ctx.Done():
 	}
 	if err := s.st.Unregister(ctx, s.cfg.ID); err != nil {
 		errs = append(errs, fmt.Errorf("unregister: %w", err))

@@ -17,6 +17,7 @@ func (s *Shard) heartbeatLoop(ctx context.Context) {
 	defer t.Stop()
 	lastTop := time.Now()
 	tel := newTelemetry()
+	tick := 0
 	for {
 		select {
 		case <-t.C:
@@ -30,10 +31,29 @@ func (s *Shard) heartbeatLoop(ctx context.Context) {
 			lastTop = time.Now()
 		}
 		s.heartbeat(ctx, report)
+		if tick++; tick%routeEvery == 0 {
+			s.republish(ctx)
+		}
 		if err := s.st.PublishLoad(report); err != nil {
 			s.cfg.Logger.Debug("publishing load", "err", err)
 		}
 		s.forgetIdle(states)
+	}
+}
+
+// routeEvery is how many heartbeats pass between re-assertions of the instance's routes.
+const routeEvery = 10
+
+// republish re-adds the instance to its routes, in case a sweeper removed it while it was
+// cut off (seed 002's stale-route cleanup must not unpublish a live instance for good).
+func (s *Shard) republish(ctx context.Context) {
+	for _, r := range s.routes() {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := s.st.AddRouteInstance(rctx, r, s.cfg.ID)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			s.cfg.Logger.Warn("re-publishing route", "method", r.Method, "prefix", r.Prefix, "err", err)
+		}
 	}
 }
 
