@@ -148,6 +148,7 @@ func (s *Shard) Run(ctx context.Context) error {
 	stopStart()
 	scancel()
 	if err != nil {
+		s.undoRegister()
 		return err
 	}
 	s.ready.Store(true)
@@ -210,6 +211,16 @@ func (s *Shard) register(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// undoRegister removes whatever a failed start registered (best effort).
+func (s *Shard) undoRegister() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, r := range s.routes() {
+		_, _ = s.st.RemoveRouteInstance(ctx, r, s.cfg.ID)
+	}
+	_ = s.st.Unregister(ctx, s.cfg.ID)
 }
 
 func (s *Shard) routes() []schema.Route {
@@ -365,7 +376,9 @@ func (s *Shard) changes() <-chan struct{} {
 }
 
 // WaitPlacement waits until the local placement snapshot has applied revision rev of the
-// kind's placement bucket (for example the revision an UpdatePlacement returned).
+// kind's placement bucket (for example the revision an UpdatePlacement returned). It wakes on
+// routing changes (owner, epoch, phase, target, source, owners): wait for revisions that made
+// one, as every step of a move does.
 func (s *Shard) WaitPlacement(ctx context.Context, rev uint64) error {
 	for {
 		ch := s.changes()
