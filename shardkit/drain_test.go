@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
@@ -74,5 +75,31 @@ func TestDrainWaitsForInFlight(t *testing.T) {
 	sig.next(t, "removed", func(s *schema.TenantSignal) bool { return s == nil })
 	if code, _, _ := call(t, "GET", a.URL+"/t/x", "t1", nil, ""); code != http.StatusOK {
 		t.Fatalf("request after undrain: %d", code)
+	}
+}
+
+// A drain waits only up to DrainTimeout: a request that outlives it is reported, not waited for.
+func TestDrainIsBounded(t *testing.T) {
+	srv := natstest.Server(t)
+	st := openStore(t, srv.URL())
+	rev := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"}).Revision
+	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), DrainTimeout: 100 * time.Millisecond})
+	synced(t, rev, a)
+	sig := watchSignal(t, st, "aggregate", "t1", a.ID())
+	slow := make(chan int, 1)
+	go func() { code, _, _ := call(t, "GET", a.URL+"/t/slow", "t1", nil, ""); slow <- code }()
+	<-a.app.entered
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	left, err := a.Drain(ctx, "t1")
+	if err != nil || left != 1 {
+		t.Fatalf("Drain = %d, %v; want 1 request left", left, err)
+	}
+	if s := sig.next(t, "drained", phaseIs(schema.SignalDrained)); s.InFlight != 1 {
+		t.Fatalf("drained signal: %+v", s)
+	}
+	close(a.app.release)
+	if code := <-slow; code != http.StatusOK {
+		t.Fatalf("the request that outlived the drain: %d", code)
 	}
 }
