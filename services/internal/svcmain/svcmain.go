@@ -1,0 +1,243 @@
+// Package svcmain runs a shard service binary: flags and TM_* environment, logging, NATS, the
+// schema store, shardkit (gate, registration, heartbeats, moves, admin routes), the HTTP
+// server and a clean shutdown on SIGTERM. Each service's main is a few lines around it.
+package svcmain
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/tenantmesh/tenantmesh/internal/envflag"
+	"github.com/tenantmesh/tenantmesh/internal/natsconn"
+	"github.com/tenantmesh/tenantmesh/internal/tmlog"
+	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// App is a shard service built on shardkit.
+type App interface {
+	// Hooks connect the service's state to moves.
+	Hooks() shardkit.Hooks
+	// Routes the service serves, published in the route registry.
+	Routes() []schema.Route
+	// Mount registers the service's handlers; tenant routes go behind gate, admin ones
+	// behind admin.
+	Mount(r chi.Router, gate, admin func(http.Handler) http.Handler)
+	// Run does the service's background work until ctx ends.
+	Run(ctx context.Context) error
+}
+
+// Env is what a service gets to build itself.
+type Env struct {
+	Store      *schema.Store
+	ID         schema.InstanceID
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Builder makes the App once NATS and the store are up.
+type Builder func(ctx context.Context, env Env) (App, error)
+
+// Main is one shard binary's configuration.
+type Main struct {
+	Kind string
+
+	Addr, URL, NATSURL      string
+	Shard, Instance         string
+	AdminToken, Labels      string
+	LogLevel, LogFormat     string
+	Version                 string
+	Capacity, Replicas      int
+	Forward                 bool
+	DrainTimeout, Heartbeat time.Duration
+	ShutdownGrace           time.Duration
+	ReadHeaderTimeout       time.Duration
+	Stderr                  io.Writer
+	ready                   chan string
+}
+
+// ParseFlags reads flags (defaults from TM_* variables) for a service of kind.
+func (m *Main) ParseFlags(kind string, args []string) error {
+	m.Kind = kind
+	fs := flag.NewFlagSet(kind, flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: %s [flags]\n\nRuns one instance of a %s shard: it registers in the instance directory,\n"+
+			"publishes its routes, serves the tenants placed on its shard and takes part in moves.\n\n"+
+			"Example:\n  %s --shard %s-1 --instance a --addr 127.0.0.1:9101\n\nFlags (each also read from its TM_* variable):\n", kind, kind, kind, kind)
+		fs.PrintDefaults()
+	}
+	host, _ := os.Hostname()
+	envflag.String(fs, &m.Addr, "addr", "127.0.0.1:0", "listen address")
+	envflag.String(fs, &m.URL, "url", "", "URL other processes reach this instance at (default: http://<listen address>)")
+	envflag.String(fs, &m.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
+	envflag.String(fs, &m.Shard, "shard", kind+"-1", "shard this instance belongs to")
+	envflag.String(fs, &m.Instance, "instance", sanitize(host)+"-"+strconv.Itoa(os.Getpid()), "instance name, unique within the shard")
+	envflag.String(fs, &m.AdminToken, "admin-token", "", "bearer token for /admin/* (unset: admin routes are refused)")
+	envflag.String(fs, &m.Labels, "labels", "", "instance labels, k=v,k=v (e.g. region=eu)")
+	envflag.String(fs, &m.LogLevel, "log-level", "info", "debug, info, warn or error")
+	envflag.String(fs, &m.LogFormat, "log-format", "auto", "auto (text on a terminal, JSON otherwise), text or json")
+	envflag.String(fs, &m.Version, "version", "dev", "version published in the directory")
+	envflag.Int(fs, &m.Capacity, "capacity", 0, "tenants this instance can host (0: the kind's default)")
+	envflag.Int(fs, &m.Replicas, "replicas", 1, "replicas for buckets and streams this process creates (3 in a cluster)")
+	envflag.Bool(fs, &m.Forward, "forward", false, "proxy requests for other shards' tenants to their owner instead of answering 421")
+	envflag.Duration(fs, &m.DrainTimeout, "drain-timeout", 10*time.Second, "how long a drain waits for in-flight requests")
+	envflag.Duration(fs, &m.Heartbeat, "heartbeat", time.Second, "directory heartbeat and telemetry interval")
+	envflag.Duration(fs, &m.ShutdownGrace, "shutdown-grace", 2*time.Second, "how long a stopping instance keeps serving after it reports not ready")
+	envflag.Duration(fs, &m.ReadHeaderTimeout, "read-header-timeout", 5*time.Second, "bound on reading a request's headers")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := envflag.Check(fs); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q; see --help", fs.Args())
+	}
+	return nil
+}
+
+func sanitize(s string) string {
+	var b strings.Builder
+	for _, c := range s {
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' {
+			b.WriteRune(c)
+		}
+	}
+	if b.Len() == 0 {
+		return "host"
+	}
+	return b.String()
+}
+
+func parseLabels(s string) (map[string]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("label %q: want k=v", kv)
+		}
+		out[strings.TrimSpace(k)] = strings.TrimSpace(v)
+	}
+	return out, nil
+}
+
+// Listening returns a channel that receives the instance's URL once it serves.
+func (m *Main) Listening() <-chan string {
+	if m.ready == nil {
+		m.ready = make(chan string, 1)
+	}
+	return m.ready
+}
+
+// Run serves until ctx ends, then shuts down cleanly: not ready, drain, unregister.
+func (m *Main) Run(ctx context.Context, build Builder) error {
+	stderr := m.Stderr
+	if stderr == nil {
+		stderr = os.Stderr
+	}
+	log, err := tmlog.New(stderr, m.LogLevel, m.LogFormat)
+	if err != nil {
+		return err
+	}
+	id := schema.InstanceID{Kind: m.Kind, Shard: m.Shard, Instance: m.Instance}
+	if err := id.Check(); err != nil {
+		return err
+	}
+	labels, err := parseLabels(m.Labels)
+	if err != nil {
+		return err
+	}
+	log = log.With("instance", id.Key())
+	nc, err := natsconn.Connect(m.NATSURL, id.Key(), log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	st, err := schema.Open(octx, nc, schema.Options{Replicas: m.Replicas, Logger: log})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("open NATS state at %s: %w", m.NATSURL, err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	app, err := build(ctx, Env{Store: st, ID: id, Logger: log, Registerer: reg})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", m.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", m.Addr, err)
+	}
+	url := m.URL
+	if url == "" {
+		url = "http://" + ln.Addr().String()
+	}
+	sk, err := shardkit.New(shardkit.Config{
+		Store: st, ID: id, URL: url, Capacity: m.Capacity, Labels: labels, Version: m.Version,
+		Routes: app.Routes(), Hooks: app.Hooks(), Forward: m.Forward, AdminToken: m.AdminToken,
+		DrainTimeout: m.DrainTimeout, Heartbeat: m.Heartbeat, ShutdownGrace: m.ShutdownGrace,
+		Registerer: reg, Gatherer: reg, Logger: log,
+	})
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	r := chi.NewRouter()
+	sk.Mount(r)
+	app.Mount(r, sk.Gate, sk.RequireAdmin)
+	srv := &http.Server{Handler: r, ReadHeaderTimeout: m.ReadHeaderTimeout, MaxHeaderBytes: 64 << 10,
+		IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("http server failed", "err", err)
+		}
+	})
+	appCtx, stopApp := context.WithCancel(context.WithoutCancel(ctx))
+	wg.Go(func() {
+		if err := app.Run(appCtx); err != nil {
+			log.Error("service stopped", "err", err)
+		}
+	})
+	go func() {
+		select {
+		case <-sk.Running():
+			if m.ready != nil {
+				m.ready <- url
+			}
+		case <-sk.Stopped():
+		}
+	}()
+	runErr := sk.Run(ctx) // returns after the clean shutdown (not ready, drain, unregister)
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("http shutdown", "err", err)
+	}
+	scancel()
+	stopApp()
+	wg.Wait()
+	dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer dcancel()
+	_ = nc.FlushWithContext(dctx)
+	log.Info("stopped")
+	return runErr
+}
