@@ -56,7 +56,9 @@ type Config struct {
 	Compact         bool
 	CompactEvery    int
 	CompactInterval time.Duration
-	// OnChange, if set, is called after each change, on the kind's apply goroutine: keep it short.
+	// OnChange, if set, is called after each change of a tenant's routing data (not for
+	// revisions that change nothing it keeps), in revision order, on the kind's apply
+	// goroutine: keep it short. It may call the watcher's methods.
 	OnChange func(Change)
 	// Logger; if nil, logs are discarded.
 	Logger *slog.Logger
@@ -316,10 +318,10 @@ type routing struct {
 	Pinned bool         `json:"pinned"`
 }
 
-// Apply implements kvwatch.Handler.
+// Apply implements kvwatch.Handler. OnChange runs after the writer lock is released (Apply is
+// only ever called from the follower's goroutine, so changes are still reported in order).
 func (ks *kindState) Apply(e kvwatch.Entry) {
 	ks.mu.Lock()
-	defer ks.mu.Unlock()
 	ks.rev = e.Revision
 	ks.changes++
 	t := ks.t.Load()
@@ -327,10 +329,12 @@ func (ks *kindState) Apply(e kvwatch.Entry) {
 	if e.Op == kvwatch.Put {
 		var ok bool
 		if v, ok = ks.decode(t, e); !ok {
+			ks.mu.Unlock()
 			return
 		}
 	}
 	old := t.set(e.Key, v, e.Revision)
+	ks.mu.Unlock()
 	if cb := ks.w.cfg.OnChange; cb != nil && old != v {
 		c := Change{Kind: ks.kind, Tenant: e.Key}
 		c.Old, c.OldOK = t.decode(old, 0)

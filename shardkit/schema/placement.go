@@ -38,8 +38,9 @@ type Placement struct {
 	// Strategy tells the move's target how to warm up ("snapshot", "replay"; "" = the
 	// service's default). The rebalancer chooses it per move, from the tenant's size.
 	Strategy string `json:"strategy,omitempty"`
-	// Owners lists the instances serving the tenant under the affinity policy, most recently
-	// used first, at most the kind's multiplex.
+	// Owners lists the instances serving the tenant under the affinity policy, as instance
+	// keys (<kind>.<shard>.<instance>, InstanceID.Key), most recently used first, at most the
+	// kind's multiplex.
 	Owners []string `json:"owners,omitempty"`
 	// Pinned tenants are never moved by a planner.
 	Pinned    bool      `json:"pinned,omitempty"`
