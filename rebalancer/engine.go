@@ -1,0 +1,306 @@
+package rebalancer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+
+	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// Config configures an Engine. Zero fields take the documented defaults.
+type Config struct {
+	Store *schema.Store
+	// Holder names this rebalancer in the leader lease and the audit journal. Keep it stable
+	// across restarts of the same process (a restart then resumes at once instead of waiting
+	// for its own lease to expire). Default "rebalancer".
+	Holder string
+	// LeaseTTL is the leader lease's lifetime; it is renewed every third of it. Default 10s.
+	LeaseTTL time.Duration
+	// WarmTimeout: a target not ready this long after the move started aborts it. Default 2m.
+	WarmTimeout time.Duration
+	// HandoffTimeout: a handoff not ready to commit this long after it began aborts the move
+	// (the tenant's requests are held meanwhile, so keep it short). Default 10s.
+	HandoffTimeout time.Duration
+	// DrainTimeout: after commit, how long to wait for the source to report drained before
+	// finishing anyway (the epoch already fences it). Default 30s.
+	DrainTimeout time.Duration
+	// Thresholds decide which instances are live. Default schema's.
+	Thresholds schema.Thresholds
+	// Progress, if set, is called after every change of a move record.
+	Progress func(MoveRecord)
+	Logger   *slog.Logger
+
+	// afterStep is a test hook called after each durable step; an error stops the engine
+	// there, as a crash would.
+	afterStep func(step string) error
+}
+
+func (c Config) withDefaults() Config {
+	if c.Holder == "" {
+		c.Holder = "rebalancer"
+	}
+	if c.LeaseTTL <= 0 {
+		c.LeaseTTL = 10 * time.Second
+	}
+	if c.WarmTimeout <= 0 {
+		c.WarmTimeout = 2 * time.Minute
+	}
+	if c.HandoffTimeout <= 0 {
+		c.HandoffTimeout = 10 * time.Second
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Engine records plans and drives their moves.
+type Engine struct {
+	cfg Config
+	st  *schema.Store
+}
+
+// New makes an engine.
+func New(cfg Config) (*Engine, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("rebalancer: Store is required")
+	}
+	cfg = cfg.withDefaults()
+	if err := schema.CheckName("holder", cfg.Holder); err != nil {
+		return nil, err
+	}
+	return &Engine{cfg: cfg, st: cfg.Store}, nil
+}
+
+// ErrPlanNotFound means no plan has that id.
+var ErrPlanNotFound = errors.New("plan not found")
+
+// CreatePlan stores a plan and its moves, all pending.
+func (e *Engine) CreatePlan(ctx context.Context, p *planner.Plan, actor string) (PlanRecord, error) {
+	now := time.Now().UTC()
+	rec := PlanRecord{ID: NewPlanID(now), Status: PlanPlanned, Actor: actor, Created: now, Updated: now, Plan: *p}
+	return rec, e.storePlan(ctx, &rec)
+}
+
+func (e *Engine) storePlan(ctx context.Context, rec *PlanRecord) error {
+	for i, m := range rec.Plan.Moves {
+		mr := MoveRecord{Plan: rec.ID, ID: moveID(i), Move: m, State: MovePending, Updated: rec.Created}
+		if _, err := e.st.CreateRecord(ctx, schema.MoveKey(rec.ID, mr.ID), mr); err != nil {
+			return fmt.Errorf("rebalancer: store move %d of plan %s: %w", i+1, rec.ID, err)
+		}
+	}
+	rev, err := e.st.CreateRecord(ctx, schema.PlanKey(rec.ID), rec)
+	if err != nil {
+		return fmt.Errorf("rebalancer: store plan %s: %w", rec.ID, err)
+	}
+	rec.Revision = rev
+	return nil
+}
+
+// Plan reads a plan and its moves (in order).
+func (e *Engine) Plan(ctx context.Context, id string) (PlanRecord, []MoveRecord, error) {
+	if err := schema.CheckName("plan id", id); err != nil {
+		return PlanRecord{}, nil, err
+	}
+	var rec PlanRecord
+	rev, err := e.st.GetRecord(ctx, schema.PlanKey(id), &rec)
+	if errors.Is(err, schema.ErrNotFound) {
+		return PlanRecord{}, nil, fmt.Errorf("%w: %s (list plans with `rebalance status`)", ErrPlanNotFound, id)
+	}
+	if err != nil {
+		return PlanRecord{}, nil, err
+	}
+	rec.Revision = rev
+	var moves []MoveRecord
+	err = e.st.ListRecords(ctx, schema.MovesOf(id), func(_ string, rev uint64, raw json.RawMessage) {
+		var m MoveRecord
+		if json.Unmarshal(raw, &m) == nil {
+			m.RecordRev = rev
+			moves = append(moves, m)
+		}
+	})
+	slices.SortFunc(moves, func(a, b MoveRecord) int { return strings.Compare(a.ID, b.ID) })
+	return rec, moves, err
+}
+
+// Plans lists every stored plan, newest first.
+func (e *Engine) Plans(ctx context.Context) ([]PlanRecord, error) {
+	var out []PlanRecord
+	err := e.st.ListRecords(ctx, "plan.*", func(_ string, rev uint64, raw json.RawMessage) {
+		var p PlanRecord
+		if json.Unmarshal(raw, &p) == nil {
+			p.Revision = rev
+			out = append(out, p)
+		}
+	})
+	slices.SortFunc(out, func(a, b PlanRecord) int { return strings.Compare(b.ID, a.ID) })
+	return out, err
+}
+
+// lead takes the leader lease and keeps it until the returned stop is called; ctx is cancelled
+// if the lease is lost.
+func (e *Engine) lead(ctx context.Context) (context.Context, func(), error) {
+	l, err := e.st.AcquireLease(ctx, schema.LeaderLease, e.cfg.Holder, e.cfg.LeaseTTL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("rebalancer: not the leader: %w", err)
+	}
+	lctx, cancel := context.WithCancelCause(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(e.cfg.LeaseTTL / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				nl, err := e.st.RenewLease(lctx, l, e.cfg.LeaseTTL)
+				if err != nil {
+					if errors.Is(err, schema.ErrLeaseHeld) {
+						e.cfg.Logger.Error("leader lease lost; stopping", "err", err)
+						cancel(err)
+						return
+					}
+					e.cfg.Logger.Warn("lease renewal failed; retrying", "err", err)
+					continue
+				}
+				l = nl
+			case <-lctx.Done():
+				return
+			}
+		}
+	}()
+	stop := func() {
+		cancel(nil)
+		<-done
+		rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer rcancel()
+		_ = e.st.ReleaseLease(rctx, l)
+	}
+	return lctx, stop, nil
+}
+
+// Apply drives every move of the plan, wave by wave, at most Concurrency at a time, until each
+// is terminal. It resumes a plan left half-applied by a crash. It needs the leader lease.
+func (e *Engine) Apply(ctx context.Context, id string) (PlanRecord, error) {
+	lctx, stop, err := e.lead(ctx)
+	if err != nil {
+		return PlanRecord{}, err
+	}
+	defer stop()
+	return e.apply(lctx, id)
+}
+
+func (e *Engine) apply(ctx context.Context, id string) (PlanRecord, error) {
+	rec, moves, err := e.Plan(ctx, id)
+	if err != nil {
+		return rec, err
+	}
+	if rec.Status == PlanPlanned {
+		rec.Status = PlanApplying
+		if err := e.savePlan(ctx, &rec); err != nil {
+			return rec, err
+		}
+	}
+	conc := max(rec.Plan.Concurrency, 1)
+	waves := map[int][]int{}
+	var order []int
+	for i, m := range moves {
+		if _, ok := waves[m.Wave]; !ok {
+			order = append(order, m.Wave)
+		}
+		waves[m.Wave] = append(waves[m.Wave], i)
+	}
+	slices.Sort(order)
+	var firstErr error
+	var mu sync.Mutex
+	for _, w := range order {
+		sem := make(chan struct{}, conc)
+		var wg sync.WaitGroup
+		for _, i := range waves[w] {
+			if moves[i].State.Terminal() {
+				continue
+			}
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				if err := e.drive(ctx, &moves[i]); err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		if firstErr != nil {
+			return rec, firstErr
+		}
+	}
+	rec.Status = PlanDone
+	for _, m := range moves {
+		if m.State != MoveDone {
+			rec.Status = PlanPartial
+		}
+	}
+	if rec.RollbackOf != "" {
+		rec.Status = PlanDone
+	}
+	return rec, e.savePlan(ctx, &rec)
+}
+
+func (e *Engine) savePlan(ctx context.Context, rec *PlanRecord) error {
+	rec.Updated = time.Now().UTC()
+	for range 8 {
+		rev, err := e.st.UpdateRecord(ctx, schema.PlanKey(rec.ID), rec.Revision, rec)
+		if err == nil {
+			rec.Revision = rev
+			return nil
+		}
+		if !errors.Is(err, schema.ErrConflict) {
+			return err
+		}
+		var cur PlanRecord
+		if rev, err = e.st.GetRecord(ctx, schema.PlanKey(rec.ID), &cur); err != nil {
+			return err
+		}
+		rec.Revision = rev
+		if cur.RolledBackBy != "" {
+			rec.RolledBackBy = cur.RolledBackBy
+		}
+	}
+	return fmt.Errorf("rebalancer: plan %s kept changing underneath", rec.ID)
+}
+
+// saveMove persists the move record (CAS on its revision) and reports progress.
+func (e *Engine) saveMove(ctx context.Context, m *MoveRecord) error {
+	m.Updated = time.Now().UTC()
+	rev, err := e.st.UpdateRecord(ctx, schema.MoveKey(m.Plan, m.ID), m.RecordRev, m)
+	if err != nil {
+		return fmt.Errorf("rebalancer: save move %s: %w", m.Key(), err)
+	}
+	m.RecordRev = rev
+	if e.cfg.Progress != nil {
+		e.cfg.Progress(*m)
+	}
+	return e.step("record." + string(m.State))
+}
+
+func (e *Engine) step(name string) error {
+	if e.cfg.afterStep != nil {
+		return e.cfg.afterStep(name)
+	}
+	return nil
+}

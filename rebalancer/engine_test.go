@@ -1,0 +1,311 @@
+package rebalancer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
+	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/placement"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+func openStore(t *testing.T) *schema.Store {
+	t.Helper()
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv.URL())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := schema.Open(ctx, nc, schema.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// startShard runs one stateless shardkit instance of kind aggregate until the test ends.
+func startShard(t *testing.T, st *schema.Store, shard string) {
+	t.Helper()
+	sk, err := shardkit.New(shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard, Instance: "i1"},
+		URL: "http://127.0.0.1:9", Heartbeat: 200 * time.Millisecond, DrainTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = sk.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-sk.Running():
+	case <-time.After(15 * time.Second):
+		t.Fatal("shard did not start")
+	}
+}
+
+func place(t *testing.T, st *schema.Store, tenant, shard string) schema.Placement {
+	t.Helper()
+	p, err := st.CreatePlacement(context.Background(), schema.Placement{Kind: "aggregate", Tenant: tenant, Shard: shard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func planOf(ps ...schema.Placement) *planner.Plan {
+	p := &planner.Plan{Strategy: "manual", Concurrency: 4, Waves: 1}
+	for _, pl := range ps {
+		to := "s-2"
+		if pl.Shard == "s-2" {
+			to = "s-1"
+		}
+		p.Moves = append(p.Moves, planner.Move{Kind: "aggregate", Tenant: pl.Tenant, From: pl.Shard, To: to, Revision: pl.Revision, Wave: 1})
+	}
+	return p
+}
+
+func newEngine(t *testing.T, st *schema.Store, cfg Config) *Engine {
+	t.Helper()
+	cfg.Store = st
+	if cfg.Holder == "" {
+		cfg.Holder = "r1"
+	}
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// history records every placement change of kind aggregate and checks that ownership changes
+// only by commit: the owner changes exactly when the epoch grows by one.
+type history struct {
+	mu      sync.Mutex
+	changes []placement.Change
+}
+
+func watchHistory(t *testing.T, st *schema.Store) *history {
+	h := &history{}
+	w, err := placement.New(placement.Config{Store: st, Kinds: []string{"aggregate"}, OnChange: func(c placement.Change) {
+		h.mu.Lock()
+		h.changes = append(h.changes, c)
+		h.mu.Unlock()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	if err := w.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func (h *history) check(t *testing.T) {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, c := range h.changes {
+		if !c.OldOK || !c.NewOK {
+			continue
+		}
+		if (c.Old.Shard != c.New.Shard) != (c.New.Epoch == c.Old.Epoch+1) {
+			t.Errorf("%s: %s@%d (%s) -> %s@%d (%s): owner and epoch changed apart", c.Tenant,
+				c.Old.Shard, c.Old.Epoch, c.Old.Phase, c.New.Shard, c.New.Epoch, c.New.Phase)
+		}
+		if c.Old.Shard != c.New.Shard && !(c.Old.Phase == schema.PhaseHandoff && c.New.Phase == schema.PhaseDraining) {
+			t.Errorf("%s: owner changed outside a commit: %s -> %s", c.Tenant, c.Old.Phase, c.New.Phase)
+		}
+	}
+}
+
+func TestApplyMovesTenantsAndAudits(t *testing.T) {
+	st := openStore(t)
+	startShard(t, st, "s-1")
+	startShard(t, st, "s-2")
+	h := watchHistory(t, st)
+	var ps []schema.Placement
+	for i := range 6 {
+		ps = append(ps, place(t, st, fmt.Sprintf("t%d", i), "s-1"))
+	}
+	e := newEngine(t, st, Config{})
+	ctx := context.Background()
+	rec, err := e.CreatePlan(ctx, planOf(ps...), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err = e.Apply(ctx, rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Status != PlanDone {
+		t.Fatalf("plan status %s", rec.Status)
+	}
+	_, moves, _ := e.Plan(ctx, rec.ID)
+	for _, m := range moves {
+		p, _ := st.Placement(ctx, "aggregate", m.Tenant)
+		if m.State != MoveDone || p.Shard != "s-2" || p.Epoch != 2 || p.Phase != schema.PhaseActive || p.Move != "" {
+			t.Errorf("%s: move %s, placement %+v", m.Tenant, m.State, p)
+		}
+		if m.Pause() <= 0 {
+			t.Errorf("%s: no handoff pause recorded", m.Tenant)
+		}
+	}
+	evs, err := st.ReadAudit(ctx, schema.AuditQuery{Tenant: "t0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var actions []string
+	for _, ev := range evs {
+		actions = append(actions, ev.Action)
+	}
+	if fmt.Sprint(actions) != "[move.warming move.handoff move.commit move.done]" {
+		t.Fatalf("audit of t0: %v", actions)
+	}
+	h.check(t)
+}
+
+var errCrash = errors.New("injected crash")
+
+// TestCrashAtEveryStep stops the engine right after each durable step, then starts a new one
+// (a restarted process with the same holder): every move ends done, with one owner at a time.
+func TestCrashAtEveryStep(t *testing.T) {
+	st := openStore(t)
+	startShard(t, st, "s-1")
+	startShard(t, st, "s-2")
+	h := watchHistory(t, st)
+	ctx := context.Background()
+	steps := []string{"move.warming", "record.warming", "move.handoff", "record.handoff", "move.commit", "record.committed", "move.done", "record.done"}
+	for i, step := range steps {
+		t.Run(step, func(t *testing.T) {
+			p := place(t, st, fmt.Sprintf("crash%d", i), "s-1")
+			crashing := newEngine(t, st, Config{afterStep: func(s string) error {
+				if s == step {
+					return errCrash
+				}
+				return nil
+			}})
+			rec, err := crashing.CreatePlan(ctx, planOf(p), "test")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := crashing.Apply(ctx, rec.ID); !errors.Is(err, errCrash) {
+				_, ms, _ := crashing.Plan(ctx, rec.ID)
+				t.Fatalf("apply with a crash at %s: %v (move %+v)", step, err, ms)
+			}
+			restarted := newEngine(t, st, Config{})
+			if _, err := restarted.Apply(ctx, rec.ID); err != nil {
+				t.Fatalf("resume after a crash at %s: %v", step, err)
+			}
+			_, moves, _ := restarted.Plan(ctx, rec.ID)
+			got, _ := st.Placement(ctx, "aggregate", p.Tenant)
+			if moves[0].State != MoveDone || got.Shard != "s-2" || got.Epoch != 2 || got.Phase != schema.PhaseActive {
+				t.Fatalf("after resume: move %s (%s), placement %s@%d %s", moves[0].State, moves[0].Reason, got.Shard, got.Epoch, got.Phase)
+			}
+		})
+	}
+	h.check(t)
+}
+
+func TestSecondRebalancerRefuses(t *testing.T) {
+	st := openStore(t)
+	ctx := context.Background()
+	p := place(t, st, "acme", "s-1")
+	a := newEngine(t, st, Config{Holder: "r1"})
+	lctx, stop, err := a.lead(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	_ = lctx
+	b := newEngine(t, st, Config{Holder: "r2"})
+	rec, err := b.CreatePlan(ctx, planOf(p), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Apply(ctx, rec.ID); !errors.Is(err, schema.ErrLeaseHeld) {
+		t.Fatalf("second rebalancer: %v, want ErrLeaseHeld", err)
+	}
+	if _, err := b.Rollback(ctx, rec.ID); !errors.Is(err, schema.ErrLeaseHeld) {
+		t.Fatalf("second rebalancer rollback: %v, want ErrLeaseHeld", err)
+	}
+	if got, _ := st.Placement(ctx, "aggregate", "acme"); got.Phase != schema.PhaseActive || got.Shard != "s-1" {
+		t.Fatalf("placement touched: %+v", got)
+	}
+}
+
+func TestRollbackRestoresPlacement(t *testing.T) {
+	st := openStore(t)
+	startShard(t, st, "s-1")
+	startShard(t, st, "s-2")
+	ctx := context.Background()
+	ps := []schema.Placement{place(t, st, "a", "s-1"), place(t, st, "b", "s-1"), place(t, st, "c", "s-2")}
+	e := newEngine(t, st, Config{})
+	rec, _ := e.CreatePlan(ctx, planOf(ps...), "test")
+	if _, err := e.Apply(ctx, rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	rb, err := e.Rollback(ctx, rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rb.RollbackOf != rec.ID || rb.Status != PlanDone {
+		t.Fatalf("rollback plan %+v", rb)
+	}
+	for _, p := range ps {
+		got, _ := st.Placement(ctx, "aggregate", p.Tenant)
+		if got.Shard != p.Shard || got.Phase != schema.PhaseActive || got.Epoch != 3 {
+			t.Errorf("%s after rollback: %s@%d %s, want %s@3 active", p.Tenant, got.Shard, got.Epoch, got.Phase, p.Shard)
+		}
+	}
+	orig, _, _ := e.Plan(ctx, rec.ID)
+	if orig.Status != PlanRolledBack || orig.RolledBackBy != rb.ID {
+		t.Fatalf("original plan after rollback: %+v", orig)
+	}
+}
+
+func TestMoveSkippedWhenTenantChanged(t *testing.T) {
+	st := openStore(t)
+	ctx := context.Background()
+	p := place(t, st, "acme", "s-1")
+	e := newEngine(t, st, Config{})
+	rec, _ := e.CreatePlan(ctx, planOf(p), "test")
+	// An operator pins the tenant after the plan was made: the move must not happen.
+	np := p
+	np.Pinned = true
+	if _, err := st.UpdatePlacement(ctx, p, np); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := e.Apply(ctx, rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, moves, _ := e.Plan(ctx, rec.ID)
+	if rec.Status != PlanPartial || moves[0].State != MoveSkipped || moves[0].Reason == "" {
+		t.Fatalf("plan %s, move %s (%s)", rec.Status, moves[0].State, moves[0].Reason)
+	}
+}
+
+func TestWarmTimeoutAborts(t *testing.T) {
+	st := openStore(t)
+	startShard(t, st, "s-1") // no instance of s-2: it can never be ready
+	ctx := context.Background()
+	p := place(t, st, "acme", "s-1")
+	e := newEngine(t, st, Config{WarmTimeout: 300 * time.Millisecond})
+	rec, _ := e.CreatePlan(ctx, planOf(p), "test")
+	if _, err := e.Apply(ctx, rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, moves, _ := e.Plan(ctx, rec.ID)
+	got, _ := st.Placement(ctx, "aggregate", "acme")
+	if moves[0].State != MoveAborted || got.Shard != "s-1" || got.Phase != schema.PhaseActive || got.Epoch != 1 {
+		t.Fatalf("move %s (%s), placement %+v", moves[0].State, moves[0].Reason, got)
+	}
+}

@@ -1,0 +1,342 @@
+package rebalancer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// drive runs one move to a terminal state. Each round reads the placement, works out where the
+// move really stands (the placement names the move while it runs) and takes the next step.
+func (e *Engine) drive(ctx context.Context, m *MoveRecord) error {
+	for !m.State.Terminal() {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		p, err := e.st.Placement(ctx, m.Kind, m.Tenant)
+		if errors.Is(err, schema.ErrNotFound) {
+			m.State, m.Reason = MoveSkipped, "the tenant is no longer placed"
+			if err := e.saveMove(ctx, m); err != nil {
+				return err
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if err := e.round(ctx, m, p); err != nil {
+			if errors.Is(err, schema.ErrConflict) {
+				continue // someone wrote the placement meanwhile: read it again
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// ours reports whether p is in a phase this move put it in.
+func (m *MoveRecord) ours(p schema.Placement) bool { return p.Move == m.Key() }
+
+// round takes one step of the move from placement p.
+func (e *Engine) round(ctx context.Context, m *MoveRecord, p schema.Placement) error {
+	// First reconcile the record with the placement: a crash may have left the record behind.
+	switch {
+	case m.ours(p) && p.Phase == schema.PhaseWarming && m.State != MoveWarming:
+		m.State, m.Epoch = MoveWarming, p.Epoch
+		if m.Started.IsZero() {
+			m.Started = time.Now().UTC()
+		}
+		return e.saveMove(ctx, m)
+	case m.ours(p) && p.Phase == schema.PhaseHandoff && m.State != MoveHandoff:
+		m.State, m.Epoch = MoveHandoff, p.Epoch
+		if m.Handoff.IsZero() {
+			m.Handoff = time.Now().UTC()
+		}
+		return e.saveMove(ctx, m)
+	case m.ours(p) && p.Phase == schema.PhaseDraining && m.State != MoveCommitted:
+		m.State, m.Epoch = MoveCommitted, p.Epoch-1
+		if m.Commit.IsZero() {
+			m.Commit = time.Now().UTC()
+		}
+		return e.saveMove(ctx, m)
+	case !m.ours(p) && m.State != MovePending && m.Epoch > 0:
+		// The move's phases are over: it finished (new owner, next epoch) or was aborted.
+		switch {
+		case p.Shard == m.To && p.Epoch == m.Epoch+1:
+			m.State = MoveDone
+		case p.Shard == m.From && p.Epoch == m.Epoch:
+			m.State = MoveAborted
+			if m.Reason == "" {
+				m.Reason = "aborted before commit"
+			}
+		default:
+			m.State, m.Reason = MoveFailed, fmt.Sprintf("the placement changed under the move (now %s at epoch %d)", p.Shard, p.Epoch)
+		}
+		m.Finished = time.Now().UTC()
+		return e.saveMove(ctx, m)
+	}
+
+	switch m.State {
+	case MovePending:
+		return e.start(ctx, m, p)
+	case MoveWarming:
+		return e.warm(ctx, m, p)
+	case MoveHandoff:
+		return e.handoff(ctx, m, p)
+	case MoveCommitted:
+		return e.finish(ctx, m, p)
+	}
+	return nil
+}
+
+// start puts the placement in warming(from -> to), if it is still what the plan saw.
+func (e *Engine) start(ctx context.Context, m *MoveRecord, p schema.Placement) error {
+	if p.Revision != m.Revision || p.Phase != schema.PhaseActive || p.Shard != m.From {
+		m.State = MoveSkipped
+		m.Reason = fmt.Sprintf("the tenant changed since the plan (planned from revision %d on %s; now revision %d, %s on %s)",
+			m.Revision, m.From, p.Revision, p.Phase, p.Shard)
+		m.Finished = time.Now().UTC()
+		return e.saveMove(ctx, m)
+	}
+	next := p
+	next.Phase, next.Target, next.Move, next.Strategy = schema.PhaseWarming, m.To, m.Key(), m.Strategy
+	if _, err := e.transition(ctx, m, "move.warming", p, next); err != nil {
+		return err
+	}
+	m.State, m.Epoch, m.Started = MoveWarming, p.Epoch, time.Now().UTC()
+	return e.saveMove(ctx, m)
+}
+
+// warm waits for every live instance of the target to be ready, then starts the handoff.
+func (e *Engine) warm(ctx context.Context, m *MoveRecord, p schema.Placement) error {
+	deadline := m.Started.Add(e.cfg.WarmTimeout)
+	err := e.waitSignals(ctx, m, deadline, func(v signalView) bool {
+		return v.all(m.To, func(s schema.TenantSignal) bool { return s.Phase == schema.SignalReady && s.Epoch == m.Epoch })
+	})
+	if errors.Is(err, errTimeout) {
+		return e.abort(ctx, m, p, fmt.Sprintf("the target %s was not ready within %s", m.To, e.cfg.WarmTimeout))
+	}
+	if err != nil {
+		return err
+	}
+	next := p
+	next.Phase = schema.PhaseHandoff
+	if _, err := e.transition(ctx, m, "move.handoff", p, next); err != nil {
+		return err
+	}
+	m.State, m.Handoff = MoveHandoff, time.Now().UTC()
+	return e.saveMove(ctx, m)
+}
+
+// handoff waits for the source to drain (its fence) and the target to reach the fence, then
+// commits: the target owns the tenant at the next epoch.
+func (e *Engine) handoff(ctx context.Context, m *MoveRecord, p schema.Placement) error {
+	deadline := m.Handoff.Add(e.cfg.HandoffTimeout)
+	var fence uint64
+	err := e.waitSignals(ctx, m, deadline, func(v signalView) bool {
+		f, ok := v.fence(m.From, m.Epoch)
+		if !ok {
+			return false
+		}
+		fence = f
+		return v.all(m.To, func(s schema.TenantSignal) bool {
+			return s.Phase == schema.SignalReady && s.Fence == f && s.Applied >= f
+		})
+	})
+	if errors.Is(err, errTimeout) {
+		return e.abort(ctx, m, p, fmt.Sprintf("handoff not ready to commit within %s (source drained and target at the fence)", e.cfg.HandoffTimeout))
+	}
+	if err != nil {
+		return err
+	}
+	next := schema.Placement{Kind: p.Kind, Tenant: p.Tenant, Shard: m.To, Epoch: p.Epoch + 1, Phase: schema.PhaseDraining,
+		Source: m.From, Move: m.Key(), Pinned: p.Pinned}
+	if _, err := e.transition(ctx, m, "move.commit", p, next); err != nil {
+		return err
+	}
+	m.State, m.Fence, m.Commit = MoveCommitted, fence, time.Now().UTC()
+	return e.saveMove(ctx, m)
+}
+
+// finish waits (bounded) for the former owner to report drained, then makes the new owner
+// plainly active. After commit a move only goes forward.
+func (e *Engine) finish(ctx context.Context, m *MoveRecord, p schema.Placement) error {
+	err := e.waitSignals(ctx, m, time.Now().Add(e.cfg.DrainTimeout), func(v signalView) bool {
+		return v.all(m.From, func(s schema.TenantSignal) bool { return s.Phase == schema.SignalDrained && s.Epoch == m.Epoch+1 })
+	})
+	if errors.Is(err, errTimeout) {
+		m.Reason = fmt.Sprintf("the former owner %s did not report drained within %s; finished anyway (the epoch fences it)", m.From, e.cfg.DrainTimeout)
+	} else if err != nil {
+		return err
+	}
+	next := p
+	next.Phase, next.Source, next.Move, next.Strategy = schema.PhaseActive, "", "", ""
+	if _, err := e.transition(ctx, m, "move.done", p, next); err != nil {
+		return err
+	}
+	m.State, m.Finished = MoveDone, time.Now().UTC()
+	return e.saveMove(ctx, m)
+}
+
+// abort returns the tenant to its source, before commit.
+func (e *Engine) abort(ctx context.Context, m *MoveRecord, p schema.Placement, reason string) error {
+	next := p
+	next.Phase, next.Target, next.Move, next.Strategy = schema.PhaseActive, "", "", ""
+	if _, err := e.transition(ctx, m, "move.abort", p, next); err != nil {
+		return err
+	}
+	m.State, m.Reason, m.Finished = MoveAborted, reason, time.Now().UTC()
+	e.cfg.Logger.Warn("move aborted", "move", m.Key(), "kind", m.Kind, "tenant", m.Tenant, "reason", reason)
+	return e.saveMove(ctx, m)
+}
+
+// transition writes the placement by CAS and audits it.
+func (e *Engine) transition(ctx context.Context, m *MoveRecord, action string, prev, next schema.Placement) (schema.Placement, error) {
+	next.UpdatedBy = "rebalancer/" + e.cfg.Holder
+	got, err := e.st.UpdatePlacement(ctx, prev, next)
+	if err != nil {
+		return got, err
+	}
+	ev := schema.AuditEvent{Actor: next.UpdatedBy, Action: action, Kind: m.Kind, Tenant: m.Tenant, Plan: m.Plan, Move: m.ID,
+		Before: prev, After: got, Revision: got.Revision}
+	if err := e.st.Audit(ctx, ev); err != nil {
+		e.cfg.Logger.Warn("audit failed", "action", action, "err", err)
+	}
+	e.cfg.Logger.Info(action, "move", m.Key(), "kind", m.Kind, "tenant", m.Tenant, "from", m.From, "to", m.To, "epoch", got.Epoch)
+	return got, e.step(action)
+}
+
+var errTimeout = errors.New("timed out")
+
+// signalView is the tenant's signals and the live instances of the move's two shards.
+type signalView struct {
+	sigs map[string]schema.TenantSignal // instance key -> signal
+	live map[string][]string            // shard -> live instance keys
+}
+
+// all reports whether shard has at least one live instance and every one satisfies ok.
+func (v signalView) all(shard string, ok func(schema.TenantSignal) bool) bool {
+	insts := v.live[shard]
+	if len(insts) == 0 {
+		return false
+	}
+	for _, k := range insts {
+		s, found := v.sigs[k]
+		if !found || !ok(s) {
+			return false
+		}
+	}
+	return true
+}
+
+// fence is the highest fence reported drained at epoch by every live instance of shard.
+func (v signalView) fence(shard string, epoch uint64) (uint64, bool) {
+	var f uint64
+	ok := v.all(shard, func(s schema.TenantSignal) bool {
+		if s.Phase != schema.SignalDrained || s.Epoch != epoch {
+			return false
+		}
+		f = max(f, s.Fence)
+		return true
+	})
+	return f, ok
+}
+
+// waitSignals keeps the tenant's signals in memory from a KV watch and re-evaluates cond on
+// every change, and at least every 500ms for instances coming and going, until cond holds or
+// deadline passes.
+func (e *Engine) waitSignals(ctx context.Context, m *MoveRecord, deadline time.Time, cond func(signalView) bool) error {
+	wctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	filter := m.Kind + "." + m.Tenant + ".>"
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	v := signalView{sigs: map[string]schema.TenantSignal{}}
+	var liveAt time.Time
+	for {
+		w, err := e.st.SignalsKV().Watch(wctx, filter)
+		if err != nil {
+			if wctx.Err() != nil {
+				return e.waitErr(ctx)
+			}
+			return fmt.Errorf("rebalancer: watch signals of %s: %w", m.Tenant, err)
+		}
+		clear(v.sigs)
+		synced := false
+		for open := true; open; {
+			if time.Since(liveAt) > 500*time.Millisecond {
+				if l, err := e.liveInstances(wctx, m); err == nil {
+					v.live, liveAt = l, time.Now()
+				}
+			}
+			if synced && cond(v) {
+				w.Stop()
+				return nil
+			}
+			select {
+			case en, ok := <-w.Updates():
+				switch {
+				case !ok:
+					open = false // the watch died: start a new one
+				case en == nil:
+					synced = true
+				default:
+					applySignal(v.sigs, en)
+				}
+			case <-tick.C:
+				liveAt = time.Time{}
+			case <-wctx.Done():
+				w.Stop()
+				return e.waitErr(ctx)
+			}
+		}
+		w.Stop()
+	}
+}
+
+func (e *Engine) waitErr(ctx context.Context) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return errTimeout
+}
+
+// applySignal updates sigs (instance key -> signal) from one watch entry.
+func applySignal(sigs map[string]schema.TenantSignal, en jetstream.KeyValueEntry) {
+	parts := strings.Split(en.Key(), ".") // <kind>.<tenant>.<shard>.<instance>
+	if len(parts) != 4 {
+		return
+	}
+	key := schema.InstanceID{Kind: parts[0], Shard: parts[2], Instance: parts[3]}.Key()
+	if en.Operation() != jetstream.KeyValuePut {
+		delete(sigs, key)
+		return
+	}
+	var s schema.TenantSignal
+	if json.Unmarshal(en.Value(), &s) != nil {
+		return
+	}
+	sigs[key] = s
+}
+
+func (e *Engine) liveInstances(ctx context.Context, m *MoveRecord) (map[string][]string, error) {
+	insts, err := e.st.Instances(ctx, m.Kind)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	out := map[string][]string{}
+	for _, i := range insts {
+		if (i.Shard == m.From || i.Shard == m.To) && e.cfg.Thresholds.Status(i, now).Live() {
+			out[i.Shard] = append(out[i.Shard], i.Key())
+		}
+	}
+	return out, nil
+}
