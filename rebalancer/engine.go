@@ -11,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-
 	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )

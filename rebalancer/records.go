@@ -57,9 +57,9 @@ const (
 	MoveHandoff   MoveState = "handoff"
 	MoveCommitted MoveState = "committed" // placement draining(to, epoch+1): it will finish forward
 	MoveDone      MoveState = "done"
-	MoveAborted   MoveState = "aborted"  // back to active on the source, before commit
-	MoveSkipped   MoveState = "skipped"  // the tenant changed since the plan
-	MoveFailed    MoveState = "failed"   // gave up; the placement is consistent, see Reason
+	MoveAborted   MoveState = "aborted" // back to active on the source, before commit
+	MoveSkipped   MoveState = "skipped" // the tenant changed since the plan
+	MoveFailed    MoveState = "failed"  // gave up; the placement is consistent, see Reason
 )
 
 // Terminal reports whether the move will not change any more.
