@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"net/http"
+	"net/http/pprof"
 	"slices"
 	"time"
 
@@ -24,6 +25,12 @@ func (g *Gateway) adminMux() *http.ServeMux {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g.cfg.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /admin/balance", g.handleBalance)
 	mux.HandleFunc("GET /admin/placement/{kind}/{tenant}", g.handlePlacement)
+	if g.cfg.Pprof {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		tmhttp.WriteProblem(w, r, tmhttp.Problem{Type: tmhttp.TypeBase + "not-found", Title: "Not found", Status: http.StatusNotFound,
 			Detail: "no such admin endpoint; tenant requests need the x-tenant-id header"})

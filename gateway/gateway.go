@@ -95,6 +95,8 @@ type Config struct {
 	Breaker breaker.Config
 	// Thresholds turn heartbeat age into instance status (schema defaults).
 	Thresholds schema.Thresholds
+	// Pprof serves net/http/pprof under /debug/pprof/ (admin requests only).
+	Pprof bool
 	// Transport, if set, replaces the tuned HTTP/1.1 transport to instances (tests).
 	Transport *http.Transport
 }

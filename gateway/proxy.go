@@ -54,7 +54,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func isAdminPath(p string) bool {
-	return p == "/healthz" || p == "/readyz" || p == "/metrics" || strings.HasPrefix(p, "/admin/")
+	return p == "/healthz" || p == "/readyz" || p == "/metrics" || strings.HasPrefix(p, "/admin/") || strings.HasPrefix(p, "/debug/pprof/")
 }
 
 // reject answers a request refused before it reached the proxy.

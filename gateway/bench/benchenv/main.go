@@ -1,0 +1,122 @@
+// Command benchenv prepares the gateway benchmark: it runs an embedded nats-server, registers
+// the benchmark backends as instances of one shard each (kind "aggregate"), routes "/" to them,
+// places the tenants round-robin over the shards, writes the same tenant map for HAProxy and
+// nginx plus the tenant list for wrk, prints READY, and heartbeats the instances until stopped.
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/tenantmesh/tenantmesh/internal/embednats"
+	"github.com/tenantmesh/tenantmesh/internal/natsconn"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+func main() {
+	var (
+		backends = flag.String("backends", "127.0.0.1:9101,127.0.0.1:9102,127.0.0.1:9103,127.0.0.1:9104", "backend addresses")
+		tenants  = flag.Int("tenants", 10000, "tenants to place")
+		port     = flag.Int("nats-port", 4333, "NATS client port")
+		dir      = flag.String("dir", ".", "where to write haproxy.map, nginx.map, tenants.txt and the NATS store")
+	)
+	flag.Parse()
+	if err := run(strings.Split(*backends, ","), *tenants, *port, *dir); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(backends []string, tenants, port int, dir string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	srv, err := embednats.Start(embednats.Config{Port: port, StoreDir: filepath.Join(dir, "nats")})
+	if err != nil {
+		return err
+	}
+	defer srv.Stop()
+	nc, err := natsconn.Connect(srv.URL(), "benchenv", nil)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st, err := schema.Open(octx, nc, schema.Options{})
+	if err != nil {
+		return err
+	}
+	var insts []schema.Instance
+	route := schema.Route{Method: "*", Prefix: "/", Kind: "aggregate"}
+	for i, b := range backends {
+		in := schema.Instance{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: fmt.Sprintf("aggregate-%d", i+1), Instance: "i1"},
+			URL: "http://" + b, Capacity: tenants}
+		if in, err = st.Register(octx, in); err != nil {
+			return err
+		}
+		insts = append(insts, in)
+		if _, err := st.AddRouteInstance(octx, route, in.InstanceID); err != nil {
+			return err
+		}
+	}
+	files := map[string]*bufio.Writer{}
+	for _, name := range []string{"haproxy.map", "nginx.map", "tenants.txt"} {
+		f, err := os.Create(filepath.Join(dir, name))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		w := bufio.NewWriter(f)
+		defer w.Flush()
+		files[name] = w
+	}
+	// Placements are written concurrently (bounded) to keep the setup short.
+	sem := make(chan struct{}, 64)
+	errs := make(chan error, tenants)
+	for i := range tenants {
+		tenant := fmt.Sprintf("tenant-%05d", i)
+		shard := i % len(backends)
+		fmt.Fprintf(files["haproxy.map"], "%s b%d\n", tenant, shard+1)
+		fmt.Fprintf(files["nginx.map"], "%s b%d;\n", tenant, shard+1)
+		fmt.Fprintf(files["tenants.txt"], "%s\n", tenant)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			_, _, err := st.EnsurePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: tenant, Shard: fmt.Sprintf("aggregate-%d", shard+1)})
+			errs <- err
+		}()
+	}
+	for range tenants {
+		if err := <-errs; err != nil {
+			return err
+		}
+	}
+	for _, w := range files {
+		if err := w.Flush(); err != nil {
+			return err
+		}
+	}
+	fmt.Println("READY", srv.URL())
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-tick.C:
+			for _, in := range insts {
+				hctx, hcancel := context.WithTimeout(ctx, 2*time.Second)
+				_, _ = st.Heartbeat(hctx, in)
+				hcancel()
+			}
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
