@@ -10,16 +10,27 @@ TESTFLAGS ?=
 BENCH ?= .
 BENCHTIME ?= 1x
 
-.PHONY: all run test test-short test-norace vet lint staticcheck fmt fmt-check bench tools build bench-gateway
+.PHONY: all bins run test test-short test-norace vet lint staticcheck fmt fmt-check bench tools build bench-gateway
 
 all: build
 
 build:
 	$(GO) build ./...
 
-run:
-	@echo "The dev stack (gateway, rebalancer, shards on an embedded NATS) is not built yet; see issue 10."
-	@echo "Today: 'make test' runs the foundation's tests against a real embedded nats-server."
+# Binaries: name=package. Those whose package does not exist yet are skipped.
+BINARIES := gateway=./gateway/cmd/gateway rebalance=./rebalancer/cmd/rebalance \
+	aggregate=./services/aggregate/cmd/aggregate projection=./services/projection/cmd/projection \
+	runner=./services/runner/cmd/runner devstack=./deploy/devstack
+
+## bins: build every binary into bin/.
+bins:
+	@mkdir -p bin
+	@for b in $(BINARIES); do name=$${b%%=*}; pkg=$${b#*=}; \
+		if ls $$pkg/*.go >/dev/null 2>&1; then echo "go build -o bin/$$name $$pkg"; $(GO) build -o bin/$$name $$pkg || exit 1; fi; done
+
+## run: the whole platform on an embedded NATS (data in .data/); Ctrl-C stops it.
+run: bins
+	exec bin/devstack
 
 ## test: everything CI runs: gofmt check, go vet, staticcheck, and all tests with -race
 ## (integration tests run against a real embedded nats-server).
