@@ -1,0 +1,65 @@
+package projection
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	applied     prometheus.Counter
+	corrupt     prometheus.Counter
+	flushes     prometheus.Counter
+	flushBytes  prometheus.Histogram
+	catchUps    prometheus.Histogram
+	rebuilds    prometheus.Histogram
+	hosted      prometheus.Gauge
+	liveTenants prometheus.Gauge
+	queries     *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		applied: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tm_projection_events_applied_total", Help: "Events applied to views (catch-up and tail).",
+		}),
+		corrupt: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tm_projection_corrupt_events_total", Help: "Events that could not be decoded and were skipped.",
+		}),
+		flushes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tm_projection_checkpoints_total", Help: "Views stored with their checkpoint.",
+		}),
+		flushBytes: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tm_projection_checkpoint_bytes", Help: "Size of stored views.",
+			Buckets: prometheus.ExponentialBuckets(256, 4, 10),
+		}),
+		catchUps: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tm_projection_catchup_seconds", Help: "Time for a tenant's catch-up (load stored views, replay to the stream's end).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}),
+		rebuilds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tm_projection_tail_rebuild_seconds", Help: "Time to (re)create the shared tail consumer after the live set changed.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10),
+		}),
+		hosted: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tm_projection_tenants", Help: "Tenants hosted or warming on this instance.",
+		}),
+		liveTenants: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tm_projection_tail_tenants", Help: "Tenants the shared tail consumer applies.",
+		}),
+		queries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tm_projection_queries_total", Help: "Queries by view type and result (ok, bad, error).",
+		}, []string{"view", "result"}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.applied, m.corrupt, m.flushes, m.flushBytes, m.catchUps, m.rebuilds, m.hosted, m.liveTenants, m.queries} {
+			if err := reg.Register(c); err != nil {
+				var are prometheus.AlreadyRegisteredError
+				if !errors.As(err, &are) {
+					panic(err)
+				}
+			}
+		}
+	}
+	return m
+}

@@ -1,0 +1,486 @@
+// Package projection is the projection shard service: per-tenant read models (views) built
+// from the ledger events the aggregate service writes to TM_EVENTS, served by a small query API
+// (POST /query/{view_type}), with exact per-tenant lag and the warm-up, drain and release hooks
+// shardkit needs to move tenants between shards (seed 004, "Projection").
+//
+// # Overview
+//
+// An instance consumes TM_EVENTS only for the tenants its shard hosts or is warming. A tenant
+// is added (by the placement watch, by shardkit's Warm hook, or by its first query) with a
+// catch-up: its stored views are loaded and a replay over events.<tenant>.> brings them to the
+// stream's end. It then joins the instance's one shared tail consumer, whose filter subjects
+// are the live tenants' subjects, so steady-state cost is proportional to the hosted tenants'
+// event rate, not to their number (see README.md for the figures at 10,000 tenants).
+//
+// Views ("accounts", "transactions") live in memory. Each tenant's views are stored with the
+// sequence they cover as one object in tm_projection_views, and a checkpoint record in
+// tm_projection_checkpoints, every CheckpointEvery events, every CheckpointInterval while
+// changed, and when the tenant is released (drain, end of a move). A restarted or new owner
+// resumes from that object instead of replaying the tenant's whole history.
+package projection
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tenantmesh/tenantmesh/services/aggregate"
+	"github.com/tenantmesh/tenantmesh/shardkit/placement"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// Kind is the service kind.
+const Kind = "projection"
+
+// Config configures a Service. The zero value of each field is its documented default.
+type Config struct {
+	Store *schema.Store
+	// Shard is this instance's shard. When set, the service follows the projection placement
+	// and consumes the tenants placed on the shard or moving to it, and drops a tenant once a
+	// move away from the shard completed. Empty: tenants are added by Warm and by queries only.
+	Shard string
+	// CheckpointEvery: a tenant's views are stored after this many new events. Default 10000.
+	CheckpointEvery int
+	// CheckpointInterval: changed views are stored at least this often. Default 10s.
+	CheckpointInterval time.Duration
+	// MaxFilters is the largest live set the tail consumer lists as filter subjects; beyond it
+	// the consumer reads events.> and drops other tenants' events here. Default 10000.
+	MaxFilters int
+	// TailBatch is the tail consumer's pull batch. Default 4096.
+	TailBatch int
+	// CatchUps bounds concurrent per-tenant catch-up replays. Default 8.
+	CatchUps int
+	// QueryWait bounds how long a query for a tenant still catching up waits before it is
+	// answered 503. Default 5s.
+	QueryWait  time.Duration
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+func (c Config) withDefaults() Config {
+	if c.CheckpointEvery <= 0 {
+		c.CheckpointEvery = 10000
+	}
+	if c.CheckpointInterval <= 0 {
+		c.CheckpointInterval = 10 * time.Second
+	}
+	if c.MaxFilters <= 0 {
+		c.MaxFilters = 10000
+	}
+	if c.TailBatch <= 0 {
+		c.TailBatch = 4096
+	}
+	if c.CatchUps <= 0 {
+		c.CatchUps = 8
+	}
+	if c.QueryWait <= 0 {
+		c.QueryWait = 5 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Service holds the views of the tenants this instance hosts or warms.
+type Service struct {
+	cfg  Config
+	st   *store
+	m    *metrics
+	tail *tail
+
+	base context.Context // lives as long as the service; parent of catch-ups
+	stop context.CancelFunc
+
+	mu      sync.Mutex
+	tenants map[string]*tenantState
+
+	catchSem chan struct{}
+
+	fmu    sync.Mutex
+	flushq map[string]bool
+	fwake  chan struct{}
+
+	pmu    sync.Mutex
+	placed map[string]bool // tenants whose placement changed, to re-evaluate
+	pwake  chan struct{}
+}
+
+// New opens the event stream and the views' buckets.
+func New(ctx context.Context, cfg Config) (*Service, error) {
+	cfg = cfg.withDefaults()
+	if cfg.Store == nil {
+		return nil, errors.New("projection: Store is required")
+	}
+	st, err := openEventStore(ctx, cfg.Store)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{cfg: cfg, st: st, m: newMetrics(cfg.Registerer), tenants: map[string]*tenantState{},
+		catchSem: make(chan struct{}, cfg.CatchUps), flushq: map[string]bool{}, fwake: make(chan struct{}, 1),
+		placed: map[string]bool{}, pwake: make(chan struct{}, 1)}
+	s.base, s.stop = context.WithCancel(context.Background())
+	s.tail = newTail(s)
+	return s, nil
+}
+
+// Run consumes events, stores checkpoints and (with Config.Shard) follows placement until ctx
+// ends; then it stores every changed tenant's views.
+func (s *Service) Run(ctx context.Context) error {
+	defer s.stop()
+	var wg sync.WaitGroup
+	wg.Go(func() { s.tail.run(ctx) })
+	if s.cfg.Shard != "" {
+		w, err := placement.New(placement.Config{Store: s.cfg.Store, Kinds: []string{Kind}, NoSnapshot: true,
+			OnChange: s.placementChanged, Logger: s.cfg.Logger})
+		if err != nil {
+			return err
+		}
+		wg.Go(func() {
+			if err := w.Run(ctx); err != nil && ctx.Err() == nil {
+				s.cfg.Logger.Error("placement watch stopped", "err", err)
+			}
+		})
+		wg.Go(func() { s.followPlacement(ctx, w) })
+	}
+	s.flushLoop(ctx)
+	wg.Wait()
+	fctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, ts := range s.hosted() {
+		s.flush(fctx, ts)
+	}
+	return nil
+}
+
+// host returns the tenant's state, adding the tenant (and starting its catch-up) if needed.
+func (s *Service) host(tenant string) *tenantState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ts := s.tenants[tenant]; ts != nil {
+		return ts
+	}
+	ts := newTenantState(tenant)
+	ctx, cancel := context.WithCancel(s.base)
+	ts.cancel = cancel
+	s.tenants[tenant] = ts
+	s.m.hosted.Set(float64(len(s.tenants)))
+	go s.catchUp(ctx, ts)
+	return ts
+}
+
+func (s *Service) lookup(tenant string) *tenantState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tenants[tenant]
+}
+
+func (s *Service) hosted() []*tenantState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*tenantState, 0, len(s.tenants))
+	for _, ts := range s.tenants {
+		out = append(out, ts)
+	}
+	return out
+}
+
+// Tenants lists the tenants this instance hosts, sorted.
+func (s *Service) Tenants() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.tenants))
+	for t := range s.tenants {
+		out = append(out, t)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// catchUp loads the tenant's stored views, replays its later events to the stream's end and
+// hands it to the tail consumer. It retries until it succeeds or the tenant is released.
+func (s *Service) catchUp(ctx context.Context, ts *tenantState) {
+	select {
+	case s.catchSem <- struct{}{}:
+	case <-ctx.Done():
+		return
+	}
+	defer func() { <-s.catchSem }()
+	for attempt := 0; ; attempt++ {
+		start := time.Now()
+		covered, n, err := s.catchUpOnce(ctx, ts, attempt == 0)
+		if err == nil {
+			s.m.catchUps.Observe(time.Since(start).Seconds())
+			s.cfg.Logger.Debug("tenant caught up", "tenant", ts.tenant, "replayed", n, "applied", ts.appliedSeq(), "took", time.Since(start))
+			close(ts.caught)
+			s.tail.join(ts, covered)
+			return
+		}
+		ts.mu.Lock()
+		ts.err = err
+		ts.mu.Unlock()
+		if ctx.Err() != nil {
+			return
+		}
+		s.cfg.Logger.Warn("tenant catch-up failed; retrying", "tenant", ts.tenant, "attempt", attempt+1, "err", err)
+		if !sleepCtx(ctx, min(time.Duration(attempt+1)*500*time.Millisecond, 5*time.Second)) {
+			return
+		}
+	}
+}
+
+func (s *Service) catchUpOnce(ctx context.Context, ts *tenantState, first bool) (covered uint64, n int, err error) {
+	if first {
+		snap, err := s.st.load(ctx, ts.tenant)
+		if err != nil {
+			s.cfg.Logger.Warn("stored views unusable; replaying from the start", "tenant", ts.tenant, "err", err)
+		} else if snap != nil {
+			ts.restore(snap)
+		}
+	}
+	info, err := s.st.stream.Info(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("projection: read %s state: %w", schema.StreamEvents, err)
+	}
+	covered = info.State.LastSeq
+	_, err = s.st.replay(ctx, schema.TenantEvents(ts.tenant), ts.appliedSeq(), func(ev aggregate.Event, derr error) error {
+		ts.mu.Lock()
+		defer ts.mu.Unlock()
+		if ts.phase == phaseDropped {
+			return context.Canceled
+		}
+		if ev.Seq <= ts.applied {
+			return nil
+		}
+		n++
+		if derr != nil {
+			ts.advance(ev.Seq)
+			s.corrupt(ts.tenant, derr)
+			return nil
+		}
+		ts.apply(ev)
+		s.m.applied.Inc()
+		return nil
+	})
+	return covered, n, err
+}
+
+func (ts *tenantState) appliedSeq() uint64 {
+	ts.mu.RLock()
+	defer ts.mu.RUnlock()
+	return ts.applied
+}
+
+func (s *Service) corrupt(tenant string, err error) {
+	s.m.corrupt.Inc()
+	s.cfg.Logger.Warn("skipping corrupt event", "tenant", tenant, "err", err)
+}
+
+// drop stops consuming the tenant and forgets it; it returns the state (nil if not hosted).
+func (s *Service) drop(tenant string) *tenantState {
+	s.mu.Lock()
+	ts := s.tenants[tenant]
+	delete(s.tenants, tenant)
+	s.m.hosted.Set(float64(len(s.tenants)))
+	s.mu.Unlock()
+	if ts == nil {
+		return nil
+	}
+	ts.cancel()
+	ts.mu.Lock()
+	ts.phase = phaseDropped
+	ts.mu.Unlock()
+	s.tail.leave(tenant)
+	return ts
+}
+
+// Warm starts consuming the tenant and returns once its applied sequence reaches fence, or, with
+// fence 0, the tenant's last event when Warm was called. It is shardkit's warm hook.
+func (s *Service) Warm(ctx context.Context, tenant string, fence uint64) error {
+	ts := s.host(tenant)
+	select {
+	case <-ts.caught:
+	case <-ctx.Done():
+		return fmt.Errorf("projection: warming %s: catch-up not finished: %w", tenant, ctx.Err())
+	}
+	target := fence
+	if target == 0 {
+		last, err := s.st.lastSeq(ctx, tenant)
+		if err != nil {
+			return err
+		}
+		target = last
+	}
+	select {
+	case <-ts.waitApplied(target):
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("projection: warming %s reached %d of %d: %w", tenant, ts.appliedSeq(), target, ctx.Err())
+	}
+}
+
+// Applied is the stream sequence of the tenant's last applied event (0 if not hosted). shardkit
+// hook; a move's source reports it as the fence, so the target serves at least what it served.
+func (s *Service) Applied(tenant string) uint64 {
+	ts := s.lookup(tenant)
+	if ts == nil {
+		return 0
+	}
+	return ts.appliedSeq()
+}
+
+// Lag is the tenant's exact lag: the stream sequence of its last event minus its applied
+// sequence (0 when caught up). shardkit hook.
+func (s *Service) Lag(tenant string) uint64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	lag, _, err := s.lag(ctx, tenant)
+	if err != nil {
+		s.cfg.Logger.Warn("lag: reading the tenant's last event failed", "tenant", tenant, "err", err)
+	}
+	return lag
+}
+
+func (s *Service) lag(ctx context.Context, tenant string) (lag, applied uint64, err error) {
+	applied = s.Applied(tenant)
+	last, err := s.st.lastSeq(ctx, tenant)
+	if err != nil || last <= applied {
+		return 0, applied, err
+	}
+	return last - applied, applied, nil
+}
+
+// Release stores the tenant's views and checkpoint, then drops them from memory. It is
+// shardkit's release hook: after a per-tenant drain, after a move away from this shard
+// committed, and when a move to this shard was aborted.
+func (s *Service) Release(ctx context.Context, tenant string) error {
+	ts := s.drop(tenant)
+	if ts == nil {
+		return nil
+	}
+	select {
+	case <-ts.caught:
+	default:
+		return nil // never caught up: what is stored is at least as good
+	}
+	return s.flush(ctx, ts)
+}
+
+// Checkpoint reads the tenant's stored checkpoint.
+func (s *Service) Checkpoint(ctx context.Context, tenant string) (Checkpoint, error) {
+	return s.st.checkpoint(ctx, tenant)
+}
+
+// flush stores the tenant's views if they changed since they were last stored.
+func (s *Service) flush(ctx context.Context, ts *tenantState) error {
+	ts.mu.RLock()
+	if ts.applied == ts.flushed {
+		ts.mu.RUnlock()
+		return nil
+	}
+	b, applied, err := ts.encode()
+	ts.mu.RUnlock()
+	if err != nil {
+		return fmt.Errorf("projection: encode views of %s: %w", ts.tenant, err)
+	}
+	if err := s.st.save(ctx, ts.tenant, b, applied); err != nil {
+		s.cfg.Logger.Warn("storing views failed", "tenant", ts.tenant, "err", err)
+		return err
+	}
+	ts.mu.Lock()
+	if applied > ts.flushed {
+		ts.flushed = applied
+	}
+	ts.since = 0
+	ts.mu.Unlock()
+	s.m.flushes.Inc()
+	s.m.flushBytes.Observe(float64(len(b)))
+	return nil
+}
+
+func (s *Service) queueFlush(tenant string) {
+	s.fmu.Lock()
+	s.flushq[tenant] = true
+	s.fmu.Unlock()
+	select {
+	case s.fwake <- struct{}{}:
+	default:
+	}
+}
+
+// flushLoop stores views queued by the tail (every CheckpointEvery events) and, on a timer, of
+// every changed tenant.
+func (s *Service) flushLoop(ctx context.Context) {
+	tick := time.NewTicker(s.cfg.CheckpointInterval)
+	defer tick.Stop()
+	for {
+		var due []*tenantState
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.fwake:
+			s.fmu.Lock()
+			q := s.flushq
+			s.flushq = map[string]bool{}
+			s.fmu.Unlock()
+			for t := range q {
+				if ts := s.lookup(t); ts != nil {
+					due = append(due, ts)
+				}
+			}
+		case <-tick.C:
+			due = s.hosted()
+		}
+		for _, ts := range due {
+			fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			_ = s.flush(fctx, ts)
+			cancel()
+		}
+	}
+}
+
+// placementChanged runs on the placement watcher's goroutine: it only queues the tenant.
+func (s *Service) placementChanged(c placement.Change) {
+	s.pmu.Lock()
+	s.placed[c.Tenant] = true
+	s.pmu.Unlock()
+	select {
+	case s.pwake <- struct{}{}:
+	default:
+	}
+}
+
+// followPlacement hosts the tenants placed on this shard or moving to it, and drops a tenant
+// once a move away from the shard completed (shardkit's Release usually did already).
+func (s *Service) followPlacement(ctx context.Context, w *placement.Watcher) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.pwake:
+		}
+		s.pmu.Lock()
+		q := s.placed
+		s.placed = map[string]bool{}
+		s.pmu.Unlock()
+		for tenant := range q {
+			e, ok := w.Lookup(Kind, tenant)
+			switch {
+			case ok && (e.Shard == s.cfg.Shard || e.Target == s.cfg.Shard):
+				s.host(tenant)
+			case !ok || e.Phase == schema.PhaseActive:
+				if s.lookup(tenant) != nil {
+					rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+					_ = s.Release(rctx, tenant)
+					cancel()
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,207 @@
+package projection
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tenantmesh/tenantmesh/services/aggregate"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// store reads TM_EVENTS and keeps the views' snapshots and checkpoints.
+type store struct {
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	views  jetstream.ObjectStore
+	checks jetstream.KeyValue
+	batch  int
+}
+
+// Checkpoint is a tenant's record in tm_projection_checkpoints: the applied sequence its
+// stored views (object <tenant> in tm_projection_views) cover.
+type Checkpoint struct {
+	Tenant  string    `json:"tenant"`
+	Applied uint64    `json:"applied"`
+	Bytes   int       `json:"bytes"`
+	At      time.Time `json:"at"`
+}
+
+func openEventStore(ctx context.Context, st *schema.Store) (*store, error) {
+	if err := st.EnsureEventsStream(ctx); err != nil {
+		return nil, err
+	}
+	js := st.JetStream()
+	stream, err := js.Stream(ctx, schema.StreamEvents)
+	if err != nil {
+		return nil, fmt.Errorf("projection: open %s: %w", schema.StreamEvents, err)
+	}
+	bucket := schema.ServiceBucket("projection", "views")
+	views, err := js.ObjectStore(ctx, bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		views, err = js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+			Bucket:      bucket,
+			Description: "projection service: per-tenant views with the sequence they cover",
+			Replicas:    st.Options().Replicas,
+			Storage:     st.Options().Storage,
+			Compression: true,
+		})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("projection: open %s: %w", bucket, err)
+	}
+	checks, err := st.EnsureKV(ctx, schema.ServiceBucket("projection", "checkpoints"), "projection service: per-tenant checkpoints", 1)
+	if err != nil {
+		return nil, err
+	}
+	return &store{js: js, stream: stream, views: views, checks: checks, batch: 4096}, nil
+}
+
+// decode turns a message into an event; ok is false for a corrupt one.
+func decodeEvent(m jetstream.Msg) (aggregate.Event, error) {
+	md, err := m.Metadata()
+	if err != nil {
+		return aggregate.Event{}, err
+	}
+	var ev aggregate.Event
+	if err := json.Unmarshal(m.Data(), &ev); err != nil {
+		return aggregate.Event{Seq: md.Sequence.Stream}, fmt.Errorf("projection: event %d on %s is corrupt: %w", md.Sequence.Stream, m.Subject(), err)
+	}
+	ev.Seq = md.Sequence.Stream
+	return ev, nil
+}
+
+// tenantOfSubject extracts <tenant> from events.<tenant>.<type>.<id>.
+func tenantOfSubject(subj string) string {
+	rest, ok := strings.CutPrefix(subj, "events.")
+	if !ok {
+		return ""
+	}
+	t, _, _ := strings.Cut(rest, ".")
+	return t
+}
+
+// replay calls fn with every event on filter after sequence after, in order, up to the last one
+// present when it started, and returns the last sequence it delivered.
+func (s *store) replay(ctx context.Context, filter string, after uint64, fn func(aggregate.Event, error) error) (uint64, error) {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}}
+	if after > 0 {
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = after + 1
+	}
+	cons, err := s.js.OrderedConsumer(ctx, schema.StreamEvents, cfg)
+	if err != nil {
+		return after, fmt.Errorf("projection: replay %s: %w", filter, err)
+	}
+	pending := cons.CachedInfo().NumPending
+	last := after
+	for pending > 0 {
+		if err := ctx.Err(); err != nil {
+			return last, err
+		}
+		batch, err := cons.Fetch(int(min(pending, uint64(s.batch))), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return last, fmt.Errorf("projection: replay %s: %w", filter, err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			md, err := m.Metadata()
+			if err != nil {
+				return last, err
+			}
+			ev, derr := decodeEvent(m)
+			if err := fn(ev, derr); err != nil {
+				return last, err
+			}
+			got++
+			last, pending = md.Sequence.Stream, md.NumPending
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			return last, fmt.Errorf("projection: replay %s: %w", filter, err)
+		}
+		if got == 0 {
+			return last, fmt.Errorf("projection: replay %s stalled at %d with %d pending", filter, last, pending)
+		}
+	}
+	return last, nil
+}
+
+// lastSeq is the stream sequence of the newest event of tenant (0 if none).
+func (s *store) lastSeq(ctx context.Context, tenant string) (uint64, error) {
+	m, err := s.stream.GetLastMsgForSubject(ctx, schema.TenantEvents(tenant))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("projection: last event of %s: %w", tenant, err)
+	}
+	return m.Sequence, nil
+}
+
+// pending counts the tenant's events after sequence after (an ephemeral consumer's pending
+// count: exact, and one round trip).
+func (s *store) pending(ctx context.Context, tenant string, after uint64) (uint64, error) {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{schema.TenantEvents(tenant)}}
+	if after > 0 {
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = after + 1
+	}
+	cons, err := s.js.OrderedConsumer(ctx, schema.StreamEvents, cfg)
+	if err != nil {
+		return 0, fmt.Errorf("projection: count pending events of %s: %w", tenant, err)
+	}
+	n := cons.CachedInfo().NumPending
+	if name := cons.CachedInfo().Name; name != "" {
+		_ = s.stream.DeleteConsumer(ctx, name)
+	}
+	return n, nil
+}
+
+// save stores the tenant's views and then its checkpoint.
+func (s *store) save(ctx context.Context, tenant string, b []byte, applied uint64) error {
+	if _, err := s.views.PutBytes(ctx, tenant, b); err != nil {
+		return fmt.Errorf("projection: store views of %s: %w", tenant, err)
+	}
+	cp, _ := json.Marshal(Checkpoint{Tenant: tenant, Applied: applied, Bytes: len(b), At: time.Now().UTC()})
+	if _, err := s.checks.Put(ctx, tenant, cp); err != nil {
+		return fmt.Errorf("projection: store checkpoint of %s: %w", tenant, err)
+	}
+	return nil
+}
+
+// load returns the tenant's stored views, or nil if it has none.
+func (s *store) load(ctx context.Context, tenant string) (*snapshot, error) {
+	b, err := s.views.GetBytes(ctx, tenant)
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("projection: load views of %s: %w", tenant, err)
+	}
+	var snap snapshot
+	if err := json.Unmarshal(b, &snap); err != nil || snap.Tenant != tenant {
+		return nil, fmt.Errorf("projection: stored views of %s are corrupt: %v", tenant, err)
+	}
+	return &snap, nil
+}
+
+// checkpoint reads the tenant's checkpoint record (zero if none).
+func (s *store) checkpoint(ctx context.Context, tenant string) (Checkpoint, error) {
+	e, err := s.checks.Get(ctx, tenant)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Checkpoint{Tenant: tenant}, nil
+	}
+	if err != nil {
+		return Checkpoint{}, fmt.Errorf("projection: read checkpoint of %s: %w", tenant, err)
+	}
+	var cp Checkpoint
+	if err := json.Unmarshal(e.Value(), &cp); err != nil {
+		return Checkpoint{}, fmt.Errorf("projection: checkpoint of %s is corrupt: %w", tenant, err)
+	}
+	return cp, nil
+}

@@ -1,0 +1,290 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// tail is the instance's one shared consumer of TM_EVENTS: an ordered consumer whose filter
+// subjects are the live tenants' events.<tenant>.> (or events.> filtered here, past
+// MaxFilters). It applies every event of every live tenant, in stream order.
+//
+// A tenant becomes live by joining after its own catch-up replay: the catch-up read the
+// tenant's events up to covered (the stream's last sequence when the replay began), so when the
+// tail rebuilds its consumer it starts at min(pos+1, covered+1) over the joiners. Events at or
+// below a tenant's applied sequence are skipped, so the switch has neither gap nor duplicate.
+// Invariant: for each live tenant, every event of it at or below pos has been applied.
+type tail struct {
+	s *Service
+
+	mu     sync.Mutex
+	joins  []join
+	leaves []string
+	wake   chan struct{}
+
+	// Owned by the run goroutine.
+	live     map[string]*tenantState
+	pos      uint64 // last stream sequence processed
+	posValid bool   // pos binds live tenants (false before the first consumer and once none is live)
+	restart  uint64 // 0, or the first sequence joiners need from the next consumer
+	cur      *feed
+}
+
+type join struct {
+	ts      *tenantState
+	covered uint64
+}
+
+// feed is one consumer of the tail and the goroutine that reads it.
+type feed struct {
+	cons jetstream.Consumer
+	it   jetstream.MessagesContext
+	ch   chan jetstream.Msg
+	err  error // set before ch is closed
+	stop chan struct{}
+}
+
+func newTail(s *Service) *tail {
+	return &tail{s: s, wake: make(chan struct{}, 1), live: map[string]*tenantState{}}
+}
+
+func (t *tail) join(ts *tenantState, covered uint64) {
+	t.mu.Lock()
+	t.joins = append(t.joins, join{ts, covered})
+	t.mu.Unlock()
+	t.poke()
+}
+
+func (t *tail) leave(tenant string) {
+	t.mu.Lock()
+	t.leaves = append(t.leaves, tenant)
+	t.mu.Unlock()
+	t.poke()
+}
+
+func (t *tail) poke() {
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run applies events until ctx ends.
+func (t *tail) run(ctx context.Context) {
+	defer t.closeFeed()
+	for ctx.Err() == nil {
+		if t.takeChanges() || (t.cur == nil && len(t.live) > 0) {
+			if err := t.rebuild(ctx); err != nil {
+				t.s.cfg.Logger.Warn("tail consumer rebuild failed; retrying", "err", err)
+				if !sleepCtx(ctx, time.Second) {
+					return
+				}
+				continue
+			}
+		}
+		if t.cur == nil {
+			select {
+			case <-t.wake:
+			case <-ctx.Done():
+			}
+			continue
+		}
+		t.consume(ctx)
+	}
+}
+
+// takeChanges applies queued leaves and joins to the live set, lowering restart to where the
+// joiners' catch-ups stopped; it reports whether the set changed.
+func (t *tail) takeChanges() bool {
+	t.mu.Lock()
+	joins, leaves := t.joins, t.leaves
+	t.joins, t.leaves = nil, nil
+	t.mu.Unlock()
+	changed := false
+	for _, tenant := range leaves {
+		if _, in := t.live[tenant]; in {
+			delete(t.live, tenant)
+			changed = true
+		}
+	}
+	if len(t.live) == 0 {
+		t.posValid = false // no live tenant depends on pos any more
+	}
+	for _, j := range joins {
+		j.ts.mu.Lock()
+		dropped := j.ts.phase == phaseDropped
+		if !dropped {
+			j.ts.phase = phaseLive
+		}
+		j.ts.mu.Unlock()
+		if dropped || t.live[j.ts.tenant] == j.ts {
+			continue
+		}
+		t.live[j.ts.tenant] = j.ts
+		changed = true
+		if t.restart == 0 || j.covered+1 < t.restart {
+			t.restart = j.covered + 1
+		}
+	}
+	return changed
+}
+
+// filters are the consumer's filter subjects: one per live tenant, or all events when there are
+// more than MaxFilters live tenants.
+func (t *tail) filters() []string {
+	if len(t.live) > t.s.cfg.MaxFilters {
+		return []string{schema.SubjectEventsAll}
+	}
+	out := make([]string, 0, len(t.live))
+	for tenant := range t.live {
+		out = append(out, schema.TenantEvents(tenant))
+	}
+	return out
+}
+
+// rebuild replaces the consumer with one over the live set, starting after pos, or earlier
+// where joiners need it.
+func (t *tail) rebuild(ctx context.Context) error {
+	t.closeFeed()
+	if len(t.live) == 0 {
+		t.restart = 0
+		return nil
+	}
+	start := t.restart
+	if t.posValid && (start == 0 || t.pos+1 < start) {
+		start = t.pos + 1
+	}
+	begin := time.Now()
+	filters := t.filters()
+	cfg := jetstream.OrderedConsumerConfig{
+		FilterSubjects:    filters,
+		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:       max(start, 1),
+		InactiveThreshold: 30 * time.Second,
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cons, err := t.s.st.js.OrderedConsumer(cctx, schema.StreamEvents, cfg)
+	if err != nil {
+		return fmt.Errorf("projection: tail consumer over %d tenants: %w", len(t.live), err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(t.s.cfg.TailBatch))
+	if err != nil {
+		return fmt.Errorf("projection: tail consumer over %d tenants: %w", len(t.live), err)
+	}
+	f := &feed{cons: cons, it: it, ch: make(chan jetstream.Msg, t.s.cfg.TailBatch), stop: make(chan struct{})}
+	go f.read()
+	t.cur, t.pos, t.posValid, t.restart = f, max(start, 1)-1, true, 0
+	took := time.Since(begin)
+	t.s.m.rebuilds.Observe(took.Seconds())
+	t.s.m.liveTenants.Set(float64(len(t.live)))
+	t.s.cfg.Logger.Debug("tail consumer rebuilt", "tenants", len(t.live), "filters", len(filters), "start", start, "took", took)
+	return nil
+}
+
+func (f *feed) read() {
+	defer close(f.ch)
+	for {
+		m, err := f.it.Next()
+		if err != nil {
+			f.err = err
+			return
+		}
+		select {
+		case f.ch <- m:
+		case <-f.stop:
+			return
+		}
+	}
+}
+
+func (t *tail) closeFeed() {
+	f := t.cur
+	if f == nil {
+		return
+	}
+	t.cur = nil
+	close(f.stop)
+	f.it.Stop()
+	for range f.ch { // the reader exits once Next fails or it sees stop
+	}
+	if info := f.cons.CachedInfo(); info != nil && info.Name != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = t.s.st.stream.DeleteConsumer(ctx, info.Name)
+		cancel()
+	}
+}
+
+// consume applies messages until the live set changes, the feed fails or ctx ends.
+func (t *tail) consume(ctx context.Context) {
+	f := t.cur
+	for {
+		select {
+		case m, ok := <-f.ch:
+			if !ok {
+				if !errors.Is(f.err, jetstream.ErrMsgIteratorClosed) {
+					t.s.cfg.Logger.Warn("tail consumer failed; rebuilding", "pos", t.pos, "err", f.err)
+				}
+				t.closeFeed()
+				sleepCtx(ctx, 100*time.Millisecond)
+				return
+			}
+			t.handle(m)
+		case <-t.wake:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// handle applies one message if its tenant is live here and has not applied it yet.
+func (t *tail) handle(m jetstream.Msg) {
+	md, err := m.Metadata()
+	if err != nil {
+		return
+	}
+	seq := md.Sequence.Stream
+	t.pos = seq
+	ts := t.live[tenantOfSubject(m.Subject())]
+	if ts == nil {
+		return
+	}
+	ts.mu.Lock()
+	if ts.phase != phaseLive || seq <= ts.applied {
+		ts.mu.Unlock()
+		return
+	}
+	ev, err := decodeEvent(m)
+	if err != nil {
+		ts.advance(seq)
+		ts.mu.Unlock()
+		t.s.corrupt(ts.tenant, err)
+		return
+	}
+	ts.apply(ev)
+	due := ts.since >= t.s.cfg.CheckpointEvery
+	ts.mu.Unlock()
+	t.s.m.applied.Inc()
+	if due {
+		t.s.queueFlush(ts.tenant)
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,200 @@
+package projection
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"time"
+
+	"github.com/tenantmesh/tenantmesh/services/aggregate"
+)
+
+// AccountRow is one row of the "accounts" view.
+type AccountRow struct {
+	ID      string `json:"id"`
+	Owner   string `json:"owner"`
+	Balance int64  `json:"balance"`
+	Closed  bool   `json:"closed"`
+	// Version is the account's event count; LastSeq the stream sequence of its last event.
+	Version   uint64    `json:"version"`
+	LastSeq   uint64    `json:"last_seq"`
+	OpenedAt  time.Time `json:"opened_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// TxRow is one row of the "transactions" view: a deposit or a withdrawal.
+type TxRow struct {
+	Seq     uint64    `json:"seq"`
+	Account string    `json:"account"`
+	Kind    string    `json:"kind"` // deposit or withdraw
+	Amount  int64     `json:"amount"`
+	At      time.Time `json:"at"`
+}
+
+// Transaction kinds.
+const (
+	TxDeposit  = "deposit"
+	TxWithdraw = "withdraw"
+)
+
+// tenantPhase is where a tenant's views stand on this instance.
+type tenantPhase int
+
+const (
+	phaseLoading tenantPhase = iota // loading its snapshot and catching up from the stream
+	phaseLive                       // applied by the shared tail consumer
+	phaseDropped                    // released: no longer consumed
+)
+
+// tenantState holds one tenant's views and its applied sequence.
+type tenantState struct {
+	tenant string
+	// caught is closed once the tenant's first catch-up finished (or failed: see err).
+	caught chan struct{}
+	cancel context.CancelFunc
+
+	mu       sync.RWMutex
+	phase    tenantPhase
+	err      error
+	applied  uint64 // stream sequence of the last event applied
+	accounts map[string]*AccountRow
+	txs      []TxRow // in stream order
+	// flushed is the applied sequence of the last stored snapshot; since counts events after it.
+	flushed uint64
+	since   int
+	waiters []waiter
+}
+
+type waiter struct {
+	seq uint64
+	ch  chan struct{}
+}
+
+func newTenantState(tenant string) *tenantState {
+	return &tenantState{tenant: tenant, caught: make(chan struct{}), accounts: map[string]*AccountRow{}}
+}
+
+// apply applies ev (with ev.Seq > ts.applied) to the views. The caller holds ts.mu.
+func (ts *tenantState) apply(ev aggregate.Event) {
+	if ev.AggregateType == aggregate.AccountType {
+		ts.applyAccount(ev)
+	}
+	ts.advance(ev.Seq)
+}
+
+// advance records seq as applied and wakes the waiters it satisfies. The caller holds ts.mu.
+func (ts *tenantState) advance(seq uint64) {
+	if seq <= ts.applied {
+		return
+	}
+	ts.applied = seq
+	ts.since++
+	if len(ts.waiters) == 0 {
+		return
+	}
+	kept := ts.waiters[:0]
+	for _, w := range ts.waiters {
+		if w.seq <= seq {
+			close(w.ch)
+		} else {
+			kept = append(kept, w)
+		}
+	}
+	ts.waiters = kept
+}
+
+func (ts *tenantState) applyAccount(ev aggregate.Event) {
+	acc := ts.accounts[ev.AggregateID]
+	if acc == nil {
+		acc = &AccountRow{ID: ev.AggregateID, OpenedAt: ev.At}
+		ts.accounts[ev.AggregateID] = acc
+	}
+	var p struct {
+		Amount int64  `json:"amount"`
+		Owner  string `json:"owner"`
+	}
+	if len(ev.Data) > 0 {
+		_ = json.Unmarshal(ev.Data, &p) // events are facts: a field that does not parse is zero
+	}
+	switch ev.Event {
+	case aggregate.EvOpened:
+		acc.Owner, acc.OpenedAt = p.Owner, ev.At
+	case aggregate.EvDeposited:
+		acc.Balance += p.Amount
+		ts.txs = append(ts.txs, TxRow{Seq: ev.Seq, Account: ev.AggregateID, Kind: TxDeposit, Amount: p.Amount, At: ev.At})
+	case aggregate.EvWithdrawn:
+		acc.Balance -= p.Amount
+		ts.txs = append(ts.txs, TxRow{Seq: ev.Seq, Account: ev.AggregateID, Kind: TxWithdraw, Amount: p.Amount, At: ev.At})
+	case aggregate.EvClosed:
+		acc.Closed = true
+	}
+	acc.Version, acc.LastSeq, acc.UpdatedAt = ev.Version, ev.Seq, ev.At
+}
+
+// waitApplied returns a channel closed once the tenant's applied sequence reaches seq.
+func (ts *tenantState) waitApplied(seq uint64) <-chan struct{} {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	ch := make(chan struct{})
+	if ts.applied >= seq {
+		close(ch)
+		return ch
+	}
+	ts.waiters = append(ts.waiters, waiter{seq: seq, ch: ch})
+	return ch
+}
+
+// snapshot is a tenant's views at one applied sequence: the unit that is stored, so views and
+// checkpoint are always consistent.
+type snapshot struct {
+	Tenant       string        `json:"tenant"`
+	Applied      uint64        `json:"applied"`
+	Accounts     []*AccountRow `json:"accounts"`
+	Transactions []TxRow       `json:"transactions"`
+}
+
+// encode marshals the tenant's views. The caller holds ts.mu (read).
+func (ts *tenantState) encode() ([]byte, uint64, error) {
+	s := snapshot{Tenant: ts.tenant, Applied: ts.applied, Accounts: make([]*AccountRow, 0, len(ts.accounts)), Transactions: ts.txs}
+	for _, a := range ts.accounts {
+		s.Accounts = append(s.Accounts, a)
+	}
+	b, err := json.Marshal(s)
+	return b, ts.applied, err
+}
+
+// restore loads s into an empty tenant state.
+func (ts *tenantState) restore(s *snapshot) {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	for _, a := range s.Accounts {
+		ts.accounts[a.ID] = a
+	}
+	ts.txs = s.Transactions
+	ts.applied, ts.flushed = s.Applied, s.Applied
+}
+
+// Totals are a tenant's ledger figures computed from the views, comparable to the aggregate's.
+type Totals struct {
+	Accounts    int   `json:"accounts"`
+	Deposits    int64 `json:"deposits"`
+	Withdrawals int64 `json:"withdrawals"`
+	Balances    int64 `json:"balances"`
+}
+
+func (ts *tenantState) totals() Totals {
+	ts.mu.RLock()
+	defer ts.mu.RUnlock()
+	t := Totals{Accounts: len(ts.accounts)}
+	for _, a := range ts.accounts {
+		t.Balances += a.Balance
+	}
+	for _, tx := range ts.txs {
+		if tx.Kind == TxDeposit {
+			t.Deposits += tx.Amount
+		} else {
+			t.Withdrawals += tx.Amount
+		}
+	}
+	return t
+}
