@@ -1,7 +1,9 @@
 package aggregate
 
 import (
+	"context"
 	"errors"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -14,7 +16,7 @@ type metrics struct {
 	snapshotBytes prometheus.Gauge
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics(reg prometheus.Registerer, es *eventStore) *metrics {
 	m := &metrics{
 		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tm_aggregate_commands_total", Help: "Commands by name and outcome (applied, replayed, rejected, error).",
@@ -33,8 +35,19 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "tm_aggregate_last_snapshot_bytes", Help: "Size of the last snapshot written.",
 		}),
 	}
+	storage := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tm_aggregate_event_store_bytes", Help: "Bytes held by the event stream (all tenants), read at scrape time.",
+	}, func() float64 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		info, err := es.stream.Info(ctx)
+		if err != nil {
+			return 0
+		}
+		return float64(info.State.Bytes)
+	})
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.commands, m.conflicts, m.rehydrate, m.snapshotHits, m.snapshotBytes} {
+		for _, c := range []prometheus.Collector{m.commands, m.conflicts, m.rehydrate, m.snapshotHits, m.snapshotBytes, storage} {
 			if err := reg.Register(c); err != nil {
 				var are prometheus.AlreadyRegisteredError
 				if !errors.As(err, &are) {

@@ -100,7 +100,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Service{cfg: cfg, es: es, m: newMetrics(cfg.Registerer), tenants: map[string]*slot{}, snapq: make(chan string, 1024)}, nil
+	return &Service{cfg: cfg, es: es, m: newMetrics(cfg.Registerer, es), tenants: map[string]*slot{}, snapq: make(chan string, 1024)}, nil
 }
 
 // Run writes snapshots queued by commands until ctx ends.
