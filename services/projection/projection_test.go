@@ -205,8 +205,8 @@ func sameAsAggregate(t *testing.T, a *aggregate.Service, s *Service, tenant stri
 			wd += tx.Amount
 		}
 	}
-	got := Totals{Accounts: len(rows), Deposits: dep, Withdrawals: wd, Balances: balances}
-	want := Totals{Accounts: tot.Accounts, Deposits: tot.Deposits, Withdrawals: tot.Withdrawals, Balances: tot.Balances}
+	got := aggregate.Totals{Accounts: len(rows), Deposits: dep, Withdrawals: wd, Balances: balances}
+	want := tot
 	if got != want {
 		t.Fatalf("%s: view totals %+v, aggregate totals %+v", tenant, got, want)
 	}

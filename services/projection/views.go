@@ -173,28 +173,3 @@ func (ts *tenantState) restore(s *snapshot) {
 	ts.txs = s.Transactions
 	ts.applied, ts.flushed = s.Applied, s.Applied
 }
-
-// Totals are a tenant's ledger figures computed from the views, comparable to the aggregate's.
-type Totals struct {
-	Accounts    int   `json:"accounts"`
-	Deposits    int64 `json:"deposits"`
-	Withdrawals int64 `json:"withdrawals"`
-	Balances    int64 `json:"balances"`
-}
-
-func (ts *tenantState) totals() Totals {
-	ts.mu.RLock()
-	defer ts.mu.RUnlock()
-	t := Totals{Accounts: len(ts.accounts)}
-	for _, a := range ts.accounts {
-		t.Balances += a.Balance
-	}
-	for _, tx := range ts.txs {
-		if tx.Kind == TxDeposit {
-			t.Deposits += tx.Amount
-		} else {
-			t.Withdrawals += tx.Amount
-		}
-	}
-	return t
-}

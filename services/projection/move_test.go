@@ -1,0 +1,257 @@
+package projection
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/tenantmesh/tenantmesh/services/aggregate"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// snapshotOf reads a tenant's whole views through the query API, as JSON for comparison.
+func snapshotOf(t *testing.T, s *Service, tenant string) string {
+	t.Helper()
+	accs := all[AccountRow](t, s, tenant, "accounts", Query{Limit: MaxLimit})
+	txs := all[TxRow](t, s, tenant, "transactions", Query{Limit: MaxLimit})
+	b, _ := json.Marshal(struct {
+		A []AccountRow
+		T []TxRow
+	}{accs, txs})
+	return string(b)
+}
+
+// writer issues ledger commands on tenant until stop is closed; progress receives the count of
+// commands done after each one (dropped when nobody listens).
+func writer(t *testing.T, a *aggregate.Service, tenant string, stop <-chan struct{}, progress chan<- int) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 8 {
+			do(t, a, tenant, command(fmt.Sprintf("acc%d", i), aggregate.CmdOpen, 0))
+		}
+		for n := 1; ; n++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			c := command(fmt.Sprintf("acc%d", n%8), aggregate.CmdDeposit, int64(n%97+1))
+			if n%4 == 0 {
+				c = command(fmt.Sprintf("acc%d", (n+1)%8), aggregate.CmdWithdraw, int64(n%13+1))
+			}
+			if _, err := a.Handle(context.Background(), tenant, c); err != nil && c.Command == aggregate.CmdDeposit {
+				t.Errorf("deposit: %v", err)
+				return
+			}
+			select {
+			case progress <- n:
+			default:
+			}
+		}
+	}()
+	return done
+}
+
+func waitProgress(t *testing.T, progress <-chan int, atLeast int) {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		select {
+		case n := <-progress:
+			if n >= atLeast {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("the writer did not reach %d commands in 20s", atLeast)
+		}
+	}
+}
+
+// TestMoveMidStream moves a tenant between two instances the way shardkit drives the hooks,
+// while commands keep arriving: the target warms (fence 0) during the writes; at handoff the
+// source's applied sequence is the fence and the target warms to it; at cutover the target's
+// views are exactly the source's. The source then releases the tenant (storing its views and
+// checkpoint) and drops its copy, and the target keeps applying new events.
+func TestMoveMidStream(t *testing.T) {
+	st := openStore(t)
+	a := newAggregate(t, st)
+	src, _ := newService(t, st, Config{CheckpointEvery: 50})
+	tgt, _ := newService(t, st, Config{CheckpointEvery: 50})
+	warm(t, src, "acme", 0)
+
+	stop, progress := make(chan struct{}), make(chan int)
+	done := writer(t, a, "acme", stop, progress)
+	waitProgress(t, progress, 150)
+	warm(t, tgt, "acme", 0) // warming: the source still serves; both consume
+	waitProgress(t, progress, 300)
+	// Handoff. Reads may overlap during a projection move, so nothing is held; the test stops
+	// the writes here only so that "the same view" is well defined at cutover.
+	close(stop)
+	<-done
+	if t.Failed() {
+		return
+	}
+	warm(t, src, "acme", 0) // the source has the stream's tail...
+	fence := src.Applied("acme")
+	warm(t, tgt, "acme", fence) // ...and the target reaches the source's fence
+	if got := tgt.Applied("acme"); got != fence {
+		t.Fatalf("target applied %d, source's fence %d", got, fence)
+	}
+	want, got := snapshotOf(t, src, "acme"), snapshotOf(t, tgt, "acme")
+	if got != want {
+		t.Fatalf("target view at cutover differs from the source's:\nsource %.300s\ntarget %.300s", want, got)
+	}
+
+	// Commit: the old owner drops its copy after flushing it.
+	ctx := context.Background()
+	if err := src.Release(ctx, "acme"); err != nil {
+		t.Fatal(err)
+	}
+	if src.Applied("acme") != 0 || len(src.Tenants()) != 0 {
+		t.Fatalf("source still holds acme: applied %d, tenants %v", src.Applied("acme"), src.Tenants())
+	}
+	cp, err := src.Checkpoint(ctx, "acme")
+	if err != nil || cp.Applied != fence {
+		t.Fatalf("checkpoint after release = %+v, %v; want applied %d", cp, err, fence)
+	}
+	r := do(t, a, "acme", command("acc1", aggregate.CmdDeposit, 5))
+	warm(t, tgt, "acme", r.Seq)
+	if tgt.Lag("acme") != 0 {
+		t.Fatalf("target lag %d after catching up", tgt.Lag("acme"))
+	}
+}
+
+// TestLagIsExact: lag is 0 when caught up, and the stream sequence of the tenant's last event
+// minus the applied sequence otherwise, whatever other tenants write; Pending counts the
+// unapplied events exactly. A new instance resumes from the stored checkpoint.
+func TestLagIsExact(t *testing.T) {
+	st := openStore(t)
+	a := newAggregate(t, st)
+	ctx := context.Background()
+	s, stop := newService(t, st, Config{})
+	warm(t, s, "acme", 0)
+	var last uint64
+	for i := range 10 {
+		name := aggregate.CmdDeposit
+		if i == 0 {
+			name = aggregate.CmdOpen
+		}
+		last = do(t, a, "acme", command("acc1", name, int64(i*10))).Seq
+	}
+	warm(t, s, "acme", last)
+	if lag := s.Lag("acme"); lag != 0 {
+		t.Fatalf("caught up: lag %d, want 0", lag)
+	}
+	info, err := s.TenantInfo(ctx, "acme")
+	if err != nil || info.Lag != 0 || info.Pending != 0 || info.Applied != last {
+		t.Fatalf("caught up: %+v, %v", info, err)
+	}
+
+	stop() // nothing applies acme's events from here on; its views are stored
+	applied := s.Applied("acme")
+	for range 3 {
+		last = do(t, a, "acme", command("acc1", aggregate.CmdDeposit, 1)).Seq
+	}
+	if lag := s.Lag("acme"); lag != 3 || last-applied != 3 {
+		t.Fatalf("3 events unapplied (only acme writes): lag %d, want 3", lag)
+	}
+	do(t, a, "other", command("x", aggregate.CmdOpen, 0))
+	for range 4 {
+		do(t, a, "other", command("x", aggregate.CmdDeposit, 1))
+		last = do(t, a, "acme", command("acc1", aggregate.CmdDeposit, 1)).Seq
+	}
+	info, err = s.TenantInfo(ctx, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Lag != last-applied || info.Pending != 7 || s.Lag("acme") != last-applied {
+		t.Fatalf("7 acme events unapplied among other tenants' events: %+v; want lag %d, pending 7", info, last-applied)
+	}
+	if info.Checkpoint.Applied != applied {
+		t.Fatalf("checkpoint %+v, want applied %d", info.Checkpoint, applied)
+	}
+
+	s2, _ := newService(t, st, Config{})
+	warm(t, s2, "acme", 0)
+	if s2.Applied("acme") != last || s2.Lag("acme") != 0 {
+		t.Fatalf("new instance: applied %d lag %d, want %d and 0", s2.Applied("acme"), s2.Lag("acme"), last)
+	}
+	res := query(t, s2, "acme", "accounts", Query{})
+	if len(res.Items) != 1 || res.Items[0].(AccountRow).Balance != 450+7 || res.Lag != 0 || res.Applied != last {
+		t.Fatalf("resumed views: %+v", res)
+	}
+}
+
+// TestFollowsPlacement: with a shard name, the service consumes the tenants placed on its shard
+// or moving to it, and drops a tenant once its move away completed.
+func TestFollowsPlacement(t *testing.T) {
+	st := openStore(t)
+	a := newAggregate(t, st)
+	ctx := context.Background()
+	for _, tenant := range []string{"acme", "globex"} {
+		do(t, a, tenant, command("acc1", aggregate.CmdOpen, 0))
+	}
+	place := func(tenant, shard string) schema.Placement {
+		p, err := st.CreatePlacement(ctx, schema.Placement{Kind: Kind, Tenant: tenant, Shard: shard, Epoch: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	step := func(prev schema.Placement, edit func(*schema.Placement)) schema.Placement {
+		next := prev
+		edit(&next)
+		p, err := st.UpdatePlacement(ctx, prev, next)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	s, _ := newService(t, st, Config{Shard: "projection-1"})
+	acme := place("acme", "projection-1")
+	globex := place("globex", "projection-2")
+	waitTenants(t, s, "acme")
+	warm(t, s, "acme", 0)
+
+	// globex moves here: hosted from warming on.
+	globex = step(globex, func(p *schema.Placement) { p.Phase, p.Target = schema.PhaseWarming, "projection-1" })
+	waitTenants(t, s, "acme", "globex")
+	_ = globex
+
+	// acme moves away: kept while the move is in flight, dropped once it completed.
+	acme = step(acme, func(p *schema.Placement) { p.Phase, p.Target = schema.PhaseWarming, "projection-2" })
+	acme = step(acme, func(p *schema.Placement) { p.Phase = schema.PhaseHandoff })
+	acme = step(acme, func(p *schema.Placement) {
+		p.Phase, p.Shard, p.Source, p.Target, p.Epoch = schema.PhaseDraining, "projection-2", "projection-1", "", p.Epoch+1
+	})
+	if !slices.Contains(s.Tenants(), "acme") {
+		t.Fatal("acme dropped before its move completed")
+	}
+	step(acme, func(p *schema.Placement) { p.Phase, p.Source = schema.PhaseActive, "" })
+	waitTenants(t, s, "globex")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		cp, err := s.Checkpoint(ctx, "acme") // stored by the release, just after the drop
+		if err == nil && cp.Applied == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("acme's checkpoint after the move: %+v, %v", cp, err)
+		}
+	}
+}
+
+// waitTenants polls (placement is external state) until s hosts exactly want.
+func waitTenants(t *testing.T, s *Service, want ...string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !slices.Equal(s.Tenants(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("hosted %v, want %v", s.Tenants(), want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
