@@ -97,7 +97,10 @@ type Config struct {
 	Thresholds schema.Thresholds
 	// Pprof serves net/http/pprof under /debug/pprof/ (admin requests only).
 	Pprof bool
-	// Transport, if set, replaces the tuned HTTP/1.1 transport to instances (tests).
+	// StdTransport sends to instances with net/http.Transport instead of the gateway's own
+	// synchronous HTTP/1.1 client (see h1client.go); upgrades always use the Transport.
+	StdTransport bool
+	// Transport, if set, replaces the tuned net/http.Transport (and implies StdTransport).
 	Transport *http.Transport
 }
 
@@ -159,6 +162,7 @@ type Gateway struct {
 	metrics *gwMetrics
 
 	transport *http.Transport
+	h1        *h1Client
 	proxy     *httputil.ReverseProxy
 	admin     *http.ServeMux
 
@@ -205,7 +209,10 @@ func New(cfg Config) (*Gateway, error) {
 	g.transport = cfg.Transport
 	if g.transport == nil {
 		g.transport = newTransport(cfg)
+	} else {
+		g.cfg.StdTransport = true
 	}
+	g.h1 = newH1Client(cfg)
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite:      g.rewrite,
 		Transport:    upstream{g},
@@ -293,6 +300,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	g.bgStop()
 	g.bg.Wait()
 	g.transport.CloseIdleConnections()
+	g.h1.closeIdle(true)
 	return err
 }
 

@@ -36,6 +36,10 @@ type reqState struct {
 	inst *instance // instance that answered
 }
 
+func (st *reqState) getBody() (io.ReadCloser, error) {
+	return io.NopCloser(bytes.NewReader(st.body)), nil
+}
+
 type stateKey struct{}
 
 func stateOf(ctx context.Context) *reqState {
@@ -259,7 +263,7 @@ func (g *Gateway) roundTrip(req *http.Request) (*http.Response, error) {
 		in.inflight.Add(1)
 		in.requests.Add(1)
 		t0 := time.Now()
-		resp, err := g.transport.RoundTrip(req)
+		resp, err := g.send(req)
 		in.inflight.Add(-1)
 		if err != nil {
 			if errors.Is(ctx.Err(), context.Canceled) {
@@ -305,6 +309,17 @@ func (g *Gateway) roundTrip(req *http.Request) (*http.Response, error) {
 	return nil, errMisdirected(st)
 }
 
+// send makes one attempt with the gateway's HTTP/1.1 client, or net/http.Transport for upgrades.
+func (g *Gateway) send(req *http.Request) (*http.Response, error) {
+	if g.cfg.StdTransport {
+		return g.transport.RoundTrip(req)
+	}
+	if _, up := req.Header["Upgrade"]; up {
+		return g.transport.RoundTrip(req)
+	}
+	return g.h1.RoundTrip(req)
+}
+
 // prepare points req at in for the current placement.
 func (g *Gateway) prepare(req *http.Request, st *reqState, in *instance, path, rawPath string) {
 	u := in.url.Load()
@@ -321,6 +336,7 @@ func (g *Gateway) prepare(req *http.Request, st *reqState, in *instance, path, r
 	if st.body != nil {
 		req.Body = io.NopCloser(bytes.NewReader(st.body))
 		req.ContentLength = int64(len(st.body))
+		req.GetBody = st.getBody
 	}
 }
 

@@ -40,9 +40,12 @@ for _ in $(seq 1 600); do grep -q READY "$WORK/benchenv.out" && break; sleep 0.1
 grep -q READY "$WORK/benchenv.out" || { echo "benchenv not ready"; cat "$WORK/benchenv.out"; exit 1; }
 
 TM_NATS_URL=nats://127.0.0.1:4333 TM_ADDR=127.0.0.1:9080 TM_LOG_LEVEL=warn TM_PPROF=true "$WORK/bin/gateway" 2> "$WORK/gateway.log" & PIDS+=($!)
-GW_PID=$!
-for _ in $(seq 1 300); do curl -fs http://127.0.0.1:9080/readyz >/dev/null 2>&1 && break; sleep 0.1; done
-curl -fs http://127.0.0.1:9080/readyz >/dev/null || { echo "gateway not ready"; cat "$WORK/gateway.log"; exit 1; }
+# The same gateway with net/http.Transport to the backends, for the A/B of the upstream client.
+TM_NATS_URL=nats://127.0.0.1:4333 TM_ADDR=127.0.0.1:9083 TM_LOG_LEVEL=warn TM_STD_TRANSPORT=true "$WORK/bin/gateway" 2> "$WORK/gateway-std.log" & PIDS+=($!)
+for port in 9080 9083; do
+  for _ in $(seq 1 300); do curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+  curl -fs "http://127.0.0.1:$port/readyz" >/dev/null || { echo "gateway on $port not ready"; cat "$WORK"/gateway*.log; exit 1; }
+done
 
 cat > "$WORK/haproxy.cfg" <<CFG
 global
@@ -85,22 +88,22 @@ CFG
 nginx -c "$WORK/nginx.conf" -p "$WORK" -g 'daemon off;' > "$WORK/nginx.log" 2>&1 & PIDS+=($!)
 
 # Wait for both and check each proxy routes a tenant to its backend.
-for port in 9081 9082 9080; do
+for port in 9081 9082 9080 9083; do
   for _ in $(seq 1 100); do curl -fs -H 'x-tenant-id: tenant-00001' "http://127.0.0.1:$port/" >/dev/null 2>&1 && break; sleep 0.1; done
   got=$(curl -fs -H 'x-tenant-id: tenant-00001' "http://127.0.0.1:$port/")
   [ "$got" = "ok b2" ] || { echo "port $port routed tenant-00001 to '$got', want 'ok b2'"; exit 1; }
 done
 
-declare -A URL=([haproxy]=http://127.0.0.1:9081/ [nginx]=http://127.0.0.1:9082/ [gateway]=http://127.0.0.1:9080/ [direct]=http://127.0.0.1:9101/)
-TARGETS=(haproxy nginx gateway direct)
+declare -A URL=([haproxy]=http://127.0.0.1:9081/ [nginx]=http://127.0.0.1:9082/ [gateway]=http://127.0.0.1:9080/ [gateway-std]=http://127.0.0.1:9083/ [direct]=http://127.0.0.1:9101/)
+TARGETS=(haproxy nginx gateway gateway-std direct)
 export TENANTS="$WORK/tenants.txt"
 : > "$WORK/results.txt"
 # Warm-up: one short run per target.
 for t in "${TARGETS[@]}"; do wrk -t"$THREADS" -c"$CONNS" -d1s -s "$ROOT/gateway/bench/tenant.lua" "${URL[$t]}" >/dev/null; done
 for r in $(seq 1 "$ROUNDS"); do
   # Rotate the order each round so no target always runs first or last.
-  for k in 0 1 2 3; do
-    t=${TARGETS[$(( (k + r) % 4 ))]}
+  for k in "${!TARGETS[@]}"; do
+    t=${TARGETS[$(( (k + r) % ${#TARGETS[@]} ))]}
     line=$(wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" -s "$ROOT/gateway/bench/tenant.lua" "${URL[$t]}" | grep RESULT)
     echo "round $r $t $line" | tee -a "$WORK/results.txt"
   done
@@ -125,10 +128,20 @@ for line in open(sys.argv[1]):
         rows.setdefault(m[1], []).append((float(m[2]), int(m[3]), int(m[4]), int(m[5])))
 med = {t: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v), statistics.median(r[2] for r in v), sum(r[3] for r in v)) for t, v in rows.items()}
 h = med["haproxy"]
+# Per-round ratios (each target against HAProxy in the same round) cancel some of the drift of a
+# shared machine; their medians are printed beside the medians of the raw figures.
+rounds = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"round (\d+) (\S+) RESULT rps=([\d.]+) p50_us=(\d+) p99_us=(\d+)", line)
+    if m:
+        rounds.setdefault(m[1], {})[m[2]] = (float(m[3]), int(m[5]))
+def rr(t, i):
+    v = [r[t][i] / r["haproxy"][i] for r in rounds.values() if t in r and "haproxy" in r]
+    return statistics.median(v) if v else float("nan")
 print()
-print("| target | req/s (median) | p50 | p99 (median) | req/s vs HAProxy | p99 vs HAProxy | errors |")
-print("|---|---:|---:|---:|---:|---:|---:|")
-for t in ["haproxy", "nginx", "gateway", "direct"]:
+print("| target | req/s (median) | p50 | p99 (median) | req/s vs HAProxy | p99 vs HAProxy | per-round req/s ratio | per-round p99 ratio | errors |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+for t in ["haproxy", "nginx", "gateway", "gateway-std", "direct"]:
     rps, p50, p99, err = med[t]
-    print(f"| {t} | {rps:,.0f} | {p50/1000:.2f} ms | {p99/1000:.2f} ms | {rps/h[0]:.2f} | {p99/h[2]:.2f} | {err} |")
+    print(f"| {t} | {rps:,.0f} | {p50/1000:.2f} ms | {p99/1000:.2f} ms | {rps/h[0]:.2f} | {p99/h[2]:.2f} | {rr(t, 0):.2f} | {rr(t, 1):.2f} | {err} |")
 PY

@@ -29,7 +29,7 @@ func run() error {
 	var (
 		natsURL, addr, id, logLevel, logFormat string
 		retries, maxHeader, idlePerHost        int
-		pprof                                  bool
+		pprof, stdTransport                    bool
 		maxBody, replayBody                    int
 		readHeader, shutdown, connect          time.Duration
 	)
@@ -46,6 +46,7 @@ func run() error {
 	envflag.Duration(fs, &readHeader, "read-header-timeout", 5*time.Second, "time allowed to read request headers")
 	envflag.Duration(fs, &shutdown, "shutdown-timeout", 30*time.Second, "time allowed for in-flight requests at shutdown")
 	envflag.Duration(fs, &connect, "connect-timeout", time.Second, "time allowed to connect to an instance")
+	envflag.Bool(fs, &stdTransport, "std-transport", false, "send to instances with net/http.Transport instead of the synchronous HTTP/1.1 client")
 	envflag.Bool(fs, &pprof, "pprof", false, "serve /debug/pprof/ to requests without x-tenant-id")
 	if err := envflag.Check(fs); err != nil {
 		return err
@@ -71,7 +72,7 @@ func run() error {
 		Store: store, ID: id, Addr: addr, Logger: log, Retries: retries,
 		MaxHeaderBytes: maxHeader, MaxBodyBytes: int64(maxBody), MaxReplayBody: int64(replayBody),
 		MaxIdleConnsPerHost: idlePerHost, ReadHeaderTimeout: readHeader, ShutdownTimeout: shutdown,
-		ConnectTimeout: connect, Pprof: pprof,
+		ConnectTimeout: connect, Pprof: pprof, StdTransport: stdTransport,
 	})
 	if err != nil {
 		return err
