@@ -19,9 +19,14 @@ var aggRoute = schema.Route{Method: "*", Prefix: "/agg/", Kind: "aggregate"}
 // method routing, headers added and spoofed ones stripped, the unplaced rules, and routing that
 // follows a placement change.
 func TestRequestPath(t *testing.T) {
+	t.Run("h1client", func(t *testing.T) { testRequestPath(t, Config{}) })
+	t.Run("net/http.Transport", func(t *testing.T) { testRequestPath(t, Config{StdTransport: true}) })
+}
+
+func testRequestPath(t *testing.T, cfg Config) {
 	strictRoute := schema.Route{Method: "POST", Prefix: "/agg/cmd/", Kind: "strict"}
 	var a1, b1, s1 *backend
-	e := newEnv(t, Config{}, []schema.KindConfig{{Kind: "strict", Unplaced: schema.UnplacedReject}}, func(e *env) {
+	e := newEnv(t, cfg, []schema.KindConfig{{Kind: "strict", Unplaced: schema.UnplacedReject}}, func(e *env) {
 		a1 = newBackend(t, "aggregate", "aggregate-1", "i1")
 		b1 = newBackend(t, "aggregate", "aggregate-2", "i1")
 		s1 = newBackend(t, "strict", "strict-1", "i1")

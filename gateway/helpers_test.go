@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -26,6 +27,8 @@ type env struct {
 	gw     *Gateway
 	url    string
 	client *http.Client
+	// stop ends the gateway's Run and returns its error (also called at cleanup).
+	stop func() error
 }
 
 func openStore(t testing.TB, url string) *schema.Store {
@@ -80,15 +83,22 @@ func (e *env) startGateway(cfg Config) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- g.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("gateway Run: %v", err)
+	var once sync.Once
+	var runErr error
+	e.stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case runErr = <-done:
+			case <-time.After(15 * time.Second):
+				runErr = errors.New("gateway did not stop within 15s")
 			}
-		case <-time.After(15 * time.Second):
-			t.Error("gateway did not stop within 15s")
+		})
+		return runErr
+	}
+	t.Cleanup(func() {
+		if err := e.stop(); err != nil {
+			t.Errorf("gateway Run: %v", err)
 		}
 	})
 	select {

@@ -295,3 +295,48 @@ func TestStaticStability(t *testing.T) {
 	}
 	e.waitServedBy("/agg/x", "t1", b.id.Key())
 }
+
+// TestGracefulShutdown: stopping the gateway lets an in-flight request finish.
+func TestGracefulShutdown(t *testing.T) {
+	var a *backend
+	e := newEnv(t, Config{}, nil, func(e *env) {
+		a = newBackend(t, "aggregate", "aggregate-1", "i1")
+		e.register(a, "", 10, aggRoute)
+		e.place("aggregate", "t1", "aggregate-1")
+	})
+	entered, release := make(chan struct{}), make(chan struct{})
+	a.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-release
+		_, _ = w.Write([]byte("finished"))
+	})
+	type res struct {
+		code int
+		body string
+	}
+	got := make(chan res, 1)
+	go func() {
+		resp, body := e.do("GET", "/agg/x", "t1", "", nil)
+		got <- res{resp.StatusCode, body}
+	}()
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("request never reached the shard")
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- e.stop() }()
+	// The gateway is shutting down but waits for the request.
+	select {
+	case err := <-stopped:
+		t.Fatalf("gateway stopped with a request in flight: %v", err)
+	case <-time.After(100 * time.Millisecond): // bounded look for a premature stop
+	}
+	close(release)
+	if r := <-got; r.code != 200 || r.body != "finished" {
+		t.Fatalf("in-flight request: %d %q", r.code, r.body)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+}
