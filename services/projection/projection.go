@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -54,8 +55,10 @@ type Config struct {
 	MaxFilters int
 	// TailBatch is the tail consumer's pull batch. Default 4096.
 	TailBatch int
-	// CatchUps bounds concurrent per-tenant catch-up replays. Default 8.
+	// CatchUps bounds concurrent catch-up replays. Default 4.
 	CatchUps int
+	// CatchUpBatch is the most tenants one catch-up replays with one consumer. Default 256.
+	CatchUpBatch int
 	// QueryWait bounds how long a query for a tenant still catching up waits before it is
 	// answered 503. Default 5s.
 	QueryWait  time.Duration
@@ -77,7 +80,10 @@ func (c Config) withDefaults() Config {
 		c.TailBatch = 4096
 	}
 	if c.CatchUps <= 0 {
-		c.CatchUps = 8
+		c.CatchUps = 4
+	}
+	if c.CatchUpBatch <= 0 {
+		c.CatchUpBatch = 256
 	}
 	if c.QueryWait <= 0 {
 		c.QueryWait = 5 * time.Second
@@ -95,13 +101,12 @@ type Service struct {
 	m    *metrics
 	tail *tail
 
-	base context.Context // lives as long as the service; parent of catch-ups
-	stop context.CancelFunc
-
 	mu      sync.Mutex
 	tenants map[string]*tenantState
 
-	catchSem chan struct{}
+	cmu   sync.Mutex
+	cq    []*tenantState // tenants waiting for their catch-up
+	cwake chan struct{}
 
 	fmu    sync.Mutex
 	flushq map[string]bool
@@ -123,9 +128,8 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, st: st, m: newMetrics(cfg.Registerer), tenants: map[string]*tenantState{},
-		catchSem: make(chan struct{}, cfg.CatchUps), flushq: map[string]bool{}, fwake: make(chan struct{}, 1),
+		cwake: make(chan struct{}, cfg.CatchUps), flushq: map[string]bool{}, fwake: make(chan struct{}, 1),
 		placed: map[string]bool{}, pwake: make(chan struct{}, 1)}
-	s.base, s.stop = context.WithCancel(context.Background())
 	s.tail = newTail(s)
 	return s, nil
 }
@@ -133,9 +137,11 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 // Run consumes events, stores checkpoints and (with Config.Shard) follows placement until ctx
 // ends; then it stores every changed tenant's views.
 func (s *Service) Run(ctx context.Context) error {
-	defer s.stop()
 	var wg sync.WaitGroup
 	wg.Go(func() { s.tail.run(ctx) })
+	for range s.cfg.CatchUps {
+		wg.Go(func() { s.catchUpLoop(ctx) })
+	}
 	if s.cfg.Shard != "" {
 		w, err := placement.New(placement.Config{Store: s.cfg.Store, Kinds: []string{Kind}, NoSnapshot: true,
 			OnChange: s.placementChanged, Logger: s.cfg.Logger})
@@ -153,9 +159,7 @@ func (s *Service) Run(ctx context.Context) error {
 	wg.Wait()
 	fctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, ts := range s.hosted() {
-		s.flush(fctx, ts)
-	}
+	s.flushAll(fctx, s.hosted())
 	return nil
 }
 
@@ -167,11 +171,9 @@ func (s *Service) host(tenant string) *tenantState {
 		return ts
 	}
 	ts := newTenantState(tenant)
-	ctx, cancel := context.WithCancel(s.base)
-	ts.cancel = cancel
 	s.tenants[tenant] = ts
 	s.m.hosted.Set(float64(len(s.tenants)))
-	go s.catchUp(ctx, ts)
+	s.queueCatchUp(ts)
 	return ts
 }
 
@@ -203,45 +205,111 @@ func (s *Service) Tenants() []string {
 	return out
 }
 
-// catchUp loads the tenant's stored views, replays its later events to the stream's end and
-// hands it to the tail consumer. It retries until it succeeds or the tenant is released.
-func (s *Service) catchUp(ctx context.Context, ts *tenantState) {
-	select {
-	case s.catchSem <- struct{}{}:
-	case <-ctx.Done():
-		return
+// catchUpLoop runs catch-ups: it takes up to CatchUpBatch queued tenants at a time, loads
+// their stored views, replays their later events with one consumer filtering all of them, and
+// hands them to the tail consumer. A failed batch is retried.
+func (s *Service) catchUpLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.cwake:
+		}
+		for {
+			batch, more := s.takeCatchUps()
+			if len(batch) == 0 {
+				break
+			}
+			if more {
+				s.wakeCatchUp() // another worker takes the next batch meanwhile
+			}
+			s.catchUpBatch(ctx, batch)
+			if ctx.Err() != nil {
+				return
+			}
+		}
 	}
-	defer func() { <-s.catchSem }()
+}
+
+func (s *Service) takeCatchUps() (batch []*tenantState, more bool) {
+	s.cmu.Lock()
+	defer s.cmu.Unlock()
+	n := min(len(s.cq), s.cfg.CatchUpBatch)
+	batch = slices.Clone(s.cq[:n])
+	s.cq = slices.Delete(s.cq, 0, n)
+	return batch, len(s.cq) > 0
+}
+
+func (s *Service) queueCatchUp(ts *tenantState) {
+	s.cmu.Lock()
+	s.cq = append(s.cq, ts)
+	s.cmu.Unlock()
+	s.wakeCatchUp()
+}
+
+func (s *Service) wakeCatchUp() {
+	select {
+	case s.cwake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Service) catchUpBatch(ctx context.Context, batch []*tenantState) {
 	for attempt := 0; ; attempt++ {
-		start := time.Now()
-		covered, n, err := s.catchUpOnce(ctx, ts, attempt == 0)
-		if err == nil {
-			s.m.catchUps.Observe(time.Since(start).Seconds())
-			s.cfg.Logger.Debug("tenant caught up", "tenant", ts.tenant, "replayed", n, "applied", ts.appliedSeq(), "took", time.Since(start))
-			close(ts.caught)
-			s.tail.join(ts, covered)
+		live := batch[:0]
+		for _, ts := range batch {
+			if ts.dropped() {
+				continue
+			}
+			live = append(live, ts)
+		}
+		batch = live
+		if len(batch) == 0 {
 			return
 		}
-		ts.mu.Lock()
-		ts.err = err
-		ts.mu.Unlock()
+		start := time.Now()
+		covered, n, err := s.catchUpOnce(ctx, batch, attempt == 0)
+		if err == nil {
+			s.m.catchUps.Observe(time.Since(start).Seconds())
+			s.cfg.Logger.Debug("tenants caught up", "tenants", len(batch), "replayed", n, "took", time.Since(start))
+			for _, ts := range batch {
+				close(ts.caught)
+				s.tail.join(ts, covered)
+			}
+			return
+		}
+		for _, ts := range batch {
+			ts.mu.Lock()
+			ts.err = err
+			ts.mu.Unlock()
+		}
 		if ctx.Err() != nil {
 			return
 		}
-		s.cfg.Logger.Warn("tenant catch-up failed; retrying", "tenant", ts.tenant, "attempt", attempt+1, "err", err)
+		s.cfg.Logger.Warn("catch-up failed; retrying", "tenants", len(batch), "attempt", attempt+1, "err", err)
 		if !sleepCtx(ctx, min(time.Duration(attempt+1)*500*time.Millisecond, 5*time.Second)) {
 			return
 		}
 	}
 }
 
-func (s *Service) catchUpOnce(ctx context.Context, ts *tenantState, first bool) (covered uint64, n int, err error) {
-	if first {
-		snap, err := s.st.load(ctx, ts.tenant)
-		if err != nil {
-			s.cfg.Logger.Warn("stored views unusable; replaying from the start", "tenant", ts.tenant, "err", err)
-		} else if snap != nil {
-			ts.restore(snap)
+func (s *Service) catchUpOnce(ctx context.Context, batch []*tenantState, first bool) (covered uint64, n int, err error) {
+	byName := make(map[string]*tenantState, len(batch))
+	filters := make([]string, 0, len(batch))
+	var after uint64
+	for i, ts := range batch {
+		if first {
+			snap, err := s.st.load(ctx, ts.tenant)
+			if err != nil {
+				s.cfg.Logger.Warn("stored views unusable; replaying from the start", "tenant", ts.tenant, "err", err)
+			} else if snap != nil {
+				ts.restore(snap)
+			}
+		}
+		byName[ts.tenant] = ts
+		filters = append(filters, schema.TenantEvents(ts.tenant))
+		if a := ts.appliedSeq(); i == 0 || a < after {
+			after = a
 		}
 	}
 	info, err := s.st.stream.Info(ctx)
@@ -249,16 +317,16 @@ func (s *Service) catchUpOnce(ctx context.Context, ts *tenantState, first bool) 
 		return 0, 0, fmt.Errorf("projection: read %s state: %w", schema.StreamEvents, err)
 	}
 	covered = info.State.LastSeq
-	_, err = s.st.replay(ctx, schema.TenantEvents(ts.tenant), ts.appliedSeq(), func(ev aggregate.Event, derr error) error {
-		ts.mu.Lock()
-		defer ts.mu.Unlock()
-		if ts.phase == phaseDropped {
-			return context.Canceled
-		}
-		if ev.Seq <= ts.applied {
+	n, err = s.st.replay(ctx, filters, after, covered, func(subject string, ev aggregate.Event, derr error) error {
+		ts := byName[tenantOfSubject(subject)]
+		if ts == nil {
 			return nil
 		}
-		n++
+		ts.mu.Lock()
+		defer ts.mu.Unlock()
+		if ts.phase == phaseDropped || ev.Seq <= ts.applied {
+			return nil
+		}
 		if derr != nil {
 			ts.advance(ev.Seq)
 			s.corrupt(ts.tenant, derr)
@@ -269,6 +337,12 @@ func (s *Service) catchUpOnce(ctx context.Context, ts *tenantState, first bool) 
 		return nil
 	})
 	return covered, n, err
+}
+
+func (ts *tenantState) dropped() bool {
+	ts.mu.RLock()
+	defer ts.mu.RUnlock()
+	return ts.phase == phaseDropped
 }
 
 func (ts *tenantState) appliedSeq() uint64 {
@@ -292,7 +366,6 @@ func (s *Service) drop(tenant string) *tenantState {
 	if ts == nil {
 		return nil
 	}
-	ts.cancel()
 	ts.mu.Lock()
 	ts.phase = phaseDropped
 	ts.mu.Unlock()
@@ -437,13 +510,32 @@ func (s *Service) flushLoop(ctx context.Context) {
 		case <-tick.C:
 			due = s.hosted()
 		}
-		for _, ts := range due {
-			fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			_ = s.flush(fctx, ts)
-			cancel()
-		}
+		s.flushAll(ctx, due)
 	}
 }
+
+// flushAll stores the views of due, a few tenants at a time.
+func (s *Service) flushAll(ctx context.Context, due []*tenantState) {
+	work := make(chan *tenantState)
+	var wg sync.WaitGroup
+	for range min(len(due), flushWorkers) {
+		wg.Go(func() {
+			for ts := range work {
+				fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				_ = s.flush(fctx, ts)
+				cancel()
+			}
+		})
+	}
+	for _, ts := range due {
+		work <- ts
+	}
+	close(work)
+	wg.Wait()
+}
+
+// flushWorkers bounds concurrent view stores.
+const flushWorkers = 16
 
 // placementChanged runs on the placement watcher's goroutine: it only queues the tenant.
 func (s *Service) placementChanged(c placement.Change) {

@@ -86,49 +86,58 @@ func tenantOfSubject(subj string) string {
 	return t
 }
 
-// replay calls fn with every event on filter after sequence after, in order, up to the last one
-// present when it started, and returns the last sequence it delivered.
-func (s *store) replay(ctx context.Context, filter string, after uint64, fn func(aggregate.Event, error) error) (uint64, error) {
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}}
+// replay calls fn with every event on filters after sequence after, in order, until it has
+// delivered the last one present when it started (or one at or past until, the stream's last
+// sequence read before), and returns how many it delivered.
+func (s *store) replay(ctx context.Context, filters []string, after, until uint64, fn func(subject string, ev aggregate.Event, err error) error) (int, error) {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: filters, InactiveThreshold: 30 * time.Second}
 	if after > 0 {
 		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
 		cfg.OptStartSeq = after + 1
 	}
 	cons, err := s.js.OrderedConsumer(ctx, schema.StreamEvents, cfg)
 	if err != nil {
-		return after, fmt.Errorf("projection: replay %s: %w", filter, err)
+		return 0, fmt.Errorf("projection: replay %d subjects: %w", len(filters), err)
 	}
-	pending := cons.CachedInfo().NumPending
-	last := after
-	for pending > 0 {
-		if err := ctx.Err(); err != nil {
-			return last, err
+	defer func() {
+		if info := cons.CachedInfo(); info != nil && info.Name != "" {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			_ = s.stream.DeleteConsumer(dctx, info.Name)
+			cancel()
 		}
-		batch, err := cons.Fetch(int(min(pending, uint64(s.batch))), jetstream.FetchMaxWait(5*time.Second))
+	}()
+	if cons.CachedInfo().NumPending == 0 {
+		return 0, nil
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(s.batch))
+	if err != nil {
+		return 0, fmt.Errorf("projection: replay %d subjects: %w", len(filters), err)
+	}
+	defer it.Stop()
+	n := 0
+	for {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		m, err := it.Next(jetstream.NextContext(wctx))
+		cancel()
 		if err != nil {
-			return last, fmt.Errorf("projection: replay %s: %w", filter, err)
-		}
-		got := 0
-		for m := range batch.Messages() {
-			md, err := m.Metadata()
-			if err != nil {
-				return last, err
+			if ctx.Err() != nil {
+				return n, ctx.Err()
 			}
-			ev, derr := decodeEvent(m)
-			if err := fn(ev, derr); err != nil {
-				return last, err
-			}
-			got++
-			last, pending = md.Sequence.Stream, md.NumPending
+			return n, fmt.Errorf("projection: replay %d subjects stalled after %d events: %w", len(filters), n, err)
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-			return last, fmt.Errorf("projection: replay %s: %w", filter, err)
+		md, err := m.Metadata()
+		if err != nil {
+			return n, err
 		}
-		if got == 0 {
-			return last, fmt.Errorf("projection: replay %s stalled at %d with %d pending", filter, last, pending)
+		ev, derr := decodeEvent(m)
+		if err := fn(m.Subject(), ev, derr); err != nil {
+			return n, err
+		}
+		n++
+		if md.NumPending == 0 || md.Sequence.Stream >= until {
+			return n, nil
 		}
 	}
-	return last, nil
 }
 
 // lastSeq is the stream sequence of the newest event of tenant (0 if none).

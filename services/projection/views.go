@@ -1,7 +1,6 @@
 package projection
 
 import (
-	"context"
 	"encoding/json"
 	"sync"
 	"time"
@@ -51,7 +50,6 @@ type tenantState struct {
 	tenant string
 	// caught is closed once the tenant's first catch-up finished (or failed: see err).
 	caught chan struct{}
-	cancel context.CancelFunc
 
 	mu       sync.RWMutex
 	phase    tenantPhase

@@ -1,0 +1,266 @@
+package projection
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tenantmesh/tenantmesh/services/aggregate"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// publisher appends ledger events straight to the stream (as a busy aggregate shard would),
+// asynchronously, and remembers each tenant's last sequence.
+type publisher struct {
+	b       testing.TB
+	js      jetstream.JetStream
+	n       int
+	version map[string]uint64
+	futs    []pubFut
+	last    map[string]uint64
+}
+
+type pubFut struct {
+	tenant string
+	f      jetstream.PubAckFuture
+}
+
+func newPublisher(b testing.TB, st *schema.Store) *publisher {
+	if err := st.EnsureEventsStream(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	return &publisher{b: b, js: st.JetStream(), version: map[string]uint64{}, last: map[string]uint64{}}
+}
+
+// add publishes one event for tenant on one of 10 accounts: an open first, then deposits.
+func (p *publisher) add(tenant string) {
+	acc := fmt.Sprintf("acc%d", p.n%10)
+	key := tenant + "." + acc
+	p.version[key]++
+	ev := aggregate.Event{Tenant: tenant, AggregateType: aggregate.AccountType, AggregateID: acc, Version: p.version[key],
+		CommandKey: fmt.Sprintf("seed-%d", p.n), At: time.Now().UTC()}
+	if ev.Version == 1 {
+		ev.Event = aggregate.EvOpened
+	} else {
+		ev.Event, ev.Data = aggregate.EvDeposited, json.RawMessage(`{"amount":1}`)
+	}
+	data, _ := json.Marshal(ev)
+	f, err := p.js.PublishMsgAsync(&nats.Msg{Subject: schema.EventSubject(tenant, aggregate.AccountType, acc), Data: data})
+	if err != nil {
+		p.b.Fatal(err)
+	}
+	p.futs = append(p.futs, pubFut{tenant, f})
+	p.n++
+	if p.n%2000 == 0 {
+		p.wait()
+	}
+}
+
+// wait waits for every publish so far and records the tenants' last sequences.
+func (p *publisher) wait() {
+	select {
+	case <-p.js.PublishAsyncComplete():
+	case <-time.After(30 * time.Second):
+		p.b.Fatal("publishes not acknowledged in 30s")
+	}
+	for _, f := range p.futs {
+		select {
+		case ack := <-f.f.Ok():
+			p.last[f.tenant] = max(p.last[f.tenant], ack.Sequence)
+		case err := <-f.f.Err():
+			p.b.Fatal(err)
+		}
+	}
+	p.futs = p.futs[:0]
+}
+
+// BenchmarkWarm measures a move target's warm-up for a tenant with 100k events: cold (replay of
+// the whole history) and from the views the source stored (replay of the last 1%).
+func BenchmarkWarm(b *testing.B) {
+	const n = 100_000
+	st := openStore(b)
+	ctx := context.Background()
+	p := newPublisher(b, st)
+	for range n - n/100 {
+		p.add("big")
+	}
+	p.wait()
+	src, _ := newService(b, st, Config{})
+	warm(b, src, "big", p.last["big"])
+	if err := src.Release(ctx, "big"); err != nil { // stores the views
+		b.Fatal(err)
+	}
+	for range n / 100 {
+		p.add("big")
+	}
+	p.wait()
+	fence := p.last["big"]
+	for _, stored := range []bool{false, true} {
+		name := "cold"
+		if stored {
+			name = "stored-views"
+		}
+		b.Run(fmt.Sprintf("events=%d/%s", n, name), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if !stored {
+					if err := src.st.views.Delete(ctx, "big"); err != nil {
+						b.Fatal(err)
+					}
+				}
+				tgt, stop := newService(b, st, Config{CheckpointInterval: time.Hour})
+				start := time.Now()
+				warm(b, tgt, "big", fence)
+				took := time.Since(start)
+				b.ReportMetric(took.Seconds()*1000, "warm-ms")
+				b.ReportMetric(float64(n)/took.Seconds(), "events/s")
+				if tgt.Applied("big") != fence || tgt.Lag("big") != 0 {
+					b.Fatalf("warmed to %d of %d", tgt.Applied("big"), fence)
+				}
+				ts := tgt.lookup("big")
+				ts.mu.RLock()
+				rows := len(ts.txs)
+				ts.mu.RUnlock()
+				if rows != n-10 {
+					b.Fatalf("%d transactions, want %d", rows, n-10)
+				}
+				stop()
+				if stored {
+					if err := tgt.Release(ctx, "big"); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+		if !stored {
+			// Restore the stored views for the next sub-benchmark.
+			warm(b, src, "big", fence)
+			if err := src.Release(ctx, "big"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
+
+// BenchmarkTenants10k hosts 10,000 tenants on one instance and measures: the time to host them
+// all (catch-up of each, then one shared tail consumer), the creation time of a consumer
+// filtering 10,000 tenant subjects, and the steady-state rate of events applied while 100k
+// events for the hosted tenants are published (plus, with noise, as many for tenants hosted
+// elsewhere). filters=events.> is the fallback past MaxFilters: one consumer over every event,
+// filtered in the service.
+func BenchmarkTenants10k(b *testing.B) {
+	const tenants, events = 10_000, 100_000
+	for _, mode := range []struct {
+		name       string
+		maxFilters int
+		noise      bool
+	}{
+		{"filters=tenants/noise=0", 0, false},
+		{"filters=tenants/noise=1x", 0, true},
+		{"filters=events.>/noise=1x", 1, true},
+	} {
+		b.Run(mode.name, func(b *testing.B) {
+			for b.Loop() {
+				benchTenants(b, tenants, events, mode.maxFilters, mode.noise)
+			}
+		})
+	}
+}
+
+func benchTenants(b *testing.B, tenants, events, maxFilters int, noise bool) {
+	st := openStore(b)
+	ctx := context.Background()
+	p := newPublisher(b, st)
+	name := func(i int) string { return fmt.Sprintf("t%05d", i) }
+	for i := range tenants { // one event each, so every catch-up replays something
+		p.add(name(i))
+	}
+	p.wait()
+
+	s, _ := newService(b, st, Config{MaxFilters: maxFilters, CheckpointInterval: time.Hour, CheckpointEvery: 1 << 30})
+	start := time.Now()
+	for i := range tenants {
+		s.host(name(i))
+	}
+	for i := range tenants {
+		warm(b, s, name(i), p.last[name(i)])
+	}
+	waitLive(b, s, tenants)
+	b.ReportMetric(time.Since(start).Seconds()*1000, "host-10k-ms")
+
+	if maxFilters == 0 {
+		filters := make([]string, tenants)
+		for i := range filters {
+			filters[i] = schema.TenantEvents(name(i))
+		}
+		cstart := time.Now()
+		cons, err := st.JetStream().OrderedConsumer(ctx, schema.StreamEvents, jetstream.OrderedConsumerConfig{
+			FilterSubjects: filters, DeliverPolicy: jetstream.DeliverNewPolicy})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(time.Since(cstart).Seconds()*1000, "consumer-10k-filters-ms")
+		_ = st.JetStream().DeleteConsumer(ctx, schema.StreamEvents, cons.CachedInfo().Name)
+	}
+
+	applied0 := appliedTotal(s)
+	start = time.Now()
+	for i := range events {
+		p.add(name(i % tenants))
+		if noise {
+			p.add(fmt.Sprintf("elsewhere%05d", i%tenants))
+		}
+	}
+	p.wait()
+	published := time.Since(start)
+	for i := range tenants {
+		warm(b, s, name(i), p.last[name(i)])
+	}
+	took := time.Since(start)
+	if got := appliedTotal(s) - applied0; got != uint64(events) {
+		b.Fatalf("applied %d events, want %d", got, events)
+	}
+	b.ReportMetric(float64(events)/took.Seconds(), "applied/s")
+	b.ReportMetric(float64(p.n-tenants)/published.Seconds(), "published/s")
+}
+
+func appliedTotal(s *Service) uint64 {
+	var n uint64
+	for _, ts := range s.hosted() {
+		ts.mu.RLock()
+		n += uint64(len(ts.txs))
+		for _, a := range ts.accounts {
+			_ = a
+			n++ // the open
+		}
+		ts.mu.RUnlock()
+	}
+	return n
+}
+
+// waitLive polls until the tail applies n tenants (the joins are internal to the tail).
+func waitLive(b testing.TB, s *Service, n int) {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		live := 0
+		for _, ts := range s.hosted() {
+			ts.mu.RLock()
+			if ts.phase == phaseLive {
+				live++
+			}
+			ts.mu.RUnlock()
+		}
+		if live == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%d of %d tenants live after 60s", live, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
