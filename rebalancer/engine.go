@@ -34,6 +34,10 @@ type Config struct {
 	DrainTimeout time.Duration
 	// Thresholds decide which instances are live. Default schema's.
 	Thresholds schema.Thresholds
+	// LeaseHeld tells the engine that its caller holds the leader lease as Holder for as long
+	// as the engine is used (rebalancer serve keeps it) and cancels the context it passes if
+	// the lease is lost; Apply and Rollback then do not take the lease themselves.
+	LeaseHeld bool
 	// Progress, if set, is called after every change of a move record.
 	Progress func(MoveRecord)
 	Logger   *slog.Logger
@@ -151,6 +155,10 @@ func (e *Engine) Plans(ctx context.Context) ([]PlanRecord, error) {
 // lead takes the leader lease and keeps it until the returned stop is called; ctx is cancelled
 // if the lease is lost.
 func (e *Engine) lead(ctx context.Context) (context.Context, func(), error) {
+	if e.cfg.LeaseHeld {
+		lctx, cancel := context.WithCancel(ctx)
+		return lctx, cancel, nil
+	}
 	l, err := e.st.AcquireLease(ctx, schema.LeaderLease, e.cfg.Holder, e.cfg.LeaseTTL)
 	if err != nil {
 		return nil, nil, fmt.Errorf("rebalancer: not the leader: %w", err)
