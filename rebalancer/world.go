@@ -21,7 +21,7 @@ type Telemetry struct {
 	mu     sync.Mutex
 	latest map[string]schema.LoadReport // instance key -> newest report
 	sub    *nats.Subscription
-	added  chan struct{}                // a token per report added, if set (tests)
+	added  chan struct{} // a token per report added, if set (tests)
 }
 
 // WatchTelemetry subscribes to the load reports of kind ("" for every kind) until Stop.

@@ -145,7 +145,7 @@ func TestBuildWorldFromNATS(t *testing.T) {
 	}
 	tel.sub = sub
 	defer tel.Stop()
-		if err := st.PublishLoad(schema.LoadReport{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: "s-1", Instance: "i1"},
+	if err := st.PublishLoad(schema.LoadReport{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: "s-1", Instance: "i1"},
 		RatePerSec: 42, Top: []schema.TenantLoad{{Tenant: "acme", RatePerSec: 40}}}); err != nil {
 		t.Fatal(err)
 	}
