@@ -1,0 +1,149 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
+)
+
+// MaxBodyBytes bounds a POST /jobs body.
+const MaxBodyBytes = MaxPayloadBytes + 4<<10
+
+// RouteTable is what the service serves, for the route registry.
+var RouteTable = []schema.Route{
+	{Method: "POST", Prefix: "/jobs", Kind: Kind},
+	{Method: "GET", Prefix: "/jobs", Kind: Kind},
+}
+
+// Mount registers the tenant routes behind gate (shardkit's placement gate) and the instance
+// views behind admin (shardkit's token check).
+func (s *Service) Mount(r chi.Router, gate, admin func(http.Handler) http.Handler) {
+	r.With(gate).Post("/jobs", s.handleCreate)
+	r.With(gate).Get("/jobs", s.handleList)
+	r.With(gate).Get("/jobs/{id}", s.handleGet)
+	r.With(admin).Get("/admin/runner/status", s.handleStatus)
+	r.With(admin).Get("/admin/runner/instances", s.handleInstances)
+}
+
+func tenantOf(r *http.Request) string { return r.Header.Get(tmhttp.HeaderTenant) }
+
+func (s *Service) handleCreate(w http.ResponseWriter, r *http.Request) {
+	tenant := tenantOf(r)
+	var nj NewJob
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&nj); err != nil {
+		writeErr(w, r, fmt.Errorf("%w: the body must be one JSON job {type, payload?, instance?, idempotency_key?}: %v", ErrBadJob, err), tenant)
+		return
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		writeErr(w, r, fmt.Errorf("%w: the body must hold exactly one JSON job", ErrBadJob), tenant)
+		return
+	}
+	if nj.IdempotencyKey == "" {
+		nj.IdempotencyKey = r.Header.Get("Idempotency-Key")
+	}
+	run, created, err := s.Create(r.Context(), tenant, nj)
+	if err != nil {
+		writeErr(w, r, err, tenant)
+		return
+	}
+	w.Header().Set("Location", "/jobs/"+run.ID)
+	if !created {
+		w.Header().Set("Idempotent-Replayed", "true")
+		tmhttp.WriteJSON(w, http.StatusOK, run)
+		return
+	}
+	tmhttp.WriteJSON(w, http.StatusAccepted, run)
+}
+
+func (s *Service) handleGet(w http.ResponseWriter, r *http.Request) {
+	tenant := tenantOf(r)
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.OpTimeout)
+	defer cancel()
+	run, err := s.Get(ctx, tenant, chi.URLParam(r, "id"))
+	if err != nil {
+		writeErr(w, r, err, tenant)
+		return
+	}
+	tmhttp.WriteJSON(w, http.StatusOK, run)
+}
+
+func (s *Service) handleList(w http.ResponseWriter, r *http.Request) {
+	tenant := tenantOf(r)
+	limit := 100
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			writeErr(w, r, fmt.Errorf("%w: limit must be 1 to 1000", ErrBadJob), tenant)
+			return
+		}
+		limit = n
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 4*s.cfg.OpTimeout)
+	defer cancel()
+	runs, err := s.List(ctx, tenant, Status(r.URL.Query().Get("status")), limit)
+	if err != nil {
+		writeErr(w, r, err, tenant)
+		return
+	}
+	tmhttp.WriteJSON(w, http.StatusOK, struct {
+		Tenant string `json:"tenant"`
+		Jobs   []Run  `json:"jobs"`
+	}{tenant, runs})
+}
+
+func (s *Service) handleStatus(w http.ResponseWriter, r *http.Request) {
+	tmhttp.WriteJSON(w, http.StatusOK, s.Status())
+}
+
+func (s *Service) handleInstances(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.OpTimeout)
+	defer cancel()
+	views, err := s.Instances(ctx)
+	if err != nil {
+		writeErr(w, r, err, "")
+		return
+	}
+	tmhttp.WriteJSON(w, http.StatusOK, struct {
+		Instances []InstanceView `json:"instances"`
+	}{views})
+}
+
+// writeErr is the one place that maps the service's errors to HTTP.
+func writeErr(w http.ResponseWriter, r *http.Request, err error, tenant string) {
+	var e *tmhttp.Error
+	switch {
+	case errors.Is(err, schema.ErrInvalidTenant):
+		e = &tmhttp.Error{Status: http.StatusBadRequest, Type: "bad-tenant", Title: "Bad tenant id"}
+	case errors.Is(err, ErrBadJob), errors.Is(err, ErrUnknownType):
+		e = &tmhttp.Error{Status: http.StatusBadRequest, Type: "bad-job", Title: "Bad job"}
+	case errors.Is(err, ErrNoJob):
+		e = &tmhttp.Error{Status: http.StatusNotFound, Type: "not-found", Title: "No such job"}
+	case errors.Is(err, ErrQueueFull):
+		e = &tmhttp.Error{Status: http.StatusTooManyRequests, Type: "queue-full", Title: "Tenant queue full", RetryAfter: 5 * time.Second}
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout), errors.Is(err, nats.ErrNoResponders),
+		errors.Is(err, jetstream.ErrNoStreamResponse):
+		e = &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "store-unavailable", Title: "Job store unavailable",
+			Detail: "the job store did not answer in time; retry with the same Idempotency-Key to create the job once", RetryAfter: time.Second}
+	default:
+		tmhttp.WriteError(w, r, err, tenant, Kind)
+		return
+	}
+	if e.Detail == "" {
+		e.Detail = err.Error()
+	}
+	tmhttp.WriteError(w, r, e, tenant, Kind)
+}

@@ -1,0 +1,279 @@
+package runner
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// Status is a job run's state.
+type Status string
+
+const (
+	StatusPending   Status = "pending"
+	StatusRunning   Status = "running"
+	StatusSucceeded Status = "succeeded"
+	StatusFailed    Status = "failed"
+)
+
+func (s Status) valid() bool {
+	return s == StatusPending || s == StatusRunning || s == StatusSucceeded || s == StatusFailed
+}
+
+func (s Status) done() bool { return s == StatusSucceeded || s == StatusFailed }
+
+// Domain errors, mapped to HTTP in one place (writeErr).
+var (
+	ErrBadJob      = errors.New("bad job")
+	ErrNoJob       = errors.New("no such job")
+	ErrQueueFull   = errors.New("tenant queue full")
+	ErrUnknownType = errors.New("unknown job type")
+)
+
+// NewJob is what a client submits (POST /jobs).
+type NewJob struct {
+	Type    string          `json:"type"`
+	Payload json.RawMessage `json:"payload,omitempty"`
+	// Instance pins the job to one instance of the owning shard (seed 003's hostId): only that
+	// instance runs it. Empty: any instance of the shard.
+	Instance string `json:"instance,omitempty"`
+	// IdempotencyKey makes a retried create return the first job (also the Idempotency-Key
+	// header).
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+}
+
+// Run is a job and its run state, the value of key <tenant>.<id> in tm_runner_runs.
+type Run struct {
+	ID       string          `json:"id"`
+	Tenant   string          `json:"tenant"`
+	Type     string          `json:"type"`
+	Payload  json.RawMessage `json:"payload,omitempty"`
+	Instance string          `json:"instance,omitempty"`
+	Status   Status          `json:"status"`
+	Attempts int             `json:"attempts"`
+	// RanOn is the instance running or that ran the last attempt.
+	RanOn  string          `json:"ran_on,omitempty"`
+	Result json.RawMessage `json:"result,omitempty"`
+	Error  string          `json:"error,omitempty"`
+	// Effects are the dedupe keys of the effects the job recorded.
+	Effects    []string   `json:"effects,omitempty"`
+	CreatedAt  time.Time  `json:"created_at"`
+	StartedAt  *time.Time `json:"started_at,omitempty"`
+	FinishedAt *time.Time `json:"finished_at,omitempty"`
+	// NotBefore delays the next attempt after a failure (backoff).
+	NotBefore *time.Time `json:"not_before,omitempty"`
+	// LeaseUntil is when a running attempt is presumed dead and may be taken over.
+	LeaseUntil *time.Time `json:"lease_until,omitempty"`
+	// Seq is the queue entry's stream sequence (0 until enqueued).
+	Seq uint64 `json:"seq,omitempty"`
+
+	rev uint64
+}
+
+// queueEntry is the body of a queue message: enough to find the run.
+type queueEntry struct {
+	ID string `json:"id"`
+}
+
+var jobType = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+
+// MaxPayloadBytes bounds a job's payload.
+const MaxPayloadBytes = 256 << 10
+
+func runKey(tenant, id string) string { return tenant + "." + id }
+
+// Subjects inside the tenant's jobs.<tenant>.> space: the shared queue, one queue per pinned
+// instance, and the outbox.
+func anySubject(tenant string) string           { return schema.JobSubject(tenant, "any") }
+func pinSubject(tenant, instance string) string { return schema.JobSubject(tenant, "pin."+instance) }
+func outboxSubject(tenant string) string        { return schema.JobSubject(tenant, "fx") }
+
+func newID(tenant, idemKey string) string {
+	if idemKey != "" {
+		h := sha256.Sum256([]byte(tenant + "\x00" + idemKey))
+		return hex.EncodeToString(h[:10])
+	}
+	var b [10]byte
+	_, _ = rand.Read(b[:])
+	// A time prefix keeps ids roughly sortable by creation.
+	return fmt.Sprintf("%011x", time.Now().UnixMilli()) + hex.EncodeToString(b[:])[:9]
+}
+
+// Create validates nj, records the run (pending) and enqueues it on the tenant's queue. It
+// answers ErrQueueFull when the tenant already has MaxQueued unfinished jobs. A create with an
+// idempotency key that was used before returns the first run and created=false.
+func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bool, error) {
+	if err := schema.CheckTenant(tenant); err != nil {
+		return Run{}, false, err
+	}
+	if !jobType.MatchString(nj.Type) {
+		return Run{}, false, fmt.Errorf("%w: type %q must be 1 to 64 characters of [A-Za-z0-9_.-]", ErrBadJob, nj.Type)
+	}
+	if s.handlers[nj.Type] == nil {
+		return Run{}, false, fmt.Errorf("%w %q: this runner knows %s", ErrUnknownType, nj.Type, strings.Join(s.types(), ", "))
+	}
+	if len(nj.Payload) > MaxPayloadBytes {
+		return Run{}, false, fmt.Errorf("%w: payload is %d bytes, at most %d", ErrBadJob, len(nj.Payload), MaxPayloadBytes)
+	}
+	if nj.Instance != "" {
+		if err := schema.CheckName("instance", nj.Instance); err != nil {
+			return Run{}, false, fmt.Errorf("%w: %w", ErrBadJob, err)
+		}
+	}
+	if len(nj.IdempotencyKey) > 200 {
+		return Run{}, false, fmt.Errorf("%w: idempotency key longer than 200 bytes", ErrBadJob)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+	defer cancel()
+	id := newID(tenant, nj.IdempotencyKey)
+	if nj.IdempotencyKey != "" {
+		if r, err := s.Get(ctx, tenant, id); err == nil {
+			return r, false, nil
+		}
+	}
+	depth, err := s.Depth(ctx, tenant)
+	if err != nil {
+		return Run{}, false, err
+	}
+	if depth >= s.cfg.MaxQueued {
+		s.m.rejected.Inc()
+		return Run{}, false, fmt.Errorf("%w: %d jobs are waiting or running, the cap is %d", ErrQueueFull, depth, s.cfg.MaxQueued)
+	}
+	r := Run{ID: id, Tenant: tenant, Type: nj.Type, Payload: nj.Payload, Instance: nj.Instance,
+		Status: StatusPending, CreatedAt: time.Now().UTC()}
+	b, _ := json.Marshal(r)
+	rev, err := s.runs.Create(ctx, runKey(tenant, id), b)
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		got, gerr := s.Get(ctx, tenant, id)
+		return got, false, gerr
+	}
+	if err != nil {
+		return Run{}, false, fmt.Errorf("runner: record job %s: %w", id, err)
+	}
+	r.rev = rev
+	subj := anySubject(tenant)
+	if nj.Instance != "" {
+		subj = pinSubject(tenant, nj.Instance)
+	}
+	qb, _ := json.Marshal(queueEntry{ID: id})
+	ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: subj, Data: qb}, jetstream.WithMsgID(tenant+":"+id))
+	if err != nil {
+		// Not enqueued: remove the run so it does not wait for ever.
+		_ = s.runs.Delete(context.WithoutCancel(ctx), runKey(tenant, id), jetstream.LastRevision(rev))
+		return Run{}, false, fmt.Errorf("runner: enqueue job %s: %w", id, err)
+	}
+	r.Seq = ack.Sequence
+	s.m.created.Inc()
+	return r, true, nil
+}
+
+// Depth is the number of the tenant's unfinished jobs (queued, waiting for a retry, running).
+// Finished jobs leave the queue, so this is the count of messages on its queue subjects.
+func (s *Service) Depth(ctx context.Context, tenant string) (int, error) {
+	info, err := s.jobs.Info(ctx, jetstream.WithSubjectFilter(schema.TenantJobs(tenant)))
+	if err != nil {
+		return 0, fmt.Errorf("runner: queue depth of %s: %w", tenant, err)
+	}
+	n := 0
+	fx := outboxSubject(tenant)
+	for subj, c := range info.State.Subjects {
+		if subj != fx {
+			n += int(c)
+		}
+	}
+	return n, nil
+}
+
+// Get reads one run.
+func (s *Service) Get(ctx context.Context, tenant, id string) (Run, error) {
+	if !validID(id) {
+		return Run{}, fmt.Errorf("%w: %q", ErrNoJob, id)
+	}
+	e, err := s.runs.Get(ctx, runKey(tenant, id))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Run{}, fmt.Errorf("%w: %s", ErrNoJob, id)
+	}
+	if err != nil {
+		return Run{}, fmt.Errorf("runner: read job %s: %w", id, err)
+	}
+	var r Run
+	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		return Run{}, fmt.Errorf("runner: job %s is corrupt: %w", id, err)
+	}
+	r.rev = e.Revision()
+	return r, nil
+}
+
+func validID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// List returns up to limit of the tenant's runs, newest first, optionally only those in status.
+func (s *Service) List(ctx context.Context, tenant string, status Status, limit int) ([]Run, error) {
+	if status != "" && !status.valid() {
+		return nil, fmt.Errorf("%w: status %q is not one of pending, running, succeeded, failed", ErrBadJob, status)
+	}
+	lister, err := s.runs.ListKeysFiltered(ctx, tenant+".*")
+	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+		return nil, fmt.Errorf("runner: list jobs: %w", err)
+	}
+	var keys []string
+	if lister != nil {
+		for k := range lister.Keys() {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	slices.Reverse(keys)
+	out := []Run{}
+	for _, k := range keys {
+		_, id, _ := strings.Cut(k, ".")
+		r, err := s.Get(ctx, tenant, id)
+		if errors.Is(err, ErrNoJob) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if status == "" || r.Status == status {
+			out = append(out, r)
+			if len(out) >= limit {
+				break
+			}
+		}
+	}
+	return out, nil
+}
+
+// putRun writes r by compare-and-set on its revision.
+func (s *Service) putRun(ctx context.Context, r *Run) error {
+	b, _ := json.Marshal(r)
+	rev, err := s.runs.Update(ctx, runKey(r.Tenant, r.ID), b, r.rev)
+	if err != nil {
+		return err
+	}
+	r.rev = rev
+	return nil
+}

@@ -1,0 +1,348 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
+)
+
+func passthrough(h http.Handler) http.Handler { return h }
+
+func serve(t *testing.T, s *Service) *httptest.Server {
+	r := chi.NewRouter()
+	s.Mount(r, passthrough, passthrough)
+	srv := httptest.NewServer(r)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func call(t *testing.T, srv *httptest.Server, method, path, tenant, body string, hdr ...string) (*http.Response, map[string]any) {
+	t.Helper()
+	req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+	req.Header.Set(tmhttp.HeaderTenant, tenant)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	return resp, out
+}
+
+func TestJobsAPI(t *testing.T) {
+	st := openStore(t)
+	rc := newReceiver(t)
+	place(t, st, "acme", "runner-1")
+	s := startService(t, st, "runner-1", "a", Config{})
+	srv := serve(t, s)
+	owning(t, s, "acme", true)
+
+	for _, tc := range []struct{ body, want string }{
+		{`{`, "bad-job"},
+		{`{"type":"nope"}`, "bad-job"},
+		{`{"type":"log","extra":1}`, "bad-job"},
+		{`{"type":"log","instance":"a.b"}`, "bad-job"},
+	} {
+		resp, p := call(t, srv, "POST", "/jobs", "acme", tc.body)
+		if resp.StatusCode != 400 || !strings.HasSuffix(fmt.Sprint(p["type"]), tc.want) {
+			t.Errorf("POST %s: %d %v, want 400 %s", tc.body, resp.StatusCode, p, tc.want)
+		}
+	}
+	body, _ := json.Marshal(hookJob(rc.URL, map[string]int{"n": 1}))
+	resp, p := call(t, srv, "POST", "/jobs", "acme", string(body), "Idempotency-Key", "k1")
+	if resp.StatusCode != http.StatusAccepted || p["status"] != "pending" {
+		t.Fatalf("create: %d %v", resp.StatusCode, p)
+	}
+	id := p["id"].(string)
+	resp, p = call(t, srv, "POST", "/jobs", "acme", string(body), "Idempotency-Key", "k1")
+	if resp.StatusCode != http.StatusOK || p["id"] != id || resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replayed create: %d %v", resp.StatusCode, p)
+	}
+	rc.await(t, 1, 10*time.Second)
+	waitDone(t, s, "acme", []string{id}, 10*time.Second)
+	resp, p = call(t, srv, "GET", "/jobs/"+id, "acme", "")
+	if resp.StatusCode != 200 || p["status"] != "succeeded" || p["attempts"].(float64) != 1 || p["started_at"] == nil || p["finished_at"] == nil {
+		t.Fatalf("get: %d %v", resp.StatusCode, p)
+	}
+	if resp, _ := call(t, srv, "GET", "/jobs/"+id, "other", ""); resp.StatusCode != 404 {
+		t.Fatalf("another tenant's job: %d, want 404", resp.StatusCode)
+	}
+	if resp, _ := call(t, srv, "GET", "/jobs/0123456789abcdef", "acme", ""); resp.StatusCode != 404 {
+		t.Fatalf("unknown job: %d, want 404", resp.StatusCode)
+	}
+	resp, p = call(t, srv, "GET", "/jobs?status=succeeded", "acme", "")
+	if jobs := p["jobs"].([]any); resp.StatusCode != 200 || len(jobs) != 1 {
+		t.Fatalf("list succeeded: %d %v", resp.StatusCode, p)
+	}
+	resp, p = call(t, srv, "GET", "/jobs?status=pending", "acme", "")
+	if jobs := p["jobs"].([]any); resp.StatusCode != 200 || len(jobs) != 0 {
+		t.Fatalf("list pending: %d %v", resp.StatusCode, p)
+	}
+	if resp, _ := call(t, srv, "GET", "/jobs?status=bogus", "acme", ""); resp.StatusCode != 400 {
+		t.Fatalf("bad status filter: %d", resp.StatusCode)
+	}
+	counts, _ := rc.snapshot()
+	if counts["acme.job."+id+".0"] != 1 {
+		t.Fatalf("receiver counts %v", counts)
+	}
+}
+
+// A tenant whose queue is at its cap gets 429 with Retry-After; others are not affected.
+func TestQueueCap(t *testing.T) {
+	st := openStore(t)
+	place(t, st, "busy", "runner-2") // owned by a shard with no instance: nothing runs
+	s := startService(t, st, "runner-1", "a", Config{MaxQueued: 5})
+	srv := serve(t, s)
+	for i := range 5 {
+		if resp, p := call(t, srv, "POST", "/jobs", "busy", `{"type":"noop"}`); resp.StatusCode != 202 {
+			t.Fatalf("job %d: %d %v", i, resp.StatusCode, p)
+		}
+	}
+	resp, p := call(t, srv, "POST", "/jobs", "busy", `{"type":"noop"}`)
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("over the cap: %d %v, want 429 with Retry-After", resp.StatusCode, p)
+	}
+	if resp, _ := call(t, srv, "POST", "/jobs", "calm", `{"type":"noop"}`); resp.StatusCode != 202 {
+		t.Fatalf("another tenant: %d", resp.StatusCode)
+	}
+	// Only the owning shard acquires: runner-1 must not have run busy's jobs.
+	runs, err := s.List(context.Background(), "busy", StatusPending, 100)
+	if err != nil || len(runs) != 5 {
+		t.Fatalf("busy's pending jobs: %d %v, want 5", len(runs), err)
+	}
+}
+
+// Pinned jobs run only on their instance; unpinned ones on any instance of the shard.
+func TestPinnedJobs(t *testing.T) {
+	st := openStore(t)
+	place(t, st, "acme", "runner-1")
+	a := startService(t, st, "runner-1", "a", Config{})
+	b := startService(t, st, "runner-1", "b", Config{})
+	owning(t, a, "acme", true)
+	owning(t, b, "acme", true)
+	pinned := create(t, a, "acme", 100, NewJob{Type: "sleep", Payload: json.RawMessage(`{"ms":1}`), Instance: "b"})
+	free := create(t, a, "acme", 100, NewJob{Type: "sleep", Payload: json.RawMessage(`{"ms":1}`)})
+	runs := waitDone(t, a, "acme", append(pinned, free...), 30*time.Second)
+	on := map[string]int{}
+	for _, id := range pinned {
+		if r := runs[id]; r.RanOn != "b" || r.Status != StatusSucceeded {
+			t.Fatalf("pinned job %s ran on %q (%s), want b", id, r.RanOn, r.Status)
+		}
+	}
+	for _, id := range free {
+		on[runs[id].RanOn]++
+	}
+	t.Logf("unpinned jobs per instance: %v", on)
+	if on["a"] == 0 {
+		t.Errorf("instance a ran none of the unpinned jobs: %v", on)
+	}
+}
+
+// The per-instance concurrency cap holds under load.
+func TestConcurrencyCap(t *testing.T) {
+	st := openStore(t)
+	var cur, peak atomic.Int64
+	probe := func(ctx context.Context, r Run) (Output, error) {
+		n := cur.Add(1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
+			}
+		}
+		defer cur.Add(-1)
+		tm := time.NewTimer(3 * time.Millisecond)
+		defer tm.Stop()
+		select {
+		case <-tm.C:
+		case <-ctx.Done():
+		}
+		return Output{}, nil
+	}
+	const limit = 4
+	s := startService(t, st, "runner-1", "a", Config{MaxConcurrent: limit, Handlers: map[string]Handler{"probe": probe}})
+	tenants := []string{"t1", "t2", "t3", "t4", "t5", "t6"}
+	for _, tn := range tenants {
+		place(t, st, tn, "runner-1")
+		owning(t, s, tn, true)
+	}
+	ids := map[string][]string{}
+	for _, tn := range tenants {
+		ids[tn] = create(t, s, tn, 100, NewJob{Type: "probe"})
+	}
+	start := time.Now()
+	for _, tn := range tenants {
+		waitDone(t, s, tn, ids[tn], 60*time.Second)
+	}
+	el := time.Since(start)
+	if p := peak.Load(); p != limit {
+		t.Fatalf("peak concurrency %d, want exactly the cap %d", p, limit)
+	}
+	t.Logf("MEASURED concurrency cap %d: peak %d running; %d jobs of 3ms in %v (%.0f jobs/s)", limit, peak.Load(), 600, el.Round(time.Millisecond), 600/el.Seconds())
+}
+
+// The per-instance and per-tenant start rates hold; excess stays queued.
+func TestRateLimits(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		inst, tenant     int // per minute
+		wantInst, wantTn float64
+	}{
+		{"instance", 1800, 0, 30, 0},
+		{"tenant", 0, 1200, 0, 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := openStore(t)
+			var mu sync.Mutex
+			starts := map[string][]time.Time{}
+			stamp := func(_ context.Context, r Run) (Output, error) {
+				mu.Lock()
+				starts[r.Tenant] = append(starts[r.Tenant], time.Now())
+				mu.Unlock()
+				return Output{}, nil
+			}
+			s := startService(t, st, "runner-1", "a", Config{MaxConcurrent: 16, InstanceJobsPerMinute: tc.inst,
+				TenantJobsPerMinute: tc.tenant, Handlers: map[string]Handler{"stamp": stamp}})
+			ps := map[string]schema.Placement{}
+			ids := map[string][]string{}
+			for _, tn := range []string{"r1", "r2"} {
+				ps[tn] = place(t, st, tn, "runner-9")
+				ids[tn] = create(t, s, tn, 60, NewJob{Type: "stamp"})
+			}
+			for _, tn := range []string{"r1", "r2"} {
+				next := ps[tn]
+				next.Shard, next.Epoch = "runner-1", next.Epoch+1
+				if _, err := st.UpdatePlacement(context.Background(), ps[tn], next); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, tn := range []string{"r1", "r2"} {
+				waitDone(t, s, tn, ids[tn], 30*time.Second)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			all := append(append([]time.Time{}, starts["r1"]...), starts["r2"]...)
+			if tc.wantInst > 0 {
+				got := steadyRate(all, int(tc.wantInst))
+				t.Logf("MEASURED instance rate %.1f jobs/s (cap %d/min = %.0f/s), 2 tenants x 60 jobs", got, tc.inst, tc.wantInst)
+				if got > tc.wantInst*1.1 || got < tc.wantInst*0.5 {
+					t.Errorf("instance rate %.1f/s, want about %.0f/s and not above", got, tc.wantInst)
+				}
+			}
+			if tc.wantTn > 0 {
+				r1, r2 := steadyRate(starts["r1"], int(tc.wantTn)), steadyRate(starts["r2"], int(tc.wantTn))
+				t.Logf("MEASURED tenant rates r1 %.1f/s, r2 %.1f/s (cap %d/min = %.0f/s each); together %.1f/s", r1, r2, tc.tenant, tc.wantTn, steadyRate(all, 2*int(tc.wantTn)))
+				for _, got := range []float64{r1, r2} {
+					if got > tc.wantTn*1.1 || got < tc.wantTn*0.5 {
+						t.Errorf("tenant rate %.1f/s, want about %.0f/s and not above", got, tc.wantTn)
+					}
+				}
+			}
+		})
+	}
+}
+
+// steadyRate is the start rate after the burst: starts beyond the burst over the time they took.
+func steadyRate(ts []time.Time, burst int) float64 {
+	first, last := ts[0], ts[0]
+	for _, x := range ts {
+		if x.Before(first) {
+			first = x
+		}
+		if x.After(last) {
+			last = x
+		}
+	}
+	return float64(len(ts)-burst) / last.Sub(first).Seconds()
+}
+
+// One tenant's flood does not starve another tenant on the same shard.
+func TestFairness(t *testing.T) {
+	st := openStore(t)
+	s := startService(t, st, "runner-1", "a", Config{MaxConcurrent: 2})
+	// Both queues fill while another shard owns the tenants, then both move here at once.
+	ps := map[string]schema.Placement{}
+	for _, tn := range []string{"flood", "small"} {
+		ps[tn] = place(t, st, tn, "runner-9")
+	}
+	job := NewJob{Type: "sleep", Payload: json.RawMessage(`{"ms":2}`)}
+	flood := create(t, s, "flood", 1000, job)
+	small := create(t, s, "small", 20, job)
+	for _, tn := range []string{"flood", "small"} {
+		next := ps[tn]
+		next.Shard, next.Epoch = "runner-1", next.Epoch+1
+		if _, err := st.UpdatePlacement(context.Background(), ps[tn], next); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	waitDone(t, s, "small", small, 30*time.Second)
+	el := time.Since(start)
+	left, err := s.Depth(context.Background(), "flood")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("MEASURED fairness: the small tenant's 20 jobs finished in %v while the flood still had %d of %d queued", el.Round(time.Millisecond), left, len(flood))
+	if left < 900 {
+		t.Fatalf("flood has only %d jobs left when small finished: small waited behind the flood", left)
+	}
+}
+
+// The webhook retries transient failures with backoff; a 4xx fails the job for good.
+func TestWebhookRetries(t *testing.T) {
+	st := openStore(t)
+	rc := newReceiver(t)
+	rc.failFirst = 2
+	place(t, st, "acme", "runner-1")
+	s := startService(t, st, "runner-1", "a", Config{Effects: map[string]Effect{"webhook": &Webhook{Backoff: 5 * time.Millisecond}}})
+	owning(t, s, "acme", true)
+	ids := create(t, s, "acme", 1, hookJob(rc.URL, "x"))
+	runs := waitDone(t, s, "acme", ids, 10*time.Second)
+	counts, _ := rc.snapshot()
+	if r := runs[ids[0]]; r.Status != StatusSucceeded || counts["acme.job."+ids[0]+".0"] != 1 || rc.tries["acme.job."+ids[0]+".0"] != 3 {
+		t.Fatalf("run %+v, deliveries %v, tries %v", r, counts, rc.tries)
+	}
+	bad := newReceiver(t)
+	bad.status = http.StatusBadRequest
+	ids = create(t, s, "acme", 1, hookJob(bad.URL, "x"))
+	runs = waitDone(t, s, "acme", ids, 10*time.Second)
+	if r := runs[ids[0]]; r.Status != StatusFailed || r.Attempts != 1 || !strings.Contains(r.Error, "400") {
+		t.Fatalf("run against a 400: %+v", r)
+	}
+}
+
+// A failing job is retried with backoff up to MaxAttempts.
+func TestJobRetries(t *testing.T) {
+	st := openStore(t)
+	var calls atomic.Int32
+	flaky := func(context.Context, Run) (Output, error) {
+		if calls.Add(1) < 3 {
+			return Output{}, errTest
+		}
+		return Output{Result: json.RawMessage(`{"ok":true}`)}, nil
+	}
+	place(t, st, "acme", "runner-1")
+	s := startService(t, st, "runner-1", "a", Config{RetryBackoff: 10 * time.Millisecond, Handlers: map[string]Handler{"flaky": flaky}})
+	owning(t, s, "acme", true)
+	ids := create(t, s, "acme", 1, NewJob{Type: "flaky"})
+	runs := waitDone(t, s, "acme", ids, 10*time.Second)
+	if r := runs[ids[0]]; r.Status != StatusSucceeded || r.Attempts != 3 || string(r.Result) != `{"ok":true}` {
+		t.Fatalf("run %+v", r)
+	}
+}

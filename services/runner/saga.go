@@ -1,0 +1,269 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/mail"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tenantmesh/tenantmesh/services/aggregate"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// Saga reacts to a tenant's events (TM_EVENTS, events.<tenant>.>) with effects. The runner
+// feeds each owned tenant's events to every saga in stream order, records the effects in the
+// outbox with dedupe keys made of the saga, the event's sequence and the effect's index, and
+// keeps a per-tenant checkpoint (the last event handled) in KV tm_runner_checkpoints. Delivery
+// is at least once per event; effects are deduplicated, so each happens once.
+type Saga interface {
+	Name() string
+	// Step returns the effects for ev, none if the saga ignores it. It must be deterministic:
+	// a replayed event must give the same effects.
+	Step(ev aggregate.Event) []Request
+}
+
+// Welcome sends a welcome message when an account is opened (seed 004 section 5's
+// transactional email): event "opened" -> one effect to the account's owner.
+type Welcome struct {
+	// Effect is the provider: "email" (default; To is the owner, which must be an address)
+	// or "webhook" (To is URL) or "log".
+	Effect string
+	// URL is the webhook target when Effect is "webhook".
+	URL string
+	// Subject of the email. Default "Welcome".
+	Subject string
+}
+
+// Name implements Saga.
+func (Welcome) Name() string { return "welcome" }
+
+// Step implements Saga.
+func (w Welcome) Step(ev aggregate.Event) []Request {
+	if ev.AggregateType != aggregate.AccountType || ev.Event != aggregate.EvOpened {
+		return nil
+	}
+	var d struct {
+		Owner string `json:"owner"`
+	}
+	_ = json.Unmarshal(ev.Data, &d)
+	subject := w.Subject
+	if subject == "" {
+		subject = "Welcome"
+	}
+	text := fmt.Sprintf("Welcome, %s: your account %s is open.", d.Owner, ev.AggregateID)
+	switch w.Effect {
+	case "webhook":
+		body, _ := json.Marshal(map[string]string{"event": "welcome", "account": ev.AggregateID, "owner": d.Owner})
+		return []Request{{Effect: "webhook", To: w.URL, Body: body}}
+	case "log":
+		body, _ := json.Marshal(text)
+		return []Request{{Effect: "log", To: d.Owner, Subject: subject, Body: body}}
+	}
+	if _, err := mail.ParseAddress(d.Owner); err != nil {
+		return nil // no address to write to
+	}
+	body, _ := json.Marshal(text)
+	return []Request{{Effect: "email", To: d.Owner, Subject: subject, Body: body}}
+}
+
+// checkpointState is a tenant's saga progress.
+type checkpointState struct {
+	Seq uint64    `json:"seq"`
+	At  time.Time `json:"at"`
+	By  string    `json:"by"`
+}
+
+func sagaKey(tenant string) string  { return "saga." + tenant }
+func drainKey(tenant string) string { return "drain." + tenant }
+
+// checkpoint reads the tenant's saga checkpoint and its revision (0 if none).
+func (s *Service) checkpoint(ctx context.Context, tenant string) (checkpointState, uint64, error) {
+	e, err := s.checks.Get(ctx, sagaKey(tenant))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return checkpointState{}, 0, nil
+	}
+	if err != nil {
+		return checkpointState{}, 0, fmt.Errorf("runner: checkpoint of %s: %w", tenant, err)
+	}
+	var cp checkpointState
+	if err := json.Unmarshal(e.Value(), &cp); err != nil {
+		return checkpointState{}, 0, fmt.Errorf("runner: checkpoint of %s is corrupt: %w", tenant, err)
+	}
+	return cp, e.Revision(), nil
+}
+
+// Checkpoint is the stream sequence of the last event the tenant's sagas handled.
+func (s *Service) Checkpoint(ctx context.Context, tenant string) (uint64, error) {
+	cp, _, err := s.checkpoint(ctx, tenant)
+	return cp.Seq, err
+}
+
+func (s *Service) markSagaReady(tq *tenantQ) {
+	if len(s.cfg.Sagas) == 0 {
+		return
+	}
+	s.mu.Lock()
+	tq.sagaReady = true
+	s.mu.Unlock()
+	nudge(s.sagaWake)
+}
+
+// sagaLoop feeds ready tenants' new events to the sagas, one tenant batch at a time.
+func (s *Service) sagaLoop(ctx context.Context) {
+	if len(s.cfg.Sagas) == 0 {
+		return
+	}
+	for {
+		select {
+		case <-s.sagaWake:
+		case <-ctx.Done():
+			return
+		}
+		for {
+			s.mu.Lock()
+			type item struct {
+				tq  *tenantQ
+				ctx context.Context
+			}
+			var ready []item
+			for _, tq := range s.tenants {
+				if tq.sagaReady && tq.acquired && !tq.released {
+					tq.sagaReady = false
+					tq.work.Add(1)
+					ready = append(ready, item{tq, tq.ctx})
+				}
+			}
+			s.mu.Unlock()
+			if len(ready) == 0 {
+				break
+			}
+			slices.SortFunc(ready, func(a, b item) int { return cmpString(a.tq.tenant, b.tq.tenant) })
+			for _, it := range ready {
+				tq := it.tq
+				more, err := s.sagaBatch(it.ctx, tq)
+				tq.work.Done()
+				if err != nil && ctx.Err() == nil {
+					s.cfg.Logger.Warn("saga step failed; retrying", "tenant", tq.tenant, "err", err)
+					time.AfterFunc(time.Second, func() { s.markSagaReady(tq) })
+				} else if more {
+					s.mu.Lock()
+					tq.sagaReady = true
+					s.mu.Unlock()
+				}
+			}
+		}
+	}
+}
+
+// sagaBatchSize bounds the events one tenant handles per turn.
+const sagaBatchSize = 128
+
+// sagaBatch handles up to sagaBatchSize of the tenant's events after its checkpoint, then
+// advances the checkpoint (compare-and-set: if a sibling moved it, its progress wins; the
+// effects both recorded are deduplicated). more: the tenant may have further events.
+func (s *Service) sagaBatch(ctx context.Context, tq *tenantQ) (more bool, err error) {
+	cp, rev, err := s.checkpoint(ctx, tq.tenant)
+	if err != nil {
+		return false, err
+	}
+	last := cp.Seq
+	defer func() {
+		if last == cp.Seq {
+			return
+		}
+		b, _ := json.Marshal(checkpointState{Seq: last, At: time.Now().UTC(), By: s.cfg.ID.Instance})
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.OpTimeout)
+		defer cancel()
+		var werr error
+		if rev == 0 {
+			_, werr = s.checks.Create(wctx, sagaKey(tq.tenant), b)
+		} else {
+			_, werr = s.checks.Update(wctx, sagaKey(tq.tenant), b, rev)
+		}
+		if werr != nil && !isConflict(werr) && err == nil {
+			err = fmt.Errorf("runner: write checkpoint of %s: %w", tq.tenant, werr)
+		}
+	}()
+	for range sagaBatchSize {
+		s.mu.Lock()
+		stop := tq.released || !tq.acquired
+		s.mu.Unlock()
+		if stop {
+			return false, nil
+		}
+		gctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+		m, gerr := s.events.GetMsg(gctx, last+1, jetstream.WithGetMsgSubject(schema.TenantEvents(tq.tenant)))
+		cancel()
+		if errors.Is(gerr, jetstream.ErrMsgNotFound) {
+			return false, nil
+		}
+		if gerr != nil {
+			return false, gerr
+		}
+		var ev aggregate.Event
+		if json.Unmarshal(m.Data, &ev) == nil {
+			ev.Seq = m.Sequence
+			for _, sg := range s.cfg.Sagas {
+				reqs := sg.Step(ev)
+				for i := range reqs {
+					reqs[i].Key = fmt.Sprintf("%s.saga.%s.%d.%d", tq.tenant, sg.Name(), m.Sequence, i)
+					reqs[i].Tenant = tq.tenant
+				}
+				if len(reqs) == 0 {
+					continue
+				}
+				dctx, cancel := context.WithTimeout(ctx, s.cfg.RunTimeout)
+				derr := s.deliverAll(dctx, reqs, false)
+				cancel()
+				if derr != nil && !errors.Is(derr, ErrPermanent) {
+					return false, derr // retried from this event; delivered effects are skipped
+				}
+				if derr != nil {
+					s.cfg.Logger.Warn("saga effect cannot be delivered; skipped", "tenant", tq.tenant, "saga", sg.Name(), "seq", m.Sequence, "err", derr)
+				}
+			}
+		} else {
+			s.cfg.Logger.Warn("skipping a corrupt event", "tenant", tq.tenant, "seq", m.Sequence)
+		}
+		last = m.Sequence
+	}
+	return true, nil
+}
+
+// writeDrainRecord persists what a release left: when, by whom, the runs it had to cancel,
+// the outbox entries it flushed and the saga checkpoint.
+func (s *Service) writeDrainRecord(ctx context.Context, tenant string, cancelled, flushed int) error {
+	cp, _, err := s.checkpoint(ctx, tenant)
+	if err != nil {
+		return err
+	}
+	b, _ := json.Marshal(struct {
+		Tenant    string    `json:"tenant"`
+		By        string    `json:"by"`
+		At        time.Time `json:"at"`
+		Cancelled int       `json:"cancelled"`
+		Flushed   int       `json:"outbox_flushed"`
+		SagaSeq   uint64    `json:"saga_seq"`
+	}{tenant, s.cfg.ID.Key(), time.Now().UTC(), cancelled, flushed, cp.Seq})
+	if _, err := s.checks.Put(ctx, drainKey(tenant), b); err != nil {
+		return fmt.Errorf("runner: drain record of %s: %w", tenant, err)
+	}
+	return nil
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func sorted(s []string) []string { slices.Sort(s); return s }

@@ -1,0 +1,331 @@
+// Package runner is the runner shard service: per-tenant job queues on JetStream with
+// per-instance and per-tenant limits, side effects (log, HTTP webhook, SMTP email) delivered
+// through an outbox with dedupe keys, sagas triggered by events, and a per-tenant drain that
+// hands a tenant to another shard without repeating an effect (seeds 003 and 004).
+//
+// # Overview
+//
+// A job is a run record in KV tm_runner_runs (key <tenant>.<id>: status, attempts, result,
+// timestamps, pinned instance) and an entry on the tenant's queue in TM_JOBS: jobs.<tenant>.any
+// for any instance of the owning shard, jobs.<tenant>.pin.<instance> for a job pinned to one
+// instance (seed 003's hostId). An entry leaves the queue when its job finishes, so the queue
+// holds exactly the unfinished jobs and its message count is the tenant's depth.
+//
+// Each instance follows the runner placement and acquires only the tenants its shard owns
+// (active, warming as the source, draining as the new owner; never in handoff). For each owned
+// tenant it keeps a cursor into the tenant's subjects and a core NATS interest on them as a
+// wake-up; a dispatcher takes one job per ready tenant in turn (round robin), within the
+// instance's concurrency cap and the instance and tenant rates, and claims it by
+// compare-and-set on the run record, so sibling instances never run the same attempt. See
+// README.md for how this scales to 10,000 tenants per shard.
+//
+// Effects are recorded in the tenant's outbox (jobs.<tenant>.fx, JetStream message id = the
+// dedupe key) before they are delivered, and a delivery marker in KV tm_runner_outbox (created
+// only if absent) makes a retried job, a second instance or a new owner skip an effect that was
+// delivered. Providers receive the dedupe key (the webhook's Idempotency-Key header, the email's
+// Message-ID) for the one case the marker cannot cover: an instance that dies between the
+// delivery and writing its marker.
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/placement"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// Kind is the service kind.
+const Kind = "runner"
+
+// Config configures a Service. The zero value of each field is its documented default.
+type Config struct {
+	Store *schema.Store
+	// ID is this instance (kind runner); its Shard decides which tenants it acquires and its
+	// Instance which pinned jobs it runs. Required.
+	ID schema.InstanceID
+	// MaxConcurrent is the per-instance cap on running jobs (seed 003 section 8). Default 8.
+	MaxConcurrent int
+	// InstanceJobsPerMinute caps job starts per instance; 0: no cap.
+	InstanceJobsPerMinute int
+	// TenantJobsPerMinute caps job starts per tenant on each instance; 0: no cap.
+	TenantJobsPerMinute int
+	// MaxQueued is the number of unfinished jobs a tenant may have; a create beyond it is
+	// answered 429. Default 10000.
+	MaxQueued int
+	// MaxAttempts bounds the tries of a failing job. Default 5.
+	MaxAttempts int
+	// RetryBackoff is the pause before a failed job's second try, doubled per try up to 1
+	// minute. Default 1s.
+	RetryBackoff time.Duration
+	// RunTimeout bounds one attempt, its effects included. Default 30s.
+	RunTimeout time.Duration
+	// DrainTimeout bounds how long a released tenant's in-flight runs and outbox flush may
+	// take; runs still going are then cancelled and retried by the next owner. Default 10s.
+	DrainTimeout time.Duration
+	// Sweep is how often every owned tenant is rescanned, in case a wake-up was lost (core
+	// NATS is lossy) or a sibling instance died mid-run. Default 30s.
+	Sweep time.Duration
+	// StatusEvery is how often the instance writes its runner status. Default 1s.
+	StatusEvery time.Duration
+	// OpTimeout bounds one request's NATS calls. Default 5s.
+	OpTimeout time.Duration
+	// Handlers are job types beyond the built-ins (webhook, email, log, sleep, noop).
+	Handlers map[string]Handler
+	// Effects are providers by name, beyond or replacing the built-ins: log, webhook (a
+	// Webhook with defaults) and email (only if set, for example an *SMTP).
+	Effects map[string]Effect
+	// Sagas triggered by events. Default: Welcome (account opened -> welcome email).
+	// Set to an empty, non-nil slice to run none.
+	Sagas []Saga
+	// Labels are shown in the instance's runner status (the directory has them too).
+	Labels map[string]string
+	// Logger; if nil, logs are discarded.
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+func (c Config) withDefaults() Config {
+	if c.MaxConcurrent <= 0 {
+		c.MaxConcurrent = 8
+	}
+	if c.MaxQueued <= 0 {
+		c.MaxQueued = 10000
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = 5
+	}
+	if c.RetryBackoff <= 0 {
+		c.RetryBackoff = time.Second
+	}
+	if c.RunTimeout <= 0 {
+		c.RunTimeout = 30 * time.Second
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = 10 * time.Second
+	}
+	if c.Sweep <= 0 {
+		c.Sweep = 30 * time.Second
+	}
+	if c.StatusEvery <= 0 {
+		c.StatusEvery = time.Second
+	}
+	if c.OpTimeout <= 0 {
+		c.OpTimeout = 5 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Sagas == nil {
+		c.Sagas = []Saga{Welcome{}}
+	}
+	return c
+}
+
+// Service runs the jobs, sagas and effects of the tenants its shard owns.
+type Service struct {
+	cfg      Config
+	st       *schema.Store
+	js       jetstream.JetStream
+	jobs     jetstream.Stream
+	events   jetstream.Stream
+	runs     jetstream.KeyValue
+	markers  jetstream.KeyValue
+	checks   jetstream.KeyValue
+	status   jetstream.KeyValue
+	watcher  *placement.Watcher
+	handlers map[string]Handler
+	effects  map[string]Effect
+	m        *metrics
+	started  time.Time
+
+	mu       sync.Mutex
+	tenants  map[string]*tenantQ
+	ring     []*tenantQ // ready tenants, round robin
+	running  int
+	instRate *limiter
+	changed  map[string]struct{} // tenants whose placement changed, to reconcile
+	wake     chan struct{}       // nudges the dispatcher
+	recon    chan struct{}       // nudges the reconciler
+	sagaWake chan struct{}       // nudges the saga loop
+	ctx      context.Context     // the Run context: runs and deliveries live under it
+	totals   Totals
+}
+
+// Totals are the instance's counters since start.
+type Totals struct {
+	Started   uint64 `json:"started"`
+	Succeeded uint64 `json:"succeeded"`
+	Failed    uint64 `json:"failed"`
+	Retried   uint64 `json:"retried"`
+	Effects   uint64 `json:"effects"`
+	Deduped   uint64 `json:"deduped"`
+}
+
+// New opens the queue stream, the buckets and the placement watcher. Call Run to start work.
+func New(ctx context.Context, cfg Config) (*Service, error) {
+	cfg = cfg.withDefaults()
+	if cfg.Store == nil {
+		return nil, errors.New("runner: Store is required")
+	}
+	if cfg.ID.Kind == "" {
+		cfg.ID.Kind = Kind
+	}
+	if err := cfg.ID.Check(); err != nil {
+		return nil, fmt.Errorf("runner: ID: %w", err)
+	}
+	st := cfg.Store
+	if err := st.EnsureJobsStream(ctx); err != nil {
+		return nil, err
+	}
+	if err := st.EnsureEventsStream(ctx); err != nil {
+		return nil, err
+	}
+	s := &Service{cfg: cfg, st: st, js: st.JetStream(), tenants: map[string]*tenantQ{}, changed: map[string]struct{}{},
+		wake: make(chan struct{}, 1), recon: make(chan struct{}, 1), sagaWake: make(chan struct{}, 1), started: time.Now().UTC()}
+	var err error
+	if s.jobs, err = s.js.Stream(ctx, schema.StreamJobs); err != nil {
+		return nil, fmt.Errorf("runner: open %s: %w", schema.StreamJobs, err)
+	}
+	if s.events, err = s.js.Stream(ctx, schema.StreamEvents); err != nil {
+		return nil, fmt.Errorf("runner: open %s: %w", schema.StreamEvents, err)
+	}
+	buckets := []struct {
+		dst     *jetstream.KeyValue
+		purpose string
+		desc    string
+	}{
+		{&s.runs, "runs", "runner: job runs, <tenant>.<job id>"},
+		{&s.markers, "outbox", "runner: effect delivery markers, by dedupe key"},
+		{&s.checks, "checkpoints", "runner: saga checkpoints and drain records per tenant"},
+		{&s.status, "status", "runner: each instance's running count, limits and totals"},
+	}
+	for _, b := range buckets {
+		if *b.dst, err = st.EnsureKV(ctx, schema.ServiceBucket(Kind, b.purpose), b.desc, 1); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.InstanceJobsPerMinute > 0 {
+		s.instRate = newLimiter(cfg.InstanceJobsPerMinute)
+	}
+	s.handlers = builtinHandlers()
+	for name, h := range cfg.Handlers {
+		s.handlers[name] = h
+	}
+	s.effects = map[string]Effect{"log": LogEffect{Logger: cfg.Logger}, "webhook": &Webhook{}}
+	for name, e := range cfg.Effects {
+		s.effects[name] = e
+	}
+	s.m = newMetrics(cfg.Registerer, s)
+	// NoSnapshot: every placement then comes through OnChange, so the owned set is complete.
+	s.watcher, err = placement.New(placement.Config{Store: st, Kinds: []string{Kind}, NoSnapshot: true,
+		OnChange: s.onChange, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Run follows the placement and runs jobs, sagas and effects until ctx ends; then it waits for
+// the runs in flight (they end with ctx) and returns.
+func (s *Service) Run(ctx context.Context) error {
+	s.mu.Lock()
+	s.ctx = ctx
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = s.watcher.Run(ctx) })
+	if err := s.watcher.WaitReady(ctx); err != nil {
+		wg.Wait()
+		return nil
+	}
+	wg.Go(func() { s.reconcileLoop(ctx) })
+	wg.Go(func() { s.dispatchLoop(ctx) })
+	wg.Go(func() { s.sagaLoop(ctx) })
+	wg.Go(func() { s.statusLoop(ctx) })
+	wg.Go(func() { s.sweepLoop(ctx) })
+	<-ctx.Done()
+	wg.Wait()
+	s.mu.Lock()
+	all := make([]*tenantQ, 0, len(s.tenants))
+	for _, tq := range s.tenants {
+		all = append(all, tq)
+	}
+	s.mu.Unlock()
+	for _, tq := range all {
+		s.unsubscribe(tq)
+		tq.work.Wait()
+	}
+	return nil
+}
+
+// Hooks connect the runner to shardkit's move protocol.
+func (s *Service) Hooks() shardkit.Hooks {
+	return shardkit.Hooks{Warm: s.Warm, Fence: s.Fence, Release: s.Release, Reload: s.Reload}
+}
+
+// Warm prepares a tenant moving here: it reads the tenant's saga checkpoint so the bucket is
+// reachable. The runner has no state to load: its queue, runs and checkpoints are in NATS, and
+// it starts acquiring when its shard becomes the owner.
+func (s *Service) Warm(ctx context.Context, tenant string, _ uint64) error {
+	_, _, err := s.checkpoint(ctx, tenant)
+	return err
+}
+
+// Fence is called by shardkit on a move's source at handoff, after its HTTP requests
+// finished: the runner stops acquiring the tenant and drains it (in-flight runs within
+// DrainTimeout, outbox flushed, checkpoints written) before the source reports drained, so the
+// new owner starts from a quiet queue. The runner has no sequence to fence on: 0.
+func (s *Service) Fence(tenant string) uint64 {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout+5*time.Second)
+	defer cancel()
+	if err := s.Release(ctx, tenant); err != nil {
+		s.cfg.Logger.Warn("drain at handoff", "tenant", tenant, "err", err)
+	}
+	return 0
+}
+
+// Reload re-evaluates every tenant's placement (POST /admin/reload): a tenant released by a
+// drain outside a move is acquired again if its shard still owns it.
+func (s *Service) Reload(context.Context) error {
+	s.mu.Lock()
+	for t, tq := range s.tenants {
+		tq.released = false
+		s.changed[t] = struct{}{}
+	}
+	s.mu.Unlock()
+	nudge(s.recon)
+	return nil
+}
+
+// Routes are the routes the service publishes in the registry.
+func (s *Service) Routes() []schema.Route { return RouteTable }
+
+// Owned lists the tenants this instance acquires now, sorted.
+func (s *Service) Owned() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for t, tq := range s.tenants {
+		if tq.acquired && !tq.released {
+			out = append(out, t)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func nudge(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}

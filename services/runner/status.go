@@ -1,0 +1,124 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// InstanceStatus is the runner's own view of an instance (seed 003's host): its running count
+// against its limits, the tenants it acquires and its totals. Each instance writes it to KV
+// tm_runner_status every StatusEvery, key <kind>.<shard>.<instance>.
+type InstanceStatus struct {
+	schema.InstanceID
+	At            time.Time         `json:"at"`
+	Started       time.Time         `json:"started"`
+	Running       int               `json:"running"`
+	MaxConcurrent int               `json:"max_concurrent"`
+	JobsPerMinute int               `json:"jobs_per_minute,omitempty"`
+	TenantPerMin  int               `json:"tenant_jobs_per_minute,omitempty"`
+	Tenants       int               `json:"tenants"`
+	ReadyTenants  int               `json:"ready_tenants"`
+	Labels        map[string]string `json:"labels,omitempty"`
+	Totals        Totals            `json:"totals"`
+}
+
+// Status returns this instance's runner status now.
+func (s *Service) Status() InstanceStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := InstanceStatus{InstanceID: s.cfg.ID, At: time.Now().UTC(), Started: s.started, Running: s.running,
+		MaxConcurrent: s.cfg.MaxConcurrent, JobsPerMinute: s.cfg.InstanceJobsPerMinute, TenantPerMin: s.cfg.TenantJobsPerMinute,
+		ReadyTenants: len(s.ring), Labels: s.cfg.Labels, Totals: s.totals}
+	for _, tq := range s.tenants {
+		if tq.acquired && !tq.released {
+			st.Tenants++
+		}
+	}
+	return st
+}
+
+func (s *Service) statusLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.StatusEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			dctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
+			_ = s.status.Delete(dctx, s.cfg.ID.Key())
+			cancel()
+			return
+		}
+		b, _ := json.Marshal(s.Status())
+		pctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+		if _, err := s.status.Put(pctx, s.cfg.ID.Key(), b); err != nil && ctx.Err() == nil {
+			s.cfg.Logger.Debug("writing runner status", "err", err)
+		}
+		cancel()
+	}
+}
+
+// InstanceView is one runner instance as seed 003's host health dashboard shows it: the
+// directory entry (status derived from the heartbeat's age, last metrics, labels, version)
+// joined with the runner's status (running count, limits, totals).
+type InstanceView struct {
+	schema.InstanceID
+	URL       string                  `json:"url,omitempty"`
+	Status    schema.Status           `json:"status"`
+	Heartbeat time.Time               `json:"last_heartbeat"`
+	Version   string                  `json:"version,omitempty"`
+	Labels    map[string]string       `json:"labels,omitempty"`
+	Metrics   *schema.InstanceMetrics `json:"last_metrics,omitempty"`
+	Running   int                     `json:"running"`
+	Runner    *InstanceStatus         `json:"runner,omitempty"`
+}
+
+// Instances lists every runner instance in the directory with its runner status. An instance
+// whose runner status is missing shows its directory entry only; a runner status without a
+// directory entry (an instance not registered, such as in tests) is listed as offline.
+func (s *Service) Instances(ctx context.Context) ([]InstanceView, error) {
+	dir, err := s.st.Instances(ctx, Kind)
+	if err != nil {
+		return nil, err
+	}
+	statuses := map[string]*InstanceStatus{}
+	lister, err := s.status.ListKeys(ctx)
+	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+		return nil, err
+	}
+	if lister != nil {
+		for k := range lister.Keys() {
+			e, err := s.status.Get(ctx, k)
+			if err != nil {
+				continue
+			}
+			var st InstanceStatus
+			if json.Unmarshal(e.Value(), &st) == nil {
+				statuses[k] = &st
+			}
+		}
+	}
+	now := time.Now()
+	var th schema.Thresholds
+	out := []InstanceView{}
+	for _, i := range dir {
+		v := InstanceView{InstanceID: i.InstanceID, URL: i.URL, Status: th.Status(i, now), Heartbeat: i.Heartbeat,
+			Version: i.Version, Labels: i.Labels, Metrics: i.Metrics}
+		if st := statuses[i.Key()]; st != nil {
+			v.Runner, v.Running = st, st.Running
+			delete(statuses, i.Key())
+		}
+		out = append(out, v)
+	}
+	for _, st := range statuses {
+		out = append(out, InstanceView{InstanceID: st.InstanceID, Status: schema.StatusOffline, Heartbeat: st.At,
+			Labels: st.Labels, Running: st.Running, Runner: st})
+	}
+	return out, nil
+}
