@@ -40,6 +40,7 @@ for _ in $(seq 1 600); do grep -q READY "$WORK/benchenv.out" && break; sleep 0.1
 grep -q READY "$WORK/benchenv.out" || { echo "benchenv not ready"; cat "$WORK/benchenv.out"; exit 1; }
 
 TM_NATS_URL=nats://127.0.0.1:4333 TM_ADDR=127.0.0.1:9080 TM_LOG_LEVEL=warn TM_PPROF=true "$WORK/bin/gateway" 2> "$WORK/gateway.log" & PIDS+=($!)
+GW_PID=$!
 # The same gateway with net/http.Transport to the backends, for the A/B of the upstream client.
 TM_NATS_URL=nats://127.0.0.1:4333 TM_ADDR=127.0.0.1:9083 TM_LOG_LEVEL=warn TM_STD_TRANSPORT=true "$WORK/bin/gateway" 2> "$WORK/gateway-std.log" & PIDS+=($!)
 for port in 9080 9083; do
@@ -117,6 +118,22 @@ if [ -n "${PROFILE:-}" ]; then
   curl -fs "http://127.0.0.1:9080/debug/pprof/profile?seconds=10" -o "$PROFILE" || echo "no pprof endpoint"
   wait "$WRK_PID"
   cp "$WORK/bin/gateway" "$PROFILE.bin"
+fi
+
+if [ -n "${SYSCALLS:-}" ] && command -v strace >/dev/null; then
+  # Syscalls per request: strace -c on each proxy for 3s under wrk load (strace slows the proxy,
+  # so only the counts per request mean anything here, not the rates).
+  declare -A PIDOF=([gateway]=$GW_PID [haproxy]=$(pgrep -n -x haproxy) [nginx]="$(pgrep -d, -f 'nginx: worker')")
+  for t in gateway haproxy nginx; do
+    wrk -t"$THREADS" -c"$CONNS" -d4s -s "$ROOT/gateway/bench/tenant.lua" "${URL[$t]}" > "$WORK/strace-$t.wrk" &
+    WRK_PID=$!
+    sleep 0.5
+    args=(); for p in ${PIDOF[$t]//,/ }; do args+=(-p "$p"); done
+    timeout -s INT 3 strace -f -c -o "$WORK/strace-$t.txt" "${args[@]}" 2>/dev/null || true
+    wait "$WRK_PID"
+    echo "== $t: syscalls during 3s of $(grep RESULT "$WORK/strace-$t.wrk")"
+    grep -E "total|read|write|recv|send|epoll|futex" "$WORK/strace-$t.txt" | head -12
+  done
 fi
 
 python3 - "$WORK/results.txt" <<'PY'
