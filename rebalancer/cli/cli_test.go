@@ -1,0 +1,334 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/rebalancer"
+	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
+
+// env is an embedded nats-server with the tenantmesh schema.
+type env struct {
+	url string
+	st  *schema.Store
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv.URL())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := schema.Open(ctx, nc, schema.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{url: srv.URL(), st: st}
+}
+
+// startShard runs one stateless shardkit instance of kind aggregate until the test ends.
+func (e *env) startShard(t *testing.T, shard string) {
+	t.Helper()
+	sk, err := shardkit.New(shardkit.Config{Store: e.st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard, Instance: "i1"},
+		URL: "http://127.0.0.1:9", Heartbeat: 200 * time.Millisecond, DrainTimeout: 2 * time.Second, Labels: map[string]string{"region": "eu"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = sk.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-sk.Running():
+	case <-time.After(15 * time.Second):
+		t.Fatal("shard did not start")
+	}
+}
+
+func (e *env) place(t *testing.T, tenant, shard string) schema.Placement {
+	t.Helper()
+	p, err := e.st.CreatePlacement(context.Background(), schema.Placement{Kind: "aggregate", Tenant: tenant, Shard: shard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+// run runs the CLI in-process against the embedded server.
+func (e *env) run(t *testing.T, stdin string, args ...string) result {
+	t.Helper()
+	var out, errb bytes.Buffer
+	m := &Main{Stdin: strings.NewReader(stdin), Stdout: &out, Stderr: &errb, Terminal: func(any) bool { return false }}
+	if len(args) > 0 && args[0] != "help" {
+		args = append(args, "--nats-url", e.url)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	code := m.Exit(ctx, args)
+	return result{out.String(), errb.String(), code}
+}
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("%s differs from %s (run with -update to accept):\n--- got\n%s\n--- want\n%s", name, path, got, want)
+	}
+}
+
+func decode[T any](t *testing.T, s string) T {
+	t.Helper()
+	var v T
+	if err := json.Unmarshal([]byte(s), &v); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, s)
+	}
+	return v
+}
+
+// TestPlanApplyStatusRollback drives the whole CLI against real shards: a dry run (golden),
+// a stored plan (JSON), apply (refused without --yes off a terminal, then done), status,
+// audit, rollback.
+func TestPlanApplyStatusRollback(t *testing.T) {
+	e := newEnv(t)
+	e.startShard(t, "s-1")
+	e.startShard(t, "s-2")
+	for i := range 6 {
+		e.place(t, fmt.Sprintf("t%d", i), "s-1")
+	}
+
+	r := e.run(t, "", "plan", "balance", "--kind", "aggregate", "--collect", "0", "--dry-run")
+	if r.code != 0 {
+		t.Fatalf("dry run: %d %s", r.code, r.stderr)
+	}
+	golden(t, "plan-balance-dry-run", r.stdout)
+
+	r = e.run(t, "", "plan", "--output", "json", "balance", "--kind", "aggregate", "--collect", "0")
+	if r.code != 0 {
+		t.Fatalf("plan: %d %s", r.code, r.stderr)
+	}
+	po := decode[PlanOutput](t, r.stdout)
+	if po.ID == "" || len(po.Plan.Moves) != 3 {
+		t.Fatalf("plan output %+v", po)
+	}
+
+	if r = e.run(t, "", "apply", po.ID); r.code != 2 || !strings.Contains(r.stderr, "--yes") {
+		t.Fatalf("apply without --yes off a terminal: code %d, %q", r.code, r.stderr)
+	}
+	r = e.run(t, "", "apply", po.ID, "--yes")
+	if r.code != 0 {
+		t.Fatalf("apply: %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	if !strings.Contains(r.stdout, "[3/3]") || !strings.Contains(r.stdout, "plan "+po.ID+": done") {
+		t.Fatalf("apply output:\n%s", r.stdout)
+	}
+
+	r = e.run(t, "", "status")
+	if r.code != 0 || !strings.Contains(r.stdout, po.ID) || !strings.Contains(r.stdout, "done") {
+		t.Fatalf("status: %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	sums := decode[[]rebalancer.PlanSummary](t, e.run(t, "", "status", "--output", "json").stdout)
+	if len(sums) != 1 || sums[0].Count(rebalancer.MoveDone) != 3 {
+		t.Fatalf("status json %+v", sums)
+	}
+	pr := decode[PlanResult](t, e.run(t, "", "status", po.ID, "--output", "json").stdout)
+	for _, m := range pr.Moves {
+		if m.State != rebalancer.MoveDone || m.Pause() <= 0 {
+			t.Errorf("move %s: %s, pause %s", m.ID, m.State, m.Pause())
+		}
+	}
+	moved := pr.Moves[0].Tenant
+	evs := decode[[]schema.AuditEvent](t, e.run(t, "", "audit", "--tenant", moved, "--output", "json").stdout)
+	if len(evs) != 4 || evs[3].Action != "move.done" {
+		t.Fatalf("audit of %s: %+v", moved, evs)
+	}
+	if r = e.run(t, "", "audit", "--kind", "aggregate", "--since", "1h"); r.code != 0 || !strings.Contains(r.stdout, "move.commit") {
+		t.Fatalf("audit table: %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
+	r = e.run(t, "", "rollback", po.ID, "--yes", "--output", "json")
+	if r.code != 0 {
+		t.Fatalf("rollback: %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	rb := decode[PlanResult](t, r.stdout)
+	if rb.Plan.RollbackOf != po.ID || len(rb.Moves) != 3 {
+		t.Fatalf("rollback result %+v", rb.Plan)
+	}
+	for i := range 6 {
+		p, _ := e.st.Placement(context.Background(), "aggregate", fmt.Sprintf("t%d", i))
+		if p.Shard != "s-1" || p.Phase != schema.PhaseActive {
+			t.Errorf("t%d after rollback: %s %s", i, p.Shard, p.Phase)
+		}
+	}
+	if r = e.run(t, "", "status"); !strings.Contains(r.stdout, "rolled back by "+rb.Plan.ID) {
+		t.Fatalf("status after rollback:\n%s", r.stdout)
+	}
+}
+
+// TestApplyPartialExitCode: a tenant pinned after planning is skipped; apply exits 3.
+func TestApplyPartialExitCode(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	p := e.place(t, "acme", "s-1")
+	e.place(t, "globex", "s-2")
+	// Manual plans are checked against the world, which needs live shards.
+	for _, sh := range []string{"s-1", "s-2"} {
+		if _, err := e.st.Register(ctx, schema.Instance{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: sh, Instance: "i1"}, URL: "http://127.0.0.1:9", Capacity: 10}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "plan.json")
+	r := e.run(t, "", "plan", "manual", "acme=s-2", "--kind", "aggregate", "--collect", "0", "--out", file, "--dry-run")
+	if r.code != 0 || !strings.Contains(r.stdout, "plan written to "+file) {
+		t.Fatalf("plan: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	np := p
+	np.Pinned = true
+	if _, err := e.st.UpdatePlacement(ctx, p, np); err != nil {
+		t.Fatal(err)
+	}
+	r = e.run(t, "", "apply", file, "--yes")
+	if r.code != 3 || !strings.Contains(r.stdout, "skipped") || !strings.Contains(r.stderr, "partially") {
+		t.Fatalf("apply of a stale plan: code %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+}
+
+func TestUsageAndErrors(t *testing.T) {
+	e := newEnv(t)
+	cases := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"bogus"}, 2, "unknown command"},
+		{[]string{"plan"}, 2, "name a strategy"},
+		{[]string{"plan", "sideways", "--collect", "0"}, 2, "unknown strategy"},
+		{[]string{"plan", "evacuate"}, 2, "one shard"},
+		{[]string{"plan", "move", "acme"}, 2, "--to"},
+		{[]string{"plan", "balance", "--nope"}, 2, "flag provided but not defined"},
+		{[]string{"status", "--output", "yaml"}, 2, "--output"},
+		{[]string{"apply", "p-nope", "--yes"}, 1, "plan not found"},
+		{[]string{"plan", "evacuate", "s-9", "--kind", "aggregate", "--collect", "0"}, 1, "cannot plan"},
+		{[]string{"plan", "balance", "--kind", "nokind", "--collect", "0"}, 1, "unknown kind"},
+		{[]string{"kinds", "set", "aggregate", "--unplaced", "sometimes"}, 1, "unplaced"},
+	}
+	for _, c := range cases {
+		r := e.run(t, "", c.args...)
+		if r.code != c.code || !strings.Contains(r.stderr, c.want) || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+			t.Errorf("%v: code %d, stderr %q; want code %d and one line with %q", c.args, r.code, r.stderr, c.code, c.want)
+		}
+	}
+	r := e.run(t, "", "plan", "--help")
+	if r.code != 0 || !strings.Contains(r.stdout, "Examples:") || !strings.Contains(r.stdout, "-tolerance") {
+		t.Errorf("plan --help: %d %q", r.code, r.stdout)
+	}
+	if r := e.run(t, "", "help"); r.code != 0 || !strings.Contains(r.stdout, "rollback") {
+		t.Errorf("help: %d %q", r.code, r.stdout)
+	}
+}
+
+func TestKindsAndInstances(t *testing.T) {
+	e := newEnv(t)
+	e.startShard(t, "s-1")
+	r := e.run(t, "", "kinds", "set", "aggregate", "--unplaced", "reject")
+	if r.code != 0 || !strings.Contains(r.stdout, "reject") {
+		t.Fatalf("kinds set: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	kcs := decode[[]schema.KindConfig](t, e.run(t, "", "kinds", "--output", "json").stdout)
+	for _, k := range kcs {
+		if k.Kind == "aggregate" && (k.Unplaced != schema.UnplacedReject || k.Policy != schema.PolicyManaged) {
+			t.Errorf("aggregate after set: %+v", k)
+		}
+	}
+	if r := e.run(t, "", "kinds", "set", "render", "--policy", "affinity", "--multiplex", "2"); r.code != 0 {
+		t.Fatalf("register an affinity kind: %d %s", r.code, r.stderr)
+	}
+	views := decode[[]rebalancer.InstanceView](t, e.run(t, "", "instances", "--output", "json").stdout)
+	if len(views) != 1 || views[0].Status != schema.StatusOnline || views[0].Labels["region"] != "eu" {
+		t.Fatalf("instances: %+v", views)
+	}
+	if r := e.run(t, "", "instances"); !strings.Contains(r.stdout, "aggregate.s-1.i1") || !strings.Contains(r.stdout, "region=eu") {
+		t.Fatalf("instances table:\n%s", r.stdout)
+	}
+}
+
+// TestRenderGolden renders fixed records with every table renderer.
+func TestRenderGolden(t *testing.T) {
+	created := time.Date(2026, 3, 4, 10, 0, 0, 0, time.UTC)
+	rec := rebalancer.PlanRecord{ID: "p20260304-100000-0001", Status: rebalancer.PlanPartial, Actor: "cli/ops", Created: created}
+	rec.Plan.Strategy, rec.Plan.Concurrency, rec.Plan.Waves = "balance", 2, 2
+	mv := func(id, tenant string, st rebalancer.MoveState, wave int, pause time.Duration, reason string) rebalancer.MoveRecord {
+		m := rebalancer.MoveRecord{Plan: rec.ID, ID: id, State: st, Reason: reason}
+		m.Kind, m.Tenant, m.From, m.To, m.Wave = "aggregate", tenant, "aggregate-1", "aggregate-2", wave
+		if pause > 0 {
+			m.Handoff = created.Add(time.Second)
+			m.Commit = m.Handoff.Add(pause)
+		}
+		return m
+	}
+	moves := []rebalancer.MoveRecord{
+		mv("m00001", "acme", rebalancer.MoveDone, 1, 12*time.Millisecond, ""),
+		mv("m00002", "globex", rebalancer.MoveSkipped, 1, 0, "the tenant changed since the plan"),
+		mv("m00003", "initech", rebalancer.MoveAborted, 2, 0, "the target aggregate-2 was not ready within 2m0s"),
+	}
+	for _, m := range moves {
+		rec.Plan.Moves = append(rec.Plan.Moves, m.Move)
+	}
+	var b bytes.Buffer
+	_ = renderPlanDetail(&b, rec, moves)
+	b.WriteString("----------\n")
+	rb := rebalancer.PlanRecord{ID: "p20260304-110000-0001", Status: rebalancer.PlanDone, Actor: "rollback/r1", Created: created.Add(time.Hour), RollbackOf: rec.ID}
+	rec.RolledBackBy = rb.ID
+	_ = renderPlans(&b, []rebalancer.PlanSummary{rebalancer.Summarize(rb, nil), rebalancer.Summarize(rec, moves)})
+	b.WriteString("----------\n")
+	now := created.Add(10 * time.Minute)
+	i := func(shard, name string, hb time.Duration, st schema.Status, m *schema.InstanceMetrics) rebalancer.InstanceView {
+		in := schema.Instance{InstanceID: schema.InstanceID{Kind: "runner", Shard: shard, Instance: name}, URL: "http://10.0.0.1:9101",
+			Capacity: 50, Version: "v1.2.0", Labels: map[string]string{"region": "eu", "env": "prod"}, Heartbeat: now.Add(-hb), Metrics: m}
+		return rebalancer.InstanceView{Instance: in, Key: in.Key(), Status: st, HeartbeatAge: hb.Seconds()}
+	}
+	_ = renderInstances(&b, []rebalancer.InstanceView{
+		i("runner-1", "a", time.Second, schema.StatusOnline, &schema.InstanceMetrics{InFlight: 3, RatePerSec: 41.5, LatencyMS: 12.25, CPU: 37, Tenants: 12, ErrorRate: 0.004}),
+		i("runner-1", "b", 9*time.Second, schema.StatusDegraded, nil),
+		i("runner-2", "a", 3*time.Minute+4*time.Second, schema.StatusOffline, nil),
+	})
+	b.WriteString("----------\n")
+	_ = renderAudit(&b, []schema.AuditEvent{
+		{Time: created, Actor: "rebalancer/r1", Action: "move.commit", Kind: "aggregate", Tenant: "acme", Plan: rec.ID, Move: "m00001", Revision: 17},
+		{Time: created.Add(time.Minute), Actor: "rebalancer/sweeper", Action: "instance.offline", Kind: "runner", Detail: "runner.runner-2.a: no heartbeat for 2m0s"},
+	})
+	b.WriteString("----------\n")
+	_ = renderKinds(&b, []schema.KindConfig{schema.DefaultKindConfig("aggregate"), schema.KindConfig{Kind: "render", Policy: schema.PolicyAffinity,
+		RateLimit: &schema.RateLimit{PerSecond: 5, Burst: 10}}.WithDefaults()})
+	golden(t, "render", b.String())
+}

@@ -1,0 +1,172 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tenantmesh/tenantmesh/internal/envflag"
+	"github.com/tenantmesh/tenantmesh/internal/natsconn"
+	"github.com/tenantmesh/tenantmesh/internal/tmlog"
+	"github.com/tenantmesh/tenantmesh/rebalancer"
+	"github.com/tenantmesh/tenantmesh/rebalancer/server"
+	"github.com/tenantmesh/tenantmesh/rebalancer/sweeper"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// ServeCommand is `rebalance serve` (DESIGN.md's `rebalancer serve`): the rebalancer service.
+// It has the Main shape (ParseFlags, Start/Run, Close) so tests can run it in-process.
+type ServeCommand struct {
+	m *Main
+
+	Addr, NATSURL, Holder    string
+	LogLevel, LogFormat      string
+	Webhook                  string
+	Replicas, WebhookRetries int
+	LeaseTTL, SweepEvery     time.Duration
+	OfflineAfter, Degraded   time.Duration
+	WebhookTimeout           time.Duration
+	Warm, Handoff, Drain     time.Duration
+	ErrorRate                float64
+	NoCompact                bool
+
+	nc        *nats.Conn
+	closeOnce sync.Once
+	listening chan string
+}
+
+const serveAbout = `Runs the rebalancer service: the HTTP API and event stream for the dashboard (every process)
+and, in the one process holding the leader lease, plan applies, the sweeper (instances without
+a heartbeat for --offline-after are marked offline, alerted to --alert-webhook and removed from
+routes; a full stale-route cleanup on becoming leader) and compacted placement snapshots.
+Other processes serve the API read-only and answer apply with 409 naming the leader.`
+
+const serveExamples = `  rebalance serve
+  rebalance serve --addr :8090 --alert-webhook https://hooks.example.com/tm --offline-after 2m
+  TM_NATS_URL=nats://n1:4222,nats://n2:4222 rebalance serve --holder rebalancer-a --replicas 3
+`
+
+// ParseFlags reads the flags (defaults from TM_* variables; the listen address from
+// TM_REBALANCER_ADDR).
+func (c *ServeCommand) ParseFlags(args []string) error {
+	host, _ := os.Hostname()
+	fs := c.m.newFlags("serve", "[flags]", serveAbout, serveExamples)
+	addr := os.Getenv("TM_REBALANCER_ADDR")
+	if addr == "" {
+		addr = ":8090"
+	}
+	fs.StringVar(&c.Addr, "addr", addr, "HTTP listen address (env TM_REBALANCER_ADDR)")
+	envflag.String(fs, &c.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
+	envflag.String(fs, &c.Holder, "holder", sanitizeName("rebalancer-"+host), "this process's name in the leader lease (stable across restarts, unique per process)")
+	envflag.String(fs, &c.LogLevel, "log-level", "info", "debug, info, warn or error")
+	envflag.String(fs, &c.LogFormat, "log-format", "auto", "auto (text on a terminal, JSON otherwise), text or json")
+	envflag.String(fs, &c.Webhook, "alert-webhook", "", "URL that receives AGENT_OFFLINE alerts as JSON POSTs (unset: no alerts)")
+	envflag.Int(fs, &c.Replicas, "replicas", 1, "replicas for buckets and streams this process creates (3 in a cluster)")
+	envflag.Int(fs, &c.WebhookRetries, "alert-retries", 3, "retries of a failed alert POST")
+	envflag.Duration(fs, &c.WebhookTimeout, "alert-timeout", 5*time.Second, "bound on one alert POST")
+	envflag.Duration(fs, &c.LeaseTTL, "lease-ttl", 10*time.Second, "leader lease lifetime; a dead leader is replaced within it")
+	envflag.Duration(fs, &c.SweepEvery, "sweep-every", 15*time.Second, "how often the leader sweeps the directory")
+	envflag.Duration(fs, &c.OfflineAfter, "offline-after", 2*time.Minute, "no heartbeat for this long: offline (seed 003)")
+	envflag.Duration(fs, &c.Degraded, "degraded-after", 3*time.Second, "no heartbeat for this long: degraded")
+	fs.Float64Var(&c.ErrorRate, "degraded-error-rate", 0.5, "an instance reporting this error rate is degraded (negative: never)")
+	envflag.Duration(fs, &c.Warm, "warm-timeout", 2*time.Minute, "abort a move whose target is not ready within this")
+	envflag.Duration(fs, &c.Handoff, "handoff-timeout", 10*time.Second, "abort a move whose handoff cannot commit within this")
+	envflag.Duration(fs, &c.Drain, "move-drain-timeout", 30*time.Second, "after commit, how long to wait for the former owner to drain")
+	envflag.Bool(fs, &c.NoCompact, "no-compact", false, "do not write compacted placement snapshots")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("serve takes no arguments")
+	}
+	return schema.CheckName("holder", c.Holder)
+}
+
+// Listening receives the HTTP address once the service listens.
+func (c *ServeCommand) Listening() <-chan string {
+	if c.listening == nil {
+		c.listening = make(chan string, 1)
+	}
+	return c.listening
+}
+
+// Run parses args and serves until ctx ends.
+func (c *ServeCommand) Run(ctx context.Context, args []string) error {
+	if err := c.ParseFlags(args); err != nil {
+		return err
+	}
+	defer c.Close()
+	return c.Serve(ctx)
+}
+
+// Serve runs the service with the parsed flags until ctx ends, then shuts down cleanly.
+func (c *ServeCommand) Serve(ctx context.Context) error {
+	log, err := tmlog.New(c.m.Stderr, c.LogLevel, c.LogFormat)
+	if err != nil {
+		return usagef("%v", err)
+	}
+	log = log.With("holder", c.Holder)
+	c.nc, err = natsconn.Connect(c.NATSURL, "rebalancer-"+c.Holder, log)
+	if err != nil {
+		return err
+	}
+	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	st, err := schema.Open(octx, c.nc, schema.Options{Replicas: c.Replicas, Logger: log})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("open tenantmesh state at %s: %w", c.NATSURL, err)
+	}
+	health := rebalancer.Health{Thresholds: schema.Thresholds{DegradedAfter: c.Degraded, OfflineAfter: c.OfflineAfter}, DegradedErrorRate: c.ErrorRate}
+	srv, err := server.New(server.Config{Store: st, Holder: c.Holder, LeaseTTL: c.LeaseTTL, Health: health,
+		WarmTimeout: c.Warm, HandoffTimeout: c.Handoff, DrainTimeout: c.Drain, NoCompact: c.NoCompact, Logger: log,
+		Sweep: sweeper.Config{Interval: c.SweepEvery, Webhook: c.Webhook, WebhookTimeout: c.WebhookTimeout, WebhookRetries: c.WebhookRetries}})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", c.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", c.Addr, err)
+	}
+	if c.listening != nil {
+		c.listening <- ln.Addr().String()
+	}
+	err = srv.Serve(ctx, ln)
+	if errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	log.Info("stopped")
+	return err
+}
+
+// Close closes the NATS connection; it is idempotent.
+func (c *ServeCommand) Close() error {
+	c.closeOnce.Do(func() {
+		if c.nc != nil {
+			dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_ = c.nc.FlushWithContext(dctx)
+			cancel()
+			c.nc.Close()
+		}
+	})
+	return nil
+}
+
+func sanitizeName(s string) string {
+	var out []rune
+	for _, r := range s {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+			out = append(out, r)
+		}
+	}
+	if len(out) > 64 {
+		out = out[:64]
+	}
+	return string(out)
+}

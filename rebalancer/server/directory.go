@@ -1,0 +1,77 @@
+package server
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/tenantmesh/tenantmesh/rebalancer"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
+)
+
+func (s *Server) registerDirectoryRoutes(r chi.Router) {
+	r.Get("/api/instances", s.handleInstances)
+	r.Get("/api/audit", s.handleAudit)
+	r.Get("/api/kinds", s.handleKinds)
+}
+
+func (s *Server) handleInstances(w http.ResponseWriter, r *http.Request) {
+	views, err := rebalancer.Instances(r.Context(), s.st, r.URL.Query().Get("kind"), s.cfg.Health, time.Now())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	tmhttp.WriteJSON(w, http.StatusOK, views)
+}
+
+// handleAudit reads the journal: ?kind= &tenant= &since= (RFC 3339 time or a duration back
+// from now, like 1h) &limit= (default 100).
+func (s *Server) handleAudit(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	aq := schema.AuditQuery{Kind: q.Get("kind"), Tenant: q.Get("tenant")}
+	var err error
+	if aq.Limit, err = intParam(r, "limit", 100); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if v := q.Get("since"); v != "" {
+		if aq.Since, err = rebalancer.ParseSince(v, time.Now()); err != nil {
+			s.fail(w, r, badRequest(err.Error()))
+			return
+		}
+	}
+	evs, err := s.st.ReadAudit(r.Context(), aq)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if evs == nil {
+		evs = []schema.AuditEvent{}
+	}
+	tmhttp.WriteJSON(w, http.StatusOK, evs)
+}
+
+func (s *Server) handleKinds(w http.ResponseWriter, r *http.Request) {
+	kcs, err := s.st.Kinds(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	tmhttp.WriteJSON(w, http.StatusOK, kcs)
+}
+
+func (s *Server) handleHealthz(w http.ResponseWriter, _ *http.Request) {
+	tmhttp.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// handleReadyz is ready while NATS is connected; it says whether this process leads.
+func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
+	if !s.st.Conn().IsConnected() {
+		tmhttp.WriteProblem(w, r, tmhttp.Problem{Type: tmhttp.TypeBase + "not-ready", Title: "Not ready", Status: http.StatusServiceUnavailable,
+			Detail: "not connected to NATS", RetryAfter: 1})
+		return
+	}
+	tmhttp.WriteJSON(w, http.StatusOK, map[string]any{"status": "ready", "leader": s.IsLeader(), "holder": s.cfg.Holder})
+}

@@ -1,0 +1,193 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tenantmesh/tenantmesh/rebalancer"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// Event is one server-sent event: Type is the SSE event name, Data its JSON payload.
+//
+//	plan      a plan record changed (rebalancer.PlanRecord)
+//	move      a move record changed: its phase, pause, reason (rebalancer.MoveRecord)
+//	audit     an audit event was journaled (schema.AuditEvent)
+//	instance  an instance changed status (sweeper.Event), seen by the leader's sweeper
+//	leader    this process took or lost the leader lease
+//	error     a background apply of this process failed
+//
+// plan and move events come from a watch of tm_rebalance and audit events from the journal's
+// subjects, so every rebalancer process streams every apply, whoever runs it.
+type Event struct {
+	Type string
+	Data json.RawMessage
+}
+
+// hub fans events out to the connected event streams. A stream that cannot keep up loses
+// events (counted) rather than slowing the others.
+type hub struct {
+	mu      sync.Mutex
+	subs    map[chan Event]struct{}
+	closed  bool
+	dropped prometheus.Counter
+}
+
+func newHub() *hub {
+	return &hub{subs: map[chan Event]struct{}{}, dropped: prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tm_rebalancer_events_dropped_total", Help: "Server-sent events dropped because a stream was too slow."})}
+}
+
+func (h *hub) publish(typ string, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return
+	}
+	h.send(Event{Type: typ, Data: b})
+}
+
+func (h *hub) send(ev Event) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for c := range h.subs {
+		select {
+		case c <- ev:
+		default:
+			h.dropped.Inc()
+		}
+	}
+}
+
+func (h *hub) subscribe() (chan Event, func()) {
+	c := make(chan Event, 256)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		close(c)
+		return c, func() {}
+	}
+	h.subs[c] = struct{}{}
+	return c, func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if _, ok := h.subs[c]; ok {
+			delete(h.subs, c)
+			close(c)
+		}
+	}
+}
+
+// close ends every stream (at shutdown).
+func (h *hub) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closed = true
+	for c := range h.subs {
+		delete(h.subs, c)
+		close(c)
+	}
+}
+
+// startEvents feeds the hub from the audit journal's subjects and a watch of tm_rebalance.
+func (s *Server) startEvents(ctx context.Context) error {
+	sub, err := s.st.Conn().Subscribe(schema.SubjectAuditAll, func(m *nats.Msg) {
+		if len(m.Data) > 0 && json.Valid(m.Data) {
+			s.hub.send(Event{Type: "audit", Data: m.Data})
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("server: subscribe to audit events: %w", err)
+	}
+	s.work.Go(func() {
+		<-ctx.Done()
+		_ = sub.Unsubscribe()
+	})
+	s.work.Go(func() { s.watchRecords(ctx) })
+	return nil
+}
+
+// watchRecords turns changes of plan and move records into events, re-watching if the watch
+// ends.
+func (s *Server) watchRecords(ctx context.Context) {
+	for ctx.Err() == nil {
+		w, err := s.st.RebalanceKV().WatchAll(ctx, jetstream.UpdatesOnly(), jetstream.IgnoreDeletes())
+		if err != nil {
+			sleep(ctx, time.Second)
+			continue
+		}
+		for en := range w.Updates() {
+			if en == nil {
+				continue
+			}
+			switch {
+			case strings.HasPrefix(en.Key(), "move."):
+				var m rebalancer.MoveRecord
+				if json.Unmarshal(en.Value(), &m) == nil {
+					s.hub.publish("move", moveEvent{MoveRecord: m, PauseMS: m.Pause().Milliseconds()})
+				}
+			case strings.HasPrefix(en.Key(), "plan."):
+				s.hub.send(Event{Type: "plan", Data: en.Value()})
+			}
+		}
+		_ = w.Stop()
+		if ctx.Err() == nil {
+			sleep(ctx, time.Second)
+		}
+	}
+}
+
+// moveEvent is a move record with its pause in milliseconds.
+type moveEvent struct {
+	rebalancer.MoveRecord
+	PauseMS int64 `json:"pause_ms"`
+}
+
+func (s *Server) registerEventRoutes(r chi.Router) {
+	r.Get("/api/events", s.handleEvents)
+}
+
+// handleEvents streams events as text/event-stream until the client goes away or the server
+// stops, with a comment line every 15s to keep proxies from closing an idle stream.
+func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
+	fl, ok := w.(http.Flusher)
+	if !ok {
+		s.fail(w, r, fmt.Errorf("streaming unsupported"))
+		return
+	}
+	c, cancel := s.hub.subscribe()
+	defer cancel()
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	fmt.Fprintf(w, ": tenantmesh rebalancer %s\n\n", s.cfg.Holder)
+	fl.Flush()
+	keep := time.NewTicker(15 * time.Second)
+	defer keep.Stop()
+	for {
+		select {
+		case ev, ok := <-c:
+			if !ok {
+				return
+			}
+			fmt.Fprintf(w, "event: %s\ndata: %s\n\n", ev.Type, ev.Data)
+			fl.Flush()
+		case <-keep.C:
+			fmt.Fprint(w, ": keepalive\n\n")
+			fl.Flush()
+		case <-r.Context().Done():
+			return
+		}
+	}
+}

@@ -1,0 +1,371 @@
+// Package server is `rebalancer serve`: the rebalancer's long-running process. It holds the
+// leader lease when it can and, while it leads, applies plans, sweeps the instance directory
+// (package sweeper) and writes compacted placement snapshots; every instance, leader or not,
+// serves the read side of the HTTP API and the event stream the dashboard uses.
+//
+// # HTTP API
+//
+//	GET  /api/plans                 plans, newest first, with move counts
+//	POST /api/plans                 make a plan from a planner.Request (+ "dry_run")
+//	GET  /api/plans/{id}            one plan and its moves
+//	POST /api/plans/{id}/apply      apply in the background: 202; 409 if not the leader or busy
+//	POST /api/plans/{id}/rollback   roll back in the background: 202; 409 likewise
+//	GET  /api/instances             the directory with derived statuses (?kind=)
+//	GET  /api/audit                 the audit journal (?kind= &tenant= &since= &limit=)
+//	GET  /api/kinds                 kind configs
+//	GET  /api/leader                the leader lease and whether this process holds it
+//	GET  /api/events                server-sent events: plan, move, audit, instance
+//	GET  /healthz /readyz /metrics
+//
+// Errors are problem+json (shardkit/tmhttp), mapped in one function (errorFor).
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tenantmesh/tenantmesh/rebalancer"
+	"github.com/tenantmesh/tenantmesh/rebalancer/sweeper"
+	"github.com/tenantmesh/tenantmesh/shardkit/placement"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// Config configures a Server. Zero fields take the documented defaults.
+type Config struct {
+	Store *schema.Store
+	// Holder names this process in the leader lease. Keep it stable across restarts of the same
+	// process and distinct between processes. Default "rebalancer".
+	Holder string
+	// LeaseTTL is the leader lease's lifetime, renewed every third of it. Default 10s.
+	LeaseTTL time.Duration
+	// Engine timeouts (see rebalancer.Config); zero: the engine's defaults.
+	WarmTimeout, HandoffTimeout, DrainTimeout time.Duration
+	// Health decides instance statuses (offline threshold default 2m).
+	Health rebalancer.Health
+	// Sweep configures the sweeper; Store, Health, Logger and Registerer are filled in.
+	Sweep sweeper.Config
+	// NoCompact disables the compacting placement watcher.
+	NoCompact bool
+	// CompactEvery and CompactInterval tune the compacting watcher (placement.Config).
+	CompactEvery    int
+	CompactInterval time.Duration
+	// Logger; if nil, logs are discarded.
+	Logger *slog.Logger
+	// Registry receives metrics and is served on /metrics. Default a new registry with the Go
+	// and process collectors.
+	Registry *prometheus.Registry
+}
+
+// Server is the rebalancer service.
+type Server struct {
+	cfg   Config
+	st    *schema.Store
+	eng   *rebalancer.Engine
+	sweep *sweeper.Sweeper
+	tel   *rebalancer.Telemetry
+	hub   *hub
+	log   *slog.Logger
+	reg   *prometheus.Registry
+
+	mu       sync.Mutex
+	leadCtx  context.Context // non-nil while this process holds the lease
+	busy     string          // the plan being applied or rolled back, "" when idle
+	busyDone chan struct{}   // closed when that apply ends
+	work     sync.WaitGroup  // background applies
+	leaderG  prometheus.Gauge
+	applying prometheus.Gauge
+}
+
+// New makes a server; it does nothing until Run.
+func New(cfg Config) (*Server, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("server: Store is required")
+	}
+	if cfg.Holder == "" {
+		cfg.Holder = "rebalancer"
+	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+		cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	s := &Server{cfg: cfg, st: cfg.Store, log: cfg.Logger, reg: cfg.Registry, hub: newHub()}
+	eng, err := rebalancer.New(rebalancer.Config{Store: cfg.Store, Holder: cfg.Holder, LeaseTTL: cfg.LeaseTTL, LeaseHeld: true,
+		WarmTimeout: cfg.WarmTimeout, HandoffTimeout: cfg.HandoffTimeout, DrainTimeout: cfg.DrainTimeout,
+		Thresholds: cfg.Health.Thresholds, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	s.eng = eng
+	sc := cfg.Sweep
+	sc.Store, sc.Health, sc.Logger, sc.Registerer = cfg.Store, cfg.Health, cfg.Logger, cfg.Registry
+	sc.Actor = "rebalancer/" + cfg.Holder
+	next := sc.OnEvent
+	sc.OnEvent = func(ev sweeper.Event) {
+		s.hub.publish("instance", ev)
+		if next != nil {
+			next(ev)
+		}
+	}
+	if s.sweep, err = sweeper.New(sc); err != nil {
+		return nil, err
+	}
+	s.leaderG = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tm_rebalancer_leader", Help: "1 while this process holds the leader lease."})
+	s.applying = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tm_rebalancer_applying", Help: "1 while this process applies or rolls back a plan."})
+	for _, c := range []prometheus.Collector{s.leaderG, s.applying, s.hub.dropped} {
+		if err := s.reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Engine is the server's engine (for tests and embedding).
+func (s *Server) Engine() *rebalancer.Engine { return s.eng }
+
+// IsLeader reports whether this process holds the leader lease.
+func (s *Server) IsLeader() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.leadCtx != nil
+}
+
+// Serve runs the server on ln until ctx ends, then shuts down: HTTP first (event streams are
+// closed), then background applies stop at their next step (they resume on the next leader),
+// then the lease is released.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := s.Start(rctx); err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second, MaxHeaderBytes: 64 << 10,
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn), BaseContext: func(net.Listener) context.Context { return rctx }}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	s.log.Info("rebalancer serving", "addr", ln.Addr().String(), "holder", s.cfg.Holder)
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	s.hub.close()
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_ = srv.Shutdown(sctx)
+	scancel()
+	cancel()
+	s.Wait()
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}
+
+// Start runs the background parts (telemetry, event sources, the leadership loop) until ctx
+// ends; Wait waits for them. Serve calls both.
+func (s *Server) Start(ctx context.Context) error {
+	tel, err := rebalancer.WatchTelemetry(s.st, "")
+	if err != nil {
+		return err
+	}
+	s.tel = tel
+	if err := s.startEvents(ctx); err != nil {
+		tel.Stop()
+		return err
+	}
+	s.work.Go(func() {
+		<-ctx.Done()
+		tel.Stop()
+	})
+	s.work.Go(func() { s.leadLoop(ctx) })
+	return nil
+}
+
+// Wait waits for everything Start started to stop.
+func (s *Server) Wait() { s.work.Wait() }
+
+// leadLoop tries to take the leader lease and, while it holds it, runs the leader's work.
+func (s *Server) leadLoop(ctx context.Context) {
+	retry := s.cfg.LeaseTTL / 3
+	for ctx.Err() == nil {
+		l, err := s.st.AcquireLease(ctx, schema.LeaderLease, s.cfg.Holder, s.cfg.LeaseTTL)
+		if err != nil {
+			if !errors.Is(err, schema.ErrLeaseHeld) && ctx.Err() == nil {
+				s.log.Warn("leader lease", "err", err)
+			}
+			sleep(ctx, retry)
+			continue
+		}
+		s.lead(ctx, l)
+	}
+}
+
+// lead does the leader's work until ctx ends or the lease is lost.
+func (s *Server) lead(ctx context.Context, l schema.Lease) {
+	lctx, cancel := context.WithCancel(ctx)
+	s.mu.Lock()
+	s.leadCtx = lctx
+	s.mu.Unlock()
+	s.leaderG.Set(1)
+	s.log.Info("leading", "holder", s.cfg.Holder)
+	s.hub.publish("leader", map[string]any{"holder": s.cfg.Holder, "leading": true})
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = s.sweep.Run(lctx) })
+	if !s.cfg.NoCompact {
+		wg.Go(func() { s.compact(lctx) })
+	}
+	t := time.NewTicker(s.cfg.LeaseTTL / 3)
+	for lctx.Err() == nil {
+		select {
+		case <-t.C:
+			nl, err := s.st.RenewLease(lctx, l, s.cfg.LeaseTTL)
+			switch {
+			case errors.Is(err, schema.ErrLeaseHeld):
+				s.log.Error("leader lease lost", "err", err)
+				cancel()
+			case err != nil:
+				s.log.Warn("lease renewal failed; retrying", "err", err)
+			default:
+				l = nl
+			}
+		case <-lctx.Done():
+		}
+	}
+	t.Stop()
+	s.mu.Lock()
+	s.leadCtx = nil
+	s.mu.Unlock()
+	cancel()
+	wg.Wait()
+	s.waitIdle()
+	s.leaderG.Set(0)
+	rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_ = s.st.ReleaseLease(rctx, l)
+	rcancel()
+	s.hub.publish("leader", map[string]any{"holder": s.cfg.Holder, "leading": false})
+}
+
+// compact runs a placement watcher with Compact for every registered kind, so gateways and
+// shards cold-start from a snapshot; it restarts the watcher when the set of kinds changes.
+func (s *Server) compact(ctx context.Context) {
+	for ctx.Err() == nil {
+		kcs, err := s.st.Kinds(ctx)
+		if err != nil || len(kcs) == 0 {
+			sleep(ctx, 5*time.Second)
+			continue
+		}
+		var kinds []string
+		for _, k := range kcs {
+			kinds = append(kinds, k.Kind)
+		}
+		slices.Sort(kinds)
+		w, err := placement.New(placement.Config{Store: s.st, Kinds: kinds, Compact: true, CompactEvery: s.cfg.CompactEvery,
+			CompactInterval: s.cfg.CompactInterval, Logger: s.log})
+		if err != nil {
+			s.log.Warn("compacting watcher", "err", err)
+			return
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = w.Run(wctx) }()
+		for wctx.Err() == nil {
+			sleep(wctx, 30*time.Second)
+			if now, err := s.st.Kinds(wctx); err == nil && len(now) != len(kinds) {
+				cancel()
+			}
+		}
+		cancel()
+		<-done
+	}
+}
+
+// errNotLeader and errBusy are answered 409.
+var (
+	errNotLeader = errors.New("not the leader")
+	errBusy      = errors.New("busy")
+)
+
+// startWork runs fn (an apply or rollback of plan id) in the background under the leader's
+// context, one at a time per process.
+func (s *Server) startWork(ctx context.Context, id string, fn func(context.Context) (rebalancer.PlanRecord, error)) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.leadCtx == nil {
+		holder := "another rebalancer"
+		if l, ok, err := rebalancer.Lease(ctx, s.st, time.Now()); err == nil && ok {
+			holder = fmt.Sprintf("%s (until %s)", l.Holder, l.Expires.Format(time.RFC3339))
+		}
+		return fmt.Errorf("%w: this rebalancer (%s) does not hold the leader lease; it is held by %s: send the request there", errNotLeader, s.cfg.Holder, holder)
+	}
+	if s.busy != "" {
+		return fmt.Errorf("%w: plan %s is being applied by this rebalancer; wait for it to finish", errBusy, s.busy)
+	}
+	s.busy = id
+	done := make(chan struct{})
+	s.busyDone = done
+	s.applying.Set(1)
+	lctx := s.leadCtx
+	s.work.Go(func() {
+		defer close(done)
+		rec, err := fn(lctx)
+		if err != nil {
+			s.log.Error("apply failed", "plan", id, "err", err)
+			s.hub.publish("error", map[string]string{"plan": id, "error": err.Error()})
+		} else {
+			s.log.Info("plan finished", "plan", rec.ID, "status", rec.Status)
+		}
+		s.mu.Lock()
+		s.busy = ""
+		s.mu.Unlock()
+		s.applying.Set(0)
+	})
+	return nil
+}
+
+// waitIdle waits until no background apply runs (after the leader context ended).
+func (s *Server) waitIdle() {
+	s.mu.Lock()
+	busy, done := s.busy, s.busyDone
+	s.mu.Unlock()
+	if busy != "" {
+		<-done // the apply stops at its next step once its ctx ended
+	}
+}
+
+// Handler is the HTTP API.
+func (s *Server) Handler() http.Handler {
+	r := chi.NewRouter()
+	s.registerPlanRoutes(r)
+	s.registerDirectoryRoutes(r)
+	s.registerEventRoutes(r)
+	r.Get("/healthz", s.handleHealthz)
+	r.Get("/readyz", s.handleReadyz)
+	r.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
+	return r
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
