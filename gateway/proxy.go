@@ -246,7 +246,7 @@ func (g *Gateway) roundTrip(req *http.Request) (*http.Response, error) {
 			}
 			ticket = t
 		}
-		if attempt > 0 {
+		if attempt > 0 || ticket != nil {
 			if nr := g.reg.snap.Load().match(st.method, path); nr != nil && nr.kind == st.rt.kind {
 				st.rt = nr
 			}

@@ -39,10 +39,10 @@ done
 for _ in $(seq 1 600); do grep -q READY "$WORK/benchenv.out" && break; sleep 0.1; done
 grep -q READY "$WORK/benchenv.out" || { echo "benchenv not ready"; cat "$WORK/benchenv.out"; exit 1; }
 
-TM_NATS_URL=nats://127.0.0.1:4333 TM_ADDR=127.0.0.1:9080 TM_LOG_LEVEL=warn TM_PPROF=true "$WORK/bin/gateway" 2> "$WORK/gateway.log" & PIDS+=($!)
+TM_NATS_URL=nats://127.0.0.1:4333 TM_ADDR=127.0.0.1:9080 TM_LOG_LEVEL=warn TM_PPROF=true env ${GW_ENV:-} "$WORK/bin/gateway" 2> "$WORK/gateway.log" & PIDS+=($!)
 GW_PID=$!
 # The same gateway with net/http.Transport to the backends, for the A/B of the upstream client.
-TM_NATS_URL=nats://127.0.0.1:4333 TM_ADDR=127.0.0.1:9083 TM_LOG_LEVEL=warn TM_STD_TRANSPORT=true "$WORK/bin/gateway" 2> "$WORK/gateway-std.log" & PIDS+=($!)
+TM_NATS_URL=nats://127.0.0.1:4333 TM_ADDR=127.0.0.1:9083 TM_LOG_LEVEL=warn TM_STD_TRANSPORT=true env ${GW_ENV:-} "$WORK/bin/gateway" 2> "$WORK/gateway-std.log" & PIDS+=($!)
 for port in 9080 9083; do
   for _ in $(seq 1 300); do curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
   curl -fs "http://127.0.0.1:$port/readyz" >/dev/null || { echo "gateway on $port not ready"; cat "$WORK"/gateway*.log; exit 1; }
