@@ -544,6 +544,20 @@ func TestKubernetes(t *testing.T) {
 	podLabels := func(w k8sObject) map[string]string {
 		return stringMap(getMap(w.o, "spec", "template", "metadata", "labels"))
 	}
+	// replicas of a workload: spec.replicas, or the HPA's minReplicas when one scales it (then
+	// spec.replicas must be absent, or every apply would reset the HPA's count).
+	hpaMin := map[string]int{}
+	for _, h := range byKind(objs, "HorizontalPodAutoscaler") {
+		ref := getMap(h.o, "spec", "scaleTargetRef")
+		hpaMin[getStr(ref, "kind")+"/"+getStr(ref, "name")], _ = getInt(h.o, "spec", "minReplicas")
+	}
+	replicasOf := func(w k8sObject) int {
+		if n, ok := hpaMin[w.kind()+"/"+w.name()]; ok {
+			return n
+		}
+		n, _ := getInt(w.o, "spec", "replicas")
+		return n
+	}
 	configMaps := map[string]obj{}
 	for _, c := range byKind(objs, "ConfigMap") {
 		configMaps[c.name()] = c.o
@@ -557,9 +571,12 @@ func TestKubernetes(t *testing.T) {
 		} else if !subset(sel, labels) {
 			t.Errorf("%v: selector %v does not match the pod template labels %v", w, sel, labels)
 		}
-		replicas, ok := getInt(w.o, "spec", "replicas")
-		if !ok || replicas < 1 {
-			t.Errorf("%v: spec.replicas missing or < 1", w)
+		_, hasReplicas := getMap(w.o, "spec")["replicas"]
+		if _, scaled := hpaMin[w.kind()+"/"+w.name()]; scaled && hasReplicas {
+			t.Errorf("%v: spec.replicas is set, but an HPA scales it (apply would reset the count)", w)
+		}
+		if replicasOf(w) < 1 {
+			t.Errorf("%v: no replicas (spec.replicas or an HPA's minReplicas)", w)
 		}
 		pod := getMap(w.o, "spec", "template", "spec")
 		checkPod(t, w, pod, configMaps, flags)
@@ -590,8 +607,8 @@ func TestKubernetes(t *testing.T) {
 				matched = append(matched, w)
 			}
 		}
-		if len(matched) == 0 {
-			t.Errorf("%v: selector %v matches no workload's pods", s, sel)
+		if len(matched) != 1 {
+			t.Errorf("%v: selector %v matches the pods of %d workloads, want 1", s, sel, len(matched))
 			continue
 		}
 		for _, p := range getList(s.o, "spec", "ports") {
@@ -625,7 +642,7 @@ func TestKubernetes(t *testing.T) {
 		for _, w := range workloads {
 			if len(sel) > 0 && subset(sel, podLabels(w)) {
 				matched++
-				replicas, _ := getInt(w.o, "spec", "replicas")
+				replicas := replicasOf(w)
 				if min, ok := getInt(p.o, "spec", "minAvailable"); ok && min >= replicas {
 					t.Errorf("%v: minAvailable %d with %d replicas of %v blocks every eviction", p, min, replicas, w)
 				}
@@ -951,6 +968,17 @@ func TestNATSConfig(t *testing.T) {
 		}
 	}
 	checkNATSConfig(t, "nats/nats-cluster.conf", map[string]string{"NATS_SERVER_NAME": "nats-1"}, routes)
+
+	// compose and Kubernetes run the same NATS release.
+	objs := loadK8s(t)
+	if sts, ok := find(objs, "StatefulSet", "nats"); ok {
+		img := getStr(getList(sts.o, "spec", "template", "spec", "containers")[0], "image")
+		for _, n := range nodes {
+			if compose.Services[n].Image != img {
+				t.Errorf("compose %s runs %s, Kubernetes %s", n, compose.Services[n].Image, img)
+			}
+		}
+	}
 }
 
 // --- docker ----------------------------------------------------------------------------------
