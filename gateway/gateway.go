@@ -326,6 +326,7 @@ func (g *Gateway) start() error {
 		_ = sub.Unsubscribe()
 	})
 	g.bg.Go(g.housekeeping)
+	g.bg.Go(func() { g.reg.rebuilder(g.bgCtx) })
 	g.bg.Go(g.awaitReady)
 	return nil
 }

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"math"
 	"net/url"
@@ -124,7 +125,8 @@ type registry struct {
 	followed map[string]*kvwatch.Follower // bucket -> follower, for staleness
 	synced   map[string]bool
 
-	snap atomic.Pointer[snapshot]
+	snap  atomic.Pointer[snapshot]
+	dirty chan struct{} // a change arrived since the last rebuild
 }
 
 func newRegistry(g *Gateway) *registry {
@@ -137,6 +139,7 @@ func newRegistry(g *Gateway) *registry {
 		kinds:    map[string]*kindEntry{},
 		followed: map[string]*kvwatch.Follower{},
 		synced:   map[string]bool{},
+		dirty:    make(chan struct{}, 1),
 	}
 	r.snap.Store(&snapshot{kinds: map[string]*kindEntry{}, shards: map[string][]shardInfo{}})
 	return r
@@ -217,7 +220,34 @@ func (r *registry) apply(bucket string, e kvwatch.Entry) {
 		return
 	}
 	if synced {
+		select {
+		case r.dirty <- struct{}{}:
+		default: // a rebuild is already due
+		}
+	}
+}
+
+// rebuildEvery bounds how often changes rebuild the snapshot: heartbeats of many instances
+// arrive every second, and each would otherwise cost a rebuild.
+const rebuildEvery = 20 * time.Millisecond
+
+// rebuilder rebuilds the snapshot when changes arrived, at most once per rebuildEvery.
+func (r *registry) rebuilder(ctx context.Context) {
+	t := time.NewTimer(rebuildEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.dirty:
+		case <-ctx.Done():
+			return
+		}
 		r.rebuild()
+		t.Reset(rebuildEvery)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
 	}
 }
 
