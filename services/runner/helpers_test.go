@@ -33,6 +33,13 @@ func openStore(t testing.TB) *schema.Store {
 // startService builds and runs a runner instance; it stops when the test ends.
 func startService(t testing.TB, st *schema.Store, shard, instance string, cfg Config) *Service {
 	t.Helper()
+	s, _ := startStoppable(t, st, shard, instance, cfg)
+	return s
+}
+
+// startStoppable is startService with a stop function that returns once Run returned.
+func startStoppable(t testing.TB, st *schema.Store, shard, instance string, cfg Config) (*Service, func()) {
+	t.Helper()
 	cfg.Store = st
 	cfg.ID = schema.InstanceID{Kind: Kind, Shard: shard, Instance: instance}
 	if cfg.Sagas == nil {
@@ -45,8 +52,9 @@ func startService(t testing.TB, st *schema.Store, shard, instance string, cfg Co
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = s.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return s
+	stop := func() { cancel(); <-done }
+	t.Cleanup(stop)
+	return s, stop
 }
 
 func place(t testing.TB, st *schema.Store, tenant, shard string) schema.Placement {

@@ -23,8 +23,20 @@ func step(t *testing.T, st *schema.Store, prev schema.Placement, edit func(*sche
 }
 
 // A tenant moved between shards while 1,000 jobs run: every job's webhook effect reaches the
-// receiver exactly once, and both shards ran some of the jobs.
+// receiver exactly once, and both shards ran some of the jobs. The source is drained at
+// handoff (shardkit's Fence) or only after the commit (shardkit's Release), when both shards
+// acquire the tenant for a while.
 func TestMoveWhileJobsRun(t *testing.T) {
+	for _, late := range []bool{false, true} {
+		name := "release-at-handoff"
+		if late {
+			name = "release-after-commit"
+		}
+		t.Run(name, func(t *testing.T) { testMove(t, late) })
+	}
+}
+
+func testMove(t *testing.T, late bool) {
 	st := openStore(t)
 	rc := newReceiver(t)
 	rc.delay = time.Millisecond
@@ -40,31 +52,41 @@ func TestMoveWhileJobsRun(t *testing.T) {
 
 	start := time.Now()
 	ids := create(t, a1, tenant, n, hookJob(rc.URL, map[string]string{"hello": "world"}))
+	created := time.Since(start)
 	rc.await(t, 200, 30*time.Second) // jobs are running on A
+	moveStart := time.Now()
 
 	p = step(t, st, p, func(p *schema.Placement) { p.Phase, p.Target = schema.PhaseWarming, "runner-2" })
 	if err := b1.Warm(context.Background(), tenant, 0); err != nil {
 		t.Fatal(err)
 	}
 	p = step(t, st, p, func(p *schema.Placement) { p.Phase = schema.PhaseHandoff })
-	// shardkit drains the source at handoff: every instance of A, concurrently.
-	var wg sync.WaitGroup
-	for _, a := range []*Service{a1, a2} {
-		owning(t, a, tenant, false)
-		wg.Go(func() {
-			if err := a.Release(context.Background(), tenant); err != nil {
-				t.Error(err)
-			}
-		})
+	// shardkit drains the source: every instance of A, concurrently.
+	release := func() {
+		var wg sync.WaitGroup
+		for _, a := range []*Service{a1, a2} {
+			wg.Go(func() {
+				if err := a.Release(context.Background(), tenant); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
 	}
-	wg.Wait()
+	if !late {
+		release()
+	}
 	_, atHandoff := rc.snapshot()
 	p = step(t, st, p, func(p *schema.Placement) {
 		p.Phase, p.Shard, p.Epoch, p.Source, p.Target = schema.PhaseDraining, "runner-2", p.Epoch+1, "runner-1", ""
 	})
 	owning(t, b1, tenant, true)
+	if late {
+		release()
+	}
 	step(t, st, p, func(p *schema.Placement) { p.Phase, p.Source = schema.PhaseActive, "" })
 
+	moved := time.Since(moveStart)
 	runs := waitDone(t, b1, tenant, ids, 60*time.Second)
 	el := time.Since(start)
 	counts, total := rc.snapshot()
@@ -88,8 +110,8 @@ func TestMoveWhileJobsRun(t *testing.T) {
 	if d, err := b1.Depth(context.Background(), tenant); err != nil || d != 0 {
 		t.Errorf("queue depth after the move: %d %v, want 0", d, err)
 	}
-	t.Logf("MEASURED move: %d jobs, %d effects delivered once each in %v (%.0f jobs/s); %d delivered before handoff; ran on %v",
-		n, total, el.Round(time.Millisecond), float64(n)/el.Seconds(), atHandoff, on)
+	t.Logf("MEASURED move: %d jobs (created in %v), %d effects delivered once each in %v (%.0f jobs/s); the move took %v; %d delivered before handoff; ran on %v",
+		n, created.Round(time.Millisecond), total, el.Round(time.Millisecond), float64(n)/el.Seconds(), moved.Round(time.Millisecond), atHandoff, on)
 }
 
 // A release that reaches its bound cancels the runs in flight; the next owner runs them, and

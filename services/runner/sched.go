@@ -25,7 +25,9 @@ type tenantQ struct {
 	// ready: the tenant is in the ring (it may have a job we can take).
 	ready bool
 	// cursor[i] is the first stream sequence not yet looked at on subjects()[i].
-	cursor   [2]uint64
+	cursor [2]uint64
+	// dirty[i]: subjects()[i] may hold an entry at or after its cursor.
+	dirty    [2]bool
 	inflight int
 	rate     *limiter
 	// parked: waiting for the tenant's rate; a timer puts it back in the ring.
@@ -105,7 +107,7 @@ func (s *Service) reconcile(ctx context.Context, tenant string) {
 	if own && !was {
 		// A new turn of ownership: forget an earlier release, look at the whole queue.
 		tq.released = false
-		tq.cursor = [2]uint64{}
+		tq.cursor, tq.dirty = [2]uint64{}, [2]bool{true, true}
 		if tq.ctx.Err() != nil {
 			tq.ctx, tq.cancel = context.WithCancel(ctx)
 		}
@@ -153,8 +155,8 @@ func (s *Service) goFlush(tq *tenantQ) {
 func (s *Service) subscribe(tq *tenantQ) {
 	nc := s.st.Conn()
 	var subs []*nats.Subscription
-	for _, subj := range s.subjects(tq.tenant) {
-		sub, err := nc.Subscribe(subj, func(*nats.Msg) { s.markReady(tq) })
+	for i, subj := range s.subjects(tq.tenant) {
+		sub, err := nc.Subscribe(subj, func(*nats.Msg) { s.markDirty(tq, i) })
 		if err != nil {
 			s.cfg.Logger.Warn("wake-up subscription", "subject", subj, "err", err)
 			continue
@@ -183,6 +185,14 @@ func (s *Service) unsubscribe(tq *tenantQ) {
 	}
 }
 
+// markDirty notes that subjects()[i] of the tenant got an entry, and readies the tenant.
+func (s *Service) markDirty(tq *tenantQ, i int) {
+	s.mu.Lock()
+	tq.dirty[i] = true
+	s.mu.Unlock()
+	s.markReady(tq)
+}
+
 // markReady puts the tenant in the ring if it is acquired and not already there.
 func (s *Service) markReady(tq *tenantQ) {
 	s.mu.Lock()
@@ -200,6 +210,7 @@ func (s *Service) rescanAt(tq *tenantQ, seq uint64, at time.Time) {
 		s.mu.Lock()
 		for i := range tq.cursor {
 			tq.cursor[i] = min(tq.cursor[i], seq)
+			tq.dirty[i] = true
 		}
 		s.mu.Unlock()
 		s.markReady(tq)
@@ -218,7 +229,7 @@ func (s *Service) sweepLoop(ctx context.Context) {
 		s.mu.Lock()
 		var all []*tenantQ
 		for _, tq := range s.tenants {
-			tq.cursor = [2]uint64{}
+			tq.cursor, tq.dirty = [2]uint64{}, [2]bool{true, true}
 			tq.sagaReady = true
 			all = append(all, tq)
 		}
@@ -248,7 +259,10 @@ func (s *Service) dispatchLoop(ctx context.Context) {
 }
 
 // dispatch starts as many jobs as the limits allow and returns how long until the instance
-// rate allows the next (0: wait for a wake-up).
+// rate allows the next (0: wait for a wake-up). Its serial part is one read of the tenant's
+// next queue entry (usually one round trip); claiming and running happen in the job's own
+// goroutine, which holds a reserved slot and the rate tokens and gives them back if the claim
+// loses (a sibling instance took the job, or it is not due).
 func (s *Service) dispatch(ctx context.Context) time.Duration {
 	for ctx.Err() == nil {
 		s.mu.Lock()
@@ -281,20 +295,18 @@ func (s *Service) dispatch(ctx context.Context) time.Duration {
 			}
 		}
 		s.mu.Unlock()
-		r, seq, found := s.acquire(ctx, tq)
-		s.mu.Lock()
-		if r == nil {
-			if found { // looked at a batch without a job to take: more to look at
-				tq.ready = true
-				s.ring = append(s.ring, tq)
+		msg, i, err := s.next(ctx, tq)
+		if err != nil {
+			if !errors.Is(err, jetstream.ErrMsgNotFound) && ctx.Err() == nil {
+				s.cfg.Logger.Warn("reading queue", "tenant", tq.tenant, "err", err)
+				s.rescanAt(tq, 0, time.Now().Add(time.Second))
 			}
-			s.mu.Unlock()
-			continue
+			continue // nothing to take: the tenant leaves the ring until a wake-up
 		}
-		if tq.released || !tq.acquired {
-			// Released while we claimed: give the job back untouched for the next owner.
+		s.mu.Lock()
+		tq.cursor[i] = msg.Sequence + 1
+		if !tq.acquired || tq.released {
 			s.mu.Unlock()
-			s.unclaim(r)
 			continue
 		}
 		now := time.Now()
@@ -306,16 +318,21 @@ func (s *Service) dispatch(ctx context.Context) time.Duration {
 		}
 		s.running++
 		tq.inflight++
-		s.totals.Started++
-		// Back to the end of the ring: the tenant may have more, after every other ready one.
-		tq.ready = true
-		s.ring = append(s.ring, tq)
 		tq.work.Add(1)
 		rctx := tq.ctx
+		// Back to the end of the ring: the tenant may have more, after every other ready one.
+		s.requeue(tq)
 		s.mu.Unlock()
-		go s.execute(rctx, tq, r, seq)
+		go s.claimAndRun(rctx, tq, msg)
 	}
 	return 0
+}
+
+func (s *Service) requeue(tq *tenantQ) {
+	if !tq.ready && !tq.parked {
+		tq.ready = true
+		s.ring = append(s.ring, tq)
+	}
 }
 
 func (s *Service) popReady() *tenantQ {
@@ -332,51 +349,77 @@ func (s *Service) popReady() *tenantQ {
 	return nil
 }
 
-// scanBatch bounds how many queue entries one turn looks at without finding a job to take.
-const scanBatch = 32
-
-// acquire finds and claims the tenant's next job. It returns the claimed run and its queue
-// sequence; with no run, found tells whether the tenant may have more to look at.
-func (s *Service) acquire(ctx context.Context, tq *tenantQ) (*Run, uint64, bool) {
-	subjects := s.subjects(tq.tenant)
-	for n := 0; n < scanBatch; n++ {
-		msg, i, err := s.next(ctx, tq, subjects)
-		if err != nil {
-			if !errors.Is(err, jetstream.ErrMsgNotFound) && ctx.Err() == nil {
-				s.cfg.Logger.Warn("reading queue", "tenant", tq.tenant, "err", err)
-				s.rescanAt(tq, 0, time.Now().Add(time.Second))
-			}
-			return nil, 0, false
-		}
-		s.mu.Lock()
-		tq.cursor[i] = msg.Sequence + 1
-		s.mu.Unlock()
-		r, err := s.claim(ctx, tq, msg)
-		if err != nil {
-			s.cfg.Logger.Warn("claiming job", "tenant", tq.tenant, "seq", msg.Sequence, "err", err)
-			continue
-		}
-		if r != nil {
-			return r, msg.Sequence, true
-		}
+// claimAndRun claims the entry's job and runs it, or gives the slot and the tokens back.
+func (s *Service) claimAndRun(ctx context.Context, tq *tenantQ, msg *jetstream.RawStreamMsg) {
+	r, err := s.claim(ctx, tq, msg)
+	if err != nil && ctx.Err() == nil {
+		s.cfg.Logger.Warn("claiming job", "tenant", tq.tenant, "seq", msg.Sequence, "err", err)
 	}
-	return nil, 0, true
+	if r == nil {
+		s.mu.Lock()
+		if s.instRate != nil {
+			s.instRate.refund()
+		}
+		if tq.rate != nil {
+			tq.rate.refund()
+		}
+		s.mu.Unlock()
+		s.done(tq)
+		return
+	}
+	s.mu.Lock()
+	released := tq.released || !tq.acquired
+	if !released {
+		s.totals.Started++
+	}
+	s.mu.Unlock()
+	if released {
+		// Released while we claimed: give the job back untouched for the next owner.
+		s.unclaim(r)
+		s.done(tq)
+		return
+	}
+	s.execute(ctx, tq, r, msg.Sequence)
 }
 
-// next reads the first entry at or after the cursors, the lower sequence of both subjects.
-func (s *Service) next(ctx context.Context, tq *tenantQ, subjects [2]string) (*jetstream.RawStreamMsg, int, error) {
+// done frees a slot of tenant tq.
+func (s *Service) done(tq *tenantQ) {
 	s.mu.Lock()
-	cur := tq.cursor
+	s.running--
+	tq.inflight--
 	s.mu.Unlock()
+	tq.work.Done()
+	select {
+	case tq.idle <- struct{}{}:
+	default:
+	}
+	nudge(s.wake)
+}
+
+// next reads the first entry at or after the cursors, the lower sequence of both subjects. A
+// subject is read only while it may hold something (dirty): a wake-up, a sweep or a rescan
+// sets the flag, an empty read clears it.
+func (s *Service) next(ctx context.Context, tq *tenantQ) (*jetstream.RawStreamMsg, int, error) {
+	subjects := s.subjects(tq.tenant)
 	var best *jetstream.RawStreamMsg
 	bi := -1
 	for i, subj := range subjects {
+		s.mu.Lock()
+		dirty, cur := tq.dirty[i], tq.cursor[i]
+		tq.dirty[i] = false // cleared before the read, so a wake-up during it is not lost
+		s.mu.Unlock()
+		if !dirty {
+			continue
+		}
 		gctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
-		m, err := s.jobs.GetMsg(gctx, max(cur[i], 1), jetstream.WithGetMsgSubject(subj))
+		m, err := s.jobs.GetMsg(gctx, max(cur, 1), jetstream.WithGetMsgSubject(subj))
 		cancel()
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue
 		}
+		s.mu.Lock()
+		tq.dirty[i] = true
+		s.mu.Unlock()
 		if err != nil {
 			return nil, 0, err
 		}
@@ -470,22 +513,13 @@ func (s *Service) dropEntry(seq uint64) {
 
 // execute runs one attempt and records its outcome.
 func (s *Service) execute(ctx context.Context, tq *tenantQ, r *Run, seq uint64) {
-	defer tq.work.Done()
 	start := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.RunTimeout)
 	out, err := s.attempt(rctx, r)
 	cancel()
 	s.m.runSeconds.Observe(time.Since(start).Seconds())
 	s.finish(tq, r, seq, out, err)
-	s.mu.Lock()
-	s.running--
-	tq.inflight--
-	s.mu.Unlock()
-	select {
-	case tq.idle <- struct{}{}:
-	default:
-	}
-	nudge(s.wake)
+	s.done(tq)
 }
 
 // attempt runs the job's handler, records its effects in the outbox and delivers them.
@@ -625,6 +659,9 @@ func (l *limiter) wait(now time.Time) time.Duration {
 	}
 	return 0
 }
+
+// refund gives back the last start taken.
+func (l *limiter) refund() { l.tat = l.tat.Add(-l.interval) }
 
 func (l *limiter) take(now time.Time) {
 	if l.tat.Before(now) {
