@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"runtime"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -47,6 +46,8 @@ func BenchmarkPlacementChangeRouted(b *testing.B) {
 	}
 	var fromWrite, fromAck, applied []time.Duration
 	ke := e.gw.reg.snap.Load().kinds["aggregate"]
+	e.gw.waiters.Add(1) // keep the change broadcast on
+	defer e.gw.waiters.Add(-1)
 	b.ResetTimer()
 	for b.Loop() {
 		next := p
@@ -61,15 +62,18 @@ func BenchmarkPlacementChangeRouted(b *testing.B) {
 		}
 		t1 := time.Now()
 		deadline := t0.Add(10 * time.Second)
-		// When the gateway's snapshot has the change (its watcher applied it).
+		// When the gateway's snapshot has the change (its watcher applied it): woken by the
+		// gateway's placement-change broadcast, as a request waiting after a 421 is.
 		for {
+			ch := *e.gw.changed.Load()
 			if en, _ := ke.lookup("t1"); en.Epoch == np.Epoch {
 				break
 			}
-			if time.Now().After(deadline) {
+			select {
+			case <-ch:
+			case <-time.After(time.Until(deadline)):
 				b.Fatal("placement change not applied within 10s")
 			}
-			runtime.Gosched()
 		}
 		applied = append(applied, time.Since(t1))
 		for servedBy() != shards[np.Shard] {
