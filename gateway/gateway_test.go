@@ -149,6 +149,30 @@ func testRequestPath(t *testing.T, cfg Config) {
 		}
 	})
 
+	t.Run("skips draining instances", func(t *testing.T) {
+		// A second instance of aggregate-2 reports draining: it gets no new requests.
+		d := newBackend(t, "aggregate", "aggregate-2", "i2")
+		if _, err := e.st.Register(context.Background(), schema.Instance{InstanceID: d.id, URL: d.URL, Capacity: 10, Reported: schema.StatusDraining}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.st.AddRouteInstance(context.Background(), aggRoute, d.id); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "draining instance in the directory", func() bool { return e.gw.reg.snap.Load().total == 4 })
+		for range 20 {
+			if resp, body := e.do("GET", "/agg/x", "t1", "", nil); resp.StatusCode != 200 || body != b1.id.Key() {
+				t.Fatalf("%d from %q", resp.StatusCode, body)
+			}
+		}
+		if reqs, _ := d.requests(); len(reqs) != 0 {
+			t.Fatalf("draining instance got %d requests", len(reqs))
+		}
+		if err := e.st.Unregister(context.Background(), d.id); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "instance gone", func() bool { return e.gw.reg.snap.Load().total == 3 })
+	})
+
 	t.Run("admin endpoints", func(t *testing.T) {
 		resp, body := e.do("GET", "/admin/placement/aggregate/t1", "", "", nil)
 		var pl map[string]any

@@ -133,11 +133,16 @@ func TestRetriesAndBreaker(t *testing.T) {
 // kind's hold budget 503 with Retry-After.
 func TestHoldDuringHandoff(t *testing.T) {
 	briefRoute := schema.Route{Method: "*", Prefix: "/brief/", Kind: "brief"}
-	var a, b, br *backend
+	readerRoute := schema.Route{Method: "*", Prefix: "/reader/", Kind: "reader"}
+	var a, b, br, rd *backend
 	e := newEnv(t, Config{Hold: HoldLimits{PerTenant: 5}}, []schema.KindConfig{
 		{Kind: "aggregate", HoldBudget: schema.Duration(20 * time.Second)},
 		{Kind: "brief", HoldBudget: schema.Duration(300 * time.Millisecond)},
+		{Kind: "reader", Overlap: true, HoldBudget: schema.Duration(100 * time.Millisecond)},
 	}, func(e *env) {
+		rd = newBackend(t, "reader", "reader-1", "i1")
+		e.register(rd, "", 10, readerRoute)
+		e.place("reader", "t1", "reader-1")
 		a = newBackend(t, "aggregate", "aggregate-1", "i1")
 		b = newBackend(t, "aggregate", "aggregate-2", "i1")
 		br = newBackend(t, "brief", "brief-1", "i1")
@@ -215,6 +220,14 @@ func TestHoldDuringHandoff(t *testing.T) {
 	e.move("brief", "t1", func(p *schema.Placement) { p.Phase, p.Target = schema.PhaseActive, "" })
 	if code := <-done; code != 200 {
 		t.Fatalf("after abort: %d", code)
+	}
+
+	// A kind that only reads (overlap) is not held: it is served by the owner during handoff.
+	e.move("reader", "t1", func(p *schema.Placement) { p.Phase, p.Target = schema.PhaseWarming, "reader-2" })
+	e.move("reader", "t1", func(p *schema.Placement) { p.Phase = schema.PhaseHandoff })
+	e.waitPhase("reader", "t1", schema.PhaseHandoff)
+	if resp, body := e.do("GET", "/reader/x", "t1", "", nil); resp.StatusCode != 200 || body != rd.id.Key() {
+		t.Fatalf("overlap kind in handoff: %d %q", resp.StatusCode, body)
 	}
 
 	_, metrics := e.do("GET", "/metrics", "", "", nil)
