@@ -97,6 +97,9 @@ type Config struct {
 	Thresholds schema.Thresholds
 	// Pprof serves net/http/pprof under /debug/pprof/ (admin requests only).
 	Pprof bool
+	// ReverseProxyOnly sends every request through httputil.ReverseProxy; by default plain
+	// HTTP/1.1 exchanges take the lean path (lean.go), which forwards headers without cloning.
+	ReverseProxyOnly bool
 	// StdTransport sends to instances with net/http.Transport instead of the gateway's own
 	// synchronous HTTP/1.1 client (see h1client.go); upgrades always use the Transport.
 	StdTransport bool

@@ -129,7 +129,11 @@ func (g *Gateway) serveTenant(w http.ResponseWriter, r *http.Request) {
 		km.code(st.code)
 		km.duration.Observe(time.Since(start).Seconds())
 	}()
-	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, stateKey{}, st)))
+	if g.cfg.StdTransport || g.cfg.ReverseProxyOnly || !leanable(r) {
+		g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, stateKey{}, st)))
+		return
+	}
+	g.proxyLean(w, r, ctx, st)
 }
 
 // readBody buffers a body of up to MaxReplayBody bytes so the request can be retried or held;
@@ -226,8 +230,12 @@ type upstream struct{ g *Gateway }
 func (u upstream) RoundTrip(req *http.Request) (*http.Response, error) { return u.g.roundTrip(req) }
 
 func (g *Gateway) roundTrip(req *http.Request) (*http.Response, error) {
+	return g.forward(req, stateOf(req.Context()))
+}
+
+// forward sends req for st: holds it during a handoff, picks the instance, retries.
+func (g *Gateway) forward(req *http.Request, st *reqState) (*http.Response, error) {
 	ctx := req.Context()
-	st := stateOf(ctx)
 	var triedArr [4]*instance
 	tried := triedArr[:0]
 	var ticket *held

@@ -67,6 +67,7 @@ type route struct {
 // kindEntry is one kind's configuration and per-kind machinery. It lives as long as the gateway.
 type kindEntry struct {
 	name    string
+	kindHdr []string // {name}, shared as the x-tm-kind header value
 	cfg     atomic.Pointer[schema.KindConfig]
 	w       atomic.Pointer[placement.Watcher] // nil until the kind's watcher is made
 	limiter atomic.Pointer[tenantLimiter]     // nil: no rate limit
@@ -279,7 +280,7 @@ func (r *registry) rebuild() {
 	for name, cfg := range r.kindCfg {
 		ke := r.kinds[name]
 		if ke == nil {
-			ke = &kindEntry{name: name, metrics: g.metrics.forKind(name)}
+			ke = &kindEntry{name: name, kindHdr: []string{name}, metrics: g.metrics.forKind(name)}
 			r.kinds[name] = ke
 			g.startKind(ke)
 		}

@@ -43,7 +43,9 @@ TM_NATS_URL=nats://127.0.0.1:4333 TM_ADDR=127.0.0.1:9080 TM_LOG_LEVEL=warn TM_PP
 GW_PID=$!
 # The same gateway with net/http.Transport to the backends, for the A/B of the upstream client.
 TM_NATS_URL=nats://127.0.0.1:4333 TM_ADDR=127.0.0.1:9083 TM_LOG_LEVEL=warn TM_STD_TRANSPORT=true env ${GW_ENV:-} "$WORK/bin/gateway" 2> "$WORK/gateway-std.log" & PIDS+=($!)
-for port in 9080 9083; do
+# And with the synchronous client but every request through httputil.ReverseProxy.
+TM_NATS_URL=nats://127.0.0.1:4333 TM_ADDR=127.0.0.1:9084 TM_LOG_LEVEL=warn TM_REVERSE_PROXY_ONLY=true env ${GW_ENV:-} "$WORK/bin/gateway" 2> "$WORK/gateway-rp.log" & PIDS+=($!)
+for port in 9080 9083 9084; do
   for _ in $(seq 1 300); do curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
   curl -fs "http://127.0.0.1:$port/readyz" >/dev/null || { echo "gateway on $port not ready"; cat "$WORK"/gateway*.log; exit 1; }
 done
@@ -89,14 +91,14 @@ CFG
 nginx -c "$WORK/nginx.conf" -p "$WORK" -g 'daemon off;' > "$WORK/nginx.log" 2>&1 & PIDS+=($!)
 
 # Wait for both and check each proxy routes a tenant to its backend.
-for port in 9081 9082 9080 9083; do
+for port in 9081 9082 9080 9083 9084; do
   for _ in $(seq 1 100); do curl -fs -H 'x-tenant-id: tenant-00001' "http://127.0.0.1:$port/" >/dev/null 2>&1 && break; sleep 0.1; done
   got=$(curl -fs -H 'x-tenant-id: tenant-00001' "http://127.0.0.1:$port/")
   [ "$got" = "ok b2" ] || { echo "port $port routed tenant-00001 to '$got', want 'ok b2'"; exit 1; }
 done
 
-declare -A URL=([haproxy]=http://127.0.0.1:9081/ [nginx]=http://127.0.0.1:9082/ [gateway]=http://127.0.0.1:9080/ [gateway-std]=http://127.0.0.1:9083/ [direct]=http://127.0.0.1:9101/)
-TARGETS=(haproxy nginx gateway gateway-std direct)
+declare -A URL=([haproxy]=http://127.0.0.1:9081/ [nginx]=http://127.0.0.1:9082/ [gateway]=http://127.0.0.1:9080/ [gateway-std]=http://127.0.0.1:9083/ [gateway-rp]=http://127.0.0.1:9084/ [direct]=http://127.0.0.1:9101/)
+TARGETS=(haproxy nginx gateway gateway-rp gateway-std direct)
 export TENANTS="$WORK/tenants.txt"
 : > "$WORK/results.txt"
 # Warm-up: one short run per target.
@@ -158,7 +160,7 @@ def rr(t, i):
 print()
 print("| target | req/s (median) | p50 | p99 (median) | req/s vs HAProxy | p99 vs HAProxy | per-round req/s ratio | per-round p99 ratio | errors |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-for t in ["haproxy", "nginx", "gateway", "gateway-std", "direct"]:
+for t in ["haproxy", "nginx", "gateway", "gateway-rp", "gateway-std", "direct"]:
     rps, p50, p99, err = med[t]
     print(f"| {t} | {rps:,.0f} | {p50/1000:.2f} ms | {p99/1000:.2f} ms | {rps/h[0]:.2f} | {p99/h[2]:.2f} | {rr(t, 0):.2f} | {rr(t, 1):.2f} | {err} |")
 PY
