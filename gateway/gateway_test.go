@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -146,6 +147,39 @@ func testRequestPath(t *testing.T, cfg Config) {
 		reqs, _ := b1.requests()
 		if got := reqs[len(reqs)-1].Header.Get(tmhttp.HeaderEpoch); got != "2" {
 			t.Fatalf("epoch after move = %q, want 2", got)
+		}
+	})
+
+	t.Run("hop-by-hop headers, forwarding headers, trailers", func(t *testing.T) {
+		b1.setHandler(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Trailer", "X-Checksum")
+			w.Header().Set("Connection", "X-Private")
+			w.Header().Set("X-Private", "backend-only")
+			w.WriteHeader(200)
+			_, _ = io.WriteString(w, "part1")
+			http.NewResponseController(w).Flush() // chunked, streamed
+			_, _ = io.WriteString(w, "part2")
+			w.Header().Set("X-Checksum", "abc")
+		})
+		defer b1.setHandler(nil)
+		req, _ := http.NewRequest("GET", e.url+"/agg/x", nil)
+		req.Header.Set(tmhttp.HeaderTenant, "t1")
+		req.Header.Set("Connection", "X-Hop")
+		req.Header.Set("X-Hop", "client-only")
+		req.Header.Set("X-Forwarded-For", "6.6.6.6")
+		resp, err := e.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(body) != "part1part2" || resp.Trailer.Get("X-Checksum") != "abc" || resp.Header.Get("X-Private") != "" {
+			t.Fatalf("body %q trailer %v private %q", body, resp.Trailer, resp.Header.Get("X-Private"))
+		}
+		reqs, _ := b1.requests()
+		got := reqs[len(reqs)-1].Header
+		if got.Get("X-Hop") != "" || got.Get("X-Forwarded-For") != "127.0.0.1" || got.Get("X-Forwarded-Proto") != "http" || got.Get("User-Agent") != "Go-http-client/1.1" {
+			t.Fatalf("shard saw %v", got)
 		}
 	})
 
