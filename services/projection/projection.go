@@ -8,9 +8,11 @@
 // An instance consumes TM_EVENTS only for the tenants its shard hosts or is warming. A tenant
 // is added (by the placement watch, by shardkit's Warm hook, or by its first query) with a
 // catch-up: its stored views are loaded and a replay over events.<tenant>.> brings them to the
-// stream's end. It then joins the instance's one shared tail consumer, whose filter subjects
-// are the live tenants' subjects, so steady-state cost is proportional to the hosted tenants'
-// event rate, not to their number (see README.md for the figures at 10,000 tenants).
+// stream's end (tenants added together share one replay consumer). It then joins one of the
+// instance's tail consumers (TailPartitions of them, by a hash of the tenant), whose filter
+// subjects are their live tenants' subjects, so steady-state cost is proportional to the hosted
+// tenants' event rate, not to their number, nor to other shards' traffic (README.md has the
+// figures at 10,000 tenants).
 //
 // Views ("accounts", "transactions") live in memory. Each tenant's views are stored with the
 // sequence they cover as one object in tm_projection_views, and a checkpoint record in
@@ -23,10 +25,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,12 +54,19 @@ type Config struct {
 	CheckpointEvery int
 	// CheckpointInterval: changed views are stored at least this often. Default 10s.
 	CheckpointInterval time.Duration
-	// MaxFilters is the largest live set the tail consumer lists as filter subjects; beyond it
-	// the consumer reads events.> and drops other tenants' events here. Default 10000.
+	// TailPartitions is the number of tail consumers tenants are spread over (by a hash of
+	// their name); a placement change rebuilds one of them. Default 1.
+	TailPartitions int
+	// MaxFilters is the most tenants one tail consumer lists as filter subjects; beyond it that
+	// consumer reads events.> and drops other tenants' events here. Default 1000.
 	MaxFilters int
-	// TailBatch is the tail consumer's pull batch. Default 4096.
+	// FilterBacklog: a tail consumer with more than this many events to deliver reads events.>
+	// until it caught up, then goes back to its filters; a batched catch-up with more replays
+	// tenant by tenant. Default 5000.
+	FilterBacklog int
+	// TailBatch is each tail consumer's pull batch. Default 4096.
 	TailBatch int
-	// CatchUps bounds concurrent catch-up replays. Default 4.
+	// CatchUps bounds concurrent catch-up replays. Default 8.
 	CatchUps int
 	// CatchUpBatch is the most tenants one catch-up replays with one consumer. Default 256.
 	CatchUpBatch int
@@ -73,14 +84,20 @@ func (c Config) withDefaults() Config {
 	if c.CheckpointInterval <= 0 {
 		c.CheckpointInterval = 10 * time.Second
 	}
+	if c.TailPartitions <= 0 {
+		c.TailPartitions = 1
+	}
 	if c.MaxFilters <= 0 {
-		c.MaxFilters = 10000
+		c.MaxFilters = 1000
+	}
+	if c.FilterBacklog <= 0 {
+		c.FilterBacklog = 5000
 	}
 	if c.TailBatch <= 0 {
 		c.TailBatch = 4096
 	}
 	if c.CatchUps <= 0 {
-		c.CatchUps = 4
+		c.CatchUps = 8
 	}
 	if c.CatchUpBatch <= 0 {
 		c.CatchUpBatch = 256
@@ -96,10 +113,10 @@ func (c Config) withDefaults() Config {
 
 // Service holds the views of the tenants this instance hosts or warms.
 type Service struct {
-	cfg  Config
-	st   *store
-	m    *metrics
-	tail *tail
+	cfg   Config
+	st    *store
+	m     *metrics
+	tails []*tail
 
 	mu      sync.Mutex
 	tenants map[string]*tenantState
@@ -111,6 +128,9 @@ type Service struct {
 	fmu    sync.Mutex
 	flushq map[string]bool
 	fwake  chan struct{}
+
+	// hold, when set, pauses the tails until the channel is closed (benchmarks only).
+	hold atomic.Pointer[chan struct{}]
 
 	pmu    sync.Mutex
 	placed map[string]bool // tenants whose placement changed, to re-evaluate
@@ -130,7 +150,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	s := &Service{cfg: cfg, st: st, m: newMetrics(cfg.Registerer), tenants: map[string]*tenantState{},
 		cwake: make(chan struct{}, cfg.CatchUps), flushq: map[string]bool{}, fwake: make(chan struct{}, 1),
 		placed: map[string]bool{}, pwake: make(chan struct{}, 1)}
-	s.tail = newTail(s)
+	for i := range cfg.TailPartitions {
+		s.tails = append(s.tails, newTail(s, i))
+	}
 	return s, nil
 }
 
@@ -138,7 +160,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 // ends; then it stores every changed tenant's views.
 func (s *Service) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	wg.Go(func() { s.tail.run(ctx) })
+	for _, t := range s.tails {
+		wg.Go(func() { t.run(ctx) })
+	}
 	for range s.cfg.CatchUps {
 		wg.Go(func() { s.catchUpLoop(ctx) })
 	}
@@ -161,6 +185,13 @@ func (s *Service) Run(ctx context.Context) error {
 	defer cancel()
 	s.flushAll(fctx, s.hosted())
 	return nil
+}
+
+// tailOf is the tail partition that applies tenant's events.
+func (s *Service) tailOf(tenant string) *tail {
+	h := fnv.New32a()
+	h.Write([]byte(tenant))
+	return s.tails[h.Sum32()%uint32(len(s.tails))]
 }
 
 // host returns the tenant's state, adding the tenant (and starting its catch-up) if needed.
@@ -206,8 +237,9 @@ func (s *Service) Tenants() []string {
 }
 
 // catchUpLoop runs catch-ups: it takes up to CatchUpBatch queued tenants at a time, loads
-// their stored views, replays their later events with one consumer filtering all of them, and
-// hands them to the tail consumer. A failed batch is retried.
+// their stored views, replays their later events (with one consumer filtering all of them when
+// they are near the stream's end, else one consumer each) and hands them to the tail
+// consumers. A failed batch is retried.
 func (s *Service) catchUpLoop(ctx context.Context) {
 	for {
 		select {
@@ -274,7 +306,7 @@ func (s *Service) catchUpBatch(ctx context.Context, batch []*tenantState) {
 			s.cfg.Logger.Debug("tenants caught up", "tenants", len(batch), "replayed", n, "took", time.Since(start))
 			for _, ts := range batch {
 				close(ts.caught)
-				s.tail.join(ts, covered)
+				s.tailOf(ts.tenant).join(ts, covered)
 			}
 			return
 		}
@@ -317,7 +349,24 @@ func (s *Service) catchUpOnce(ctx context.Context, batch []*tenantState, first b
 		return 0, 0, fmt.Errorf("projection: read %s state: %w", schema.StreamEvents, err)
 	}
 	covered = info.State.LastSeq
-	n, err = s.st.replay(ctx, filters, after, covered, func(subject string, ev aggregate.Event, derr error) error {
+	n, err = s.replayInto(ctx, filters, after, covered, s.cfg.FilterBacklog, byName)
+	if !errors.Is(err, errTooFar) {
+		return covered, n, err
+	}
+	// Far behind: one consumer per tenant, each served from the subject index.
+	for _, ts := range batch {
+		m, err := s.replayInto(ctx, []string{schema.TenantEvents(ts.tenant)}, ts.appliedSeq(), covered, 0, byName)
+		n += m
+		if err != nil {
+			return covered, n, err
+		}
+	}
+	return covered, n, nil
+}
+
+// replayInto replays filters into the tenants of byName.
+func (s *Service) replayInto(ctx context.Context, filters []string, after, until uint64, maxPending int, byName map[string]*tenantState) (int, error) {
+	return s.st.replay(ctx, filters, after, until, maxPending, func(subject string, ev aggregate.Event, derr error) error {
 		ts := byName[tenantOfSubject(subject)]
 		if ts == nil {
 			return nil
@@ -336,7 +385,6 @@ func (s *Service) catchUpOnce(ctx context.Context, batch []*tenantState, first b
 		s.m.applied.Inc()
 		return nil
 	})
-	return covered, n, err
 }
 
 func (ts *tenantState) dropped() bool {
@@ -369,7 +417,7 @@ func (s *Service) drop(tenant string) *tenantState {
 	ts.mu.Lock()
 	ts.phase = phaseDropped
 	ts.mu.Unlock()
-	s.tail.leave(tenant)
+	s.tailOf(tenant).leave(tenant)
 	return ts
 }
 

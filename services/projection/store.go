@@ -14,6 +14,9 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
+// errTooFar: a replay with several filters has too many events to deliver.
+var errTooFar = errors.New("projection: too many events for one multi-filter replay")
+
 // store reads TM_EVENTS and keeps the views' snapshots and checkpoints.
 type store struct {
 	js     jetstream.JetStream
@@ -89,7 +92,9 @@ func tenantOfSubject(subj string) string {
 // replay calls fn with every event on filters after sequence after, in order, until it has
 // delivered the last one present when it started (or one at or past until, the stream's last
 // sequence read before), and returns how many it delivered.
-func (s *store) replay(ctx context.Context, filters []string, after, until uint64, fn func(subject string, ev aggregate.Event, err error) error) (int, error) {
+// With several filters and maxPending > 0, it returns errTooFar, having delivered nothing, if
+// more than maxPending events match (JetStream serves many filters slowly from far behind).
+func (s *store) replay(ctx context.Context, filters []string, after, until uint64, maxPending int, fn func(subject string, ev aggregate.Event, err error) error) (int, error) {
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: filters, InactiveThreshold: 30 * time.Second}
 	if after > 0 {
 		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
@@ -106,8 +111,12 @@ func (s *store) replay(ctx context.Context, filters []string, after, until uint6
 			cancel()
 		}
 	}()
-	if cons.CachedInfo().NumPending == 0 {
+	pending := cons.CachedInfo().NumPending
+	if pending == 0 {
 		return 0, nil
+	}
+	if maxPending > 0 && len(filters) > 1 && pending > uint64(maxPending) {
+		return 0, errTooFar
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(s.batch))
 	if err != nil {

@@ -12,9 +12,12 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
-// tail is the instance's one shared consumer of TM_EVENTS: an ordered consumer whose filter
-// subjects are the live tenants' events.<tenant>.> (or events.> filtered here, past
-// MaxFilters). It applies every event of every live tenant, in stream order.
+// tail is one partition of the instance's shared consumption of TM_EVENTS: an ordered consumer
+// whose filter subjects are its live tenants' events.<tenant>.> (or events.> filtered here,
+// past MaxFilters). It applies every event of each of its live tenants, in stream order.
+// Tenants are spread over TailPartitions tails by a hash of their name, so a change of the live
+// set rebuilds one consumer of a few hundred filters, not one of thousands: JetStream's consumer
+// creation time grows with the square of the filter count (README.md).
 //
 // A tenant becomes live by joining after its own catch-up replay: the catch-up read the
 // tenant's events up to covered (the stream's last sequence when the replay began), so when the
@@ -22,7 +25,8 @@ import (
 // below a tenant's applied sequence are skipped, so the switch has neither gap nor duplicate.
 // Invariant: for each live tenant, every event of it at or below pos has been applied.
 type tail struct {
-	s *Service
+	s  *Service
+	id int
 
 	mu     sync.Mutex
 	joins  []join
@@ -35,6 +39,8 @@ type tail struct {
 	posValid bool   // pos binds live tenants (false before the first consumer and once none is live)
 	restart  uint64 // 0, or the first sequence joiners need from the next consumer
 	cur      *feed
+	all      bool // the consumer reads events.>
+	remode   bool // the consumer should switch between filters and events.>
 }
 
 type join struct {
@@ -51,8 +57,8 @@ type feed struct {
 	stop chan struct{}
 }
 
-func newTail(s *Service) *tail {
-	return &tail{s: s, wake: make(chan struct{}, 1), live: map[string]*tenantState{}}
+func newTail(s *Service, id int) *tail {
+	return &tail{s: s, id: id, wake: make(chan struct{}, 1), live: map[string]*tenantState{}}
 }
 
 func (t *tail) join(ts *tenantState, covered uint64) {
@@ -80,7 +86,7 @@ func (t *tail) poke() {
 func (t *tail) run(ctx context.Context) {
 	defer t.closeFeed()
 	for ctx.Err() == nil {
-		if t.takeChanges() || (t.cur == nil && len(t.live) > 0) {
+		if t.takeChanges() || t.remode || (t.cur == nil && len(t.live) > 0) {
 			if err := t.rebuild(ctx); err != nil {
 				t.s.cfg.Logger.Warn("tail consumer rebuild failed; retrying", "err", err)
 				if !sleepCtx(ctx, time.Second) {
@@ -111,6 +117,7 @@ func (t *tail) takeChanges() bool {
 	for _, tenant := range leaves {
 		if _, in := t.live[tenant]; in {
 			delete(t.live, tenant)
+			t.s.m.liveTenants.Dec()
 			changed = true
 		}
 	}
@@ -127,6 +134,9 @@ func (t *tail) takeChanges() bool {
 		if dropped || t.live[j.ts.tenant] == j.ts {
 			continue
 		}
+		if t.live[j.ts.tenant] == nil {
+			t.s.m.liveTenants.Inc()
+		}
 		t.live[j.ts.tenant] = j.ts
 		changed = true
 		if t.restart == 0 || j.covered+1 < t.restart {
@@ -136,10 +146,10 @@ func (t *tail) takeChanges() bool {
 	return changed
 }
 
-// filters are the consumer's filter subjects: one per live tenant, or all events when there are
-// more than MaxFilters live tenants.
-func (t *tail) filters() []string {
-	if len(t.live) > t.s.cfg.MaxFilters {
+// filters are the consumer's filter subjects: one per live tenant, or all events (filtered
+// here) when there are more than MaxFilters live tenants or all is asked for.
+func (t *tail) filters(all bool) []string {
+	if all || len(t.live) > t.s.cfg.MaxFilters {
 		return []string{schema.SubjectEventsAll}
 	}
 	out := make([]string, 0, len(t.live))
@@ -162,7 +172,36 @@ func (t *tail) rebuild(ctx context.Context) error {
 		start = t.pos + 1
 	}
 	begin := time.Now()
-	filters := t.filters()
+	cons, filters, err := t.consumer(ctx, start, false)
+	if err != nil {
+		return err
+	}
+	if len(filters) > 1 && cons.CachedInfo().NumPending > uint64(t.s.cfg.FilterBacklog) {
+		// JetStream serves a consumer with several filters slowly when it is far behind (for
+		// each message it intersects the filters with the subjects of a message block): read
+		// events.> until near the end, then go back to the filters (see handle).
+		t.deleteConsumer(cons)
+		if cons, filters, err = t.consumer(ctx, start, true); err != nil {
+			return err
+		}
+	}
+	all := len(filters) == 1 && filters[0] == schema.SubjectEventsAll
+	it, err := cons.Messages(jetstream.PullMaxMessages(t.s.cfg.TailBatch))
+	if err != nil {
+		return fmt.Errorf("projection: tail consumer over %d tenants: %w", len(t.live), err)
+	}
+	f := &feed{cons: cons, it: it, ch: make(chan jetstream.Msg, t.s.cfg.TailBatch), stop: make(chan struct{})}
+	go f.read()
+	t.cur, t.pos, t.posValid, t.restart = f, max(start, 1)-1, true, 0
+	t.all, t.remode = all, false
+	took := time.Since(begin)
+	t.s.m.rebuilds.Observe(took.Seconds())
+	t.s.cfg.Logger.Debug("tail consumer rebuilt", "partition", t.id, "tenants", len(t.live), "filters", len(filters), "start", start, "took", took)
+	return nil
+}
+
+func (t *tail) consumer(ctx context.Context, start uint64, all bool) (jetstream.Consumer, []string, error) {
+	filters := t.filters(all)
 	cfg := jetstream.OrderedConsumerConfig{
 		FilterSubjects:    filters,
 		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
@@ -173,20 +212,17 @@ func (t *tail) rebuild(ctx context.Context) error {
 	defer cancel()
 	cons, err := t.s.st.js.OrderedConsumer(cctx, schema.StreamEvents, cfg)
 	if err != nil {
-		return fmt.Errorf("projection: tail consumer over %d tenants: %w", len(t.live), err)
+		return nil, nil, fmt.Errorf("projection: tail consumer over %d tenants: %w", len(t.live), err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(t.s.cfg.TailBatch))
-	if err != nil {
-		return fmt.Errorf("projection: tail consumer over %d tenants: %w", len(t.live), err)
+	return cons, filters, nil
+}
+
+func (t *tail) deleteConsumer(cons jetstream.Consumer) {
+	if info := cons.CachedInfo(); info != nil && info.Name != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = t.s.st.stream.DeleteConsumer(ctx, info.Name)
+		cancel()
 	}
-	f := &feed{cons: cons, it: it, ch: make(chan jetstream.Msg, t.s.cfg.TailBatch), stop: make(chan struct{})}
-	go f.read()
-	t.cur, t.pos, t.posValid, t.restart = f, max(start, 1)-1, true, 0
-	took := time.Since(begin)
-	t.s.m.rebuilds.Observe(took.Seconds())
-	t.s.m.liveTenants.Set(float64(len(t.live)))
-	t.s.cfg.Logger.Debug("tail consumer rebuilt", "tenants", len(t.live), "filters", len(filters), "start", start, "took", took)
-	return nil
 }
 
 func (f *feed) read() {
@@ -215,11 +251,7 @@ func (t *tail) closeFeed() {
 	f.it.Stop()
 	for range f.ch { // the reader exits once Next fails or it sees stop
 	}
-	if info := f.cons.CachedInfo(); info != nil && info.Name != "" {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = t.s.st.stream.DeleteConsumer(ctx, info.Name)
-		cancel()
-	}
+	t.deleteConsumer(f.cons)
 }
 
 // consume applies messages until the live set changes, the feed fails or ctx ends.
@@ -236,7 +268,13 @@ func (t *tail) consume(ctx context.Context) {
 				sleepCtx(ctx, 100*time.Millisecond)
 				return
 			}
+			if h := t.s.hold.Load(); h != nil { // test hook: benchmarks build a backlog
+				<-*h
+			}
 			t.handle(m)
+			if t.remode {
+				return
+			}
 		case <-t.wake:
 			return
 		case <-ctx.Done():
@@ -253,6 +291,11 @@ func (t *tail) handle(m jetstream.Msg) {
 	}
 	seq := md.Sequence.Stream
 	t.pos = seq
+	if t.all {
+		t.remode = md.NumPending <= filterResume && len(t.live) <= t.s.cfg.MaxFilters
+	} else {
+		t.remode = md.NumPending > uint64(t.s.cfg.FilterBacklog) && len(t.live) > 1 && len(t.live) <= t.s.cfg.MaxFilters
+	}
 	ts := t.live[tenantOfSubject(m.Subject())]
 	if ts == nil {
 		return
@@ -277,6 +320,9 @@ func (t *tail) handle(m jetstream.Msg) {
 		t.s.queueFlush(ts.tenant)
 	}
 }
+
+// filterResume is how close to the stream's end a tail reading events.> goes back to filters.
+const filterResume = 64
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {
 	tm := time.NewTimer(d)
