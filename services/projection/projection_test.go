@@ -219,10 +219,24 @@ func sameAsAggregate(t *testing.T, a *aggregate.Service, s *Service, tenant stri
 // views equal the aggregate's state, whether the tenant was hosted before the burst (tail
 // consumer), added in the middle of it (catch-up, then a switch to the tail under load) or added
 // after it (catch-up only); another tenant's events never leak in.
+// The small config spreads tenants over three tail consumers and makes them switch between
+// filter subjects and events.> as they fall behind and catch up, and batches catch-ups.
 func TestViewsEqualAggregateState(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"defaults", Config{}},
+		{"small", Config{TailPartitions: 3, MaxFilters: 2, FilterBacklog: 20, CatchUpBatch: 2, TailBatch: 16}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testViewsEqualAggregateState(t, tc.cfg) })
+	}
+}
+
+func testViewsEqualAggregateState(t *testing.T, cfg Config) {
 	st := openStore(t)
 	a := newAggregate(t, st)
-	s, _ := newService(t, st, Config{})
+	s, _ := newService(t, st, cfg)
 	warm(t, s, "acme", 0)
 	warm(t, s, "globex", 0)
 	half := make(chan struct{})
