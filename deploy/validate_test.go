@@ -1016,6 +1016,22 @@ func dockerBinaries(t *testing.T) []string {
 			t.Errorf("Dockerfile does not build %s", b)
 		}
 	}
+	// The build context must keep what go build needs.
+	ignore, err := os.ReadFile("docker/Dockerfile.dockerignore")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(ignore), "\n") {
+		pat := strings.TrimSpace(line)
+		if pat == "" || strings.HasPrefix(pat, "#") {
+			continue
+		}
+		for _, need := range []string{"go.mod", "go.sum", "gateway/x.go", "rebalancer/x.go", "services/x.go", "shardkit/x.go", "internal/x.go"} {
+			if m, _ := filepath.Match(pat, need); m || strings.HasPrefix(need, strings.TrimSuffix(pat, "/")+"/") {
+				t.Errorf("Dockerfile.dockerignore: %q excludes %s from the build", pat, need)
+			}
+		}
+	}
 	return out
 }
 
