@@ -15,6 +15,7 @@ import (
 	"net/smtp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -98,6 +99,23 @@ type Webhook struct {
 	// Backoff is the first pause between tries, doubled each time up to MaxBackoff.
 	// Defaults 100ms and 5s.
 	Backoff, MaxBackoff time.Duration
+
+	once   sync.Once
+	client *http.Client
+}
+
+// httpClient is Client, or a client that keeps enough idle connections per receiver for the
+// instance's concurrent runs (http.DefaultTransport keeps 2).
+func (w *Webhook) httpClient(timeout time.Duration) *http.Client {
+	if w.Client != nil {
+		return w.Client
+	}
+	w.once.Do(func() {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConnsPerHost = 64
+		w.client = &http.Client{Timeout: timeout, Transport: tr}
+	})
+	return w.client
 }
 
 // Name implements Effect.
@@ -119,10 +137,7 @@ func (w *Webhook) Do(ctx context.Context, req Request) (Result, error) {
 	if maxBackoff <= 0 {
 		maxBackoff = 5 * time.Second
 	}
-	client := w.Client
-	if client == nil {
-		client = &http.Client{Timeout: timeout}
-	}
+	client := w.httpClient(timeout)
 	if !strings.HasPrefix(req.To, "http://") && !strings.HasPrefix(req.To, "https://") {
 		return Result{}, fmt.Errorf("%w: webhook url %q must be http(s)", ErrPermanent, req.To)
 	}

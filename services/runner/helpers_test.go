@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -233,3 +235,11 @@ func hookJob(url string, body any) NewJob {
 }
 
 var errTest = errors.New("test failure")
+
+// testLogger writes debug logs to stderr when TM_TEST_LOG is set; otherwise nil (discarded).
+func testLogger() *slog.Logger {
+	if os.Getenv("TM_TEST_LOG") == "" {
+		return nil
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}

@@ -131,7 +131,7 @@ func TestReleaseBound(t *testing.T) {
 		}
 		return webhookJob(ctx, r)
 	}
-	cfg := Config{DrainTimeout: 100 * time.Millisecond, RetryBackoff: time.Millisecond, Handlers: map[string]Handler{"slow": slow}}
+	cfg := Config{Logger: testLogger(), DrainTimeout: 100 * time.Millisecond, RetryBackoff: time.Millisecond, Handlers: map[string]Handler{"slow": slow}}
 	a := startService(t, st, "runner-1", "a", cfg)
 	b := startService(t, st, "runner-2", "b", cfg)
 	owning(t, a, tenant, true)

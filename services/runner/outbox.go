@@ -63,7 +63,16 @@ func (s *Service) deliverAll(ctx context.Context, reqs []Request, last bool) (er
 		}
 	}()
 	for i, req := range reqs {
-		if err := s.deliverOnce(ctx, req); err != nil {
+		if err := ctx.Err(); err != nil {
+			return err // cancelled (drain bound, shutdown): start no new delivery
+		}
+		// A delivery that started is not cancelled with its run: cutting a request the
+		// receiver may already have acted on would make the next attempt repeat it. It is
+		// bounded by RunTimeout instead.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RunTimeout)
+		err := s.deliverOnce(dctx, req)
+		cancel()
+		if err != nil {
 			return err
 		}
 		s.dropEntry(seqs[i])

@@ -200,6 +200,13 @@ func (s *Service) sagaBatch(ctx context.Context, tq *tenantQ) (more bool, err er
 		m, gerr := s.events.GetMsg(gctx, last+1, jetstream.WithGetMsgSubject(schema.TenantEvents(tq.tenant)))
 		cancel()
 		if errors.Is(gerr, jetstream.ErrMsgNotFound) {
+			// The event that woke us may not be stored yet (see wakeWindow): look again soon.
+			s.mu.Lock()
+			recent := time.Since(tq.sagaWokeAt) < wakeWindow
+			s.mu.Unlock()
+			if recent {
+				time.AfterFunc(20*time.Millisecond, func() { s.markSagaReady(tq) })
+			}
 			return false, nil
 		}
 		if gerr != nil {

@@ -27,7 +27,11 @@ type tenantQ struct {
 	// cursor[i] is the first stream sequence not yet looked at on subjects()[i].
 	cursor [2]uint64
 	// dirty[i]: subjects()[i] may hold an entry at or after its cursor.
-	dirty    [2]bool
+	dirty [2]bool
+	// wokeAt is the last wake-up; rechecking is set while a recheck is scheduled (see
+	// recheckAfterWake). sagaWokeAt is the same for events.
+	wokeAt, sagaWokeAt time.Time
+	rechecking         bool
 	inflight int
 	rate     *limiter
 	// parked: waiting for the tenant's rate; a timer puts it back in the ring.
@@ -164,7 +168,12 @@ func (s *Service) subscribe(tq *tenantQ) {
 		subs = append(subs, sub)
 	}
 	if len(s.cfg.Sagas) > 0 {
-		sub, err := nc.Subscribe(schema.TenantEvents(tq.tenant), func(*nats.Msg) { s.markSagaReady(tq) })
+		sub, err := nc.Subscribe(schema.TenantEvents(tq.tenant), func(*nats.Msg) {
+			s.mu.Lock()
+			tq.sagaWokeAt = time.Now()
+			s.mu.Unlock()
+			s.markSagaReady(tq)
+		})
 		if err == nil {
 			subs = append(subs, sub)
 		}
@@ -189,6 +198,7 @@ func (s *Service) unsubscribe(tq *tenantQ) {
 func (s *Service) markDirty(tq *tenantQ, i int) {
 	s.mu.Lock()
 	tq.dirty[i] = true
+	tq.wokeAt = time.Now()
 	s.mu.Unlock()
 	s.markReady(tq)
 }
@@ -202,6 +212,30 @@ func (s *Service) markReady(tq *tenantQ) {
 	}
 	s.mu.Unlock()
 	nudge(s.wake)
+}
+
+// wakeWindow is how long after a wake-up an empty read is retried. A core NATS subscriber may
+// get a JetStream publish before the stream stored it (the stream ingests asynchronously), so
+// a read right after the wake-up can miss the entry that caused it; without a retry the entry
+// would wait for the sweep.
+const wakeWindow = time.Second
+
+// recheckAfterWake schedules one more read of the tenant's subjects shortly, if it was woken
+// within wakeWindow and no recheck is pending.
+func (s *Service) recheckAfterWake(tq *tenantQ) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if tq.rechecking || time.Since(tq.wokeAt) > wakeWindow {
+		return
+	}
+	tq.rechecking = true
+	time.AfterFunc(20*time.Millisecond, func() {
+		s.mu.Lock()
+		tq.rechecking = false
+		tq.dirty = [2]bool{true, true}
+		s.mu.Unlock()
+		s.markReady(tq)
+	})
 }
 
 // rescan makes the tenant look again from seq (a retry's backoff or a lease ended).
@@ -301,6 +335,7 @@ func (s *Service) dispatch(ctx context.Context) time.Duration {
 				s.cfg.Logger.Warn("reading queue", "tenant", tq.tenant, "err", err)
 				s.rescanAt(tq, 0, time.Now().Add(time.Second))
 			}
+			s.recheckAfterWake(tq)
 			continue // nothing to take: the tenant leaves the ring until a wake-up
 		}
 		s.mu.Lock()

@@ -157,7 +157,6 @@ type Service struct {
 	wake     chan struct{}       // nudges the dispatcher
 	recon    chan struct{}       // nudges the reconciler
 	sagaWake chan struct{}       // nudges the saga loop
-	ctx      context.Context     // the Run context: runs and deliveries live under it
 	totals   Totals
 }
 
@@ -238,9 +237,6 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 // Run follows the placement and runs jobs, sagas and effects until ctx ends; then it waits for
 // the runs in flight (they end with ctx) and returns.
 func (s *Service) Run(ctx context.Context) error {
-	s.mu.Lock()
-	s.ctx = ctx
-	s.mu.Unlock()
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = s.watcher.Run(ctx) })
 	if err := s.watcher.WaitReady(ctx); err != nil {
