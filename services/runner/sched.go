@@ -32,8 +32,8 @@ type tenantQ struct {
 	// recheckAfterWake). sagaWokeAt is the same for events.
 	wokeAt, sagaWokeAt time.Time
 	rechecking         bool
-	inflight int
-	rate     *limiter
+	inflight           int
+	rate               *limiter
 	// parked: waiting for the tenant's rate; a timer puts it back in the ring.
 	parked bool
 	subs   []*nats.Subscription
