@@ -132,7 +132,7 @@ func (s *Store) EnsureKV(ctx context.Context, bucket, desc string, history uint8
 }
 
 func (s *Store) ensureStream(ctx context.Context, cfg jetstream.StreamConfig) error {
-	ctx, cancel := s.bound(ctx)
+	ctx, cancel := s.boundCreate(ctx)
 	defer cancel()
 	cfg.Replicas = s.opts.Replicas
 	cfg.Storage = s.opts.Storage
@@ -143,7 +143,7 @@ func (s *Store) ensureStream(ctx context.Context, cfg jetstream.StreamConfig) er
 }
 
 func (s *Store) ensureKV(ctx context.Context, bucket, desc string, history uint8) (jetstream.KeyValue, error) {
-	ctx, cancel := s.bound(ctx)
+	ctx, cancel := s.boundCreate(ctx)
 	defer cancel()
 	kv, err := s.js.KeyValue(ctx, bucket)
 	if err == nil {
@@ -163,6 +163,18 @@ func (s *Store) ensureKV(ctx context.Context, bucket, desc string, history uint8
 		return nil, fmt.Errorf("schema: create bucket %s: %w", bucket, err)
 	}
 	return kv, nil
+}
+
+// createTimeout bounds creating a bucket or stream: placing a replicated asset on a cluster
+// that is still electing leaders can take far longer than a read or write.
+const createTimeout = 30 * time.Second
+
+// boundCreate gives ctx createTimeout unless it already has a deadline.
+func (s *Store) boundCreate(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, max(createTimeout, s.opts.Timeout))
 }
 
 // bound gives ctx the store's timeout unless it already has a deadline.
@@ -318,7 +330,7 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 
 // Snapshots opens (creating if missing) the object store of compacted placement snapshots.
 func (s *Store) Snapshots(ctx context.Context) (jetstream.ObjectStore, error) {
-	ctx, cancel := s.bound(ctx)
+	ctx, cancel := s.boundCreate(ctx)
 	defer cancel()
 	os, err := s.js.ObjectStore(ctx, BucketSnapshots)
 	if err == nil {
