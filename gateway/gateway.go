@@ -276,6 +276,8 @@ func (g *Gateway) Run(ctx context.Context) error {
 	g.addr.Store(&a)
 	if err := g.start(); err != nil {
 		ln.Close()
+		g.bgStop()
+		g.bg.Wait()
 		return err
 	}
 	srv := &http.Server{

@@ -34,7 +34,7 @@ func leanable(r *http.Request) bool {
 func removeHopHeaders(h http.Header) {
 	for _, f := range h["Connection"] {
 		for sf := range strings.SplitSeq(f, ",") {
-			if sf = textprotoTrim(sf); sf != "" {
+			if sf = strings.TrimSpace(sf); sf != "" {
 				h.Del(sf)
 			}
 		}
@@ -43,8 +43,6 @@ func removeHopHeaders(h http.Header) {
 		delete(h, k)
 	}
 }
-
-func textprotoTrim(s string) string { return strings.TrimSpace(s) }
 
 var emptyValue = []string{""}
 
