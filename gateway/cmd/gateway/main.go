@@ -38,7 +38,7 @@ func run() error {
 	envflag.String(fs, &id, "gateway-id", "", "gateway id in audit events (default hostname-pid)")
 	envflag.String(fs, &logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	envflag.String(fs, &logFormat, "log-format", "auto", "log format: auto, text, json")
-	envflag.Int(fs, &retries, "retries", 2, "further attempts after a 421 or an unreachable instance (-1: none)")
+	envflag.Int(fs, &retries, "retries", 2, "further attempts after a 421 or an unreachable instance (0: none)")
 	envflag.Int(fs, &maxHeader, "max-header-bytes", 64<<10, "largest request header block")
 	envflag.Int(fs, &maxBody, "max-body-bytes", 32<<20, "largest request body (-1: unbounded)")
 	envflag.Int(fs, &replayBody, "max-replay-body", 1<<20, "largest body buffered for retries and holds")
@@ -53,6 +53,9 @@ func run() error {
 		return err
 	}
 	_ = fs.Parse(os.Args[1:])
+	if retries <= 0 {
+		retries = -1 // Config's zero means the default
+	}
 	log, err := tmlog.New(os.Stderr, logLevel, logFormat)
 	if err != nil {
 		return err
