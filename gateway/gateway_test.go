@@ -295,7 +295,7 @@ func TestUpstreamErrors(t *testing.T) {
 	slowRoute := schema.Route{Method: "*", Prefix: "/slow/", Kind: "slow"}
 	limRoute := schema.Route{Method: "*", Prefix: "/lim/", Kind: "limited"}
 	var a, s, l *backend
-	e := newEnv(t, Config{}, []schema.KindConfig{
+	e := newEnv(t, Config{MaxBodyBytes: 4096, MaxReplayBody: 1024, MaxHeaderBytes: 8192}, []schema.KindConfig{
 		{Kind: "slow", UpstreamTimeout: schema.Duration(200 * time.Millisecond)},
 		{Kind: "limited", RateLimit: &schema.RateLimit{PerSecond: 0.01, Burst: 2}},
 	}, func(e *env) {
@@ -328,6 +328,21 @@ func TestUpstreamErrors(t *testing.T) {
 		}
 	})
 
+	t.Run("limits", func(t *testing.T) {
+		resp, body := e.do("POST", "/agg/cmd", "t1", strings.Repeat("x", 5000), nil)
+		if p := problem(t, resp, body); p.Status != http.StatusRequestEntityTooLarge {
+			t.Fatalf("body over the limit: %+v", p)
+		}
+		// Between the replay limit and the body limit: streamed, delivered whole.
+		resp, body = e.do("POST", "/agg/cmd", "t1", strings.Repeat("y", 3000), nil)
+		if _, bodies := a.requests(); resp.StatusCode != 200 || bodies[len(bodies)-1] != strings.Repeat("y", 3000) {
+			t.Fatalf("streamed body: %d %q", resp.StatusCode, body)
+		}
+		if resp, _ := e.do("GET", "/agg/x", "t1", "", map[string]string{"X-Big": strings.Repeat("z", 16<<10)}); resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+			t.Fatalf("headers over the limit: %d", resp.StatusCode)
+		}
+	})
+
 	t.Run("502", func(t *testing.T) {
 		a.setHandler(func(w http.ResponseWriter, r *http.Request) {
 			conn, _, err := http.NewResponseController(w).Hijack()
@@ -336,13 +351,14 @@ func TestUpstreamErrors(t *testing.T) {
 			}
 		})
 		defer a.setHandler(nil)
+		_, before := a.requests()
 		resp, body := e.do("POST", "/agg/cmd", "t1", "x", nil)
 		if p := problem(t, resp, body); p.Status != 502 {
 			t.Fatalf("%+v", p)
 		}
 		// A POST whose attempt may have reached the app is not replayed.
-		if _, bodies := a.requests(); len(bodies) != 1 {
-			t.Fatalf("POST sent %d times", len(bodies))
+		if _, bodies := a.requests(); len(bodies)-len(before) != 1 {
+			t.Fatalf("POST sent %d times", len(bodies)-len(before))
 		}
 	})
 
