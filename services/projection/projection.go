@@ -307,6 +307,12 @@ func (s *Service) catchUpBatch(ctx context.Context, batch []*tenantState) {
 			for _, ts := range batch {
 				close(ts.caught)
 				s.tailOf(ts.tenant).join(ts, covered)
+				ts.mu.RLock()
+				due := ts.since >= s.cfg.CheckpointEvery
+				ts.mu.RUnlock()
+				if due { // a long replay: store its result
+					s.queueFlush(ts.tenant)
+				}
 			}
 			return
 		}

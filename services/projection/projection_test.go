@@ -220,7 +220,8 @@ func sameAsAggregate(t *testing.T, a *aggregate.Service, s *Service, tenant stri
 // consumer), added in the middle of it (catch-up, then a switch to the tail under load) or added
 // after it (catch-up only); another tenant's events never leak in.
 // The small config spreads tenants over three tail consumers and makes them switch between
-// filter subjects and events.> as they fall behind and catch up, and batches catch-ups.
+// filter subjects and events.> as they fall behind and catch up, and batches catch-ups; with
+// events.> the tail reads every event and tenants join without a new consumer.
 func TestViewsEqualAggregateState(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -228,6 +229,7 @@ func TestViewsEqualAggregateState(t *testing.T) {
 	}{
 		{"defaults", Config{}},
 		{"small", Config{TailPartitions: 3, MaxFilters: 2, FilterBacklog: 20, CatchUpBatch: 2, TailBatch: 16}},
+		{"events.>", Config{MaxFilters: 1, CatchUpBatch: 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) { testViewsEqualAggregateState(t, tc.cfg) })
 	}

@@ -86,7 +86,13 @@ func (t *tail) poke() {
 func (t *tail) run(ctx context.Context) {
 	defer t.closeFeed()
 	for ctx.Err() == nil {
-		if t.takeChanges() || t.remode || (t.cur == nil && len(t.live) > 0) {
+		changed := t.takeChanges()
+		if changed && t.cur != nil && t.all && len(t.live) > 0 && (t.restart == 0 || t.restart > t.pos) {
+			// Reading events.> already carries every tenant from pos on: a join or leave is
+			// a change of the live set only, without a new consumer.
+			changed, t.restart = false, 0
+		}
+		if changed || t.remode || (t.cur == nil && len(t.live) > 0) {
 			if err := t.rebuild(ctx); err != nil {
 				t.s.cfg.Logger.Warn("tail consumer rebuild failed; retrying", "err", err)
 				if !sleepCtx(ctx, time.Second) {
