@@ -193,6 +193,7 @@ func (s *Server) Start(ctx context.Context) error {
 	s.work.Go(func() {
 		<-ctx.Done()
 		tel.Stop()
+		s.hub.close() // ends the event streams
 	})
 	s.work.Go(func() { s.leadLoop(ctx) })
 	return nil

@@ -1,0 +1,317 @@
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/rebalancer"
+	"github.com/tenantmesh/tenantmesh/rebalancer/sweeper"
+	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
+)
+
+func openStore(t *testing.T, url string) *schema.Store {
+	t.Helper()
+	nc := natstest.Connect(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := schema.Open(ctx, nc, schema.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func startShard(t *testing.T, st *schema.Store, shard string) {
+	t.Helper()
+	sk, err := shardkit.New(shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard, Instance: "i1"},
+		URL: "http://127.0.0.1:9", Heartbeat: 200 * time.Millisecond, DrainTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = sk.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-sk.Running():
+	case <-time.After(15 * time.Second):
+		t.Fatal("shard did not start")
+	}
+}
+
+// running is a started Server with its HTTP test server and a subscription to its events.
+type running struct {
+	s      *Server
+	ts     *httptest.Server
+	events chan Event
+	stop   context.CancelFunc
+}
+
+func start(t *testing.T, st *schema.Store, holder string, sc sweeper.Config) *running {
+	t.Helper()
+	s, err := New(Config{Store: st, Holder: holder, LeaseTTL: 900 * time.Millisecond, Sweep: sc,
+		Health: rebalancer.Health{Thresholds: schema.Thresholds{OfflineAfter: 2 * time.Minute}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, unsub := s.hub.subscribe()
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(s.Handler())
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			cancel()
+			s.Wait()
+			unsub()
+			ts.Close()
+		}
+	}
+	t.Cleanup(stop)
+	return &running{s: s, ts: ts, events: events, stop: stop}
+}
+
+// await reads the server's events until match accepts one.
+func (r *running) await(t *testing.T, what string, match func(Event) bool) Event {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		select {
+		case ev := <-r.events:
+			if match(ev) {
+				return ev
+			}
+		case <-deadline:
+			t.Fatalf("no %s event", what)
+		}
+	}
+}
+
+func leading(ev Event) bool {
+	return ev.Type == "leader" && strings.Contains(string(ev.Data), `"leading":true`)
+}
+
+func call(t *testing.T, method, url string, body any, out any) (int, http.Header) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, url, rd)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			t.Fatalf("%s %s: %d %s: %v", method, url, resp.StatusCode, raw, err)
+		}
+	}
+	return resp.StatusCode, resp.Header
+}
+
+// sse opens the event stream and returns its events by name.
+func sse(t *testing.T, url string) <-chan Event {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/api/events", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Fatalf("event stream content type %q", ct)
+	}
+	out := make(chan Event, 1024)
+	go func() {
+		defer resp.Body.Close()
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		var ev Event
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case strings.HasPrefix(line, "event: "):
+				ev.Type = strings.TrimPrefix(line, "event: ")
+			case strings.HasPrefix(line, "data: "):
+				ev.Data = json.RawMessage(strings.TrimPrefix(line, "data: "))
+			case line == "" && ev.Type != "":
+				out <- ev
+				ev = Event{}
+			}
+		}
+	}()
+	t.Cleanup(cancel)
+	return out
+}
+
+// TestAPIPlanApplyAndFollower exercises the API of a leader and a follower against real
+// shards: plans are made, read and applied on the leader (progress on the event stream), the
+// follower answers apply with 409 naming the leader, and takes over when the leader stops.
+func TestAPIPlanApplyAndFollower(t *testing.T) {
+	srv := natstest.Server(t)
+	st1, st2 := openStore(t, srv.URL()), openStore(t, srv.URL())
+	ctx := context.Background()
+	startShard(t, st1, "s-1")
+	startShard(t, st1, "s-2")
+	for i := range 4 {
+		if _, err := st1.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: fmt.Sprintf("t%d", i), Shard: "s-1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := start(t, st1, "r1", sweeper.Config{})
+	a.await(t, "leader", leading)
+	b := start(t, st2, "r2", sweeper.Config{})
+	base := a.ts.URL
+
+	var dry struct{ Plan json.RawMessage }
+	if code, _ := call(t, "POST", base+"/api/plans", map[string]any{"strategy": "balance", "kind": "aggregate", "dry_run": true}, &dry); code != 200 || len(dry.Plan) == 0 {
+		t.Fatalf("dry run: %d", code)
+	}
+	var pr PlanResponse
+	code, h := call(t, "POST", base+"/api/plans", map[string]any{"strategy": "balance", "kind": "aggregate", "concurrency": 2}, &pr)
+	if code != http.StatusCreated || len(pr.Moves) != 2 || h.Get("Location") != "/api/plans/"+pr.Plan.ID {
+		t.Fatalf("create plan: %d %+v", code, pr)
+	}
+	id := pr.Plan.ID
+	var prob tmhttp.Problem
+	if code, h := call(t, "POST", base+"/api/plans", map[string]any{"strategy": "balance", "kind": "nokind"}, &prob); code != 404 || h.Get("Content-Type") != tmhttp.ContentTypeProblem {
+		t.Fatalf("unknown kind: %d %+v", code, prob)
+	}
+	if code, _ := call(t, "POST", base+"/api/plans", map[string]any{"strategy": "balance", "colour": "blue"}, &prob); code != 400 {
+		t.Fatalf("unknown field: %d %+v", code, prob)
+	}
+	if code, _ := call(t, "POST", base+"/api/plans", map[string]any{"strategy": "evacuate", "kind": "aggregate", "shard": "s-9"}, &prob); code != 422 {
+		t.Fatalf("infeasible plan: %d %+v", code, prob)
+	}
+	if code, _ := call(t, "GET", base+"/api/plans/p-nope", nil, &prob); code != 404 || prob.Type != tmhttp.TypeBase+"plan-not-found" {
+		t.Fatalf("missing plan: %d %+v", code, prob)
+	}
+
+	code, _ = call(t, "POST", b.ts.URL+"/api/plans/"+id+"/apply", nil, &prob)
+	if code != http.StatusConflict || !strings.Contains(prob.Detail, "held by r1") {
+		t.Fatalf("apply on the follower: %d %+v", code, prob)
+	}
+
+	events := sse(t, base)
+	code, _ = call(t, "POST", base+"/api/plans/"+id+"/apply", nil, nil)
+	if code != http.StatusAccepted {
+		t.Fatalf("apply: %d", code)
+	}
+	if code, _ := call(t, "POST", base+"/api/plans/"+id+"/apply", nil, &prob); code != http.StatusConflict {
+		t.Fatalf("second apply: %d %+v", code, prob)
+	}
+	seen := map[string]bool{}
+	deadline := time.After(30 * time.Second)
+	for done := false; !done; {
+		select {
+		case ev := <-events:
+			seen[ev.Type] = true
+			if ev.Type == "plan" {
+				var rec rebalancer.PlanRecord
+				_ = json.Unmarshal(ev.Data, &rec)
+				done = rec.ID == id && rec.Status == rebalancer.PlanDone
+			}
+		case <-deadline:
+			t.Fatalf("plan never reported done on the event stream; saw %v", seen)
+		}
+	}
+	if !seen["move"] || !seen["audit"] {
+		t.Fatalf("event types seen: %v", seen)
+	}
+
+	var list []rebalancer.PlanSummary
+	if code, _ := call(t, "GET", b.ts.URL+"/api/plans", nil, &list); code != 200 || len(list) != 1 || list[0].Count(rebalancer.MoveDone) != 2 {
+		t.Fatalf("plans on the follower: %d %+v", code, list)
+	}
+	var insts []rebalancer.InstanceView
+	if code, _ := call(t, "GET", b.ts.URL+"/api/instances?kind=aggregate", nil, &insts); code != 200 || len(insts) != 2 || insts[0].Status != schema.StatusOnline {
+		t.Fatalf("instances: %d %+v", code, insts)
+	}
+	var evs []schema.AuditEvent
+	if code, _ := call(t, "GET", base+"/api/audit?tenant="+pr.Moves[0].Tenant+"&since=1h", nil, &evs); code != 200 || len(evs) != 4 {
+		t.Fatalf("audit: %d %+v", code, evs)
+	}
+	var ready map[string]any
+	if code, _ := call(t, "GET", b.ts.URL+"/readyz", nil, &ready); code != 200 || ready["leader"] != false {
+		t.Fatalf("follower readyz: %d %v", code, ready)
+	}
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(metrics), "tm_rebalancer_leader 1") {
+		t.Fatalf("metrics lack the leader gauge")
+	}
+
+	// The leader stops (and releases its lease): the follower takes over.
+	a.stop()
+	b.await(t, "leader", leading)
+	var rb map[string]string
+	if code, _ := call(t, "POST", b.ts.URL+"/api/plans/"+id+"/rollback", nil, &rb); code != http.StatusAccepted {
+		t.Fatalf("rollback on the new leader: %d %v", code, rb)
+	}
+}
+
+// TestLeaderSweeps: the leader cleans stale routes when it starts, then marks a silent
+// instance offline, alerts the webhook and removes it from routes (the sweeper's own tests
+// check that it alerts once).
+func TestLeaderSweeps(t *testing.T) {
+	srv := natstest.Server(t)
+	st := openStore(t, srv.URL())
+	ctx := context.Background()
+	dead := schema.InstanceID{Kind: "runner", Shard: "runner-1", Instance: "dead"}
+	i := schema.Instance{InstanceID: dead, URL: "http://127.0.0.1:9", Heartbeat: time.Now().Add(-10 * time.Minute), Reported: schema.StatusOnline}
+	raw, _ := json.Marshal(i)
+	if _, err := st.InstancesKV().Put(ctx, dead.Key(), raw); err != nil {
+		t.Fatal(err)
+	}
+	ghost := schema.InstanceID{Kind: "runner", Shard: "runner-1", Instance: "ghost"}
+	for _, id := range []schema.InstanceID{dead, ghost} {
+		if _, err := st.AddRouteInstance(ctx, schema.Route{Method: "*", Prefix: "/jobs", Kind: "runner"}, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	alerts := make(chan sweeper.Alert, 4)
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var a sweeper.Alert
+		_ = json.NewDecoder(r.Body).Decode(&a)
+		alerts <- a
+	}))
+	defer hook.Close()
+	r := start(t, st, "r1", sweeper.Config{Interval: 100 * time.Millisecond, Webhook: hook.URL})
+	r.await(t, "offline audit", func(ev Event) bool {
+		return ev.Type == "audit" && strings.Contains(string(ev.Data), "instance.offline")
+	})
+	select {
+	case a := <-alerts:
+		if a.Type != sweeper.AlertAgentOffline || a.Instance != dead.Key() {
+			t.Fatalf("alert %+v", a)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no alert")
+	}
+	if _, err := st.RouteFor(ctx, "*", "/jobs"); err == nil {
+		t.Fatal("the route of dead instances survived the sweep")
+	}
+}
