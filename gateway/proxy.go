@@ -129,7 +129,7 @@ func (g *Gateway) serveTenant(w http.ResponseWriter, r *http.Request) {
 		km.code(st.code)
 		km.duration.Observe(time.Since(start).Seconds())
 	}()
-	if g.cfg.StdTransport || g.cfg.ReverseProxyOnly || !leanable(r) {
+	if !g.cfg.Lean || g.cfg.StdTransport || !leanable(r) {
 		g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, stateKey{}, st)))
 		return
 	}

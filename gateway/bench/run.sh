@@ -26,7 +26,7 @@ for t in haproxy nginx wrk; do
 done
 echo "work dir $WORK"
 cd "$ROOT"
-go build -o "$WORK/bin/" ./gateway/cmd/gateway ./gateway/bench/backend ./gateway/bench/benchenv
+go build -o "$WORK/bin/" ./gateway/cmd/gateway ./gateway/bench/backend ./gateway/bench/benchenv ./gateway/bench/fastproxy
 
 BACKENDS=127.0.0.1:9101,127.0.0.1:9102,127.0.0.1:9103,127.0.0.1:9104
 i=0
@@ -43,8 +43,10 @@ TM_NATS_URL=nats://127.0.0.1:4333 TM_ADDR=127.0.0.1:9080 TM_LOG_LEVEL=warn TM_PP
 GW_PID=$!
 # The same gateway with net/http.Transport to the backends, for the A/B of the upstream client.
 TM_NATS_URL=nats://127.0.0.1:4333 TM_ADDR=127.0.0.1:9083 TM_LOG_LEVEL=warn TM_STD_TRANSPORT=true env ${GW_ENV:-} "$WORK/bin/gateway" 2> "$WORK/gateway-std.log" & PIDS+=($!)
-# And with the synchronous client but every request through httputil.ReverseProxy.
-TM_NATS_URL=nats://127.0.0.1:4333 TM_ADDR=127.0.0.1:9084 TM_LOG_LEVEL=warn TM_REVERSE_PROXY_ONLY=true env ${GW_ENV:-} "$WORK/bin/gateway" 2> "$WORK/gateway-rp.log" & PIDS+=($!)
+# And with the experimental lean path instead of httputil.ReverseProxy.
+TM_NATS_URL=nats://127.0.0.1:4333 TM_ADDR=127.0.0.1:9084 TM_LOG_LEVEL=warn TM_LEAN_PROXY=true env ${GW_ENV:-} "$WORK/bin/gateway" 2> "$WORK/gateway-lean.log" & PIDS+=($!)
+# The experiment: a purpose-built HTTP/1.1 loop on the same placement watcher (see its doc).
+"$WORK/bin/fastproxy" -addr 127.0.0.1:9085 -nats-url nats://127.0.0.1:4333 2> "$WORK/fastproxy.log" & PIDS+=($!)
 for port in 9080 9083 9084; do
   for _ in $(seq 1 300); do curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
   curl -fs "http://127.0.0.1:$port/readyz" >/dev/null || { echo "gateway on $port not ready"; cat "$WORK"/gateway*.log; exit 1; }
@@ -91,14 +93,14 @@ CFG
 nginx -c "$WORK/nginx.conf" -p "$WORK" -g 'daemon off;' > "$WORK/nginx.log" 2>&1 & PIDS+=($!)
 
 # Wait for both and check each proxy routes a tenant to its backend.
-for port in 9081 9082 9080 9083 9084; do
+for port in 9081 9082 9080 9083 9084 9085; do
   for _ in $(seq 1 100); do curl -fs -H 'x-tenant-id: tenant-00001' "http://127.0.0.1:$port/" >/dev/null 2>&1 && break; sleep 0.1; done
   got=$(curl -fs -H 'x-tenant-id: tenant-00001' "http://127.0.0.1:$port/")
   [ "$got" = "ok b2" ] || { echo "port $port routed tenant-00001 to '$got', want 'ok b2'"; exit 1; }
 done
 
-declare -A URL=([haproxy]=http://127.0.0.1:9081/ [nginx]=http://127.0.0.1:9082/ [gateway]=http://127.0.0.1:9080/ [gateway-std]=http://127.0.0.1:9083/ [gateway-rp]=http://127.0.0.1:9084/ [direct]=http://127.0.0.1:9101/)
-TARGETS=(haproxy nginx gateway gateway-rp gateway-std direct)
+declare -A URL=([haproxy]=http://127.0.0.1:9081/ [nginx]=http://127.0.0.1:9082/ [gateway]=http://127.0.0.1:9080/ [gateway-std]=http://127.0.0.1:9083/ [gateway-lean]=http://127.0.0.1:9084/ [fastproxy]=http://127.0.0.1:9085/ [direct]=http://127.0.0.1:9101/)
+read -r -a TARGETS <<< "${TARGETS:-haproxy nginx gateway gateway-lean gateway-std fastproxy direct}"
 export TENANTS="$WORK/tenants.txt"
 : > "$WORK/results.txt"
 # Warm-up: one short run per target.
@@ -160,7 +162,7 @@ def rr(t, i):
 print()
 print("| target | req/s (median) | p50 | p99 (median) | req/s vs HAProxy | p99 vs HAProxy | per-round req/s ratio | per-round p99 ratio | errors |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-for t in ["haproxy", "nginx", "gateway", "gateway-rp", "gateway-std", "direct"]:
+for t in [t for t in ["haproxy", "nginx", "gateway", "gateway-lean", "gateway-std", "fastproxy", "direct"] if t in med]:
     rps, p50, p99, err = med[t]
     print(f"| {t} | {rps:,.0f} | {p50/1000:.2f} ms | {p99/1000:.2f} ms | {rps/h[0]:.2f} | {p99/h[2]:.2f} | {rr(t, 0):.2f} | {rr(t, 1):.2f} | {err} |")
 PY

@@ -29,7 +29,7 @@ func run() error {
 	var (
 		natsURL, addr, id, logLevel, logFormat string
 		retries, maxHeader, idlePerHost        int
-		pprof, stdTransport, rpOnly            bool
+		pprof, stdTransport, lean              bool
 		maxBody, replayBody                    int
 		readHeader, shutdown, connect          time.Duration
 	)
@@ -47,7 +47,7 @@ func run() error {
 	envflag.Duration(fs, &shutdown, "shutdown-timeout", 30*time.Second, "time allowed for in-flight requests at shutdown")
 	envflag.Duration(fs, &connect, "connect-timeout", time.Second, "time allowed to connect to an instance")
 	envflag.Bool(fs, &stdTransport, "std-transport", false, "send to instances with net/http.Transport instead of the synchronous HTTP/1.1 client")
-	envflag.Bool(fs, &rpOnly, "reverse-proxy-only", false, "proxy every request with httputil.ReverseProxy (no lean path)")
+	envflag.Bool(fs, &lean, "lean-proxy", false, "experimental: proxy plain HTTP/1.1 exchanges without httputil.ReverseProxy")
 	envflag.Bool(fs, &pprof, "pprof", false, "serve /debug/pprof/ to requests without x-tenant-id")
 	if err := envflag.Check(fs); err != nil {
 		return err
@@ -76,7 +76,7 @@ func run() error {
 		Store: store, ID: id, Addr: addr, Logger: log, Retries: retries,
 		MaxHeaderBytes: maxHeader, MaxBodyBytes: int64(maxBody), MaxReplayBody: int64(replayBody),
 		MaxIdleConnsPerHost: idlePerHost, ReadHeaderTimeout: readHeader, ShutdownTimeout: shutdown,
-		ConnectTimeout: connect, Pprof: pprof, StdTransport: stdTransport, ReverseProxyOnly: rpOnly,
+		ConnectTimeout: connect, Pprof: pprof, StdTransport: stdTransport, Lean: lean,
 	})
 	if err != nil {
 		return err
