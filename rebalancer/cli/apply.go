@@ -120,6 +120,9 @@ func (c *ApplyCommand) Run(ctx context.Context, args []string) error {
 		if ctx.Err() != nil {
 			return fmt.Errorf("interrupted: the plan is resumable; run `rebalance apply %s` again", id)
 		}
+		if errors.Is(err, schema.ErrLeaseHeld) {
+			return fmt.Errorf("apply %s: %w; if that is a rebalancer service, apply through it: POST /api/plans/%s/apply", id, err, id)
+		}
 		return fmt.Errorf("apply %s: %w (resume with `rebalance apply %s`)", id, err, id)
 	}
 	return c.result(ctx, c.m.Stdout, eng, rec.ID)

@@ -6,9 +6,12 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -331,4 +334,88 @@ func TestRenderGolden(t *testing.T) {
 	_ = renderKinds(&b, []schema.KindConfig{schema.DefaultKindConfig("aggregate"), schema.KindConfig{Kind: "render", Policy: schema.PolicyAffinity,
 		RateLimit: &schema.RateLimit{PerSecond: 5, Burst: 10}}.WithDefaults()})
 	golden(t, "render", b.String())
+}
+
+// TestApplyOnTerminal answers the confirmation on a terminal: "n" applies nothing, "y"
+// applies with the in-place progress line.
+func TestApplyOnTerminal(t *testing.T) {
+	e := newEnv(t)
+	e.startShard(t, "s-1")
+	e.startShard(t, "s-2")
+	e.place(t, "acme", "s-1")
+	e.place(t, "globex", "s-1")
+	po := decode[PlanOutput](t, e.run(t, "", "plan", "balance", "--kind", "aggregate", "--collect", "0", "--output", "json").stdout)
+	tty := func(stdin string, args ...string) result {
+		var out, errb bytes.Buffer
+		m := &Main{Stdin: strings.NewReader(stdin), Stdout: &out, Stderr: &errb, Terminal: func(any) bool { return true }}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		code := m.Exit(ctx, append(args, "--nats-url", e.url))
+		return result{out.String(), errb.String(), code}
+	}
+	r := tty("n\n", "apply", po.ID)
+	if r.code != 1 || !strings.Contains(r.stderr, "[y/N]") || !strings.Contains(r.stderr, "not applied") {
+		t.Fatalf("answer n: %d %q", r.code, r.stderr)
+	}
+	if p, _ := e.st.Placement(context.Background(), "aggregate", po.Plan.Moves[0].Tenant); p.Shard != "s-1" {
+		t.Fatalf("moved without confirmation: %+v", p)
+	}
+	r = tty("y\n", "apply", po.ID)
+	if r.code != 0 || !strings.Contains(r.stdout, "\r\033[K[1/1]") || !strings.Contains(r.stdout, "ETA") {
+		t.Fatalf("answer y: %d %q %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+// TestServeCommand runs `rebalance serve` in-process: it listens, leads, answers the API and
+// stops cleanly when its context ends.
+func TestServeCommand(t *testing.T) {
+	e := newEnv(t)
+	var errb bytes.Buffer
+	sc := &ServeCommand{m: &Main{Stdout: io.Discard, Stderr: &syncWriter{w: &errb}}}
+	if err := sc.ParseFlags([]string{"--addr", "127.0.0.1:0", "--nats-url", e.url, "--holder", "serve-test", "--log-format", "json", "--no-compact"}); err != nil {
+		t.Fatal(err)
+	}
+	addr := sc.Listening()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { defer sc.Close(); done <- sc.Serve(ctx) }()
+	var base string
+	select {
+	case a := <-addr:
+		base = "http://" + a
+	case err := <-done:
+		t.Fatalf("serve stopped: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not listen")
+	}
+	for _, path := range []string{"/healthz", "/readyz", "/api/plans", "/api/instances", "/api/kinds", "/api/leader"} {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("GET %s: %d", path, resp.StatusCode)
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+}
+
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }
