@@ -32,7 +32,12 @@ func TestMoveWhileJobsRun(t *testing.T) {
 		if late {
 			name = "release-after-commit"
 		}
-		t.Run(name, func(t *testing.T) { testMove(t, late) })
+		t.Run(name, func(t *testing.T) {
+			if late && testing.Short() {
+				t.Skip("short")
+			}
+			testMove(t, late)
+		})
 	}
 }
 

@@ -103,17 +103,22 @@ func (s *Service) Checkpoint(ctx context.Context, tenant string) (uint64, error)
 	return cp.Seq, err
 }
 
+// markSagaReady puts the tenant in the saga ring if it is acquired and not there yet.
 func (s *Service) markSagaReady(tq *tenantQ) {
 	if len(s.cfg.Sagas) == 0 {
 		return
 	}
 	s.mu.Lock()
-	tq.sagaReady = true
+	if !tq.sagaReady && tq.acquired && !tq.released {
+		tq.sagaReady = true
+		s.sagaRing = append(s.sagaRing, tq)
+	}
 	s.mu.Unlock()
 	nudge(s.sagaWake)
 }
 
-// sagaLoop feeds ready tenants' new events to the sagas, one tenant batch at a time.
+// sagaLoop feeds ready tenants' new events to the sagas: one batch per tenant in turn (round
+// robin over the saga ring, so one busy tenant does not hold the others back).
 func (s *Service) sagaLoop(ctx context.Context) {
 	if len(s.cfg.Sagas) == 0 {
 		return
@@ -124,37 +129,31 @@ func (s *Service) sagaLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
-		for {
+		for ctx.Err() == nil {
 			s.mu.Lock()
-			type item struct {
-				tq  *tenantQ
-				ctx context.Context
-			}
-			var ready []item
-			for _, tq := range s.tenants {
-				if tq.sagaReady && tq.acquired && !tq.released {
-					tq.sagaReady = false
-					tq.work.Add(1)
-					ready = append(ready, item{tq, tq.ctx})
-				}
-			}
-			s.mu.Unlock()
-			if len(ready) == 0 {
+			if len(s.sagaRing) == 0 {
+				s.sagaRing = nil
+				s.mu.Unlock()
 				break
 			}
-			slices.SortFunc(ready, func(a, b item) int { return cmpString(a.tq.tenant, b.tq.tenant) })
-			for _, it := range ready {
-				tq := it.tq
-				more, err := s.sagaBatch(it.ctx, tq)
-				tq.work.Done()
-				if err != nil && ctx.Err() == nil {
-					s.cfg.Logger.Warn("saga step failed; retrying", "tenant", tq.tenant, "err", err)
-					time.AfterFunc(time.Second, func() { s.markSagaReady(tq) })
-				} else if more {
-					s.mu.Lock()
-					tq.sagaReady = true
-					s.mu.Unlock()
-				}
+			tq := s.sagaRing[0]
+			s.sagaRing[0] = nil
+			s.sagaRing = s.sagaRing[1:]
+			tq.sagaReady = false
+			if !tq.acquired || tq.released {
+				s.mu.Unlock()
+				continue
+			}
+			tq.work.Add(1)
+			tctx := tq.ctx
+			s.mu.Unlock()
+			more, err := s.sagaBatch(tctx, tq)
+			tq.work.Done()
+			if err != nil && ctx.Err() == nil {
+				s.cfg.Logger.Warn("saga step failed; retrying", "tenant", tq.tenant, "err", err)
+				time.AfterFunc(time.Second, func() { s.markSagaReady(tq) })
+			} else if more {
+				s.markSagaReady(tq)
 			}
 		}
 	}
@@ -261,16 +260,6 @@ func (s *Service) writeDrainRecord(ctx context.Context, tenant string, cancelled
 		return fmt.Errorf("runner: drain record of %s: %w", tenant, err)
 	}
 	return nil
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func sorted(s []string) []string { slices.Sort(s); return s }

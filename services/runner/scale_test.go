@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -40,6 +41,7 @@ func TestTenThousandTenants(t *testing.T) {
 	s := startService(t, st, "runner-1", "a", Config{MaxConcurrent: 16})
 	waitUntil(t, 60*time.Second, "10,000 tenants acquired", func() bool { return s.Status().Tenants == n })
 	acquired := time.Since(start)
+	goroutines := runtime.NumGoroutine()
 	// Under the race detector (about 10x slower), a job for every tenth tenant only.
 	every := 1
 	if raceEnabled {
@@ -80,7 +82,7 @@ func TestTenThousandTenants(t *testing.T) {
 		}
 	}
 	ran := time.Since(start)
-	t.Logf("MEASURED 10k tenants: placed in %v; instance acquired all (20,000 wake-up subscriptions) in %v; "+
+	t.Logf("MEASURED 10k tenants: placed in %v; instance acquired all (20,000 wake-up subscriptions, %d goroutines in the test process) in %v; "+
 		"%d jobs (one per tenant) created in %v and all finished %v after the first create (%.0f jobs/s across %d tenants)",
-		placed.Round(time.Millisecond), acquired.Round(time.Millisecond), jobs, created.Round(time.Millisecond), ran.Round(time.Millisecond), float64(jobs)/ran.Seconds(), jobs)
+		placed.Round(time.Millisecond), goroutines, acquired.Round(time.Millisecond), jobs, created.Round(time.Millisecond), ran.Round(time.Millisecond), float64(jobs)/ran.Seconds(), jobs)
 }

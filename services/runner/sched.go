@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -37,7 +38,7 @@ type tenantQ struct {
 	// parked: waiting for the tenant's rate; a timer puts it back in the ring.
 	parked bool
 	subs   []*nats.Subscription
-	// sagaReady: the tenant may have events its sagas have not seen.
+	// sagaReady: the tenant is in the saga ring (it may have events its sagas have not seen).
 	sagaReady bool
 	// work counts runs and outbox deliveries in flight for the tenant (not under mu).
 	work sync.WaitGroup
@@ -134,7 +135,9 @@ func (s *Service) reconcile(ctx context.Context, tenant string) {
 	}
 }
 
-// goFlush delivers what a former owner (or an earlier turn here) left in the tenant's outbox.
+// goFlush queues the tenant for an outbox flush: what a former owner (or an earlier turn
+// here) left in its outbox is delivered. A few workers (flushLoop) do the flushes, so
+// acquiring 10,000 tenants at once does not fire 10,000 reads together.
 func (s *Service) goFlush(tq *tenantQ) {
 	s.mu.Lock()
 	if tq.released || !tq.acquired {
@@ -142,45 +145,118 @@ func (s *Service) goFlush(tq *tenantQ) {
 		return
 	}
 	tq.work.Add(1)
-	ctx := tq.ctx
+	s.flushq = append(s.flushq, tq)
 	s.mu.Unlock()
-	go func() {
-		defer tq.work.Done()
-		if n, err := s.flushOutbox(ctx, tq.tenant); err != nil && ctx.Err() == nil {
-			s.cfg.Logger.Warn("flushing the outbox of an acquired tenant", "tenant", tq.tenant, "err", err)
-		} else if n > 0 {
-			s.cfg.Logger.Info("delivered effects left in the outbox", "tenant", tq.tenant, "effects", n)
-		}
-	}()
+	nudge(s.flushWake)
+}
+
+// flushWorkers is how many outbox flushes run at once.
+const flushWorkers = 4
+
+func (s *Service) flushLoop(ctx context.Context) {
+	var wg sync.WaitGroup
+	for range flushWorkers {
+		wg.Go(func() {
+			for {
+				s.mu.Lock()
+				var tq *tenantQ
+				if len(s.flushq) > 0 {
+					tq = s.flushq[0]
+					s.flushq = s.flushq[1:]
+				}
+				var tctx context.Context
+				if tq != nil {
+					tctx = tq.ctx
+				}
+				s.mu.Unlock()
+				if tq == nil {
+					select {
+					case <-s.flushWake:
+						continue
+					case <-ctx.Done():
+						return
+					}
+				}
+				nudge(s.flushWake) // more may be queued: let another worker look too
+				if n, err := s.flushOutbox(tctx, tq.tenant); err != nil && tctx.Err() == nil {
+					s.cfg.Logger.Warn("flushing the outbox of an acquired tenant", "tenant", tq.tenant, "err", err)
+				} else if n > 0 {
+					s.cfg.Logger.Info("delivered effects left in the outbox", "tenant", tq.tenant, "effects", n)
+				}
+				tq.work.Done()
+			}
+		})
+	}
+	wg.Wait()
+	// Flushes still queued will not run: let their tenants' waiters go.
+	s.mu.Lock()
+	left := s.flushq
+	s.flushq = nil
+	s.mu.Unlock()
+	for _, tq := range left {
+		tq.work.Done()
+	}
 }
 
 // subscribe registers core NATS interest in the tenant's queue and event subjects: every
 // enqueue or event is also delivered here and wakes the tenant. Lossy by design; Sweep covers.
+// All subscriptions share one channel and one goroutine (wakeLoop), so 10,000 tenants cost
+// 20,000-30,000 subscriptions but no goroutine each.
 func (s *Service) subscribe(tq *tenantQ) {
 	nc := s.st.Conn()
+	subjects := s.subjects(tq.tenant)
+	all := subjects[:]
+	if len(s.cfg.Sagas) > 0 {
+		all = append(all, schema.TenantEvents(tq.tenant))
+	}
 	var subs []*nats.Subscription
-	for i, subj := range s.subjects(tq.tenant) {
-		sub, err := nc.Subscribe(subj, func(*nats.Msg) { s.markDirty(tq, i) })
+	for _, subj := range all {
+		sub, err := nc.ChanSubscribe(subj, s.wakeCh)
 		if err != nil {
 			s.cfg.Logger.Warn("wake-up subscription", "subject", subj, "err", err)
 			continue
 		}
 		subs = append(subs, sub)
 	}
-	if len(s.cfg.Sagas) > 0 {
-		sub, err := nc.Subscribe(schema.TenantEvents(tq.tenant), func(*nats.Msg) {
-			s.mu.Lock()
-			tq.sagaWokeAt = time.Now()
-			s.mu.Unlock()
-			s.markSagaReady(tq)
-		})
-		if err == nil {
-			subs = append(subs, sub)
-		}
-	}
 	s.mu.Lock()
 	tq.subs = subs
 	s.mu.Unlock()
+}
+
+// wakeLoop turns wake-up messages into ready tenants.
+func (s *Service) wakeLoop(ctx context.Context) {
+	for {
+		select {
+		case m := <-s.wakeCh:
+			s.wake1(m.Subject)
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// wake1 handles one wake-up: jobs.<tenant>.pin.<instance>, jobs.<tenant>.any or
+// events.<tenant>.<...>.
+func (s *Service) wake1(subject string) {
+	prefix, rest, _ := strings.Cut(subject, ".")
+	tenant, rest, _ := strings.Cut(rest, ".")
+	s.mu.Lock()
+	tq := s.tenants[tenant]
+	s.mu.Unlock()
+	if tq == nil {
+		return
+	}
+	switch {
+	case prefix == "events":
+		s.mu.Lock()
+		tq.sagaWokeAt = time.Now()
+		s.mu.Unlock()
+		s.markSagaReady(tq)
+	case rest == "any":
+		s.markDirty(tq, 1)
+	case strings.HasPrefix(rest, "pin."):
+		s.markDirty(tq, 0)
+	}
 }
 
 // unsubscribe drops the tenant's wake-up subscriptions.
@@ -264,14 +340,13 @@ func (s *Service) sweepLoop(ctx context.Context) {
 		var all []*tenantQ
 		for _, tq := range s.tenants {
 			tq.cursor, tq.dirty = [2]uint64{}, [2]bool{true, true}
-			tq.sagaReady = true
 			all = append(all, tq)
 		}
 		s.mu.Unlock()
 		for _, tq := range all {
 			s.markReady(tq)
+			s.markSagaReady(tq)
 		}
-		nudge(s.sagaWake)
 	}
 }
 

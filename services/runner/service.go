@@ -36,6 +36,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -148,16 +149,20 @@ type Service struct {
 	m        *metrics
 	started  time.Time
 
-	mu       sync.Mutex
-	tenants  map[string]*tenantQ
-	ring     []*tenantQ // ready tenants, round robin
-	running  int
-	instRate *limiter
-	changed  map[string]struct{} // tenants whose placement changed, to reconcile
-	wake     chan struct{}       // nudges the dispatcher
-	recon    chan struct{}       // nudges the reconciler
-	sagaWake chan struct{}       // nudges the saga loop
-	totals   Totals
+	mu        sync.Mutex
+	tenants   map[string]*tenantQ
+	ring      []*tenantQ // ready tenants, round robin
+	sagaRing  []*tenantQ // tenants with events for the sagas, round robin
+	running   int
+	instRate  *limiter
+	changed   map[string]struct{} // tenants whose placement changed, to reconcile
+	wake      chan struct{}       // nudges the dispatcher
+	recon     chan struct{}       // nudges the reconciler
+	sagaWake  chan struct{}       // nudges the saga loop
+	wakeCh    chan *nats.Msg      // every wake-up subscription delivers here
+	flushq    []*tenantQ          // tenants whose outbox is to be flushed
+	flushWake chan struct{}
+	totals    Totals
 }
 
 // Totals are the instance's counters since start.
@@ -190,7 +195,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, st: st, js: st.JetStream(), tenants: map[string]*tenantQ{}, changed: map[string]struct{}{},
-		wake: make(chan struct{}, 1), recon: make(chan struct{}, 1), sagaWake: make(chan struct{}, 1), started: time.Now().UTC()}
+		wake: make(chan struct{}, 1), recon: make(chan struct{}, 1), sagaWake: make(chan struct{}, 1), wakeCh: make(chan *nats.Msg, 8192), flushWake: make(chan struct{}, 1), started: time.Now().UTC()}
 	var err error
 	if s.jobs, err = s.js.Stream(ctx, schema.StreamJobs); err != nil {
 		return nil, fmt.Errorf("runner: open %s: %w", schema.StreamJobs, err)
@@ -243,6 +248,8 @@ func (s *Service) Run(ctx context.Context) error {
 		wg.Wait()
 		return nil
 	}
+	wg.Go(func() { s.wakeLoop(ctx) })
+	wg.Go(func() { s.flushLoop(ctx) })
 	wg.Go(func() { s.reconcileLoop(ctx) })
 	wg.Go(func() { s.dispatchLoop(ctx) })
 	wg.Go(func() { s.sagaLoop(ctx) })
