@@ -133,7 +133,12 @@ func writeErr(w http.ResponseWriter, r *http.Request, err error, tenant string) 
 	case errors.Is(err, ErrNoJob):
 		e = &tmhttp.Error{Status: http.StatusNotFound, Type: "not-found", Title: "No such job"}
 	case errors.Is(err, ErrQueueFull):
-		e = &tmhttp.Error{Status: http.StatusTooManyRequests, Type: "queue-full", Title: "Tenant queue full", RetryAfter: 5 * time.Second}
+		retry := time.Second
+		var qf *queueFullError
+		if errors.As(err, &qf) {
+			retry = qf.retry
+		}
+		e = &tmhttp.Error{Status: http.StatusTooManyRequests, Type: "queue-full", Title: "Tenant queue full", RetryAfter: retry}
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout), errors.Is(err, nats.ErrNoResponders),
 		errors.Is(err, jetstream.ErrNoStreamResponse):
 		e = &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "store-unavailable", Title: "Job store unavailable",

@@ -150,7 +150,7 @@ func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bo
 	}
 	if depth >= s.cfg.MaxQueued {
 		s.m.rejected.Inc()
-		return Run{}, false, fmt.Errorf("%w: %d jobs are waiting or running, the cap is %d", ErrQueueFull, depth, s.cfg.MaxQueued)
+		return Run{}, false, &queueFullError{depth: depth, max: s.cfg.MaxQueued, retry: s.retryAfter(depth)}
 	}
 	r := Run{ID: id, Tenant: tenant, Type: nj.Type, Payload: nj.Payload, Instance: nj.Instance,
 		Status: StatusPending, CreatedAt: time.Now().UTC()}
@@ -276,4 +276,26 @@ func (s *Service) putRun(ctx context.Context, r *Run) error {
 	}
 	r.rev = rev
 	return nil
+}
+
+// queueFullError is ErrQueueFull with the time after which a create may succeed.
+type queueFullError struct {
+	depth, max int
+	retry      time.Duration
+}
+
+func (e *queueFullError) Error() string {
+	return fmt.Sprintf("%v: %d jobs are waiting or running, the cap is %d", ErrQueueFull, e.depth, e.max)
+}
+
+func (e *queueFullError) Is(target error) bool { return target == ErrQueueFull }
+
+// retryAfter estimates when the tenant's queue drops under its cap: the jobs over it at the
+// tenant's rate, if it has one; else a second. At most a minute.
+func (s *Service) retryAfter(depth int) time.Duration {
+	d := time.Second
+	if r := s.cfg.TenantJobsPerMinute; r > 0 {
+		d = max(d, time.Duration(depth-s.cfg.MaxQueued+1)*time.Minute/time.Duration(r))
+	}
+	return min(d, time.Minute)
 }
