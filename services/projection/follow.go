@@ -13,6 +13,26 @@ func (s *Service) placementChanged(c placement.Change) {
 	s.pmu.Lock()
 	s.placed[c.Tenant] = true
 	s.pmu.Unlock()
+	s.wakeFollow()
+}
+
+// Reload checks every hosted tenant against the placement again, dropping those no longer
+// placed on (or moving to) this shard. shardkit calls it for POST /admin/reload.
+func (s *Service) Reload(context.Context) error {
+	if s.cfg.Shard == "" {
+		return nil
+	}
+	hosted := s.Tenants()
+	s.pmu.Lock()
+	for _, t := range hosted {
+		s.placed[t] = true
+	}
+	s.pmu.Unlock()
+	s.wakeFollow()
+	return nil
+}
+
+func (s *Service) wakeFollow() {
 	select {
 	case s.pwake <- struct{}{}:
 	default:

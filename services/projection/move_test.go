@@ -187,7 +187,8 @@ func TestLagIsExact(t *testing.T) {
 }
 
 // TestFollowsPlacement: with a shard name, the service consumes the tenants placed on its shard
-// or moving to it, and drops a tenant once its move away completed.
+// or moving to it, drops a tenant once its move away completed, and on reload drops tenants
+// not placed here.
 func TestFollowsPlacement(t *testing.T) {
 	st := openStore(t)
 	a := newAggregate(t, st)
@@ -232,6 +233,13 @@ func TestFollowsPlacement(t *testing.T) {
 		t.Fatal("acme dropped before its move completed")
 	}
 	step(acme, func(p *schema.Placement) { p.Phase, p.Source = schema.PhaseActive, "" })
+	waitTenants(t, s, "globex")
+	// A tenant hosted here by a query, though not placed here, goes on reload.
+	warm(t, s, "stray", 0)
+	waitTenants(t, s, "globex", "stray")
+	if err := s.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
 	waitTenants(t, s, "globex")
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		cp, err := s.Checkpoint(ctx, "acme") // stored by the release, just after the drop
