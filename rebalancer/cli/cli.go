@@ -249,8 +249,9 @@ func actor() string {
 	return "cli/" + u
 }
 
-// holder names this CLI process in the leader lease: stable per host, so an interrupted apply
-// resumed from the same host takes over its own lease at once.
+// holder names this CLI process in the leader lease: cli-<host>-<pid>, so two applies on one
+// host exclude each other. Ctrl-C releases the lease, so re-running an interrupted apply
+// resumes at once; after a crash the lease expires within its TTL (--lease-ttl).
 func holder() string {
 	h, _ := os.Hostname()
 	var b strings.Builder
@@ -259,9 +260,9 @@ func holder() string {
 			b.WriteRune(c)
 		}
 	}
-	name := "cli-" + b.String()
-	if len(name) > 64 {
-		name = name[:64]
+	host := b.String()
+	if len(host) > 40 {
+		host = host[:40]
 	}
-	return name
+	return fmt.Sprintf("cli-%s-%d", host, os.Getpid())
 }

@@ -315,3 +315,45 @@ func TestLeaderSweeps(t *testing.T) {
 		t.Fatal("the route of dead instances survived the sweep")
 	}
 }
+
+// TestLeaderCompacts: the leader runs a compacting placement watcher for every kind, so
+// placement snapshots appear in tm_snapshots.
+func TestLeaderCompacts(t *testing.T) {
+	srv := natstest.Server(t)
+	st := openStore(t, srv.URL())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	obs, err := st.Snapshots(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := obs.Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	s, err := New(Config{Store: st, Holder: "r1", LeaseTTL: time.Second, CompactEvery: 1, CompactInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	if err := s.Start(rctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stop(); s.Wait() }()
+	for i := range 3 {
+		if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "projection", Tenant: fmt.Sprintf("t%d", i), Shard: "projection-1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for {
+		select {
+		case info := <-w.Updates():
+			if info != nil && info.Name == schema.SnapshotObject("projection") && !info.Deleted {
+				return
+			}
+		case <-ctx.Done():
+			t.Fatal("no placement snapshot written")
+		}
+	}
+}
