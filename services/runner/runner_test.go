@@ -351,3 +351,27 @@ func TestJobRetries(t *testing.T) {
 		t.Fatalf("run %+v", r)
 	}
 }
+
+// Only the owning shard's instances acquire a tenant's jobs: a tenant placed on another shard
+// keeps its jobs queued here, untouched, while this shard's tenant is served.
+func TestOnlyOwnerAcquires(t *testing.T) {
+	st := openStore(t)
+	place(t, st, "theirs", "runner-2")
+	place(t, st, "mine", "runner-1")
+	s := startService(t, st, "runner-1", "a", Config{})
+	owning(t, s, "mine", true)
+	theirs := create(t, s, "theirs", 20, NewJob{Type: "noop"})
+	mine := create(t, s, "mine", 20, NewJob{Type: "noop"})
+	waitDone(t, s, "mine", mine, 10*time.Second)
+	for _, id := range theirs {
+		r, err := s.Get(context.Background(), "theirs", id)
+		if err != nil || r.Status != StatusPending || r.Attempts != 0 {
+			t.Fatalf("job of another shard's tenant: %+v %v", r, err)
+		}
+	}
+	for _, o := range s.Owned() {
+		if o == "theirs" {
+			t.Fatal("runner-1 acquires runner-2's tenant")
+		}
+	}
+}
