@@ -22,7 +22,11 @@ type Telemetry struct {
 	latest map[string]schema.LoadReport // instance key -> newest report
 	sub    *nats.Subscription
 	added  chan struct{} // a token per report added, if set (tests)
+	pruned time.Time
 }
+
+// forgetAfter is how long a silent instance's last report is kept.
+const forgetAfter = 10 * time.Minute
 
 // WatchTelemetry subscribes to the load reports of kind ("" for every kind) until Stop.
 func WatchTelemetry(st *schema.Store, kind string) (*Telemetry, error) {
@@ -65,6 +69,10 @@ func (t *Telemetry) Add(r schema.LoadReport) {
 		return
 	}
 	t.latest[r.Key()] = r
+	if now := time.Now(); now.Sub(t.pruned) > time.Minute {
+		t.pruned = now
+		maps.DeleteFunc(t.latest, func(_ string, r schema.LoadReport) bool { return now.Sub(r.Time) > forgetAfter })
+	}
 	if t.added != nil {
 		select {
 		case t.added <- struct{}{}:

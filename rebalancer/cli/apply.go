@@ -108,6 +108,7 @@ func (c *ApplyCommand) Run(ctx context.Context, args []string) error {
 		fmt.Fprintf(c.m.Stderr, "plan %s has no moves\n", id)
 	}
 	if !c.yes {
+		renderMoveList(c.m.Stderr, moves, 20)
 		ok, err := confirm(c.m, fmt.Sprintf("Apply plan %s: %s (%s, concurrency %d)?", id, pluralize(len(moves), "move"), rec.Plan.Strategy, max(rec.Plan.Concurrency, 1)))
 		if err != nil || !ok {
 			return errors.Join(errors.New("not applied"), err)

@@ -176,3 +176,16 @@ func renderKinds(w io.Writer, kcs []schema.KindConfig) error {
 	}
 	return tw.Flush()
 }
+
+// renderMoveList lists up to n moves (what apply is about to do), then how many more.
+func renderMoveList(w io.Writer, moves []rebalancer.MoveRecord, n int) {
+	tw := newTable(w)
+	for i, m := range moves {
+		if i == n {
+			fmt.Fprintf(tw, "  ... and %d more\n", len(moves)-n)
+			break
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s -> %s\t%s\n", m.ID, m.Kind, m.Tenant, m.From, m.To, m.State)
+	}
+	tw.Flush()
+}

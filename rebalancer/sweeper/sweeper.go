@@ -92,6 +92,7 @@ type Sweeper struct {
 	cfg     Config
 	offline time.Duration
 	last    map[string]schema.Status // instance key -> status at the last sweep
+	cleaned map[string]bool          // offline instances already removed from routes and owners
 	m       metrics
 }
 
@@ -131,7 +132,7 @@ func New(cfg Config) (*Sweeper, error) {
 	if off <= 0 {
 		off = 2 * time.Minute
 	}
-	s := &Sweeper{cfg: cfg, offline: off, last: map[string]schema.Status{}}
+	s := &Sweeper{cfg: cfg, offline: off, last: map[string]schema.Status{}, cleaned: map[string]bool{}}
 	s.m = metrics{
 		marked: prometheus.NewCounter(prometheus.CounterOpts{Name: "tm_sweeper_instances_marked_offline_total", Help: "Instances the sweeper marked offline."}),
 		routes: prometheus.NewCounter(prometheus.CounterOpts{Name: "tm_sweeper_routes_cleaned_total", Help: "Route entries the sweeper removed dead instances from."}),
@@ -184,7 +185,10 @@ type Result struct {
 	Owners int `json:"owners"`
 }
 
-// Sweep runs one pass over the directory.
+// Sweep runs one pass over the directory. An offline instance is removed from routes and
+// owners once per Sweeper (again if it comes back and dies again); routes left behind by
+// instances that vanished from the directory are the job of CleanupRoutes at leader start.
+// Sweep is not safe for concurrent use.
 func (s *Sweeper) Sweep(ctx context.Context) (Result, error) {
 	s.m.sweeps.Inc()
 	var res Result
@@ -213,12 +217,17 @@ func (s *Sweeper) Sweep(ctx context.Context) (Result, error) {
 			s.audit(ctx, i, "instance.offline", fmt.Sprintf("no heartbeat for %s (last %s)", s.offline, i.Heartbeat.Format(time.RFC3339)))
 			s.alert(ctx, i, now)
 		}
-		if st == schema.StatusOffline {
+		switch {
+		case st != schema.StatusOffline:
+			delete(s.cleaned, key)
+		case !s.cleaned[key]:
 			n, o, err := s.forget(ctx, i.InstanceID)
 			res.Routes += n
 			res.Owners += o
 			if err != nil {
 				errs = append(errs, err)
+			} else {
+				s.cleaned[key] = true
 			}
 		}
 		if prev, ok := s.last[key]; !ok || prev != st {
@@ -231,6 +240,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (Result, error) {
 	for k := range s.last {
 		if !seen[k] {
 			delete(s.last, k)
+			delete(s.cleaned, k)
 		}
 	}
 	return res, errors.Join(errs...)
