@@ -375,3 +375,45 @@ func TestOnlyOwnerAcquires(t *testing.T) {
 		}
 	}
 }
+
+// The per-tenant rate holds for the shard: two instances split it.
+func TestTenantRateSplitOverInstances(t *testing.T) {
+	st := openStore(t)
+	var mu sync.Mutex
+	var starts []time.Time
+	stamp := func(_ context.Context, r Run) (Output, error) {
+		mu.Lock()
+		starts = append(starts, time.Now())
+		mu.Unlock()
+		return Output{}, nil
+	}
+	cfg := Config{TenantJobsPerMinute: 1200, StatusEvery: 50 * time.Millisecond, Handlers: map[string]Handler{"stamp": stamp}}
+	a := startService(t, st, "runner-1", "a", cfg)
+	b := startService(t, st, "runner-1", "b", cfg)
+	for _, s := range []*Service{a, b} {
+		waitUntil(t, 10*time.Second, "instances counting each other", func() bool {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return s.siblings == 2
+		})
+	}
+	p := place(t, st, "r1", "runner-9")
+	ids := create(t, a, "r1", 80, NewJob{Type: "stamp"})
+	next := p
+	next.Shard, next.Epoch = "runner-1", p.Epoch+1
+	if _, err := st.UpdatePlacement(context.Background(), p, next); err != nil {
+		t.Fatal(err)
+	}
+	runs := waitDone(t, a, "r1", ids, 30*time.Second)
+	on := map[string]int{}
+	for _, r := range runs {
+		on[r.RanOn]++
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	got := steadyRate(starts, 20) // each instance's burst: 10
+	t.Logf("MEASURED tenant rate over 2 instances: %.1f/s (cap 1200/min = 20/s for the shard); per instance %v", got, on)
+	if got > 20*1.1 {
+		t.Fatalf("tenant rate %.1f/s over the shard's cap 20/s", got)
+	}
+}

@@ -99,7 +99,7 @@ func (s *Service) reconcile(ctx context.Context, tenant string) {
 		tq = &tenantQ{tenant: tenant, idle: make(chan struct{}, 1)}
 		tq.ctx, tq.cancel = context.WithCancel(ctx)
 		if s.cfg.TenantJobsPerMinute > 0 {
-			tq.rate = newLimiter(s.cfg.TenantJobsPerMinute)
+			tq.rate = newLimiter(s.tenantRate())
 		}
 		s.tenants[tenant] = tq
 	}
@@ -754,9 +754,16 @@ type limiter struct {
 }
 
 func newLimiter(perMinute int) *limiter {
-	iv := time.Minute / time.Duration(perMinute)
-	b := max(perMinute/60, 1)
-	return &limiter{interval: iv, burst: time.Duration(b-1) * iv}
+	l := &limiter{}
+	l.setRate(perMinute)
+	return l
+}
+
+// setRate changes the rate, keeping the starts already taken.
+func (l *limiter) setRate(perMinute int) {
+	perMinute = max(perMinute, 1)
+	l.interval = time.Minute / time.Duration(perMinute)
+	l.burst = time.Duration(max(perMinute/60, 1)-1) * l.interval
 }
 
 // wait is how long until a start is allowed (0: now).

@@ -58,7 +58,8 @@ type Config struct {
 	MaxConcurrent int
 	// InstanceJobsPerMinute caps job starts per instance; 0: no cap.
 	InstanceJobsPerMinute int
-	// TenantJobsPerMinute caps job starts per tenant on each instance; 0: no cap.
+	// TenantJobsPerMinute caps job starts per tenant on the shard; 0: no cap. Each instance
+	// takes an even share, from the count of the shard's live instances.
 	TenantJobsPerMinute int
 	// MaxQueued is the number of unfinished jobs a tenant may have; a create beyond it is
 	// answered 429. Default 10000.
@@ -154,6 +155,7 @@ type Service struct {
 	ring      []*tenantQ // ready tenants, round robin
 	sagaRing  []*tenantQ // tenants with events for the sagas, round robin
 	running   int
+	siblings  int // live instances of the shard, for the per-tenant rate split
 	instRate  *limiter
 	changed   map[string]struct{} // tenants whose placement changed, to reconcile
 	wake      chan struct{}       // nudges the dispatcher

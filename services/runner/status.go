@@ -60,8 +60,61 @@ func (s *Service) statusLoop(ctx context.Context) {
 		if _, err := s.status.Put(pctx, s.cfg.ID.Key(), b); err != nil && ctx.Err() == nil {
 			s.cfg.Logger.Debug("writing runner status", "err", err)
 		}
+		if s.cfg.TenantJobsPerMinute > 0 {
+			s.setSiblings(s.countSiblings(pctx))
+		}
 		cancel()
 	}
+}
+
+// countSiblings counts the live instances of this shard (itself included) from their runner
+// status: written within the last three StatusEvery (plus a second).
+func (s *Service) countSiblings(ctx context.Context) int {
+	lister, err := s.status.ListKeysFiltered(ctx, s.cfg.ID.Kind+"."+s.cfg.ID.Shard+".*")
+	if err != nil {
+		return 0
+	}
+	n := 0
+	fresh := time.Now().Add(-3*s.cfg.StatusEvery - time.Second)
+	for k := range lister.Keys() {
+		e, err := s.status.Get(ctx, k)
+		if err != nil {
+			continue
+		}
+		var st InstanceStatus
+		if json.Unmarshal(e.Value(), &st) == nil && st.At.After(fresh) {
+			n++
+		}
+	}
+	return n
+}
+
+// setSiblings splits the per-tenant rate evenly over the shard's n live instances, so the cap
+// holds for the shard, not for each instance (a cap, not a target: an instance that gets
+// fewer of a tenant's jobs leaves part of its share unused).
+func (s *Service) setSiblings(n int) {
+	if n < 1 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n == s.siblings {
+		return
+	}
+	s.siblings = n
+	rate := s.tenantRate()
+	for _, tq := range s.tenants {
+		if tq.rate != nil {
+			tq.rate.setRate(rate)
+		}
+	}
+	s.cfg.Logger.Info("per-tenant rate split over the shard's instances", "instances", n, "per_instance_per_minute", rate)
+}
+
+// tenantRate is this instance's share of the per-tenant rate. Call with s.mu held (or before
+// Run).
+func (s *Service) tenantRate() int {
+	return max(s.cfg.TenantJobsPerMinute/max(s.siblings, 1), 1)
 }
 
 // InstanceView is one runner instance as seed 003's host health dashboard shows it: the
