@@ -329,5 +329,12 @@ func MakePlan(ctx context.Context, st *schema.Store, req planner.Request, opts W
 	if len(kinds) == 1 && len(worlds) == 0 {
 		worlds = []planner.World{{Kind: req.Kind}}
 	}
+	if req.Kind == "" && req.Strategy != planner.StrategyMoveTenant && len(worlds) != 1 {
+		have := make([]string, 0, len(worlds))
+		for _, w := range worlds {
+			have = append(have, w.Kind)
+		}
+		return nil, fmt.Errorf("%w: name the kind to plan for; kinds with shards or tenants: %v", planner.ErrInvalid, have)
+	}
 	return planner.Make(req, worlds...)
 }

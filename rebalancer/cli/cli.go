@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/user"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -244,7 +245,11 @@ func isTerminal(v any) bool {
 func actor() string {
 	u := os.Getenv("USER")
 	if u == "" {
-		u = "unknown"
+		if cu, err := user.Current(); err == nil && cu.Username != "" {
+			u = cu.Username
+		} else {
+			u = "unknown"
+		}
 	}
 	return "cli/" + u
 }

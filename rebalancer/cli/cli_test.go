@@ -243,6 +243,7 @@ func TestUsageAndErrors(t *testing.T) {
 		{[]string{"apply", "p-nope", "--yes"}, 1, "plan not found"},
 		{[]string{"plan", "evacuate", "s-9", "--kind", "aggregate", "--collect", "0"}, 1, "cannot plan"},
 		{[]string{"plan", "balance", "--kind", "nokind", "--collect", "0"}, 1, "unknown kind"},
+		{[]string{"plan", "balance", "--collect", "0"}, 1, "name the kind"},
 		{[]string{"kinds", "set", "aggregate", "--unplaced", "sometimes"}, 1, "unplaced"},
 	}
 	for _, c := range cases {

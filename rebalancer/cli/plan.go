@@ -32,7 +32,7 @@ type PlanCommand struct {
 }
 
 // PlanOutput is what `rebalance plan --output json` prints and --out writes: the plan and,
-// unless it was a dry run, the id it is stored under.
+// unless it was a dry run or has no moves, the id it is stored under.
 type PlanOutput struct {
 	ID   string        `json:"id,omitempty"`
 	Plan *planner.Plan `json:"plan"`
@@ -100,7 +100,7 @@ func (c *PlanCommand) Run(ctx context.Context, args []string) error {
 		return fmt.Errorf("cannot plan: %w", err)
 	}
 	out := PlanOutput{Plan: p}
-	if !c.dryRun {
+	if !c.dryRun && len(p.Moves) > 0 {
 		eng, err := rebalancer.New(rebalancer.Config{Store: st, Holder: holder()})
 		if err != nil {
 			return err
@@ -180,10 +180,10 @@ func renderPlanOutput(w io.Writer, out PlanOutput, file string) error {
 		fmt.Fprintf(w, "plan written to %s\n", file)
 	}
 	switch {
+	case len(out.Plan.Moves) == 0:
+		fmt.Fprintln(w, "nothing to move: the plan was not stored")
 	case out.ID == "":
 		fmt.Fprintln(w, "dry run: the plan was not stored")
-	case len(out.Plan.Moves) == 0:
-		fmt.Fprintf(w, "plan %s stored; it has no moves\n", out.ID)
 	default:
 		fmt.Fprintf(w, "plan %s stored; apply it with: rebalance apply %s\n", out.ID, out.ID)
 	}
