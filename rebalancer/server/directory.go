@@ -1,6 +1,10 @@
 package server
 
 import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"time"
 
@@ -15,6 +19,7 @@ func (s *Server) registerDirectoryRoutes(r chi.Router) {
 	r.Get("/api/instances", s.handleInstances)
 	r.Get("/api/audit", s.handleAudit)
 	r.Get("/api/kinds", s.handleKinds)
+	r.Put("/api/kinds/{kind}", s.handlePutKind)
 }
 
 func (s *Server) handleInstances(w http.ResponseWriter, r *http.Request) {
@@ -60,6 +65,42 @@ func (s *Server) handleKinds(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	tmhttp.WriteJSON(w, http.StatusOK, kcs)
+}
+
+// handlePutKind registers or replaces a kind's config (body: schema.KindConfig; zero fields
+// take their defaults) and audits the change as kind.set. Any process may write it.
+func (s *Server) handlePutKind(w http.ResponseWriter, r *http.Request) {
+	kind := chi.URLParam(r, "kind")
+	var kc schema.KindConfig
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&kc); err != nil {
+		s.fail(w, r, badRequest("the body must be a JSON kind config (policy, unplaced, capacity, hold_budget, ...): "+err.Error()))
+		return
+	}
+	if kc.Kind != "" && kc.Kind != kind {
+		s.fail(w, r, badRequest(fmt.Sprintf("the body names kind %q but the path %q", kc.Kind, kind)))
+		return
+	}
+	kc.Kind = kind
+	before, err := s.st.Kind(r.Context(), kind)
+	if err != nil && !errors.Is(err, schema.ErrUnknownKind) {
+		s.fail(w, r, err)
+		return
+	}
+	kc, err = s.st.PutKind(r.Context(), kc)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	ev := schema.AuditEvent{Actor: "api/" + s.cfg.Holder, Action: "kind.set", Kind: kind, After: kc}
+	if before.Kind != "" {
+		ev.Before = before
+	}
+	if err := s.st.Audit(r.Context(), ev); err != nil {
+		s.log.Warn("audit failed", "action", ev.Action, "err", err)
+	}
+	tmhttp.WriteJSON(w, http.StatusOK, kc)
 }
 
 func (s *Server) handleHealthz(w http.ResponseWriter, _ *http.Request) {

@@ -13,6 +13,7 @@
 //	GET  /api/instances             the directory with derived statuses (?kind=)
 //	GET  /api/audit                 the audit journal (?kind= &tenant= &since= &limit=)
 //	GET  /api/kinds                 kind configs
+//	PUT  /api/kinds/{kind}          register or replace a kind's config (schema.KindConfig)
 //	GET  /api/leader                the leader lease and whether this process holds it
 //	GET  /api/events                server-sent events: plan, move, audit, instance
 //	GET  /healthz /readyz /metrics

@@ -250,6 +250,13 @@ func TestAPIPlanApplyAndFollower(t *testing.T) {
 	if code, _ := call(t, "GET", base+"/api/audit?tenant="+pr.Moves[0].Tenant+"&since=1h", nil, &evs); code != 200 || len(evs) != 4 {
 		t.Fatalf("audit: %d %+v", code, evs)
 	}
+	var kc schema.KindConfig
+	if code, _ := call(t, "PUT", b.ts.URL+"/api/kinds/aggregate", map[string]any{"unplaced": "reject"}, &kc); code != 200 || kc.Unplaced != schema.UnplacedReject || kc.Policy != schema.PolicyManaged {
+		t.Fatalf("put kind: %d %+v", code, kc)
+	}
+	if code, _ := call(t, "PUT", b.ts.URL+"/api/kinds/aggregate", map[string]any{"policy": "sometimes"}, &prob); code != 400 {
+		t.Fatalf("put a bad kind: %d %+v", code, prob)
+	}
 	var ready map[string]any
 	if code, _ := call(t, "GET", b.ts.URL+"/readyz", nil, &ready); code != 200 || ready["leader"] != false {
 		t.Fatalf("follower readyz: %d %v", code, ready)
