@@ -420,3 +420,22 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	defer s.mu.Unlock()
 	return s.w.Write(p)
 }
+
+// TestApplyRefusedWhileServiceLeads: a CLI apply while a rebalancer service holds the lease
+// fails with one line naming the holder and the API to use instead.
+func TestApplyRefusedWhileServiceLeads(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.place(t, "acme", "s-1")
+	if _, err := e.st.Register(ctx, schema.Instance{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: "s-2", Instance: "i1"}, URL: "http://127.0.0.1:9", Capacity: 10}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.st.AcquireLease(ctx, schema.LeaderLease, "rebalancer-a", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	po := decode[PlanOutput](t, e.run(t, "", "plan", "manual", "acme=s-2", "--kind", "aggregate", "--collect", "0", "--output", "json").stdout)
+	r := e.run(t, "", "apply", po.ID, "--yes")
+	if r.code != 1 || !strings.Contains(r.stderr, "held by rebalancer-a") || !strings.Contains(r.stderr, "POST /api/plans/"+po.ID+"/apply") {
+		t.Fatalf("apply under another leader: %d %q", r.code, r.stderr)
+	}
+}
