@@ -157,6 +157,15 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 // Run consumes events, stores checkpoints and (with Config.Shard) follows placement until ctx
 // ends; then it stores every changed tenant's views.
 func (s *Service) Run(ctx context.Context) error {
+	var w *placement.Watcher
+	if s.cfg.Shard != "" {
+		var err error
+		w, err = placement.New(placement.Config{Store: s.cfg.Store, Kinds: []string{Kind}, NoSnapshot: true,
+			OnChange: s.placementChanged, Logger: s.cfg.Logger})
+		if err != nil {
+			return err
+		}
+	}
 	var wg sync.WaitGroup
 	for _, t := range s.tails {
 		wg.Go(func() { t.run(ctx) })
@@ -164,12 +173,7 @@ func (s *Service) Run(ctx context.Context) error {
 	for range s.cfg.CatchUps {
 		wg.Go(func() { s.catchUpLoop(ctx) })
 	}
-	if s.cfg.Shard != "" {
-		w, err := placement.New(placement.Config{Store: s.cfg.Store, Kinds: []string{Kind}, NoSnapshot: true,
-			OnChange: s.placementChanged, Logger: s.cfg.Logger})
-		if err != nil {
-			return err
-		}
+	if w != nil {
 		wg.Go(func() {
 			if err := w.Run(ctx); err != nil && ctx.Err() == nil {
 				s.cfg.Logger.Error("placement watch stopped", "err", err)
