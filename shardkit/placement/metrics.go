@@ -23,12 +23,12 @@ func newMetrics(w *Watcher, reg prometheus.Registerer) *metrics {
 	if are, ok := register(reg, m.corrupt).(*prometheus.CounterVec); ok {
 		m.corrupt = are // another watcher in this process registered it first
 	}
-	register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "tm_placement_staleness_seconds",
-		Help: "How long the placement watcher has been cut off from NATS (0 while following).",
-	}, func() float64 { return w.Staleness().Seconds() }))
 	for kind := range w.kinds {
 		labels := prometheus.Labels{"kind": kind}
+		register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tm_placement_staleness_seconds", ConstLabels: labels,
+			Help: "How long the placement watcher of the kind has been cut off from NATS (0 while following).",
+		}, func() float64 { return w.Staleness().Seconds() }))
 		register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tm_placement_entries", Help: "Placements held in memory.", ConstLabels: labels,
 		}, func() float64 { st, _ := w.Stats(kind); return float64(st.Placements) }))

@@ -58,7 +58,8 @@ type Config struct {
 	CompactInterval time.Duration
 	// OnChange, if set, is called after each change of a tenant's routing data (not for
 	// revisions that change nothing it keeps), in revision order, on the kind's apply
-	// goroutine: keep it short. It may call the watcher's methods.
+	// goroutine: keep it short. It may call the watcher's methods. It is also called for every
+	// placement of the initial load (Old not OK), but not for those loaded from a snapshot.
 	OnChange func(Change)
 	// Logger; if nil, logs are discarded.
 	Logger *slog.Logger

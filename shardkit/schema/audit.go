@@ -100,12 +100,14 @@ func (s *Store) ReadAudit(ctx context.Context, q AuditQuery) ([]AuditEvent, erro
 	if err != nil {
 		return nil, fmt.Errorf("schema: read audit: %w", err)
 	}
-	if cons.CachedInfo().NumPending == 0 {
+	pending := cons.CachedInfo().NumPending
+	if pending == 0 {
 		return nil, nil
 	}
 	ring := make([]AuditEvent, 0, q.Limit)
 	for {
-		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(time.Second))
+		// Ask for no more than is pending, so the fetch returns as soon as it has them.
+		batch, err := cons.Fetch(int(min(pending, 1000)), jetstream.FetchMaxWait(2*time.Second))
 		if err != nil {
 			return nil, fmt.Errorf("schema: read audit: %w", err)
 		}
@@ -125,7 +127,8 @@ func (s *Store) ReadAudit(ctx context.Context, q AuditQuery) ([]AuditEvent, erro
 				}
 				ring = append(ring, ev)
 			}
-			if md.NumPending == 0 {
+			pending = md.NumPending
+			if pending == 0 {
 				done = true
 			}
 		}
