@@ -192,7 +192,7 @@ func benchTenants(b *testing.B, tenants, events, partitions int, noise bool) {
 	waitLive(b, s, tenants)
 	b.ReportMetric(time.Since(start).Seconds()*1000, "host-10k-ms")
 
-	applied0 := appliedTotal(s)
+	applied0, received0 := appliedTotal(s), received(s)
 	hold := make(chan struct{})
 	s.hold.Store(&hold)
 	for i := range events {
@@ -213,6 +213,7 @@ func benchTenants(b *testing.B, tenants, events, partitions int, noise bool) {
 		b.Fatalf("applied %d events, want %d", got, events)
 	}
 	b.ReportMetric(float64(events)/took.Seconds(), "applied/s")
+	b.ReportMetric(float64(received(s)-received0)/float64(events), "read/applied")
 }
 
 // BenchmarkFilterConsumer measures JetStream's creation time of one consumer listing n tenant

@@ -8,6 +8,7 @@ import (
 
 type metrics struct {
 	applied     prometheus.Counter
+	received    prometheus.Counter
 	corrupt     prometheus.Counter
 	flushes     prometheus.Counter
 	flushBytes  prometheus.Histogram
@@ -22,6 +23,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		applied: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tm_projection_events_applied_total", Help: "Events applied to views (catch-up and tail).",
+		}),
+		received: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tm_projection_tail_messages_total", Help: "Messages the tail consumers received, applied or dropped (another tenant's, or already applied).",
 		}),
 		corrupt: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tm_projection_corrupt_events_total", Help: "Events that could not be decoded and were skipped.",
@@ -52,7 +56,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"view", "result"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.applied, m.corrupt, m.flushes, m.flushBytes, m.catchUps, m.rebuilds, m.hosted, m.liveTenants, m.queries} {
+		for _, c := range []prometheus.Collector{m.applied, m.received, m.corrupt, m.flushes, m.flushBytes, m.catchUps, m.rebuilds, m.hosted, m.liveTenants, m.queries} {
 			if err := reg.Register(c); err != nil {
 				var are prometheus.AlreadyRegisteredError
 				if !errors.As(err, &are) {

@@ -299,3 +299,34 @@ func TestCorruptEventSkipped(t *testing.T) {
 		t.Fatalf("after the tail: %+v", res)
 	}
 }
+
+// received sums the messages the tails received.
+func received(s *Service) uint64 {
+	var n uint64
+	for _, t := range s.tails {
+		n += t.received.Load()
+	}
+	return n
+}
+
+// TestConsumesOnlyHostedTenants: the tail consumer receives the hosted tenants' events only,
+// not those of tenants hosted elsewhere.
+func TestConsumesOnlyHostedTenants(t *testing.T) {
+	st := openStore(t)
+	a := newAggregate(t, st)
+	s, _ := newService(t, st, Config{})
+	do(t, a, "acme", command("acc1", aggregate.CmdOpen, 0))
+	do(t, a, "other", command("acc1", aggregate.CmdOpen, 0))
+	warm(t, s, "acme", 0)
+	before := received(s)
+	var last uint64
+	for range 10 {
+		last = do(t, a, "acme", command("acc1", aggregate.CmdDeposit, 1)).Seq
+		do(t, a, "other", command("acc1", aggregate.CmdDeposit, 1))
+		do(t, a, "other", command("acc1", aggregate.CmdDeposit, 1))
+	}
+	warm(t, s, "acme", last)
+	if got := received(s) - before; got != 10 {
+		t.Fatalf("the tail received %d messages for 10 events of its tenant among 20 of another", got)
+	}
+}

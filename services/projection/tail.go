@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -41,6 +42,8 @@ type tail struct {
 	cur      *feed
 	all      bool // the consumer reads events.>
 	remode   bool // the consumer should switch between filters and events.>
+
+	received atomic.Uint64 // messages delivered, applied or not
 }
 
 type join struct {
@@ -297,6 +300,8 @@ func (t *tail) handle(m jetstream.Msg) {
 	}
 	seq := md.Sequence.Stream
 	t.pos = seq
+	t.received.Add(1)
+	t.s.m.received.Inc()
 	if t.all {
 		t.remode = md.NumPending <= filterResume && len(t.live) <= t.s.cfg.MaxFilters
 	} else {
