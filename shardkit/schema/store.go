@@ -351,3 +351,26 @@ func (s *Store) Snapshots(ctx context.Context) (jetstream.ObjectStore, error) {
 	}
 	return os, nil
 }
+
+// OpenRetry is Open retried with backoff (250ms doubling to 5s) until it succeeds or ctx ends,
+// so a process may start before NATS is reachable or while a new cluster still places its
+// streams. Failures are logged at warn level through opts.Logger.
+func OpenRetry(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
+	log := opts.withDefaults().Logger
+	wait := 250 * time.Millisecond
+	for {
+		octx, cancel := context.WithTimeout(ctx, createTimeout)
+		st, err := Open(octx, nc, opts)
+		cancel()
+		if err == nil {
+			return st, nil
+		}
+		log.Warn("NATS state not ready; retrying", "err", err, "in", wait)
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return nil, fmt.Errorf("schema: open: %w (last error: %v)", ctx.Err(), err)
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+}

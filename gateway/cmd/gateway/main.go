@@ -15,6 +15,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/envflag"
 	"github.com/tenantmesh/tenantmesh/internal/natsconn"
 	"github.com/tenantmesh/tenantmesh/internal/tmlog"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
 func main() {
@@ -27,17 +28,18 @@ func main() {
 func run() error {
 	fs := flag.NewFlagSet("gateway", flag.ExitOnError)
 	var (
-		natsURL, addr, id, logLevel, logFormat string
-		retries, maxHeader, idlePerHost        int
-		pprof, stdTransport, lean              bool
-		maxBody, replayBody                    int
-		readHeader, shutdown, connect          time.Duration
+		natsURL, addr, id, logLevel, logFormat    string
+		retries, maxHeader, idlePerHost, replicas int
+		pprof, stdTransport, lean                 bool
+		maxBody, replayBody                       int
+		readHeader, shutdown, connect             time.Duration
 	)
 	envflag.String(fs, &natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
 	envflag.String(fs, &addr, "addr", ":8080", "listen address")
 	envflag.String(fs, &id, "gateway-id", "", "gateway id in audit events (default hostname-pid)")
 	envflag.String(fs, &logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	envflag.String(fs, &logFormat, "log-format", "auto", "log format: auto, text, json")
+	envflag.Int(fs, &replicas, "replicas", 1, "replicas for buckets and streams this process creates (3 in a cluster)")
 	envflag.Int(fs, &retries, "retries", 2, "further attempts after a 421 or an unreachable instance (0: none)")
 	envflag.Int(fs, &maxHeader, "max-header-bytes", 64<<10, "largest request header block")
 	envflag.Int(fs, &maxBody, "max-body-bytes", 32<<20, "largest request body (-1: unbounded)")
@@ -68,7 +70,7 @@ func run() error {
 		return err
 	}
 	defer nc.Close()
-	store, err := openStore(ctx, nc, log)
+	store, err := schema.OpenRetry(ctx, nc, schema.Options{Replicas: replicas, Logger: log})
 	if err != nil {
 		return err
 	}

@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -172,7 +171,9 @@ func (m *Main) Run(ctx context.Context, build Builder) error {
 		return err
 	}
 	defer nc.Close()
-	st, err := openStore(ctx, nc, schema.Options{Replicas: m.Replicas, Logger: log}, log)
+	octx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	st, err := schema.OpenRetry(octx, nc, schema.Options{Replicas: m.Replicas, Logger: log})
+	cancel()
 	if err != nil {
 		return fmt.Errorf("open NATS state at %s: %w", m.NATSURL, err)
 	}
@@ -241,25 +242,3 @@ func (m *Main) Run(ctx context.Context, build Builder) error {
 	return runErr
 }
 
-// openStore opens the schema store, retrying (with backoff, up to 2 minutes) while NATS is not
-// reachable yet or a new cluster is still placing its streams, so processes may start in any
-// order.
-func openStore(ctx context.Context, nc *nats.Conn, opts schema.Options, log *slog.Logger) (*schema.Store, error) {
-	wait := 250 * time.Millisecond
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		octx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		st, err := schema.Open(octx, nc, opts)
-		cancel()
-		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
-			return st, err
-		}
-		log.Warn("NATS state not ready; retrying", "err", err, "in", wait)
-		select {
-		case <-time.After(wait):
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		wait = min(2*wait, 5*time.Second)
-	}
-}
