@@ -99,6 +99,9 @@ func (c *PlanCommand) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("cannot plan: %w", err)
 	}
+	if req.Strategy == planner.StrategyEvacuate {
+		c.warnDeadSource(ctx, st, req.Kind, req.Shard)
+	}
 	out := PlanOutput{Plan: p}
 	if !c.dryRun && len(p.Moves) > 0 {
 		eng, err := rebalancer.New(rebalancer.Config{Store: st, Holder: holder()})
@@ -217,4 +220,19 @@ func (l *labelsFlag) Set(s string) error {
 		l.m[k] = v
 	}
 	return nil
+}
+
+// warnDeadSource warns that moves off a shard without a live instance will abort at handoff:
+// the engine waits for the source's instances to drain and report their fence.
+func (c *PlanCommand) warnDeadSource(ctx context.Context, st *schema.Store, kind, shard string) {
+	insts, err := st.Instances(ctx, kind)
+	if err != nil {
+		return
+	}
+	for _, i := range insts {
+		if i.Shard == shard && (schema.Thresholds{}).Status(i, c.m.Now()).Live() {
+			return
+		}
+	}
+	fmt.Fprintf(c.m.Stderr, "warning: shard %s has no live instance; its moves will abort at handoff, which needs the source to drain (start an instance of %s first)\n", shard, shard)
 }
