@@ -262,9 +262,6 @@ func (e *Engine) apply(ctx context.Context, id string) (PlanRecord, error) {
 			rec.Status = PlanPartial
 		}
 	}
-	if rec.RollbackOf != "" {
-		rec.Status = PlanDone
-	}
 	return rec, e.savePlan(ctx, &rec)
 }
 

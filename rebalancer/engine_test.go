@@ -309,3 +309,22 @@ func TestWarmTimeoutAborts(t *testing.T) {
 		t.Fatalf("move %s (%s), placement %+v", moves[0].State, moves[0].Reason, got)
 	}
 }
+
+// TestMoveOffDeadShard evacuates a tenant whose shard has no live instance: nothing can be in
+// flight there, so the move commits with fence 0 instead of aborting at the handoff timeout.
+func TestMoveOffDeadShard(t *testing.T) {
+	st := openStore(t)
+	startShard(t, st, "s-2") // s-1 has no instance at all
+	ctx := context.Background()
+	p := place(t, st, "orphan", "s-1")
+	e := newEngine(t, st, Config{HandoffTimeout: 5 * time.Second})
+	rec, _ := e.CreatePlan(ctx, planOf(p), "test")
+	if _, err := e.Apply(ctx, rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, moves, _ := e.Plan(ctx, rec.ID)
+	got, _ := st.Placement(ctx, "aggregate", "orphan")
+	if moves[0].State != MoveDone || got.Shard != "s-2" || got.Epoch != 2 {
+		t.Fatalf("move %s (%s), placement %s@%d", moves[0].State, moves[0].Reason, got.Shard, got.Epoch)
+	}
+}

@@ -169,6 +169,9 @@ func (e *Engine) handoff(ctx context.Context, m *MoveRecord, p schema.Placement)
 // plainly active. After commit a move only goes forward.
 func (e *Engine) finish(ctx context.Context, m *MoveRecord, p schema.Placement) error {
 	err := e.waitSignals(ctx, m, time.Now().Add(e.cfg.DrainTimeout), func(v signalView) bool {
+		if v.live != nil && len(v.live[m.From]) == 0 {
+			return true // no live instance of the former owner: nothing to wait for
+		}
 		return v.all(m.From, func(s schema.TenantSignal) bool { return s.Phase == schema.SignalDrained && s.Epoch == m.Epoch+1 })
 	})
 	if errors.Is(err, errTimeout) {
@@ -236,8 +239,12 @@ func (v signalView) all(shard string, ok func(schema.TenantSignal) bool) bool {
 	return true
 }
 
-// fence is the highest fence reported drained at epoch by every live instance of shard.
+// fence is the highest fence reported drained at epoch by every live instance of shard. A shard
+// with no live instance left has nothing in flight: fence 0 (shardkit's targets agree).
 func (v signalView) fence(shard string, epoch uint64) (uint64, bool) {
+	if v.live != nil && len(v.live[shard]) == 0 {
+		return 0, true
+	}
 	var f uint64
 	ok := v.all(shard, func(s schema.TenantSignal) bool {
 		if s.Phase != schema.SignalDrained || s.Epoch != epoch {

@@ -106,7 +106,8 @@ func (s *Shard) warmTask(ctx context.Context, ts *tenantState, e placement.Entry
 }
 
 // awaitFence watches the source shard's signals for the tenant until every live source
-// instance (at least one) reports drained at epoch, and returns the highest fence reported.
+// instance (at least one) reports drained at epoch, and returns the highest fence reported; a
+// source with no live instance left gives fence 0.
 func (s *Shard) awaitFence(ctx context.Context, tenant, source string, epoch uint64) (uint64, bool) {
 	for ctx.Err() == nil {
 		fence, err := s.watchFence(ctx, tenant, source, epoch)
@@ -133,10 +134,28 @@ func (s *Shard) watchFence(ctx context.Context, tenant, source string, epoch uin
 	defer func() { _ = w.Stop() }()
 	sigs := map[string]schema.TenantSignal{}
 	initial := true
+	// Instances die while we wait: re-read the directory, and take a source shard with no
+	// live instance as drained at fence 0 (nothing can be in flight there; the tenant's data
+	// stream is the truth the target warms from).
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
 	for {
+		if len(live) == 0 {
+			s.cfg.Logger.Warn("the move's source has no live instance; taking fence 0", "tenant", tenant, "source", source)
+			return 0, nil
+		}
 		select {
 		case <-ctx.Done():
 			return 0, ctx.Err()
+		case <-tick.C:
+			if l, err := s.liveInstances(ctx, source); err == nil {
+				live = l
+			}
+			if !initial {
+				if fence, ok := fenceOf(sigs, live, epoch); ok {
+					return fence, nil
+				}
+			}
 		case u, ok := <-w.Updates():
 			if !ok {
 				return 0, errors.New("signal watch closed")
