@@ -1,0 +1,261 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// claimAndRun claims the entry's job and runs it, or gives the slot and the tokens back.
+func (s *Service) claimAndRun(ctx context.Context, tq *tenantQ, msg *jetstream.RawStreamMsg) {
+	r, err := s.claim(ctx, tq, msg)
+	if err != nil && ctx.Err() == nil {
+		s.cfg.Logger.Warn("claiming job", "tenant", tq.tenant, "seq", msg.Sequence, "err", err)
+	}
+	if r == nil {
+		s.mu.Lock()
+		if s.instRate != nil {
+			s.instRate.refund()
+		}
+		if tq.rate != nil {
+			tq.rate.refund()
+		}
+		s.mu.Unlock()
+		s.done(tq)
+		return
+	}
+	s.mu.Lock()
+	released := tq.released || !tq.acquired
+	if !released {
+		s.totals.Started++
+	}
+	s.mu.Unlock()
+	if released {
+		// Released while we claimed: give the job back untouched for the next owner.
+		s.unclaim(r)
+		s.done(tq)
+		return
+	}
+	s.execute(ctx, tq, r, msg.Sequence)
+}
+
+// done frees a slot of tenant tq.
+func (s *Service) done(tq *tenantQ) {
+	s.mu.Lock()
+	s.running--
+	tq.inflight--
+	s.mu.Unlock()
+	tq.work.Done()
+	select {
+	case tq.idle <- struct{}{}:
+	default:
+	}
+	nudge(s.wake)
+}
+
+// claim takes the job of a queue entry if it can run now: pending and due, or running on a
+// lease that ran out. The compare-and-set on the run record makes one claimant win.
+func (s *Service) claim(ctx context.Context, tq *tenantQ, msg *jetstream.RawStreamMsg) (*Run, error) {
+	var qe queueEntry
+	if err := json.Unmarshal(msg.Data, &qe); err != nil || !validID(qe.ID) {
+		s.dropEntry(msg.Sequence)
+		return nil, fmt.Errorf("corrupt queue entry %d dropped", msg.Sequence)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+	defer cancel()
+	r, err := s.Get(ctx, tq.tenant, qe.ID)
+	if errors.Is(err, ErrNoJob) {
+		s.dropEntry(msg.Sequence)
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if r.Instance != "" && r.Instance != s.cfg.ID.Instance {
+		return nil, nil // pinned elsewhere (never on our subjects, but be sure)
+	}
+	now := time.Now().UTC()
+	switch r.Status {
+	case StatusSucceeded, StatusFailed:
+		s.dropEntry(msg.Sequence) // finished; its owner died before removing the entry
+		return nil, nil
+	case StatusPending:
+		if r.NotBefore != nil && r.NotBefore.After(now) {
+			s.rescanAt(tq, msg.Sequence, *r.NotBefore)
+			return nil, nil
+		}
+	case StatusRunning:
+		if r.LeaseUntil != nil && r.LeaseUntil.After(now) {
+			s.rescanAt(tq, msg.Sequence, *r.LeaseUntil)
+			return nil, nil
+		}
+		s.cfg.Logger.Info("taking over a job whose lease ran out", "tenant", r.Tenant, "job", r.ID, "ran_on", r.RanOn)
+	}
+	lease := now.Add(s.cfg.RunTimeout + 5*time.Second)
+	r.Status, r.Attempts, r.RanOn = StatusRunning, r.Attempts+1, s.cfg.ID.Instance
+	r.StartedAt, r.LeaseUntil, r.NotBefore, r.Seq = &now, &lease, nil, msg.Sequence
+	if err := s.putRun(ctx, &r); err != nil {
+		if isConflict(err) {
+			return nil, nil // a sibling claimed it first
+		}
+		return nil, err
+	}
+	return &r, nil
+}
+
+// unclaim returns a claimed, not started job to pending.
+func (s *Service) unclaim(r *Run) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
+	defer cancel()
+	r.Status, r.Attempts, r.LeaseUntil, r.StartedAt = StatusPending, r.Attempts-1, nil, nil
+	if err := s.putRun(ctx, r); err != nil {
+		s.cfg.Logger.Warn("giving back a job", "tenant", r.Tenant, "job", r.ID, "err", err)
+	}
+}
+
+func isConflict(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		return true
+	}
+	return errors.Is(err, jetstream.ErrKeyExists)
+}
+
+func (s *Service) dropEntry(seq uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
+	defer cancel()
+	// Removing an entry twice (a flush and the run racing) fails harmlessly: log at debug.
+	if err := s.jobs.DeleteMsg(ctx, seq); err != nil {
+		s.cfg.Logger.Debug("removing queue entry", "seq", seq, "err", err)
+	}
+}
+
+// execute runs one attempt and records its outcome.
+func (s *Service) execute(ctx context.Context, tq *tenantQ, r *Run, seq uint64) {
+	start := time.Now()
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.RunTimeout)
+	out, err := s.attempt(rctx, r)
+	cancel()
+	s.m.runSeconds.Observe(time.Since(start).Seconds())
+	s.finish(tq, r, seq, out, err)
+	s.done(tq)
+}
+
+// attempt runs the job's handler, records its effects in the outbox and delivers them.
+func (s *Service) attempt(ctx context.Context, r *Run) (Output, error) {
+	h := s.handlers[r.Type]
+	if h == nil {
+		return Output{}, fmt.Errorf("%w %q", ErrUnknownType, r.Type)
+	}
+	out, err := h(ctx, *r)
+	if err != nil {
+		return out, err
+	}
+	reqs := make([]Request, len(out.Effects))
+	for i, e := range out.Effects {
+		e.Key = fmt.Sprintf("%s.job.%s.%d", r.Tenant, r.ID, i)
+		e.Tenant = r.Tenant
+		reqs[i] = e
+	}
+	if err := s.deliverAll(ctx, reqs, r.Attempts >= s.cfg.MaxAttempts); err != nil {
+		return out, err
+	}
+	for _, e := range reqs {
+		r.Effects = append(r.Effects, e.Key)
+	}
+	return out, nil
+}
+
+// finish writes the attempt's outcome: succeeded, failed, or pending again after a backoff.
+func (s *Service) finish(tq *tenantQ, r *Run, seq uint64, out Output, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
+	defer cancel()
+	now := time.Now().UTC()
+	r.LeaseUntil = nil
+	var retryAt time.Time
+	switch {
+	case err == nil:
+		r.Status, r.Result, r.Error, r.FinishedAt = StatusSucceeded, out.Result, "", &now
+	case errors.Is(err, ErrPermanent) || r.Attempts >= s.cfg.MaxAttempts:
+		r.Status, r.Error, r.FinishedAt = StatusFailed, err.Error(), &now
+	default:
+		retryAt = now.Add(min(s.cfg.RetryBackoff<<(r.Attempts-1), time.Minute))
+		r.Status, r.Error, r.NotBefore = StatusPending, err.Error(), &retryAt
+	}
+	if perr := s.putRun(ctx, r); perr != nil {
+		// Our lease ran out and another instance took the job over: its outcome wins.
+		s.cfg.Logger.Warn("recording job outcome", "tenant", r.Tenant, "job", r.ID, "err", perr)
+		return
+	}
+	s.mu.Lock()
+	switch r.Status {
+	case StatusSucceeded:
+		s.totals.Succeeded++
+	case StatusFailed:
+		s.totals.Failed++
+	default:
+		s.totals.Retried++
+	}
+	s.mu.Unlock()
+	s.m.finished.WithLabelValues(string(r.Status)).Inc()
+	if r.Status.done() {
+		s.dropEntry(seq)
+		return
+	}
+	s.rescanAt(tq, seq, retryAt)
+}
+
+// Release stops acquiring the tenant, waits for its runs in flight (within DrainTimeout, then
+// cancels them: their next attempt is the new owner's), flushes its outbox and writes its
+// checkpoint and a drain record. shardkit calls it when this shard stops serving the tenant.
+func (s *Service) Release(ctx context.Context, tenant string) error {
+	s.mu.Lock()
+	tq := s.tenants[tenant]
+	if tq == nil {
+		s.mu.Unlock()
+		return nil
+	}
+	tq.released = true
+	cancelRuns := tq.cancel
+	s.mu.Unlock()
+	s.unsubscribe(tq)
+	bound, cancel := context.WithTimeout(ctx, s.cfg.DrainTimeout)
+	defer cancel()
+	left := s.waitIdle(bound, tq)
+	if left > 0 {
+		s.cfg.Logger.Warn("drain bound reached: cancelling runs", "tenant", tenant, "in_flight", left)
+		cancelRuns()
+	}
+	tq.work.Wait()
+	flushed, err := s.flushOutbox(ctx, tenant)
+	if err != nil {
+		return fmt.Errorf("runner: release %s: flush outbox: %w", tenant, err)
+	}
+	if err := s.writeDrainRecord(ctx, tenant, left, flushed); err != nil {
+		return err
+	}
+	s.cfg.Logger.Info("tenant released", "tenant", tenant, "cancelled", left, "outbox_flushed", flushed)
+	return nil
+}
+
+// waitIdle waits until the tenant has no run in flight or ctx ends; it returns the runs left.
+func (s *Service) waitIdle(ctx context.Context, tq *tenantQ) int {
+	for {
+		s.mu.Lock()
+		n := tq.inflight
+		s.mu.Unlock()
+		if n == 0 {
+			return 0
+		}
+		select {
+		case <-tq.idle:
+		case <-ctx.Done():
+			return n
+		}
+	}
+}
