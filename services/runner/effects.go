@@ -3,6 +3,7 @@ package runner
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -211,6 +212,9 @@ type SMTP struct {
 	// Auth, if set, authenticates (for example smtp.PlainAuth); net/smtp refuses it without TLS
 	// except on localhost.
 	Auth smtp.Auth
+	// TLS configures STARTTLS, used whenever the relay offers it. Default: verify the relay's
+	// certificate for its host name, TLS 1.2 or later.
+	TLS *tls.Config
 	// Timeout bounds one delivery, dial included. Default 10s.
 	Timeout time.Duration
 }
@@ -244,10 +248,16 @@ func (s *SMTP) Do(ctx context.Context, req Request) (Result, error) {
 		return Result{}, fmt.Errorf("smtp hello %s: %w", s.Addr, err)
 	}
 	defer c.Close()
-	if s.Auth != nil {
-		if ok, _ := c.Extension("STARTTLS"); ok {
-			return Result{}, fmt.Errorf("%w: smtp: STARTTLS is not configured", ErrPermanent)
+	if ok, _ := c.Extension("STARTTLS"); ok {
+		cfg := s.TLS
+		if cfg == nil {
+			cfg = &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
 		}
+		if err := c.StartTLS(cfg); err != nil {
+			return Result{}, fmt.Errorf("smtp STARTTLS with %s: %w", s.Addr, err)
+		}
+	}
+	if s.Auth != nil {
 		if err := c.Auth(s.Auth); err != nil {
 			return Result{}, fmt.Errorf("%w: smtp auth: %w", ErrPermanent, err)
 		}
