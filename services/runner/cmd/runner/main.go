@@ -1,5 +1,8 @@
 // Command runner runs one instance of a runner shard: per-tenant job queues (POST /jobs,
 // GET /jobs/{id}, GET /jobs?status=), effects through an outbox, and sagas, on JetStream.
+// Besides the TM_* flags of every shard binary it reads TM_RUNNER_MAX_CONCURRENT,
+// TM_RUNNER_JOBS_PER_MINUTE, TM_RUNNER_TENANT_JOBS_PER_MINUTE, TM_RUNNER_MAX_QUEUED and, for
+// the email effect, TM_SMTP_ADDR and TM_SMTP_FROM.
 package main
 
 import (
@@ -26,8 +29,14 @@ func main() {
 		fmt.Fprintln(os.Stderr, "runner:", err)
 		os.Exit(2)
 	}
-	err := m.Run(ctx, func(ctx context.Context, env svcmain.Env) (svcmain.App, error) {
-		return runner.New(ctx, runner.Config{Store: env.Store, ID: env.ID, Logger: env.Logger, Registerer: env.Registerer})
+	cfg, err := runner.ConfigFromEnv(os.Getenv)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "runner:", err)
+		os.Exit(2)
+	}
+	err = m.Run(ctx, func(ctx context.Context, env svcmain.Env) (svcmain.App, error) {
+		cfg.Store, cfg.ID, cfg.Logger, cfg.Registerer = env.Store, env.ID, env.Logger, env.Registerer
+		return runner.New(ctx, cfg)
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "runner:", err)

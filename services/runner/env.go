@@ -1,0 +1,51 @@
+package runner
+
+import (
+	"fmt"
+	"strconv"
+)
+
+// Environment variables read by ConfigFromEnv (the runner binary's own settings, beside the
+// TM_* flags every shard binary has).
+const (
+	EnvMaxConcurrent       = "TM_RUNNER_MAX_CONCURRENT"
+	EnvJobsPerMinute       = "TM_RUNNER_JOBS_PER_MINUTE"
+	EnvTenantJobsPerMinute = "TM_RUNNER_TENANT_JOBS_PER_MINUTE"
+	EnvMaxQueued           = "TM_RUNNER_MAX_QUEUED"
+	EnvSMTPAddr            = "TM_SMTP_ADDR"
+	EnvSMTPFrom            = "TM_SMTP_FROM"
+)
+
+// ConfigFromEnv reads the runner's limits and its SMTP relay from the environment (getenv is
+// os.Getenv in the binary). Unset variables keep the defaults; the email effect exists only
+// when TM_SMTP_ADDR is set.
+func ConfigFromEnv(getenv func(string) string) (Config, error) {
+	var c Config
+	for _, v := range []struct {
+		name string
+		dst  *int
+	}{
+		{EnvMaxConcurrent, &c.MaxConcurrent},
+		{EnvJobsPerMinute, &c.InstanceJobsPerMinute},
+		{EnvTenantJobsPerMinute, &c.TenantJobsPerMinute},
+		{EnvMaxQueued, &c.MaxQueued},
+	} {
+		s := getenv(v.name)
+		if s == "" {
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			return Config{}, fmt.Errorf("%s=%q: want a whole number >= 0", v.name, s)
+		}
+		*v.dst = n
+	}
+	if addr := getenv(EnvSMTPAddr); addr != "" {
+		from := getenv(EnvSMTPFrom)
+		if from == "" {
+			return Config{}, fmt.Errorf("%s is set: %s (the sender address) is required too", EnvSMTPAddr, EnvSMTPFrom)
+		}
+		c.Effects = map[string]Effect{"email": &SMTP{Addr: addr, From: from}}
+	}
+	return c, nil
+}
