@@ -141,7 +141,7 @@ func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bo
 	id := newID(tenant, nj.IdempotencyKey)
 	if nj.IdempotencyKey != "" {
 		if r, err := s.Get(ctx, tenant, id); err == nil {
-			return r, false, nil
+			return s.replayed(ctx, r)
 		}
 	}
 	depth, err := s.Depth(ctx, tenant)
@@ -158,26 +158,55 @@ func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bo
 	rev, err := s.runs.Create(ctx, runKey(tenant, id), b)
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		got, gerr := s.Get(ctx, tenant, id)
-		return got, false, gerr
+		if gerr != nil {
+			return Run{}, false, gerr
+		}
+		return s.replayed(ctx, got)
 	}
 	if err != nil {
 		return Run{}, false, fmt.Errorf("runner: record job %s: %w", id, err)
 	}
 	r.rev = rev
-	subj := anySubject(tenant)
-	if nj.Instance != "" {
-		subj = pinSubject(tenant, nj.Instance)
-	}
-	qb, _ := json.Marshal(queueEntry{ID: id})
-	ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: subj, Data: qb}, jetstream.WithMsgID(tenant+":"+id))
+	seq, err := s.enqueue(ctx, r)
 	if err != nil {
-		// Not enqueued: remove the run so it does not wait for ever.
-		_ = s.runs.Delete(context.WithoutCancel(ctx), runKey(tenant, id), jetstream.LastRevision(rev))
-		return Run{}, false, fmt.Errorf("runner: enqueue job %s: %w", id, err)
+		if nj.IdempotencyKey == "" {
+			// The client cannot retry this job: remove the run so it does not wait for ever.
+			// (If the entry was stored after all, its claim finds no run and drops it.)
+			_ = s.runs.Delete(context.WithoutCancel(ctx), runKey(tenant, id), jetstream.LastRevision(rev))
+		}
+		// With a key the run stays: the retry the client is told to make enqueues it.
+		return Run{}, false, err
 	}
-	r.Seq = ack.Sequence
+	r.Seq = seq
 	s.m.created.Inc()
 	return r, true, nil
+}
+
+// enqueue puts the run's entry on its queue. The message id makes a repeat within the
+// stream's duplicate window a no-op; a later repeat is a second entry, which the claim of
+// whichever comes second finds finished and drops.
+func (s *Service) enqueue(ctx context.Context, r Run) (uint64, error) {
+	subj := anySubject(r.Tenant)
+	if r.Instance != "" {
+		subj = pinSubject(r.Tenant, r.Instance)
+	}
+	qb, _ := json.Marshal(queueEntry{ID: r.ID})
+	ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: subj, Data: qb}, jetstream.WithMsgID(r.Tenant+":"+r.ID))
+	if err != nil {
+		return 0, fmt.Errorf("runner: enqueue job %s: %w", r.ID, err)
+	}
+	return ack.Sequence, nil
+}
+
+// replayed answers a create whose idempotency key was used before: the first run. A run still
+// pending is enqueued again, in case the first create failed after recording it.
+func (s *Service) replayed(ctx context.Context, r Run) (Run, bool, error) {
+	if r.Status == StatusPending && r.Attempts == 0 {
+		if _, err := s.enqueue(ctx, r); err != nil {
+			return Run{}, false, err
+		}
+	}
+	return r, false, nil
 }
 
 // Depth is the number of the tenant's unfinished jobs (queued, waiting for a retry, running).

@@ -15,6 +15,7 @@ func (s *Service) claimAndRun(ctx context.Context, tq *tenantQ, msg *jetstream.R
 	r, err := s.claim(ctx, tq, msg)
 	if err != nil && ctx.Err() == nil {
 		s.cfg.Logger.Warn("claiming job", "tenant", tq.tenant, "seq", msg.Sequence, "err", err)
+		s.rescanAt(tq, msg.Sequence, time.Now().Add(time.Second))
 	}
 	if r == nil {
 		s.mu.Lock()
