@@ -26,9 +26,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/tenantmesh/tenantmesh/internal/embednats"
 	"github.com/tenantmesh/tenantmesh/internal/envflag"
 	"github.com/tenantmesh/tenantmesh/internal/tmlog"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
 type config struct {
@@ -124,7 +127,7 @@ func run(ctx context.Context, c config) error {
 			log.Warn("seeding demo tenants failed", "err", err)
 		}
 	}
-	printBanner(os.Stdout, c, natsURL, gw)
+	printBanner(os.Stdout, c, natsURL, gw, moveTargets(ctx, natsURL, c.shards))
 	select {
 	case <-ctx.Done():
 		log.Info("stopping")
@@ -147,7 +150,7 @@ func (c config) processes(natsURL string, log *slog.Logger) []*proc {
 	}
 	if p := c.binary("rebalance"); p != "" {
 		out = append(out, &proc{name: "rebalancer", args: append([]string{p, "serve", "--addr", addr(c.rebalancerPort),
-			"--admin-token", c.adminToken}, common...), ready: url(c.rebalancerPort, "/readyz")})
+			"--holder", "devstack-rebalancer", "--sweep-every", "5s"}, common...), ready: url(c.rebalancerPort, "/readyz")})
 	}
 	port := c.basePort
 	for _, kind := range []string{"aggregate", "projection", "runner"} {
@@ -271,15 +274,18 @@ func stopAll(procs []*proc, timeout time.Duration, log *slog.Logger) {
 	}
 }
 
-// seed opens a demo account for a few tenants through the gateway (idempotent).
+// seed opens a demo account for a few tenants through the gateway (idempotent), and makes a
+// query and a job for each, so every tenant is placed in all three kinds.
 func seed(ctx context.Context, gw string) error {
 	hc := &http.Client{Timeout: 5 * time.Second}
 	for _, tenant := range []string{"acme", "globex", "initech"} {
-		for _, body := range []string{
-			`{"aggregate_type":"account","aggregate_id":"main","command":"open","payload":{"owner":"` + tenant + `"},"idempotency_key":"demo-open"}`,
-			`{"aggregate_type":"account","aggregate_id":"main","command":"deposit","payload":{"amount":1000},"idempotency_key":"demo-deposit"}`,
+		for _, call := range []struct{ path, body string }{
+			{"/commands", `{"aggregate_type":"account","aggregate_id":"main","command":"open","payload":{"owner":"` + tenant + `"},"idempotency_key":"demo-open"}`},
+			{"/commands", `{"aggregate_type":"account","aggregate_id":"main","command":"deposit","payload":{"amount":1000},"idempotency_key":"demo-deposit"}`},
+			{"/query/accounts", `{"limit":1}`},
+			{"/jobs", `{"type":"log","payload":{"message":"welcome ` + tenant + `"}}`},
 		} {
-			req, _ := http.NewRequestWithContext(ctx, "POST", gw+"/commands", strings.NewReader(body))
+			req, _ := http.NewRequestWithContext(ctx, "POST", gw+call.path, strings.NewReader(call.body))
 			req.Header.Set("x-tenant-id", tenant)
 			req.Header.Set("content-type", "application/json")
 			resp, err := hc.Do(req)
@@ -296,7 +302,31 @@ func seed(ctx context.Context, gw string) error {
 	return nil
 }
 
-func printBanner(w io.Writer, c config, natsURL, gw string) {
+// moveTargets names, for each kind, a shard other than acme's current one ("kind=shard,...").
+func moveTargets(ctx context.Context, natsURL string, shards int) string {
+	nc, err := nats.Connect(natsURL, nats.Timeout(2*time.Second))
+	if err != nil {
+		return "aggregate=aggregate-2,projection=projection-2,runner=runner-2"
+	}
+	defer nc.Close()
+	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err := schema.Open(octx, nc, schema.Options{})
+	var parts []string
+	for _, kind := range []string{"aggregate", "projection", "runner"} {
+		to := kind + "-2"
+		if err == nil {
+			if p, perr := st.Placement(octx, kind, "acme"); perr == nil {
+				n, _ := strconv.Atoi(strings.TrimPrefix(p.Shard, kind+"-"))
+				to = fmt.Sprintf("%s-%d", kind, n%max(shards, 1)+1)
+			}
+		}
+		parts = append(parts, kind+"="+to)
+	}
+	return strings.Join(parts, ",")
+}
+
+func printBanner(w io.Writer, c config, natsURL, gw, targets string) {
 	dash := "http://" + c.host + ":" + strconv.Itoa(c.rebalancerPort)
 	fmt.Fprintf(w, `
 tenantmesh is running. Ctrl-C stops everything.
@@ -312,7 +342,10 @@ Try this:
   curl -s %s/aggregates/account/main -H 'x-tenant-id: acme'
   curl -s -X POST %s/query/accounts -H 'x-tenant-id: acme' -d '{"limit":10}'
   curl -s -X POST %s/jobs -H 'x-tenant-id: acme' -d '{"type":"log","payload":{"message":"hello"}}'
-  %s/rebalance plan balance --kind aggregate --nats-url %s
-  %s/rebalance apply <plan-id> --yes --nats-url %s
-`, gw, dash, natsURL, c.data, c.adminToken, gw, gw, gw, gw, c.bin, natsURL, c.bin, natsURL)
+  export TM_NATS_URL=%s TM_REBALANCER_URL=%s
+  %s/rebalance instances
+  %s/rebalance plan move acme --to %s
+  %s/rebalance apply <plan id printed above> --yes
+  %s/rebalance status
+`, gw, dash, natsURL, c.data, c.adminToken, gw, gw, gw, gw, natsURL, dash, c.bin, c.bin, targets, c.bin, c.bin)
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -22,7 +23,8 @@ type ApplyCommand struct {
 	m *Main
 	common
 	engineFlags
-	yes bool
+	yes    bool
+	server string
 }
 
 // engineFlags are the move timeouts apply and rollback take.
@@ -60,6 +62,7 @@ Exit code 0: every move done; 3: finished, but moves were skipped, aborted or fa
 
 const applyExamples = `  rebalance apply p20260101-120000-0001
   rebalance apply plan.json --yes
+  rebalance apply p20260101-120000-0001 --yes --server http://127.0.0.1:8090   # through a running rebalancer service
 `
 
 // Run applies.
@@ -68,6 +71,7 @@ func (c *ApplyCommand) Run(ctx context.Context, args []string) error {
 	c.common.register(fs)
 	c.engineFlags.register(fs)
 	fs.BoolVar(&c.yes, "yes", false, "apply without asking")
+	fs.StringVar(&c.server, "server", os.Getenv("TM_REBALANCER_URL"), "URL of a running rebalancer service (rebalance serve) to apply through; needed while one holds the leader lease (env TM_REBALANCER_URL)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -115,18 +119,68 @@ func (c *ApplyCommand) Run(ctx context.Context, args []string) error {
 		}
 	}
 	prog.start(moves)
-	rec, err = eng.Apply(ctx, id)
+	if c.server != "" {
+		err = c.applyThrough(ctx, eng, id, prog)
+	} else {
+		_, err = eng.Apply(ctx, id)
+	}
 	prog.finish()
 	if err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("interrupted: the plan is resumable; run `rebalance apply %s` again", id)
 		}
 		if errors.Is(err, schema.ErrLeaseHeld) {
-			return fmt.Errorf("apply %s: %w; if that is a rebalancer service, apply through it: POST /api/plans/%s/apply", id, err, id)
+			return fmt.Errorf("apply %s: %w; if that is a rebalancer service, apply through it: rebalance apply %s --server <its URL>", id, err, id)
 		}
 		return fmt.Errorf("apply %s: %w (resume with `rebalance apply %s`)", id, err, id)
 	}
-	return c.result(ctx, c.m.Stdout, eng, rec.ID)
+	return c.result(ctx, c.m.Stdout, eng, id)
+}
+
+// applyThrough asks a rebalancer service to apply the plan, then follows its moves in the
+// store until the plan is finished.
+func (c *ApplyCommand) applyThrough(ctx context.Context, eng *rebalancer.Engine, id string, prog *progress) error {
+	url := strings.TrimSuffix(c.server, "/") + "/api/plans/" + id + "/apply"
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, url, nil)
+	if err != nil {
+		cancel()
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		cancel()
+		return fmt.Errorf("ask %s to apply: %w", c.server, err)
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	resp.Body.Close()
+	cancel()
+	if resp.StatusCode != http.StatusAccepted {
+		return fmt.Errorf("%s answered %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
+	}
+	seen := map[string]rebalancer.MoveState{}
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		rec, moves, err := eng.Plan(ctx, id)
+		if err == nil {
+			for _, m := range moves {
+				if seen[m.ID] != m.State {
+					seen[m.ID] = m.State
+					prog.update(m)
+				}
+			}
+			switch rec.Status {
+			case rebalancer.PlanDone, rebalancer.PlanPartial, rebalancer.PlanRolledBack:
+				return nil
+			}
+		}
+		select {
+		case <-tick.C: // the service writes the move records; polling them is the progress feed
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // result prints a finished plan and returns ErrPartial unless every move is done.

@@ -399,6 +399,20 @@ func TestServeCommand(t *testing.T) {
 			t.Errorf("GET %s: %d", path, resp.StatusCode)
 		}
 	}
+	// While the service leads, `rebalance apply --server` applies through it and follows the
+	// moves to the end.
+	e.startShard(t, "s-1")
+	e.startShard(t, "s-2")
+	e.place(t, "acme", "s-1")
+	waitLeader(t, base)
+	po := decode[PlanOutput](t, e.run(t, "", "plan", "manual", "acme=s-2", "--kind", "aggregate", "--collect", "0", "--output", "json").stdout)
+	r := e.run(t, "", "apply", po.ID, "--yes", "--server", base)
+	if r.code != 0 || !strings.Contains(r.stdout, "1 done") {
+		t.Fatalf("apply through the service: %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	if p, _ := e.st.Placement(context.Background(), "aggregate", "acme"); p.Shard != "s-2" {
+		t.Fatalf("acme on %s after the apply", p.Shard)
+	}
 	cancel()
 	select {
 	case err := <-done:
@@ -422,7 +436,7 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 }
 
 // TestApplyRefusedWhileServiceLeads: a CLI apply while a rebalancer service holds the lease
-// fails with one line naming the holder and the API to use instead.
+// fails with one line naming the holder and how to apply through the service instead.
 func TestApplyRefusedWhileServiceLeads(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
@@ -435,7 +449,30 @@ func TestApplyRefusedWhileServiceLeads(t *testing.T) {
 	}
 	po := decode[PlanOutput](t, e.run(t, "", "plan", "manual", "acme=s-2", "--kind", "aggregate", "--collect", "0", "--output", "json").stdout)
 	r := e.run(t, "", "apply", po.ID, "--yes")
-	if r.code != 1 || !strings.Contains(r.stderr, "held by rebalancer-a") || !strings.Contains(r.stderr, "POST /api/plans/"+po.ID+"/apply") {
+	if r.code != 1 || !strings.Contains(r.stderr, "held by rebalancer-a") || !strings.Contains(r.stderr, "rebalance apply "+po.ID+" --server") {
 		t.Fatalf("apply under another leader: %d %q", r.code, r.stderr)
+	}
+}
+
+// waitLeader waits until the service at base reports that it leads.
+func waitLeader(t *testing.T, base string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get(base + "/api/leader")
+		if err == nil {
+			var v struct {
+				Leading bool `json:"leading"`
+			}
+			_ = json.NewDecoder(resp.Body).Decode(&v)
+			resp.Body.Close()
+			if v.Leading {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the service did not become the leader")
+		}
+		time.Sleep(50 * time.Millisecond) // polling another component's state
 	}
 }
