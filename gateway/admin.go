@@ -25,6 +25,7 @@ func (g *Gateway) adminMux() *http.ServeMux {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g.cfg.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /admin/balance", g.handleBalance)
 	mux.HandleFunc("GET /admin/placement/{kind}/{tenant}", g.handlePlacement)
+	g.registerServerRoutes(mux)
 	if g.cfg.Pprof {
 		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
@@ -108,8 +109,12 @@ func (g *Gateway) handleReady(w http.ResponseWriter, _ *http.Request) {
 
 // Balance is /admin/balance's body (seed 001's balance endpoint).
 type Balance struct {
-	Kinds     map[string]KindBalance `json:"kinds"`
-	Instances []InstanceBalance      `json:"instances"`
+	// Balanced, ImbalanceScore and Servers are seed 001's view: load scores from telemetry.
+	Balanced       bool                   `json:"balanced"`
+	ImbalanceScore float64                `json:"imbalance_score"`
+	Servers        []ServerLoad           `json:"servers"`
+	Kinds          map[string]KindBalance `json:"kinds"`
+	Instances      []InstanceBalance      `json:"instances"`
 }
 
 // KindBalance is one kind's shards and how evenly tenants spread over them.
@@ -177,6 +182,7 @@ func (g *Gateway) balance() Balance {
 		}
 		return 1
 	})
+	g.loadBalance(&b)
 	return b
 }
 

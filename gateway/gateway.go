@@ -332,6 +332,7 @@ func (g *Gateway) start() error {
 		_ = sub.Unsubscribe()
 	})
 	g.bg.Go(g.housekeeping)
+	g.bg.Go(g.affinityHealth)
 	g.bg.Go(func() { g.reg.rebuilder(g.bgCtx) })
 	g.bg.Go(g.awaitReady)
 	return nil
@@ -341,9 +342,16 @@ func (g *Gateway) start() error {
 // the registry, under its lock).
 func (g *Gateway) startKind(ke *kindEntry) {
 	w, err := placement.New(placement.Config{
-		Store:      g.store,
-		Kinds:      []string{ke.name},
-		OnChange:   g.onChange,
+		Store: g.store,
+		Kinds: []string{ke.name},
+		OnChange: func(c placement.Change) {
+			if c.NewOK {
+				ke.aff.SetOwners(c.Tenant, c.New.Owners)
+			} else {
+				ke.aff.SetOwners(c.Tenant, nil)
+			}
+			g.onChange(c)
+		},
 		Logger:     g.log.With("kind", ke.name),
 		Registerer: g.cfg.Registry,
 	})
@@ -418,6 +426,9 @@ func (g *Gateway) onLoad(r schema.LoadReport) {
 	g.reg.mu.Unlock()
 	if in != nil {
 		in.load.Store(&r)
+	}
+	if ke := g.reg.snap.Load().kinds[r.Kind]; ke != nil {
+		ke.lt.Observe(r.Key(), r.InFlight, r.Queued, r.CPU)
 	}
 }
 

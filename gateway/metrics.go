@@ -13,14 +13,15 @@ import (
 // gwMetrics are the gateway's Prometheus metrics. No metric has a tenant label; instance labels
 // are bounded by the directory.
 type gwMetrics struct {
-	requests   *prometheus.CounterVec   // kind, code
-	duration   *prometheus.HistogramVec // kind
-	holds      *prometheus.CounterVec   // kind, outcome
-	holdWait   *prometheus.HistogramVec // kind
-	holdQueued prometheus.Gauge
-	retries    *prometheus.CounterVec // kind, reason
-	assigned   *prometheus.CounterVec // kind
-	corrupt    *prometheus.CounterVec // bucket
+	requests      *prometheus.CounterVec   // kind, code
+	duration      *prometheus.HistogramVec // kind
+	holds         *prometheus.CounterVec   // kind, outcome
+	holdWait      *prometheus.HistogramVec // kind
+	holdQueued    prometheus.Gauge
+	retries       *prometheus.CounterVec // kind, reason
+	assigned      *prometheus.CounterVec // kind
+	loadDecisions *prometheus.CounterVec // kind, decision (load policy)
+	corrupt       *prometheus.CounterVec // bucket
 }
 
 func newMetrics(g *Gateway, reg prometheus.Registerer) *gwMetrics {
@@ -48,11 +49,14 @@ func newMetrics(g *Gateway, reg prometheus.Registerer) *gwMetrics {
 		assigned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tm_gateway_assignments_total", Help: "Unplaced tenants this gateway assigned to a shard.",
 		}, []string{"kind"}),
+		loadDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tm_gateway_load_decisions_total", Help: "Load policy choices, by decision (local, forward, respect, migrate, break).",
+		}, []string{"kind", "decision"}),
 		corrupt: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tm_gateway_corrupt_total", Help: "Registry, directory or kind values skipped because they could not be decoded.",
 		}, []string{"bucket"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.holds, m.holdWait, m.holdQueued, m.retries, m.assigned, m.corrupt,
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.holds, m.holdWait, m.holdQueued, m.retries, m.assigned, m.loadDecisions, m.corrupt,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tm_gateway_snapshot_staleness_seconds",
 			Help: "How long the gateway's routing state has been cut off from NATS (0 while following). It keeps routing from it.",

@@ -58,7 +58,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func isAdminPath(p string) bool {
-	return p == "/healthz" || p == "/readyz" || p == "/metrics" || strings.HasPrefix(p, "/admin/") || strings.HasPrefix(p, "/debug/pprof/")
+	return p == "/" || strings.HasPrefix(p, "/prerender-servers") || p == "/healthz" || p == "/readyz" || p == "/metrics" || strings.HasPrefix(p, "/admin/") || strings.HasPrefix(p, "/debug/pprof/")
 }
 
 // reject answers a request refused before it reached the proxy.
@@ -83,6 +83,11 @@ func (g *Gateway) serveTenant(w http.ResponseWriter, r *http.Request) {
 	snap := g.reg.snap.Load()
 	rt := snap.match(r.Method, r.URL.Path)
 	if rt == nil {
+		if k := affinityKindOf(snap, r.URL.Path); k != "" {
+			g.reject(w, r, nil, &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "no-live-instance", Title: "No live instance",
+				Detail: "no server of kind " + k + " is registered", RetryAfter: time.Second}, tenant, k)
+			return
+		}
 		g.reject(w, r, nil, tmhttp.Errorf(http.StatusNotFound, "no-route", "No route",
 			"no route in the registry matches "+r.Method+" "+truncate(r.URL.Path, 80)), tenant, "")
 		return
@@ -103,7 +108,7 @@ func (g *Gateway) serveTenant(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	entry, ok := ke.lookup(tenant)
-	if !ok {
+	if !ok && cfg.Policy != schema.PolicyAffinity { // affinity: the policy assigns (affinity.go)
 		if cfg.Unplaced == schema.UnplacedReject {
 			g.reject(w, r, km, tmhttp.Errorf(http.StatusNotFound, "tenant-not-placed", "Tenant not placed",
 				"the tenant has no placement for kind "+rt.kind+" and the kind does not assign new tenants"), tenant, rt.kind)
@@ -235,6 +240,9 @@ func (g *Gateway) roundTrip(req *http.Request) (*http.Response, error) {
 
 // forward sends req for st: holds it during a handoff, picks the instance, retries.
 func (g *Gateway) forward(req *http.Request, st *reqState) (*http.Response, error) {
+	if st.ke.config().Policy == schema.PolicyAffinity {
+		return g.forwardAffinity(req, st)
+	}
 	ctx := req.Context()
 	var triedArr [4]*instance
 	tried := triedArr[:0]
@@ -259,7 +267,7 @@ func (g *Gateway) forward(req *http.Request, st *reqState) (*http.Response, erro
 				st.rt = nr
 			}
 		}
-		in := pick(st.rt.byShard[st.entry.Shard], tried)
+		in := g.pickFor(st, tried)
 		if in == nil {
 			if lastErr != nil {
 				return nil, lastErr

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"math"
+	"math/rand/v2"
 	"net/url"
 	"slices"
 	"strings"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/gateway/breaker"
+	"github.com/tenantmesh/tenantmesh/gateway/policy/affinity"
+	"github.com/tenantmesh/tenantmesh/gateway/policy/load"
 	"github.com/tenantmesh/tenantmesh/shardkit/kvwatch"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -31,6 +34,8 @@ type instance struct {
 	requests atomic.Uint64
 	failures atomic.Uint64
 	load     atomic.Pointer[schema.LoadReport]
+	capacity atomic.Int64 // registered capacity (0: the kind's default)
+	external atomic.Bool  // registered through the gateway's HTTP API (no shardkit gate)
 }
 
 // ewmaAlpha weighs a new latency sample (seed 001 smooths with 0.3).
@@ -72,6 +77,8 @@ type kindEntry struct {
 	w       atomic.Pointer[placement.Watcher] // nil until the kind's watcher is made
 	limiter atomic.Pointer[tenantLimiter]     // nil: no rate limit
 	metrics *kindMetrics
+	aff     *affinity.Selector // the affinity policy's state (fed for every kind, used by affinity kinds)
+	lt      *load.Tracker      // the load policy's scores and affinity cache
 }
 
 func (k *kindEntry) config() *schema.KindConfig { return k.cfg.Load() }
@@ -280,7 +287,8 @@ func (r *registry) rebuild() {
 	for name, cfg := range r.kindCfg {
 		ke := r.kinds[name]
 		if ke == nil {
-			ke = &kindEntry{name: name, kindHdr: []string{name}, metrics: g.metrics.forKind(name)}
+			ke = &kindEntry{name: name, kindHdr: []string{name}, metrics: g.metrics.forKind(name),
+				aff: affinity.New(nil), lt: load.New(load.Config{}, nil, rand.Float64)}
 			r.kinds[name] = ke
 			g.startKind(ke)
 		}
@@ -291,6 +299,9 @@ func (r *registry) rebuild() {
 			} else {
 				ke.limiter.Store(nil)
 			}
+		}
+		if c.Load != nil {
+			ke.lt.SetConfig(loadConfig(c.Load))
 		}
 		ke.cfg.Store(&c)
 		s.kinds[name] = ke
@@ -310,6 +321,8 @@ func (r *registry) rebuild() {
 				it.url.Store(pu)
 			}
 		}
+		it.capacity.Store(int64(in.Capacity))
+		it.external.Store(in.Labels[labelRegisteredBy] == registeredByGW)
 		if g.cfg.Thresholds.Status(in, at).Live() && it.url.Load() != nil {
 			live[key] = it
 			s.live++

@@ -1,0 +1,477 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tenantmesh/tenantmesh/gateway/policy/affinity"
+	"github.com/tenantmesh/tenantmesh/shardkit/placement"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
+)
+
+// Response headers of the affinity policy (seed 000's x-boxel-prerender-target / -realm).
+const (
+	HeaderTarget       = "X-Tm-Target"
+	HeaderTargetTenant = "X-Tm-Tenant"
+)
+
+// labelRegisteredBy marks directory entries the gateway registered on a server's behalf (the
+// seed's HTTP registration API); the gateway heartbeats them while their health checks pass.
+const (
+	labelRegisteredBy = "registered-by"
+	registeredByGW    = "gateway"
+)
+
+// affinityServers lists the route's live instances with an available circuit as selector
+// candidates, by key.
+func affinityServers(rt *route, defCap int) ([]affinity.Server, map[string]*instance) {
+	byKey := map[string]*instance{}
+	var servers []affinity.Server
+	for _, l := range rt.byShard {
+		for _, in := range l {
+			if !in.breaker.Available() {
+				continue
+			}
+			c := int(in.capacity.Load())
+			if c <= 0 {
+				c = defCap
+			}
+			byKey[in.key] = in
+			servers = append(servers, affinity.Server{Key: in.key, Capacity: c})
+		}
+	}
+	slices.SortFunc(servers, func(a, b affinity.Server) int { return strings.Compare(a.Key, b.Key) })
+	return servers, byKey
+}
+
+// forwardAffinity is the request path of an affinity kind (seed 000): the selector's plan, in
+// order (the tenant's owners rotating, organic growth, round-robin with room, pressure mode),
+// failing over to the next attempt on a transport failure or a 5xx, with assignments written
+// to the placement by CAS. A new owner chosen with room is recorded before the request (so
+// every gateway counts it against the instance's capacity at once); one chosen in pressure
+// mode or as the fallback only after the request succeeded (seed 000), except on instances
+// that embed shardkit, whose gate serves only tenants placed on them: there it is recorded
+// first and undone if the request fails.
+func (g *Gateway) forwardAffinity(req *http.Request, st *reqState) (*http.Response, error) {
+	ctx := req.Context()
+	cfg := st.ke.config()
+	m := 1
+	if cfg.Affinity != nil {
+		m = cfg.Affinity.Multiplex
+	}
+	servers, byKey := affinityServers(st.rt, cfg.Capacity)
+	plan := st.ke.aff.Plan(st.tenant, servers, m)
+	if len(plan) == 0 {
+		return nil, &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "no-live-instance", Title: "No live instance",
+			Detail: "kind " + st.ke.name + " has no healthy server for this route", RetryAfter: time.Second}
+	}
+	path, rawPath := req.URL.Path, req.URL.RawPath
+	var lastErr error
+	for i, a := range plan {
+		in := byKey[a.Key]
+		if in == nil || !in.breaker.Allow() {
+			continue
+		}
+		last := i == len(plan)-1
+		gated := !in.external.Load()
+		recordFirst := a.New && (gated || !(a.Pressure || a.Fallback))
+		if recordFirst {
+			e, err := g.addOwner(st.ke, st.tenant, a.Key, m, a.Pressure || a.Fallback)
+			if err != nil {
+				in.breaker.Abandon()
+				lastErr = err
+				continue
+			}
+			st.entry = e
+			if !slices.Contains(e.Owners, a.Key) {
+				// Another gateway placed the tenant meanwhile: go to its owner instead.
+				in.breaker.Abandon()
+				if in = ownerIn(e.Owners, byKey); in == nil || !in.breaker.Allow() {
+					continue
+				}
+				a = affinity.Attempt{Key: in.key}
+				recordFirst = false
+				gated = !in.external.Load()
+			}
+		}
+		resp, err := g.sendAffinity(req, st, in, path, rawPath, gated)
+		if err == nil && resp.StatusCode < 500 {
+			if a.New && !recordFirst {
+				if e, err := g.addOwner(st.ke, st.tenant, a.Key, m, true); err == nil {
+					st.entry = e
+				} else {
+					g.log.Warn("recording affinity assignment failed", "kind", st.ke.name, "tenant", st.tenant, "err", err)
+				}
+			}
+			st.ke.aff.Served(st.tenant, a.Key)
+			st.inst, st.code = in, resp.StatusCode
+			resp.Header.Set(tmhttp.HeaderServedBy, in.key)
+			resp.Header.Set(HeaderTarget, in.key)
+			resp.Header.Set(HeaderTargetTenant, st.tenant)
+			if st.reqID != "" {
+				resp.Header.Set(tmhttp.HeaderRequestID, st.reqID)
+			}
+			return resp, nil
+		}
+		if recordFirst && (a.Pressure || a.Fallback) {
+			g.removeOwner(st.ke, st.tenant, a.Key)
+		}
+		if err != nil {
+			if errors.Is(ctx.Err(), context.Canceled) {
+				return nil, err
+			}
+			lastErr = &upstreamError{inst: in.key, err: err}
+			if !st.replayable || ctx.Err() != nil {
+				return nil, lastErr
+			}
+			st.ke.metrics.retry("failover")
+			continue
+		}
+		// A 5xx: the next attempt, unless this is the last or the body cannot be sent again.
+		if last || !st.replayable {
+			st.inst, st.code = in, resp.StatusCode
+			resp.Header.Set(tmhttp.HeaderServedBy, in.key)
+			resp.Header.Set(HeaderTarget, in.key)
+			resp.Header.Set(HeaderTargetTenant, st.tenant)
+			return resp, nil
+		}
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+		lastErr = &upstreamError{inst: in.key, err: errors.New("answered " + strconv.Itoa(resp.StatusCode))}
+		st.ke.metrics.retry("failover")
+	}
+	if lastErr == nil {
+		lastErr = &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "no-live-instance", Title: "No live instance",
+			Detail: "every server of kind " + st.ke.name + " has an open circuit", RetryAfter: time.Second}
+	}
+	return nil, lastErr
+}
+
+// sendAffinity makes one attempt on in. A shardkit instance that was just made an owner may
+// not have seen its placement yet (same epoch, so its gate does not wait for it) and answers
+// 421: it is asked again, with a short backoff, for up to RefreshWait.
+func (g *Gateway) sendAffinity(req *http.Request, st *reqState, in *instance, path, rawPath string, gated bool) (*http.Response, error) {
+	ctx := req.Context()
+	deadline := time.Now().Add(g.cfg.RefreshWait)
+	backoff := 5 * time.Millisecond
+	for {
+		g.prepare(req, st, in, path, rawPath)
+		if st.entry.Epoch == 0 {
+			req.Header.Del(tmhttp.HeaderEpoch)
+			req.Header.Set(tmhttp.HeaderShard, in.id.Shard)
+		}
+		in.inflight.Add(1)
+		in.requests.Add(1)
+		t0 := time.Now()
+		resp, err := g.send(req)
+		in.inflight.Add(-1)
+		if err != nil {
+			if errors.Is(ctx.Err(), context.Canceled) {
+				in.breaker.Abandon()
+			} else {
+				in.failures.Add(1)
+				in.breaker.Failure()
+			}
+			return nil, err
+		}
+		in.observe(time.Since(t0))
+		in.breaker.Success()
+		if resp.StatusCode != http.StatusMisdirectedRequest || !gated || !st.replayable || time.Now().Add(backoff).After(deadline) {
+			if resp.StatusCode == http.StatusMisdirectedRequest {
+				resp.Body.Close()
+				return nil, errMisdirected(st)
+			}
+			return resp, nil
+		}
+		resp.Body.Close()
+		if !sleepCtx(ctx, backoff) {
+			return nil, ctx.Err()
+		}
+		backoff *= 2
+		if e, ok := st.ke.lookup(st.tenant); ok {
+			st.entry = e
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// affinityKindOf returns the affinity kind whose default route (/<kind>) path falls under, for
+// a path no route matches: with no server registered, seed 000 answers 503, not 404.
+func affinityKindOf(snap *snapshot, path string) string {
+	name, _, _ := strings.Cut(strings.TrimPrefix(path, "/"), "/")
+	if ke := snap.kinds[name]; ke != nil {
+		if c := ke.config(); c != nil && c.Policy == schema.PolicyAffinity {
+			return name
+		}
+	}
+	return ""
+}
+
+// shardOfKey returns the shard of an instance key <kind>.<shard>.<instance>.
+func shardOfKey(key string) string {
+	parts := strings.Split(key, ".")
+	if len(parts) != 3 {
+		return ""
+	}
+	return parts[1]
+}
+
+func entryOf(p schema.Placement) placement.Entry {
+	return placement.Entry{Shard: p.Shard, Epoch: p.Epoch, Phase: p.Phase, Target: p.Target, Source: p.Source,
+		Owners: p.Owners, Pinned: p.Pinned, Revision: p.Revision}
+}
+
+// ownerIn returns the first of owners that is a candidate.
+func ownerIn(owners []string, byKey map[string]*instance) *instance {
+	for _, o := range owners {
+		if in := byKey[o]; in != nil {
+			return in
+		}
+	}
+	return nil
+}
+
+// addOwner makes key an owner of tenant (first in the list, at most m owners, the oldest
+// dropped), creating the placement if the tenant has none: by CAS, re-reading on conflict, so
+// every gateway agrees. Unless force is set (an assignment that already succeeded), a tenant
+// that already has m owners keeps them: this gateway planned from a view another gateway has
+// overtaken, and the caller goes to one of the stored owners instead. The placement's Shard is the shard of its first owner and never
+// changes afterwards (docs/decisions.md), so the epoch stays 1 through owner edits.
+func (g *Gateway) addOwner(ke *kindEntry, tenant, key string, m int, force bool) (placement.Entry, error) {
+	ctx, cancel := context.WithTimeout(g.bgCtx, assignTimeout)
+	defer cancel()
+	by := "gateway/" + g.cfg.ID
+	for range 16 {
+		p, err := g.store.Placement(ctx, ke.name, tenant)
+		if errors.Is(err, schema.ErrNotFound) {
+			np, err := g.store.CreatePlacement(ctx, schema.Placement{Kind: ke.name, Tenant: tenant, Shard: shardOfKey(key),
+				Owners: []string{key}, UpdatedBy: by})
+			if errors.Is(err, schema.ErrConflict) {
+				continue
+			}
+			if err != nil {
+				return placement.Entry{}, assignFailed(err)
+			}
+			ke.metrics.m.assigned.WithLabelValues(ke.name).Inc()
+			ke.aff.SetOwners(tenant, np.Owners)
+			return entryOf(np), nil
+		}
+		if err != nil {
+			return placement.Entry{}, assignFailed(err)
+		}
+		if slices.Contains(p.Owners, key) || p.Phase != schema.PhaseActive || (!force && len(p.Owners) >= m) {
+			ke.aff.SetOwners(tenant, p.Owners)
+			return entryOf(p), nil
+		}
+		next := p
+		next.Owners = append([]string{key}, p.Owners...)
+		if len(next.Owners) > m {
+			next.Owners = next.Owners[:m]
+		}
+		next.UpdatedBy = by
+		np, err := g.store.UpdatePlacement(ctx, p, next)
+		if errors.Is(err, schema.ErrConflict) {
+			continue
+		}
+		if err != nil {
+			return placement.Entry{}, assignFailed(err)
+		}
+		ke.aff.SetOwners(tenant, np.Owners)
+		return entryOf(np), nil
+	}
+	return placement.Entry{}, assignFailed(errors.New("too many concurrent placement writers"))
+}
+
+func assignFailed(err error) error {
+	return &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "assign-failed", Title: "Tenant could not be placed",
+		Detail: "the gateway could not record the tenant's server; retry shortly", RetryAfter: time.Second, Err: err}
+}
+
+// removeOwner takes key out of tenant's owners by CAS, deleting the placement with its last
+// owner (what shardkit's Release does for an instance). Absent: nothing to do.
+func (g *Gateway) removeOwner(ke *kindEntry, tenant, key string) {
+	ctx, cancel := context.WithTimeout(g.bgCtx, assignTimeout)
+	defer cancel()
+	for range 16 {
+		p, err := g.store.Placement(ctx, ke.name, tenant)
+		if errors.Is(err, schema.ErrNotFound) {
+			ke.aff.SetOwners(tenant, nil)
+			return
+		}
+		if err != nil {
+			g.log.Warn("removing affinity owner failed", "kind", ke.name, "tenant", tenant, "err", err)
+			return
+		}
+		owners := slices.DeleteFunc(slices.Clone(p.Owners), func(o string) bool { return o == key })
+		if len(owners) == len(p.Owners) {
+			ke.aff.SetOwners(tenant, p.Owners)
+			return
+		}
+		if len(owners) == 0 {
+			err = g.store.DeletePlacement(ctx, ke.name, tenant, p.Revision)
+		} else {
+			next := p
+			next.Owners = owners
+			next.UpdatedBy = "gateway/" + g.cfg.ID
+			_, err = g.store.UpdatePlacement(ctx, p, next)
+		}
+		if errors.Is(err, schema.ErrConflict) {
+			continue
+		}
+		if err != nil && !errors.Is(err, schema.ErrNotFound) {
+			g.log.Warn("removing affinity owner failed", "kind", ke.name, "tenant", tenant, "err", err)
+			return
+		}
+		ke.aff.SetOwners(tenant, owners)
+		if len(owners) == 0 {
+			ke.aff.Forget(tenant)
+		}
+		return
+	}
+}
+
+// dropServer removes key from every tenant's owners.
+func (g *Gateway) dropServer(ke *kindEntry, key string) {
+	for _, t := range ke.aff.TenantsOf(key) {
+		g.removeOwner(ke, t, key)
+	}
+}
+
+// affinityHealth polls the servers the gateway registered (seed 000's health polling), every
+// affinity kind's HealthInterval: a server that answers GET / keeps its directory entry fresh
+// (the gateway heartbeats on its behalf), one that does not is unregistered. Owners that left
+// the directory or stopped being live are dropped from every tenant's mapping.
+func (g *Gateway) affinityHealth() {
+	last := map[string]time.Time{}
+	for {
+		wake := time.Second // kinds registered later are noticed within a second
+		due := map[string]time.Duration{}
+		now := time.Now()
+		for name, ke := range g.reg.snap.Load().kinds {
+			if c := ke.config(); c != nil && c.Policy == schema.PolicyAffinity && c.Affinity != nil {
+				iv := c.Affinity.HealthInterval.D()
+				if now.Sub(last[name]) >= iv {
+					due[name] = iv
+				}
+				wake = min(wake, iv)
+			}
+		}
+		select {
+		case <-g.ready:
+			if len(due) > 0 {
+				g.healthTick(due)
+				for name := range due {
+					last[name] = now
+				}
+			}
+		default:
+		}
+		if !sleepCtx(g.bgCtx, wake) {
+			return
+		}
+	}
+}
+
+// healthTick checks the kinds in due (kind -> its health interval).
+func (g *Gateway) healthTick(due map[string]time.Duration) {
+	snap := g.reg.snap.Load()
+	now := time.Now()
+	at := g.reg.liveAt(now)
+	g.reg.mu.Lock()
+	dir := make(map[string]schema.Instance, len(g.reg.dir))
+	for k, v := range g.reg.dir {
+		dir[k] = v
+	}
+	g.reg.mu.Unlock()
+	for _, ke := range snap.kinds {
+		interval, ok := due[ke.name]
+		if !ok {
+			continue
+		}
+		var checks []schema.Instance
+		for _, in := range dir {
+			if in.Kind == ke.name && in.Labels[labelRegisteredBy] == registeredByGW {
+				checks = append(checks, in)
+			}
+		}
+		type result struct {
+			in schema.Instance
+			ok bool
+		}
+		res := make(chan result, len(checks))
+		timeout := min(interval, 5*time.Second)
+		for _, in := range checks {
+			go func() { res <- result{in, g.probe(in.URL, timeout) == nil} }()
+		}
+		for range checks {
+			r := <-res
+			if r.ok {
+				ctx, cancel := context.WithTimeout(g.bgCtx, assignTimeout)
+				if _, err := g.store.Heartbeat(ctx, r.in); err != nil {
+					g.log.Warn("heartbeat for a registered server failed", "instance", r.in.Key(), "err", err)
+				}
+				cancel()
+				continue
+			}
+			g.log.Warn("registered server failed its health check; unregistering", "instance", r.in.Key())
+			g.unregisterServer(ke, r.in.InstanceID)
+			delete(dir, r.in.Key())
+		}
+		for _, key := range ke.aff.Instances() {
+			in, ok := dir[key]
+			if !ok || !g.cfg.Thresholds.Status(in, at).Live() {
+				g.dropServer(ke, key)
+			}
+		}
+	}
+}
+
+// probe checks a server with GET / (seed 000's health check and registration validation).
+func (g *Gateway) probe(base string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(g.bgCtx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base, "/")+"/", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := g.transport.RoundTrip(req)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return errors.New("GET / answered " + strconv.Itoa(resp.StatusCode))
+	}
+	return nil
+}
+
+// unregisterServer removes a server from the directory, the routes and every mapping.
+func (g *Gateway) unregisterServer(ke *kindEntry, id schema.InstanceID) {
+	ctx, cancel := context.WithTimeout(g.bgCtx, assignTimeout)
+	defer cancel()
+	if err := g.store.Unregister(ctx, id); err != nil {
+		g.log.Warn("unregistering server failed", "instance", id.Key(), "err", err)
+	}
+	if _, err := g.store.RemoveInstanceFromRoutes(ctx, id); err != nil {
+		g.log.Warn("removing server from routes failed", "instance", id.Key(), "err", err)
+	}
+	g.dropServer(ke, id.Key())
+}

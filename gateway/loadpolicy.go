@@ -1,0 +1,110 @@
+package gateway
+
+import (
+	"math/rand/v2"
+
+	"github.com/tenantmesh/tenantmesh/gateway/breaker"
+	"github.com/tenantmesh/tenantmesh/gateway/policy/load"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// loadConfig maps a kind's LoadConfig to the load policy's numbers.
+func loadConfig(c *schema.LoadConfig) load.Config {
+	return load.Config{TTL: c.AffinityTTL.D(), MigrateThreshold: c.MigrateThreshold, BreakThreshold: c.BreakThreshold,
+		MigrateMinGain: c.MigrateMinGain, ForwardThreshold: c.ForwardThreshold, EMAAlpha: c.EMAAlpha}
+}
+
+// pickFor chooses the instance of the tenant's shard for one attempt: by the load policy for
+// load kinds (soft affinity, seed 001's decision table, the power-of-two pick as the "local"
+// choice), else by power of two choices.
+func (g *Gateway) pickFor(st *reqState, tried []*instance) *instance {
+	insts := st.rt.byShard[st.entry.Shard]
+	if c := st.ke.config(); c == nil || c.Policy != schema.PolicyLoad {
+		return pick(insts, tried)
+	}
+	var candArr [16]string
+	cands := candArr[:0]
+	for _, in := range insts {
+		if !contains(tried, in) && in.breaker.Available() {
+			cands = append(cands, in.key)
+		}
+	}
+	local := localPick(insts, tried)
+	lk := ""
+	if local != nil {
+		lk = local.key
+	}
+	key, d := st.ke.lt.Choose(st.tenant, cands, lk)
+	st.ke.metrics.m.loadDecisions.WithLabelValues(st.ke.name, string(d)).Inc()
+	for _, in := range insts {
+		if in.key == key {
+			if in.breaker.Allow() {
+				return in
+			}
+			return pick(insts, append(tried, in))
+		}
+	}
+	return pick(insts, tried)
+}
+
+// localPick is pick's power-of-two choice without taking a half-open probe.
+func localPick(insts []*instance, tried []*instance) *instance {
+	var candArr [16]*instance
+	cand := candArr[:0]
+	for _, in := range insts {
+		if !contains(tried, in) && in.breaker.Available() {
+			cand = append(cand, in)
+		}
+	}
+	switch len(cand) {
+	case 0:
+		return nil
+	case 1:
+		return cand[0]
+	}
+	i := rand.IntN(len(cand))
+	j := rand.IntN(len(cand) - 1)
+	if j >= i {
+		j++
+	}
+	if cand[j].score() < cand[i].score() {
+		return cand[j]
+	}
+	return cand[i]
+}
+
+// ServerLoad is one instance in /admin/balance's seed 001 view.
+type ServerLoad struct {
+	ServerID  string           `json:"server_id"`
+	Kind      string           `json:"kind"`
+	URL       string           `json:"url"`
+	LoadScore float64          `json:"load_score"`
+	Healthy   bool             `json:"healthy"`
+	Circuit   breaker.Snapshot `json:"circuit"`
+}
+
+// loadBalance fills seed 001's fields of /admin/balance: every live instance's smoothed load
+// score, and per kind the spread (max - min) of the scores; the worst kind's is the imbalance
+// score, balanced when no kind's spread exceeds its minimum migration gain.
+func (g *Gateway) loadBalance(b *Balance) {
+	snap := g.reg.snap.Load()
+	b.Balanced = true
+	b.Servers = []ServerLoad{}
+	for name, ke := range snap.kinds {
+		var keys []string
+		for _, s := range snap.shards[name] {
+			for _, in := range s.instances {
+				keys = append(keys, in.key)
+				sl := ServerLoad{ServerID: in.key, Kind: name, LoadScore: ke.lt.Load(in.key),
+					Healthy: in.breaker.Available(), Circuit: in.breaker.Snapshot()}
+				if u := in.url.Load(); u != nil {
+					sl.URL = u.String()
+				}
+				b.Servers = append(b.Servers, sl)
+			}
+		}
+		_, imb, ok := ke.lt.Balance(keys)
+		b.ImbalanceScore = max(b.ImbalanceScore, imb)
+		b.Balanced = b.Balanced && ok
+	}
+}
