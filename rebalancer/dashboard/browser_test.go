@@ -1,0 +1,185 @@
+package dashboard_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/rebalancer/server"
+	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// chromium finds a Chromium binary; CI installs Debian's chromium package (.ci/run).
+func chromium(t *testing.T) string {
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal("no chromium in CI: .ci/run should have installed Debian's chromium")
+	}
+	t.Skip("no chromium installed (apt-get install chromium)")
+	return ""
+}
+
+func startShard(t *testing.T, st *schema.Store, shard string, hooks shardkit.Hooks) {
+	t.Helper()
+	sk, err := shardkit.New(shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard, Instance: "i1"},
+		URL: "http://127.0.0.1:9", Hooks: hooks, Heartbeat: 200 * time.Millisecond, Labels: map[string]string{"region": "eu"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = sk.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-sk.Running():
+	case <-time.After(15 * time.Second):
+		t.Fatal("shard did not start")
+	}
+}
+
+func post(t *testing.T, url string, body any) []byte {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out bytes.Buffer
+	_, _ = out.ReadFrom(resp.Body)
+	if resp.StatusCode >= 300 {
+		t.Fatalf("POST %s: %d %s", url, resp.StatusCode, out.String())
+	}
+	return out.Bytes()
+}
+
+// TestDashboardShowsInstancesAndMoveProgress runs the rebalancer service with two real shards,
+// opens the dashboard in headless Chromium, and watches a move go through its phases live.
+func TestDashboardShowsInstancesAndMoveProgress(t *testing.T) {
+	if testing.Short() {
+		t.Skip("browser test")
+	}
+	path := chromium(t)
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv.URL())
+	ctx := context.Background()
+	st, err := schema.Open(ctx, nc, schema.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The target's warm-up waits for the test, so the page can be seen showing "warming".
+	release := make(chan struct{})
+	startShard(t, st, "s-1", shardkit.Hooks{})
+	startShard(t, st, "s-2", shardkit.Hooks{Warm: func(ctx context.Context, _ string, _ uint64) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}})
+	for _, tenant := range []string{"acme", "globex", "initech"} {
+		if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: tenant, Shard: "s-1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rs, err := server.New(server.Config{Store: st, Holder: "dash-test", NoCompact: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, stop := context.WithCancel(ctx)
+	if err := rs.Start(sctx); err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(rs.Handler())
+	t.Cleanup(func() { stop(); rs.Wait(); ts.Close() })
+
+	alloc, cancelAlloc := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.Flag("disable-gpu", true), chromedp.UserDataDir(t.TempDir()),
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.Flag("no-first-run", true), chromedp.Flag("disable-quic", true),
+		chromedp.WindowSize(1400, 1100))...)
+	defer cancelAlloc()
+	bctx, cancelBrowser := chromedp.NewContext(alloc)
+	defer cancelBrowser()
+	bctx, cancelTimeout := context.WithTimeout(bctx, 90*time.Second)
+	defer cancelTimeout()
+
+	// It loads and shows the instances, with status and labels, and the tenants per shard.
+	err = chromedp.Do(bctx,
+		chromedp.Navigate(ts.URL+"/"),
+		chromedp.WaitVisible(chromedp.CSS(`tr[data-instance="aggregate.s-1.i1"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`tr[data-instance="aggregate.s-2.i1"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`.bar[data-shard="s-1"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#live.s-online`)),
+	)
+	if err != nil {
+		t.Fatalf("dashboard did not show the instances: %v", err)
+	}
+	statusText, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(`tr[data-instance="aggregate.s-1.i1"] .pill`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(`tr[data-instance="aggregate.s-1.i1"] .labels`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if statusText != "online" || labels != "region=eu" {
+		t.Fatalf("instance row: status %q labels %q", statusText, labels)
+	}
+
+	// A move, applied through the API, shows up live: warming while the target warms, then done.
+	deadline := time.Now().Add(20 * time.Second)
+	for !rs.IsLeader() {
+		if time.Now().After(deadline) {
+			t.Fatal("the service did not lead")
+		}
+		time.Sleep(20 * time.Millisecond) // polling the lease; no event to await
+	}
+	var created server.PlanResponse
+	if err := json.Unmarshal(post(t, ts.URL+"/api/plans", map[string]any{"strategy": "manual", "kind": "aggregate",
+		"moves": []map[string]string{{"tenant": "acme", "to": "s-2"}}}), &created); err != nil {
+		t.Fatal(err)
+	}
+	post(t, ts.URL+"/api/plans/"+created.Plan.ID+"/apply", nil)
+	move := `tr[data-move="` + created.Plan.ID + `/m00001"]`
+	if err := chromedp.Do(bctx, chromedp.WaitVisible(chromedp.CSS(move+`[data-state="warming"]`))); err != nil {
+		t.Fatalf("the move was not shown warming: %v", err)
+	}
+	shot, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	err = chromedp.Do(bctx,
+		chromedp.WaitVisible(chromedp.CSS(move+`[data-state="done"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#audit li`)),
+	)
+	if err != nil {
+		t.Fatalf("the move was not shown done: %v", err)
+	}
+	planDone := `document.querySelector('[data-plan="` + created.Plan.ID + `"] .head .pill').textContent === "done"`
+	if _, err := chromedp.Run(bctx, chromedp.Poll[bool](planDone, chromedp.WithPollingTimeout(20*time.Second))); err != nil {
+		t.Fatalf("the plan was not shown done: %v", err)
+	}
+	// TM_SCREENSHOT=path keeps a picture of the page mid-move (docs/dashboard.png in the README).
+	if out := os.Getenv("TM_SCREENSHOT"); out != "" {
+		if err := os.WriteFile(filepath.Clean(out), shot, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

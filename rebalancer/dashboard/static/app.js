@@ -1,0 +1,169 @@
+// tenantmesh rebalancer dashboard: reads the API, then keeps itself current from /api/events.
+"use strict";
+
+const $ = (sel) => document.querySelector(sel);
+const state = { instances: [], plans: new Map(), moves: new Map(), audit: [] };
+
+// el builds an element; text is always set with textContent (never parsed as HTML).
+function el(tag, attrs = {}, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") e.className = v; else if (k === "text") e.textContent = v; else e.setAttribute(k, v);
+  }
+  for (const c of children) e.append(c);
+  return e;
+}
+const pill = (s) => el("span", { class: "pill s-" + s, text: s });
+const fmt = (n, d = 0) => (n == null || Number.isNaN(n) ? "–" : Number(n).toFixed(d));
+const ago = (s) => (s < 1 ? "now" : s < 90 ? Math.round(s) + "s ago" : Math.round(s / 60) + "m ago");
+const hhmmss = (t) => new Date(t).toLocaleTimeString([], { hour12: false });
+
+async function getJSON(path) {
+  const r = await fetch(path, { headers: { accept: "application/json" } });
+  if (!r.ok) throw new Error(path + ": " + r.status);
+  return r.json();
+}
+
+// Instances (seed 003's host view) and tenants per shard.
+async function loadInstances() {
+  try { state.instances = await getJSON("/api/instances"); } catch { return; }
+  const body = $("#instances tbody");
+  body.replaceChildren();
+  let lastKind = "";
+  const counts = { online: 0, degraded: 0, offline: 0, draining: 0 };
+  for (const i of state.instances) {
+    const st = i.derived_status || i.status;
+    counts[st] = (counts[st] || 0) + 1;
+    const m = i.metrics || {};
+    const labels = el("td", { class: "labels" });
+    for (const [k, v] of Object.entries(i.labels || {})) labels.append(el("code", { text: k + "=" + v }));
+    const tr = el("tr", { "data-instance": i.key, class: i.kind !== lastKind ? "kind-first" : "" },
+      el("td", { text: i.kind !== lastKind ? i.kind : "" }), el("td", { text: i.shard }), el("td", { text: i.instance }),
+      el("td", {}, pill(st)), el("td", { text: ago(i.heartbeat_age_seconds || 0) }),
+      el("td", { class: "num", text: fmt(m.tenants) }), el("td", { class: "num", text: fmt(m.in_flight) }),
+      el("td", { class: "num", text: fmt(m.rate_per_sec, 1) }), el("td", { class: "num", text: fmt(m.latency_ms, 1) + " ms" }),
+      el("td", { class: "num", text: fmt(100 * (m.error_rate || 0), 1) + "%" }), el("td", { class: "num", text: fmt(m.cpu, 0) + "%" }),
+      labels);
+    body.append(tr);
+    lastKind = i.kind;
+  }
+  $("#inst-summary").textContent = Object.entries(counts).filter(([, n]) => n).map(([s, n]) => n + " " + s).join(" · ");
+  drawShards();
+}
+
+function drawShards() {
+  const byKind = new Map();
+  for (const i of state.instances) {
+    if ((i.derived_status || i.status) === "offline") continue;
+    const shards = byKind.get(i.kind) || new Map();
+    shards.set(i.shard, Math.max(shards.get(i.shard) || 0, (i.metrics || {}).tenants || 0));
+    byKind.set(i.kind, shards);
+  }
+  const root = $("#shards");
+  root.replaceChildren();
+  for (const [kind, shards] of [...byKind].sort()) {
+    const top = Math.max(1, ...shards.values());
+    root.append(el("div", { class: "kind", text: kind }));
+    for (const [shard, n] of [...shards].sort()) {
+      const fill = el("div", { class: "fill" });
+      fill.style.width = (100 * n / top).toFixed(1) + "%";
+      root.append(el("div", { class: "bar", "data-shard": shard }, el("span", { text: shard }),
+        el("div", { class: "track" }, fill), el("span", { class: "n", text: String(n) })));
+    }
+  }
+}
+
+// Plans with their moves.
+async function loadPlans() {
+  let sums;
+  try { sums = await getJSON("/api/plans?limit=8"); } catch { return; }
+  for (const p of sums) state.plans.set(p.id, p);
+  await Promise.all(sums.slice(0, 4).map(async (p) => {
+    try {
+      const d = await getJSON("/api/plans/" + encodeURIComponent(p.id));
+      for (const m of d.moves) state.moves.set(m.plan + "/" + m.id, m);
+    } catch { /* the next event refreshes it */ }
+  }));
+  drawPlans();
+}
+
+function drawPlans() {
+  const root = $("#plans");
+  root.replaceChildren();
+  const plans = [...state.plans.values()].sort((a, b) => (a.id < b.id ? 1 : -1)).slice(0, 6);
+  if (!plans.length) root.append(el("p", { class: "muted", text: "No plans yet: rebalance plan balance --kind aggregate" }));
+  for (const p of plans) {
+    const moves = [...state.moves.values()].filter((m) => m.plan === p.id).sort((a, b) => (a.id < b.id ? -1 : 1));
+    const total = (p.plan && p.plan.moves ? p.plan.moves.length : moves.length) || 1;
+    const done = moves.filter((m) => ["done", "skipped", "aborted", "failed"].includes(m.state)).length;
+    const bar = el("div");
+    bar.style.width = (100 * done / total).toFixed(0) + "%";
+    const table = el("table", {}, el("thead", {}, el("tr", {}, ...["move", "kind", "tenant", "from", "to", "phase", "pause", "reason"].map((h) => el("th", { text: h })))));
+    const tb = el("tbody");
+    for (const m of moves.slice(0, 50)) {
+      const pause = m.handoff && m.commit ? (new Date(m.commit) - new Date(m.handoff)) + " ms" : "–";
+      tb.append(el("tr", { "data-move": m.plan + "/" + m.id, "data-state": m.state },
+        el("td", { text: m.id }), el("td", { text: m.kind }), el("td", { text: m.tenant }), el("td", { text: m.from }),
+        el("td", { text: m.to }), el("td", {}, pill(m.state)), el("td", { text: pause }), el("td", { class: "muted", text: m.reason || "" })));
+    }
+    table.append(tb);
+    root.append(el("div", { class: "plan", "data-plan": p.id },
+      el("div", { class: "head" }, el("span", { class: "id", text: p.id }), pill(p.status),
+        el("span", { class: "muted", text: (p.plan ? p.plan.strategy : "") + " · " + done + "/" + total + " moves" }),
+        el("div", { class: "progress" }, bar)),
+      table));
+  }
+}
+
+// Audit journal.
+async function loadAudit() {
+  try { state.audit = (await getJSON("/api/audit?limit=30")).reverse(); } catch { return; }
+  drawAudit();
+}
+
+function drawAudit() {
+  const root = $("#audit");
+  root.replaceChildren();
+  for (const a of state.audit.slice(0, 30)) {
+    const what = [a.kind, a.tenant].filter(Boolean).join("/");
+    root.append(el("li", {}, el("span", { class: "t", text: hhmmss(a.time) }), el("span", { text: a.action }),
+      el("span", { class: "muted", text: what + (a.actor ? " · " + a.actor : "") })));
+  }
+}
+
+async function loadLeader() {
+  try {
+    const l = await getJSON("/api/leader");
+    $("#leader").textContent = "leader: " + (l.holder || "none");
+    $("#leader").className = "pill " + (l.holder ? "s-online" : "muted");
+  } catch { /* shown as is */ }
+}
+
+// Live updates.
+function connect() {
+  const es = new EventSource("/api/events");
+  es.onopen = () => { $("#live").textContent = "live"; $("#live").className = "pill s-online"; };
+  es.onerror = () => { $("#live").textContent = "reconnecting…"; $("#live").className = "pill s-degraded"; };
+  es.addEventListener("move", (e) => {
+    const m = JSON.parse(e.data);
+    state.moves.set(m.plan + "/" + m.id, m);
+    if (!state.plans.has(m.plan)) loadPlans(); else drawPlans();
+  });
+  es.addEventListener("plan", (e) => {
+    const p = JSON.parse(e.data);
+    const prev = state.plans.get(p.id) || {};
+    state.plans.set(p.id, Object.assign({}, prev, p));
+    drawPlans();
+  });
+  es.addEventListener("audit", (e) => {
+    state.audit.unshift(JSON.parse(e.data));
+    state.audit.length = Math.min(state.audit.length, 30);
+    drawAudit();
+  });
+  es.addEventListener("instance", () => loadInstances());
+  es.addEventListener("leader", () => loadLeader());
+}
+
+loadInstances(); loadPlans(); loadAudit(); loadLeader(); connect();
+setInterval(loadInstances, 2000); // heartbeat ages and metrics move on their own
+setInterval(loadLeader, 5000);
