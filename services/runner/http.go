@@ -35,6 +35,7 @@ func (s *Service) Mount(r chi.Router, gate, admin func(http.Handler) http.Handle
 	r.With(gate).Get("/jobs/{id}", s.handleGet)
 	r.With(admin).Get("/admin/runner/status", s.handleStatus)
 	r.With(admin).Get("/admin/runner/instances", s.handleInstances)
+	r.With(admin).Get("/admin/runner/tenant", s.handleTenant)
 }
 
 func tenantOf(r *http.Request) string { return r.Header.Get(tmhttp.HeaderTenant) }

@@ -206,3 +206,26 @@ func TestSMTPMessage(t *testing.T) {
 		})
 	}
 }
+
+// The per-tenant figures show the saga's position against the tenant's events.
+func TestTenantStats(t *testing.T) {
+	st := openStore(t)
+	agg, err := aggregate.New(context.Background(), aggregate.Config{Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	place(t, st, "acme", "runner-9") // nobody runs it: everything stays
+	s := startService(t, st, "runner-1", "a", Config{Sagas: []Saga{Welcome{Effect: "log"}}})
+	openAccounts(t, agg, "acme", 0, 3, func(i int) string { return fmt.Sprintf("o%d", i) })
+	create(t, s, "acme", 4, NewJob{Type: "noop"})
+	got, err := s.Stats(context.Background(), "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Queued != 4 || got.Outbox != 0 || got.LastEvent != 3 || got.SagaCheckpoint != 0 || !got.SagaBehind || got.Acquired {
+		t.Fatalf("stats %+v", got)
+	}
+	if _, err := s.Stats(context.Background(), "bad tenant"); err == nil {
+		t.Fatal("bad tenant id accepted")
+	}
+}
