@@ -40,7 +40,7 @@ func TestInstanceView(t *testing.T) {
 		view = vs[0]
 		return view.Running == 3
 	})
-	if view.Status != schema.StatusOnline || view.Labels["region"] != "eu" || view.Metrics == nil || view.Metrics.CPU != 12 ||
+	if !view.Status.Live() || view.Labels["region"] != "eu" || view.Metrics == nil || view.Metrics.CPU != 12 ||
 		view.Runner == nil || view.Runner.MaxConcurrent != 3 || view.Runner.JobsPerMinute != 600 || view.Runner.Tenants != 1 {
 		t.Fatalf("view %+v (runner %+v)", view, view.Runner)
 	}
