@@ -42,6 +42,12 @@ type App interface {
 	Run(ctx context.Context) error
 }
 
+// ShardAttacher is an App that needs its shard (e.g. to call Release when it disposes an
+// affinity tenant); Run calls AttachShard once the shard is made, before serving.
+type ShardAttacher interface {
+	AttachShard(sk *shardkit.Shard)
+}
+
 // Env is what a service gets to build itself.
 type Env struct {
 	Store      *schema.Store
@@ -201,6 +207,9 @@ func (m *Main) Run(ctx context.Context, build Builder) error {
 		ln.Close()
 		return err
 	}
+	if a, ok := app.(ShardAttacher); ok {
+		a.AttachShard(sk)
+	}
 	r := chi.NewRouter()
 	sk.Mount(r)
 	app.Mount(r, sk.Gate, sk.RequireAdmin)
@@ -241,4 +250,3 @@ func (m *Main) Run(ctx context.Context, build Builder) error {
 	log.Info("stopped")
 	return runErr
 }
-
