@@ -138,6 +138,10 @@ func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bo
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
 	defer cancel()
+	if nj.Instance != "" && !s.knownInstance(ctx, nj.Instance) {
+		return Run{}, false, fmt.Errorf("%w: %q is not an instance of shard %s (seed 003: the host must exist; an offline one still gets the job)",
+			ErrBadJob, nj.Instance, s.cfg.ID.Shard)
+	}
 	id := newID(tenant, nj.IdempotencyKey)
 	if nj.IdempotencyKey != "" {
 		if r, err := s.Get(ctx, tenant, id); err == nil {
@@ -327,4 +331,19 @@ func (s *Service) retryAfter(depth int) time.Duration {
 		d = max(d, time.Duration(depth-s.cfg.MaxQueued+1)*time.Minute/time.Duration(r))
 	}
 	return min(d, time.Minute)
+}
+
+// knownInstance reports whether instance belongs to this shard: it is in the instance
+// directory (online or not: a job for an offline instance waits for it) or has written its
+// runner status.
+func (s *Service) knownInstance(ctx context.Context, instance string) bool {
+	id := schema.InstanceID{Kind: s.cfg.ID.Kind, Shard: s.cfg.ID.Shard, Instance: instance}
+	if instance == s.cfg.ID.Instance {
+		return true
+	}
+	if _, err := s.status.Get(ctx, id.Key()); err == nil {
+		return true
+	}
+	_, err := s.st.Instance(ctx, id)
+	return err == nil
 }

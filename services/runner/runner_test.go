@@ -58,6 +58,7 @@ func TestJobsAPI(t *testing.T) {
 		{`{"type":"nope"}`, "bad-job"},
 		{`{"type":"log","extra":1}`, "bad-job"},
 		{`{"type":"log","instance":"a.b"}`, "bad-job"},
+		{`{"type":"log","instance":"ghost"}`, "bad-job"},
 	} {
 		resp, p := call(t, srv, "POST", "/jobs", "acme", tc.body)
 		if resp.StatusCode != 400 || !strings.HasSuffix(fmt.Sprint(p["type"]), tc.want) {

@@ -244,6 +244,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 // Run follows the placement and runs jobs, sagas and effects until ctx ends; then it waits for
 // the runs in flight (they end with ctx) and returns.
 func (s *Service) Run(ctx context.Context) error {
+	s.writeStatus(ctx) // siblings may pin jobs to this instance from now on
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = s.watcher.Run(ctx) })
 	if err := s.watcher.WaitReady(ctx); err != nil {

@@ -55,15 +55,22 @@ func (s *Service) statusLoop(ctx context.Context) {
 			cancel()
 			return
 		}
-		b, _ := json.Marshal(s.Status())
-		pctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
-		if _, err := s.status.Put(pctx, s.cfg.ID.Key(), b); err != nil && ctx.Err() == nil {
-			s.cfg.Logger.Debug("writing runner status", "err", err)
-		}
+		s.writeStatus(ctx)
 		if s.cfg.TenantJobsPerMinute > 0 {
+			pctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
 			s.setSiblings(s.countSiblings(pctx))
+			cancel()
 		}
-		cancel()
+	}
+}
+
+// writeStatus puts the instance's runner status in tm_runner_status.
+func (s *Service) writeStatus(ctx context.Context) {
+	b, _ := json.Marshal(s.Status())
+	pctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+	defer cancel()
+	if _, err := s.status.Put(pctx, s.cfg.ID.Key(), b); err != nil && ctx.Err() == nil {
+		s.cfg.Logger.Debug("writing runner status", "err", err)
 	}
 }
 
