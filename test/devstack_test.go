@@ -35,41 +35,44 @@ func buildBinaries(t *testing.T, dir string) {
 	}
 }
 
-// TestDevStackTryThis is `make run` from a fresh start: it starts the dev stack, runs every
-// command of the "try this" block it prints, and stops it with Ctrl-C.
-func TestDevStackTryThis(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the whole platform")
-	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "bin")
-	buildBinaries(t, bin)
-	ports, err := embednats.FreePorts("127.0.0.1", 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	base, err := embednats.FreePorts("127.0.0.1", 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stack := exec.Command(filepath.Join(bin, "devstack"), "--bin", bin, "--data", filepath.Join(dir, "data"),
-		"--nats-port", fmt.Sprint(ports[0]), "--gateway-port", fmt.Sprint(ports[1]), "--rebalancer-port", fmt.Sprint(ports[2]),
-		"--shard-base-port", fmt.Sprint(base[0]+100), "--log-level", "warn")
-	stdout, err := stack.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	logs := &syncBuilder{b: &strings.Builder{}}
-	stack.Stderr = logs
-	if err := stack.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	t.Cleanup(func() {
-		_ = stack.Process.Signal(syscall.SIGKILL)
-	})
+// stack is the dev stack running as processes for a test.
+type stack struct {
+	dir, bin            string
+	gateway, rebalancer string // base URLs
+	natsURL             string
+	banner              []string
+	logs                *syncBuilder
+	cmd                 *exec.Cmd
+	exited              chan error
+}
 
-	// Read the banner up to its last line.
+// startStack builds the binaries and starts bin/devstack on free ports, returning once it
+// printed its banner (every process ready, demo tenants seeded). It is killed at test end.
+func startStack(t *testing.T, extra ...string) *stack {
+	t.Helper()
+	dir := t.TempDir()
+	s := &stack{dir: dir, bin: filepath.Join(dir, "bin"), logs: &syncBuilder{b: &strings.Builder{}}, exited: make(chan error, 1)}
+	buildBinaries(t, s.bin)
+	ports, err := embednats.FreePorts("127.0.0.1", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.gateway = fmt.Sprintf("http://127.0.0.1:%d", ports[1])
+	s.rebalancer = fmt.Sprintf("http://127.0.0.1:%d", ports[2])
+	s.natsURL = fmt.Sprintf("nats://127.0.0.1:%d", ports[0])
+	args := append([]string{"--bin", s.bin, "--data", filepath.Join(dir, "data"),
+		"--nats-port", fmt.Sprint(ports[0]), "--gateway-port", fmt.Sprint(ports[1]), "--rebalancer-port", fmt.Sprint(ports[2]),
+		"--shard-base-port", fmt.Sprint(ports[3] + 100), "--log-level", "warn"}, extra...)
+	s.cmd = exec.Command(filepath.Join(s.bin, "devstack"), args...)
+	stdout, err := s.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.cmd.Stderr = s.logs
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.cmd.Process.Signal(syscall.SIGKILL) })
 	banner := make(chan []string, 1)
 	go func() {
 		var lines []string
@@ -80,16 +83,43 @@ func TestDevStackTryThis(t *testing.T) {
 				banner <- lines
 			}
 		}
-		exited <- stack.Wait()
+		s.exited <- s.cmd.Wait()
 	}()
-	var lines []string
 	select {
-	case lines = <-banner:
-	case err := <-exited:
-		t.Fatalf("devstack exited before printing its banner: %v\n%s", err, logs.String())
+	case s.banner = <-banner:
+	case err := <-s.exited:
+		t.Fatalf("devstack exited before printing its banner: %v\n%s", err, s.logs.String())
 	case <-time.After(3 * time.Minute):
-		t.Fatalf("no banner within 3 minutes\n%s", logs.String())
+		t.Fatalf("no banner within 3 minutes\n%s", s.logs.String())
 	}
+	return s
+}
+
+// stop sends Ctrl-C and checks that every process stopped.
+func (s *stack) stop(t *testing.T) {
+	t.Helper()
+	_ = s.cmd.Process.Signal(os.Interrupt)
+	select {
+	case err := <-s.exited:
+		if err != nil {
+			t.Fatalf("devstack exit after Ctrl-C: %v\n%s", err, s.logs.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("devstack did not stop within 60s of Ctrl-C\n%s", s.logs.String())
+	}
+	if pids, _ := exec.Command("pgrep", "-f", s.bin).Output(); len(strings.TrimSpace(string(pids))) > 0 {
+		t.Fatalf("processes left running after Ctrl-C: %s", pids)
+	}
+}
+
+// TestDevStackTryThis is `make run` from a fresh start: it starts the dev stack, runs every
+// command of the "try this" block it prints, and stops it with Ctrl-C.
+func TestDevStackTryThis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the whole platform")
+	}
+	s := startStack(t)
+	lines, dir, logs := s.banner, s.dir, s.logs
 
 	// Run the "try this" block as a person would, in one shell: the curl commands, the export,
 	// and the rebalance commands, with the plan id printed by `plan` fed to `apply`.
@@ -140,16 +170,5 @@ func TestDevStackTryThis(t *testing.T) {
 	}
 
 	// Ctrl-C stops every process cleanly.
-	_ = stack.Process.Signal(os.Interrupt)
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("devstack exit after Ctrl-C: %v\n%s", err, logs.String())
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatalf("devstack did not stop within 60s of Ctrl-C\n%s", logs.String())
-	}
-	if pids, _ := exec.Command("pgrep", "-f", bin).Output(); len(strings.TrimSpace(string(pids))) > 0 {
-		t.Fatalf("processes left running after Ctrl-C: %s", pids)
-	}
+	s.stop(t)
 }

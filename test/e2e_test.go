@@ -1,0 +1,338 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// e2eMoves is how many tenant moves (each across all three kinds) TestMovesUnderLoad applies:
+// a few in CI, TM_E2E_MOVES=1000 for `make e2e`.
+func e2eMoves() int {
+	if n, err := strconv.Atoi(os.Getenv("TM_E2E_MOVES")); err == nil && n > 0 {
+		return n
+	}
+	return 6
+}
+
+// load drives one tenant's traffic through the gateway and records what was acknowledged.
+type load struct {
+	gw       string
+	hc       *http.Client
+	receiver string
+
+	mu        sync.Mutex
+	failures  []string
+	deposits  map[string]int64 // tenant -> acknowledged deposit total
+	jobs      map[string]string // job id -> tenant
+	requests  atomic.Int64
+	commandsN atomic.Int64
+}
+
+func (l *load) do(tenant, method, path string, body any) (int, []byte) {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, l.gw+path, rd)
+	req.Header.Set("x-tenant-id", tenant)
+	req.Header.Set("content-type", "application/json")
+	l.requests.Add(1)
+	resp, err := l.hc.Do(req)
+	if err != nil {
+		l.fail(fmt.Sprintf("%s %s %s: %v", tenant, method, path, err))
+		return 0, nil
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode >= 300 {
+		l.fail(fmt.Sprintf("%s %s %s: %d %s", tenant, method, path, resp.StatusCode, bytes.TrimSpace(b)))
+	}
+	return resp.StatusCode, b
+}
+
+func (l *load) fail(s string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.failures = append(l.failures, s)
+}
+
+// run sends commands, queries and jobs for tenant until stop is closed.
+func (l *load) run(tenant string, stop <-chan struct{}) {
+	l.do(tenant, "POST", "/commands", map[string]any{"aggregate_type": "account", "aggregate_id": "load",
+		"command": "open", "idempotency_key": "load-open"})
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		amount := int64(i%7 + 1)
+		code, _ := l.do(tenant, "POST", "/commands", map[string]any{"aggregate_type": "account", "aggregate_id": "load",
+			"command": "deposit", "payload": map[string]int64{"amount": amount}, "idempotency_key": fmt.Sprintf("dep-%d", i)})
+		if code == http.StatusCreated || code == http.StatusOK {
+			l.commandsN.Add(1)
+			l.mu.Lock()
+			l.deposits[tenant] += amount
+			l.mu.Unlock()
+		}
+		if i%4 == 0 {
+			l.do(tenant, "POST", "/query/accounts", map[string]any{"limit": 5})
+		}
+		if i%5 == 0 {
+			code, b := l.do(tenant, "POST", "/jobs", map[string]any{"type": "webhook", "idempotency_key": fmt.Sprintf("job-%d", i),
+				"payload": map[string]any{"url": l.receiver, "body": map[string]any{"tenant": tenant, "n": i}}})
+			var run struct{ ID string }
+			if code < 300 && json.Unmarshal(b, &run) == nil && run.ID != "" {
+				l.mu.Lock()
+				l.jobs[run.ID] = tenant
+				l.mu.Unlock()
+			}
+		}
+	}
+}
+
+// receiver is a webhook endpoint counting deliveries per effect (Idempotency-Key).
+type receiver struct {
+	mu    sync.Mutex
+	byKey map[string]int
+}
+
+func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	_, _ = io.Copy(io.Discard, req.Body)
+	r.mu.Lock()
+	r.byKey[req.Header.Get("Idempotency-Key")]++
+	r.mu.Unlock()
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// TestMovesUnderLoad moves tenants across shards of all three kinds, through the rebalancer
+// service, while clients send commands, queries and jobs through the gateway: no request may
+// fail, no acknowledged command may be lost or applied twice, every job's effect must be
+// delivered exactly once, and the views must converge to the ledger.
+func TestMovesUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the whole platform under load")
+	}
+	rcv := &receiver{byKey: map[string]int{}}
+	hook := httptest.NewServer(rcv)
+	defer hook.Close()
+	s := startStack(t)
+	nc, err := nats.Connect(s.natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx := context.Background()
+	st, err := schema.Open(ctx, nc, schema.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &load{gw: s.gateway, hc: &http.Client{Timeout: 15 * time.Second}, receiver: hook.URL,
+		deposits: map[string]int64{}, jobs: map[string]string{}}
+	tenants := []string{"acme", "globex", "initech", "umbrella", "hooli", "stark"}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, tenant := range tenants {
+		wg.Go(func() { l.run(tenant, stop) })
+	}
+
+	// Moves: each tenant in turn goes to the other shard of every kind, through the API.
+	moves, pauses := e2eMoves(), []time.Duration{}
+	start := time.Now()
+	for i := range moves {
+		tenant := tenants[i%len(tenants)]
+		targets := map[string]string{}
+		for _, kind := range []string{"aggregate", "projection", "runner"} {
+			p, err := st.Placement(ctx, kind, tenant)
+			if err != nil {
+				t.Fatalf("placement of %s/%s: %v", kind, tenant, err)
+			}
+			targets[kind] = kind + "-1"
+			if p.Shard == kind+"-1" {
+				targets[kind] = kind + "-2"
+			}
+		}
+		id := createPlan(t, s.rebalancer, map[string]any{"strategy": "move-tenant", "tenant": tenant, "targets": targets})
+		postOK(t, s.rebalancer+"/api/plans/"+id+"/apply", nil)
+		pauses = append(pauses, awaitPlan(t, s.rebalancer, id)...)
+	}
+	elapsed := time.Since(start)
+	close(stop)
+	wg.Wait()
+
+	if len(l.failures) > 0 {
+		t.Errorf("%d of %d requests failed during %d moves:\n%s", len(l.failures), l.requests.Load(), moves, strings.Join(first(l.failures, 20), "\n"))
+	}
+	// The ledger: every acknowledged deposit once (the demo tenants had 1000 before).
+	for _, tenant := range tenants {
+		var tot struct{ Deposits, Withdrawals, Balances int64 }
+		_, b := l.do(tenant, "GET", "/ledger/totals", nil)
+		if err := json.Unmarshal(b, &tot); err != nil {
+			t.Fatalf("totals of %s: %v %s", tenant, err, b)
+		}
+		want := l.deposits[tenant]
+		if tenant == "acme" || tenant == "globex" || tenant == "initech" {
+			want += 1000
+		}
+		if tot.Deposits != want || tot.Deposits-tot.Withdrawals != tot.Balances {
+			t.Errorf("%s: ledger %+v, acknowledged deposits %d", tenant, tot, want)
+		}
+		// The projection converges to the ledger.
+		awaitView(t, l, tenant, tot.Balances)
+	}
+	// Every job ran, and each effect reached the receiver exactly once.
+	awaitJobs(t, l)
+	rcv.mu.Lock()
+	for key, n := range rcv.byKey {
+		if n != 1 {
+			t.Errorf("effect %s delivered %d times", key, n)
+		}
+	}
+	delivered := len(rcv.byKey)
+	rcv.mu.Unlock()
+	if delivered != len(l.jobs) {
+		t.Errorf("%d effects delivered for %d jobs", delivered, len(l.jobs))
+	}
+	t.Logf("%d moves (x3 kinds) in %s under load: %d requests, %d commands, %d jobs, 0 failed; handoff pause p50 %s p99 %s max %s",
+		moves, elapsed.Round(time.Millisecond), l.requests.Load(), l.commandsN.Load(), len(l.jobs),
+		pct(pauses, 0.5), pct(pauses, 0.99), pct(pauses, 1))
+	s.stop(t)
+}
+
+func first(s []string, n int) []string { return s[:min(n, len(s))] }
+
+func createPlan(t *testing.T, base string, req map[string]any) string {
+	t.Helper()
+	var out struct {
+		Plan struct{ ID string } `json:"plan"`
+	}
+	if err := json.Unmarshal(postOK(t, base+"/api/plans", req), &out); err != nil || out.Plan.ID == "" {
+		t.Fatalf("create plan: %v", err)
+	}
+	return out.Plan.ID
+}
+
+func postOK(t *testing.T, url string, body any) []byte {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode >= 300 {
+		t.Fatalf("POST %s: %d %s", url, resp.StatusCode, out)
+	}
+	return out
+}
+
+// awaitPlan waits until the plan finishes, requires every move done, and returns their pauses.
+func awaitPlan(t *testing.T, base, id string) []time.Duration {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		resp, err := http.Get(base + "/api/plans/" + id)
+		if err == nil {
+			var p struct {
+				Plan  struct{ Status string } `json:"plan"`
+				Moves []struct {
+					ID, State, Reason string
+					Handoff, Commit   time.Time
+				} `json:"moves"`
+			}
+			_ = json.NewDecoder(resp.Body).Decode(&p)
+			resp.Body.Close()
+			switch p.Plan.Status {
+			case "done":
+				var out []time.Duration
+				for _, m := range p.Moves {
+					out = append(out, m.Commit.Sub(m.Handoff))
+				}
+				return out
+			case "partial", "rolled_back":
+				t.Fatalf("plan %s ended %s: %+v", id, p.Plan.Status, p.Moves)
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("plan %s not finished within 2 minutes", id)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the service's plan state
+	}
+}
+
+func awaitView(t *testing.T, l *load, tenant string, balances int64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, b := l.do(tenant, "POST", "/query/accounts", map[string]any{"limit": 100})
+		var v struct {
+			Items []struct{ Balance int64 } `json:"items"`
+			Lag   uint64                     `json:"lag"`
+		}
+		var sum int64
+		if json.Unmarshal(b, &v) == nil {
+			for _, it := range v.Items {
+				sum += it.Balance
+			}
+			if sum == balances && v.Lag == 0 {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%s: view sums to %d (lag %d), ledger %d", tenant, sum, v.Lag, balances)
+			return
+		}
+		time.Sleep(100 * time.Millisecond) // the projection catches up asynchronously
+	}
+}
+
+func awaitJobs(t *testing.T, l *load) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for id, tenant := range l.jobs {
+		for {
+			_, b := l.do(tenant, "GET", "/jobs/"+id, nil)
+			var run struct{ Status string }
+			_ = json.Unmarshal(b, &run)
+			if run.Status == "succeeded" {
+				break
+			}
+			if run.Status == "failed" || time.Now().After(deadline) {
+				t.Errorf("job %s of %s: %s", id, tenant, b)
+				break
+			}
+			time.Sleep(50 * time.Millisecond) // jobs run asynchronously
+		}
+	}
+}
+
+func pct(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), d...)
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j] < s[j-1]; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+	return s[int(float64(len(s)-1)*p)]
+}
