@@ -38,7 +38,7 @@ type load struct {
 
 	mu        sync.Mutex
 	failures  []string
-	deposits  map[string]int64 // tenant -> acknowledged deposit total
+	deposits  map[string]int64  // tenant -> acknowledged deposit total
 	jobs      map[string]string // job id -> tenant
 	requests  atomic.Int64
 	commandsN atomic.Int64
@@ -285,7 +285,7 @@ func awaitView(t *testing.T, l *load, tenant string, balances int64) {
 		_, b := l.do(tenant, "POST", "/query/accounts", map[string]any{"limit": 100})
 		var v struct {
 			Items []struct{ Balance int64 } `json:"items"`
-			Lag   uint64                     `json:"lag"`
+			Lag   uint64                    `json:"lag"`
 		}
 		var sum int64
 		if json.Unmarshal(b, &v) == nil {
