@@ -373,6 +373,24 @@ func (t *table) rebuild(ix *index, nslots int) *index {
 	return nix
 }
 
+// rangeAll calls fn for every placement until fn returns false. Readers may call it while the
+// writer runs: it walks the index it loaded, whose entries are complete, and so sees each
+// placement at its value then or later.
+func (t *table) rangeAll(fn func(key string, e Entry) bool) {
+	ix := t.idx.Load()
+	for i := uint32(0); i < ix.n; i++ {
+		en := &ix.chunks[i>>chunkBits][i&(chunkSize-1)]
+		e, ok := t.decode(en.val.Load(), en.rev.Load())
+		if !ok {
+			continue
+		}
+		k, _ := en.keyIn(ix.arena)
+		if !fn(k, e) {
+			return
+		}
+	}
+}
+
 // len is the number of live placements.
 func (t *table) len() int { return t.live }
 

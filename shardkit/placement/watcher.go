@@ -59,7 +59,8 @@ type Config struct {
 	// OnChange, if set, is called after each change of a tenant's routing data (not for
 	// revisions that change nothing it keeps), in revision order, on the kind's apply
 	// goroutine: keep it short. It may call the watcher's methods. It is also called for every
-	// placement of the initial load (Old not OK), but not for those loaded from a snapshot.
+	// placement of the initial load (Old not OK), but not for those loaded from a snapshot: use
+	// Range after Ready for a complete view.
 	OnChange func(Change)
 	// Logger; if nil, logs are discarded.
 	Logger *slog.Logger
@@ -130,6 +131,15 @@ func (w *Watcher) Lookup(kind, tenant string) (Entry, bool) {
 		return Entry{}, false
 	}
 	return ks.t.Load().lookup(tenant)
+}
+
+// Range calls fn for every placement of kind until fn returns false, without locking out the
+// writer: use it to build a service's owned set at start (OnChange is not called for
+// placements loaded from a snapshot).
+func (w *Watcher) Range(kind string, fn func(tenant string, e Entry) bool) {
+	if ks := w.kinds[kind]; ks != nil {
+		ks.t.Load().rangeAll(fn)
+	}
 }
 
 // Has reports whether the watcher follows kind.

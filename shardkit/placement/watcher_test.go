@@ -180,6 +180,17 @@ func TestSnapshotStartIsEquivalent(t *testing.T) {
 	if s2.Placements != 300 {
 		t.Fatalf("placements = %d, want 300", s2.Placements)
 	}
+	n := 0
+	w2.Range("runner", func(tenant string, e placement.Entry) bool {
+		if e.Shard == "" || tenant == "t000" {
+			t.Errorf("Range gave %s = %+v", tenant, e)
+		}
+		n++
+		return true
+	})
+	if n != 300 {
+		t.Fatalf("Range visited %d placements, want 300", n)
+	}
 	counts := w2.ShardCounts("runner")
 	if counts["runner-9"] != 1 || counts["runner-0"] != 99 {
 		t.Fatalf("shard counts = %v", counts)
