@@ -1,0 +1,177 @@
+package gateway
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/tenantmesh/tenantmesh/services/render"
+	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
+)
+
+// startRender runs one render instance (services/render on shardkit) with a real HTTP server.
+// capacity is the registered capacity (tenants placed), pool the page pool size.
+func startRender(t *testing.T, st *schema.Store, shard, name string, capacity, pool int) *render.Service {
+	t.Helper()
+	r := chi.NewRouter()
+	srv := httptest.NewUnstartedServer(r)
+	svc := render.New(render.Config{Capacity: pool, LoadTime: 3 * time.Millisecond, RenderTime: 200 * time.Microsecond})
+	sk, err := shardkit.New(shardkit.Config{Store: st, ID: schema.InstanceID{Kind: render.Kind, Shard: shard, Instance: name},
+		URL: "http://" + srv.Listener.Addr().String(), Capacity: capacity, Routes: svc.Routes(), Hooks: svc.Hooks(),
+		Heartbeat: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.AttachShard(sk)
+	sk.Mount(r)
+	svc.Mount(r, sk.Gate, sk.RequireAdmin)
+	srv.Start()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sk.Run(ctx) }()
+	go func() { _ = svc.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			t.Error("render instance did not stop")
+		}
+		srv.Close()
+	})
+	select {
+	case <-sk.Running():
+	case <-time.After(20 * time.Second):
+		t.Fatal("render instance not running")
+	}
+	return svc
+}
+
+// runResult is one policy's figures.
+type runResult struct {
+	requests, ok, hits int64
+	served             map[string]int64
+	wall               time.Duration
+}
+
+// TestPolicyLoadRun drives skewed traffic (Zipf over 48 tenants) through a gateway to four
+// render instances with pools of 8 pages, once per policy (and managed as the baseline), and reports the affinity hit ratio
+// (renders that found the tenant's page warm) and each instance's share of the requests.
+// Figures: docs/benchmarks.md ("Affinity and load policies").
+func TestPolicyLoadRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("load run")
+	}
+	const (
+		tenants, instances, capacity = 48, 4, 8
+		requests, workers            = 3000, 16
+	)
+	run := func(t *testing.T, policy schema.Policy) runResult {
+		kc := schema.KindConfig{Kind: render.Kind, Policy: policy, Capacity: capacity}
+		e := newEnv(t, Config{}, []schema.KindConfig{kc}, func(e *env) {
+			for i := range instances {
+				shard := "render-1" // load, managed: one shard; the policy picks the instance
+				if policy == schema.PolicyAffinity {
+					shard = fmt.Sprintf("render-%c", 'a'+i) // affinity: each instance its own shard
+				}
+				// Load kinds place tenants on the shard (managed rule): its registered capacity
+				// must hold every tenant; the page pool stays at capacity.
+				reg := capacity
+				if policy != schema.PolicyAffinity {
+					reg = tenants
+				}
+				startRender(t, e.st, shard, fmt.Sprintf("i%d", i), reg, capacity)
+			}
+		})
+		eventually(t, 10*time.Second, "route with every instance", func() bool {
+			rt := e.gw.reg.snap.Load().match("POST", "/render")
+			n := 0
+			if rt != nil {
+				for _, l := range rt.byShard {
+					n += len(l)
+				}
+			}
+			return n == instances
+		})
+		rng := rand.New(rand.NewPCG(1, 2))
+		zipf := rand.NewZipf(rng, 1.2, 1, tenants-1)
+		seq := make([]string, requests)
+		for i := range seq {
+			seq[i] = fmt.Sprintf("tenant-%02d", zipf.Uint64())
+		}
+		res := runResult{served: map[string]int64{}}
+		var mu sync.Mutex
+		var next atomic.Int64
+		start := time.Now()
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Go(func() {
+				for {
+					i := next.Add(1) - 1
+					if i >= requests {
+						return
+					}
+					req, _ := http.NewRequest("POST", e.url+"/render", strings.NewReader(`{"path":"/"}`))
+					req.Header.Set(tmhttp.HeaderTenant, seq[i])
+					resp, err := e.client.Do(req)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					body, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != 200 {
+						t.Logf("%s: %d %s", seq[i], resp.StatusCode, body)
+					}
+					mu.Lock()
+					res.requests++
+					if resp.StatusCode == 200 {
+						res.ok++
+						res.served[resp.Header.Get(tmhttp.HeaderServedBy)]++
+						if resp.Header.Get(render.HeaderCache) == "hit" {
+							res.hits++
+						}
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		res.wall = time.Since(start)
+		return res
+	}
+	report := func(t *testing.T, policy schema.Policy, r runResult) {
+		var keys []string
+		for k := range r.served {
+			keys = append(keys, k)
+		}
+		slices.SortFunc(keys, cmp.Compare)
+		var b strings.Builder
+		for _, k := range keys {
+			fmt.Fprintf(&b, " %s=%.1f%%", k, 100*float64(r.served[k])/float64(r.ok))
+		}
+		t.Logf("policy %s: %d requests, %d ok, hit ratio %.1f%%, %.0f req/s; share per instance:%s",
+			policy, r.requests, r.ok, 100*float64(r.hits)/float64(max(r.ok, 1)), float64(r.requests)/r.wall.Seconds(), b.String())
+		if r.ok < r.requests*99/100 {
+			t.Errorf("policy %s: only %d of %d requests succeeded", policy, r.ok, r.requests)
+		}
+	}
+	// managed is the baseline: one shard, power of two choices, no affinity to an instance.
+	for _, p := range []schema.Policy{schema.PolicyAffinity, schema.PolicyLoad, schema.PolicyManaged} {
+		t.Run(string(p), func(t *testing.T) { report(t, p, run(t, p)) })
+	}
+}
