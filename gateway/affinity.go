@@ -29,6 +29,17 @@ const (
 	registeredByGW    = "gateway"
 )
 
+// requestTimeout bounds one proxied request: the kind's UpstreamTimeout, and for affinity kinds
+// room for every attempt of the plan at ServerTimeout each (the multiplex owners and the
+// fallback), so that a timed-out attempt can fail over (seed 000: "5xx/timeout: try next").
+func requestTimeout(cfg *schema.KindConfig) time.Duration {
+	d := cfg.UpstreamTimeout.D()
+	if a := cfg.Affinity; cfg.Policy == schema.PolicyAffinity && a != nil {
+		d = max(d, a.ServerTimeout.D()*time.Duration(a.Multiplex+2))
+	}
+	return d
+}
+
 // affinityServers lists the route's live instances with an available circuit as selector
 // candidates, by key.
 func affinityServers(rt *route, defCap int) ([]affinity.Server, map[string]*instance) {
@@ -161,36 +172,31 @@ func (g *Gateway) sendAffinity(req *http.Request, st *reqState, in *instance, pa
 	ctx := req.Context()
 	deadline := time.Now().Add(g.cfg.RefreshWait)
 	backoff := 5 * time.Millisecond
+	timeout := 30 * time.Second
+	if a := st.ke.config().Affinity; a != nil {
+		timeout = a.ServerTimeout.D()
+	}
 	for {
-		g.prepare(req, st, in, path, rawPath)
-		if st.entry.Epoch == 0 {
-			req.Header.Del(tmhttp.HeaderEpoch)
-			req.Header.Set(tmhttp.HeaderShard, in.id.Shard)
-		}
-		in.inflight.Add(1)
-		in.requests.Add(1)
-		t0 := time.Now()
-		resp, err := g.send(req)
-		in.inflight.Add(-1)
+		actx, cancel := context.WithTimeout(ctx, timeout)
+		resp, err := g.sendAttempt(req.WithContext(actx), st, in, path, rawPath)
 		if err != nil {
-			if errors.Is(ctx.Err(), context.Canceled) {
-				in.breaker.Abandon()
-			} else {
-				in.failures.Add(1)
-				in.breaker.Failure()
+			cancel()
+			if ctx.Err() == nil && actx.Err() != nil {
+				err = &attemptTimeout{err}
 			}
 			return nil, err
 		}
-		in.observe(time.Since(t0))
-		in.breaker.Success()
 		if resp.StatusCode != http.StatusMisdirectedRequest || !gated || !st.replayable || time.Now().Add(backoff).After(deadline) {
 			if resp.StatusCode == http.StatusMisdirectedRequest {
 				resp.Body.Close()
+				cancel()
 				return nil, errMisdirected(st)
 			}
+			resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
 			return resp, nil
 		}
 		resp.Body.Close()
+		cancel()
 		if !sleepCtx(ctx, backoff) {
 			return nil, ctx.Err()
 		}
@@ -199,6 +205,53 @@ func (g *Gateway) sendAffinity(req *http.Request, st *reqState, in *instance, pa
 			st.entry = e
 		}
 	}
+}
+
+// attemptTimeout is one attempt that ran out of the kind's ServerTimeout (the request has
+// time left, so it fails over); it still reads as a timeout (504) if it was the last.
+type attemptTimeout struct{ err error }
+
+func (e *attemptTimeout) Error() string { return "server timeout: " + e.err.Error() }
+func (e *attemptTimeout) Unwrap() error { return e.err }
+func (e *attemptTimeout) Timeout() bool { return true }
+
+// cancelBody ends the attempt's context when the response body is closed.
+type cancelBody struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *cancelBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
+}
+
+// sendAttempt sends req to in once, keeping the instance's counters and breaker.
+func (g *Gateway) sendAttempt(req *http.Request, st *reqState, in *instance, path, rawPath string) (*http.Response, error) {
+	ctx := req.Context()
+	g.prepare(req, st, in, path, rawPath)
+	if st.entry.Epoch == 0 {
+		req.Header.Del(tmhttp.HeaderEpoch)
+		req.Header.Set(tmhttp.HeaderShard, in.id.Shard)
+	}
+	in.inflight.Add(1)
+	in.requests.Add(1)
+	t0 := time.Now()
+	resp, err := g.send(req)
+	in.inflight.Add(-1)
+	if err != nil {
+		if errors.Is(ctx.Err(), context.Canceled) {
+			in.breaker.Abandon()
+		} else {
+			in.failures.Add(1)
+			in.breaker.Failure()
+		}
+		return nil, err
+	}
+	in.observe(time.Since(t0))
+	in.breaker.Success()
+	return resp, nil
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {

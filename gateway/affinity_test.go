@@ -30,6 +30,7 @@ type fakeServer struct {
 	name    string
 	id      string // X-Prerender-Server-Id
 	fail    atomic.Bool
+	hang    atomic.Bool // /render answers only when the client gives up
 	down    atomic.Bool // health check and everything else answer 503
 	mu      sync.Mutex
 	realms  []string
@@ -59,6 +60,12 @@ func (f *fakeServer) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	if f.fail.Load() {
 		http.Error(w, "boom", http.StatusInternalServerError)
+		return
+	}
+	if f.hang.Load() {
+		// Read the body first: the server notices the client going away only after that.
+		_, _ = io.Copy(io.Discard, r.Body)
+		<-r.Context().Done()
 		return
 	}
 	f.mu.Lock()
@@ -468,5 +475,31 @@ func TestAffinityGatewaysAgree(t *testing.T) {
 		if tg[0] == "" || tg[0] != tg[1] {
 			t.Fatalf("realm t%d: gateway 1 used %s, gateway 2 %s", i, tg[0], tg[1])
 		}
+	}
+}
+
+// A server that does not answer within ServerTimeout fails over to the next owner; the last
+// attempt's timeout is a 504.
+func TestAffinityTimeoutFailover(t *testing.T) {
+	k := renderKind(2, 4223, time.Hour)
+	k.Affinity.ServerTimeout = schema.Duration(200 * time.Millisecond)
+	e := affEnv(t, k)
+	a, b := newFakeServer(t, "a"), newFakeServer(t, "b")
+	e.registerServer(a, 1)
+	e.registerServer(b, 1)
+	_, o1 := e.render("r1")
+	_, o2 := e.render("r1")
+	srv := map[string]*fakeServer{a.id: a, b.id: b}
+	srv[o1].hang.Store(true)
+	if code, got := e.render("r1"); code != 200 || got != o2 {
+		t.Fatalf("timeout failover: %d from %s, want %s", code, got, o2)
+	}
+	srv[o2].hang.Store(true)
+	start := time.Now()
+	if code, _ := e.render("r1"); code != http.StatusGatewayTimeout {
+		t.Fatalf("every owner hanging: %d, want 504", code)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("took %v", d)
 	}
 }

@@ -394,7 +394,7 @@ func (g *Gateway) awaitReady() {
 }
 
 // housekeeping rebuilds the snapshot once a second (heartbeat ages change liveness) and drops
-// idle rate-limit buckets.
+// idle rate-limit buckets and expired load-policy affinities.
 func (g *Gateway) housekeeping() {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -411,6 +411,7 @@ func (g *Gateway) housekeeping() {
 					if l := ke.limiter.Load(); l != nil {
 						l.sweep(now, time.Minute)
 					}
+					ke.lt.Sweep() // expired load-policy affinities
 				}
 			}
 		case <-g.bgCtx.Done():

@@ -128,7 +128,7 @@ func (g *Gateway) serveTenant(w http.ResponseWriter, r *http.Request) {
 	if id := r.Header.Get(tmhttp.HeaderRequestID); !validRequestID(id) {
 		st.reqID = newRequestID()
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), cfg.UpstreamTimeout.D())
+	ctx, cancel := context.WithTimeout(r.Context(), requestTimeout(cfg))
 	defer func() {
 		cancel()
 		km.code(st.code)
@@ -299,10 +299,22 @@ func (g *Gateway) forward(req *http.Request, st *reqState) (*http.Response, erro
 		}
 		in.observe(time.Since(t0))
 		in.breaker.Success()
-		if resp.StatusCode == http.StatusMisdirectedRequest {
+		if refused := resp.Header.Get(tmhttp.HeaderRefused); refused != "" || resp.StatusCode == http.StatusMisdirectedRequest {
+			// The shard's gate refused before its service saw the request (421, or 503 in a
+			// handoff, while stopping, or behind on placement): sending it again is safe.
+			status := resp.StatusCode
 			prob := readProblem(resp)
 			if !st.replayable || attempt == g.cfg.Retries {
-				return nil, errMisdirected(st)
+				if status == http.StatusMisdirectedRequest {
+					return nil, errMisdirected(st)
+				}
+				return nil, &tmhttp.Error{Status: status, Type: strings.TrimPrefix(prob.Type, tmhttp.TypeBase), Title: prob.Title,
+					Detail: prob.Detail, RetryAfter: time.Duration(max(prob.RetryAfter, 1)) * time.Second}
+			}
+			if refused == "closing" {
+				st.ke.metrics.retry("instance_stopping")
+				tried = append(tried, in) // another instance of the same shard
+				continue
 			}
 			st.ke.metrics.retry("misdirected")
 			if err := g.refresh(ctx, st, prob); err != nil {
@@ -439,7 +451,8 @@ func (g *Gateway) holdRequest(ctx context.Context, st *reqState) (*held, error) 
 	return t, nil
 }
 
-// refresh finds the tenant's owner after a 421: the watcher's newer placement, else the owner the
+// refresh finds the tenant's owner after a 421 or another gate refusal: the watcher's newer
+// placement (a handoff there makes the next attempt wait in the hold buffer), else the owner the
 // shard named if its epoch is newer, else it waits (bounded) for the watcher to catch up.
 func (g *Gateway) refresh(ctx context.Context, st *reqState, prob tmhttp.Problem) error {
 	old := st.entry

@@ -76,6 +76,7 @@ func (s *Selector) SetOwners(tenant string, owners []string) {
 		delete(s.owners, tenant)
 		delete(s.used, tenant)
 		delete(s.prev, tenant)
+		delete(s.last, tenant) // only owned tenants take part in pressure mode
 		return
 	}
 	s.owners[tenant] = slices.Clone(owners)
