@@ -2,6 +2,8 @@ package load
 
 import (
 	"math"
+	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -148,5 +150,32 @@ func TestBalance(t *testing.T) {
 	setScore(tr, "b", 0.9)
 	if _, _, ok := tr.Balance([]string{"a", "b"}); ok {
 		t.Fatal("0.45 vs 0.9 reported balanced")
+	}
+}
+
+// Seed 001's rows "70-90%, 15-30% better: 15-30% chance" and "> 30% better: 30-50% chance":
+// with a fixed random source, the share of migrations matches the gain.
+func TestMigrationProbability(t *testing.T) {
+	for _, tc := range []struct{ target, alt float64 }{{0.80, 0.60}, {0.75, 0.50}, {0.85, 0.50}, {0.89, 0.40}} {
+		rng := rand.New(rand.NewPCG(7, 11))
+		c := &clock{t: time.Unix(0, 0)}
+		tr := New(Config{}, c.now, rng.Float64)
+		const trials = 20000
+		migrated := 0
+		for i := range trials {
+			tenant := "t" + strconv.Itoa(i)
+			setScore(tr, "a", 0)
+			setScore(tr, "b", 0.5)
+			tr.Choose(tenant, []string{"a", "b"}, "a")
+			setScore(tr, "a", tc.target)
+			setScore(tr, "b", tc.alt)
+			if _, d := tr.Choose(tenant, []string{"a", "b"}, "a"); d == Migrate {
+				migrated++
+			}
+		}
+		gain := tc.target - tc.alt
+		if got := float64(migrated) / trials; math.Abs(got-gain) > 0.02 {
+			t.Errorf("target %.2f alt %.2f: migrated %.3f of the time, want about %.2f", tc.target, tc.alt, got, gain)
+		}
 	}
 }
