@@ -32,6 +32,14 @@ var refuseReasons = [...]string{
 	staleEpoch: "stale_epoch", draining: "draining", closing: "closing",
 }
 
+// refusedValues are the X-Tm-Refused header values, allocated once.
+var refusedValues = func() (out [len(refuseReasons)][]string) {
+	for i, r := range refuseReasons {
+		out[i] = []string{r}
+	}
+	return out
+}()
+
 // Tenant returns the request's tenant id (the x-tenant-id header). Behind the gate it is valid
 // and owned by this shard.
 func Tenant(r *http.Request) string { return r.Header.Get(tmhttp.HeaderTenant) }
@@ -193,6 +201,7 @@ func (s *Shard) awaitEpoch(ctx context.Context, tenant string, want uint64) (pla
 // refuse answers a request the gate does not serve here: a problem, or a forward.
 func (s *Shard) refuse(w http.ResponseWriter, r *http.Request, tenant string, v verdict, e placement.Entry) {
 	s.metrics.refused.WithLabelValues(refuseReasons[v]).Inc()
+	w.Header()[tmhttp.HeaderRefused] = refusedValues[v]
 	owner := e.Shard
 	if v == draining && (e.Shard == s.cfg.ID.Shard || e.Phase == schema.PhaseHandoff) {
 		owner = ""

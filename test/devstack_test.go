@@ -53,7 +53,7 @@ func startStack(t *testing.T, extra ...string) *stack {
 	dir := t.TempDir()
 	s := &stack{dir: dir, bin: filepath.Join(dir, "bin"), logs: &syncBuilder{b: &strings.Builder{}}, exited: make(chan error, 1)}
 	buildBinaries(t, s.bin)
-	ports, err := embednats.FreePorts("127.0.0.1", 4)
+	ports, err := embednats.FreePorts("127.0.0.1", 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +62,7 @@ func startStack(t *testing.T, extra ...string) *stack {
 	s.natsURL = fmt.Sprintf("nats://127.0.0.1:%d", ports[0])
 	args := append([]string{"--bin", s.bin, "--data", filepath.Join(dir, "data"),
 		"--nats-port", fmt.Sprint(ports[0]), "--gateway-port", fmt.Sprint(ports[1]), "--rebalancer-port", fmt.Sprint(ports[2]),
-		"--shard-base-port", fmt.Sprint(ports[3] + 100), "--log-level", "warn"}, extra...)
+		"--shard-base-port", "0", "--log-level", "warn"}, extra...)
 	s.cmd = exec.Command(filepath.Join(s.bin, "devstack"), args...)
 	stdout, err := s.cmd.StdoutPipe()
 	if err != nil {

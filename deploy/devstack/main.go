@@ -59,7 +59,7 @@ func main() {
 	envflag.Int(fs, &c.natsPort, "nats-port", 4222, "NATS client port")
 	envflag.Int(fs, &c.gatewayPort, "gateway-port", 8080, "gateway port")
 	envflag.Int(fs, &c.rebalancerPort, "rebalancer-port", 8090, "rebalancer API and dashboard port")
-	envflag.Int(fs, &c.basePort, "shard-base-port", 9100, "first port for shard instances")
+	envflag.Int(fs, &c.basePort, "shard-base-port", 9100, "first port for shard instances (0: free ports)")
 	envflag.Int(fs, &c.shards, "shards", 2, "shards of each kind")
 	envflag.String(fs, &c.adminToken, "admin-token", "dev-admin-token", "bearer token for /admin/* on every process")
 	envflag.String(fs, &c.logLevel, "log-level", "info", "log level of every process")
@@ -152,7 +152,7 @@ func (c config) processes(natsURL string, log *slog.Logger) []*proc {
 		out = append(out, &proc{name: "rebalancer", args: append([]string{p, "serve", "--addr", addr(c.rebalancerPort),
 			"--holder", "devstack-rebalancer", "--sweep-every", "5s"}, common...), ready: url(c.rebalancerPort, "/readyz")})
 	}
-	port := c.basePort
+	next := c.shardPorts(3 * c.shards)
 	for _, kind := range []string{"aggregate", "projection", "runner"} {
 		bin := c.binary(kind)
 		if bin == "" {
@@ -161,12 +161,29 @@ func (c config) processes(natsURL string, log *slog.Logger) []*proc {
 		}
 		for i := 1; i <= c.shards; i++ {
 			name := fmt.Sprintf("%s-%d", kind, i)
+			port := next()
 			out = append(out, &proc{name: name, args: append([]string{bin, "--shard", name, "--instance", "a",
 				"--addr", addr(port), "--admin-token", c.adminToken}, common...), ready: url(port, "/readyz")})
-			port++
 		}
 	}
 	return out
+}
+
+// shardPorts hands out n ports: consecutive from --shard-base-port, or free ones picked now
+// when it is 0 (for tests running beside others).
+func (c config) shardPorts(n int) func() int {
+	var ports []int
+	if c.basePort == 0 {
+		ports, _ = embednats.FreePorts(c.host, n)
+	}
+	i := 0
+	return func() int {
+		defer func() { i++ }()
+		if i < len(ports) {
+			return ports[i]
+		}
+		return c.basePort + i
+	}
 }
 
 func (c config) binary(name string) string {

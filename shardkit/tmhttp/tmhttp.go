@@ -23,6 +23,10 @@ const (
 	HeaderServedBy    = "X-Served-By"
 	HeaderForwardedBy = "X-Forwarded-By"
 	HeaderTraceparent = "Traceparent"
+	// HeaderRefused marks an answer of shardkit's gate that refused a request before the
+	// service saw it (the value says why: not_owner, handoff, closing, ...). Such a request is
+	// always safe to send again; the gateway does, and never passes the header on.
+	HeaderRefused = "X-Tm-Refused"
 	// HeaderPrefixTM is the prefix of headers only tenantmesh may set.
 	HeaderPrefixTM = "X-Tm-"
 )
