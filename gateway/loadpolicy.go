@@ -14,6 +14,16 @@ func loadConfig(c *schema.LoadConfig) load.Config {
 		MigrateMinGain: c.MigrateMinGain, ForwardThreshold: c.ForwardThreshold, EMAAlpha: c.EMAAlpha}
 }
 
+// breakerConfig is the breaker of an instance of a kind: the gateway's, or for load kinds the
+// circuit numbers of the kind's LoadConfig (seed 001's; fixed when the instance first appears).
+func breakerConfig(base breaker.Config, kc schema.KindConfig) breaker.Config {
+	if kc.Policy != schema.PolicyLoad || kc.Load == nil {
+		return base
+	}
+	base.Failures, base.Wait, base.MaxWait = kc.Load.CircuitFailures, kc.Load.CircuitRetry.D(), kc.Load.CircuitMaxRetry.D()
+	return base
+}
+
 // pickFor chooses the instance of the tenant's shard for one attempt: by the load policy for
 // load kinds (soft affinity, seed 001's decision table, the power-of-two pick as the "local"
 // choice), else by power of two choices.

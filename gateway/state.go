@@ -313,7 +313,7 @@ func (r *registry) rebuild() {
 		s.total++
 		it := r.insts[key]
 		if it == nil {
-			it = &instance{key: key, id: in.InstanceID, breaker: breaker.New(g.cfg.Breaker)}
+			it = &instance{key: key, id: in.InstanceID, breaker: breaker.New(breakerConfig(g.cfg.Breaker, r.kindCfg[in.Kind]))}
 			r.insts[key] = it
 		}
 		if u := it.url.Load(); u == nil || u.String() != in.URL {
