@@ -368,6 +368,26 @@ func (g *Gateway) startKind(ke *kindEntry) {
 			g.log.Error("placement watcher stopped", "kind", ke.name, "err", err)
 		}
 	})
+	// Placements loaded from a compacted snapshot never reach OnChange: once ready, give the
+	// affinity selector their owners (only those at or below the snapshot's revision; anything
+	// newer came through OnChange).
+	g.bg.Go(func() {
+		select {
+		case <-w.Ready():
+		case <-g.bgCtx.Done():
+			return
+		}
+		st, _ := w.Stats(ke.name)
+		if st.SnapshotRevision == 0 {
+			return
+		}
+		w.Range(ke.name, func(tenant string, e placement.Entry) bool {
+			if len(e.Owners) > 0 && e.Revision <= st.SnapshotRevision {
+				ke.aff.SetOwners(tenant, e.Owners)
+			}
+			return true
+		})
+	})
 }
 
 // awaitReady closes Ready once the registry is synced and every kind known then has its
