@@ -10,7 +10,7 @@ TESTFLAGS ?=
 BENCH ?= .
 BENCHTIME ?= 1x
 
-.PHONY: all bins run test test-short test-norace vet lint staticcheck fmt fmt-check bench tools build bench-gateway
+.PHONY: all bins run e2e test test-short test-norace vet lint staticcheck fmt fmt-check bench tools build bench-gateway
 
 all: build
 
@@ -61,6 +61,11 @@ fmt:
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+## e2e: the whole platform as processes under load: 1,000 tenant moves across all three kinds
+## (TM_E2E_MOVES changes it) with zero failed requests, then the long chaos run.
+e2e: tools
+	TM_E2E_MOVES=$${TM_E2E_MOVES:-1000} TM_CHAOS_LONG=1 $(GO) test -count=1 -timeout 90m -run 'MovesUnderLoad|Chaos' -v ./test/
 
 ## bench: every benchmark; BENCHTIME=1x runs each once (CI smoke), e.g. BENCHTIME=3s for figures.
 bench:
