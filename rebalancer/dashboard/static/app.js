@@ -73,6 +73,14 @@ function drawShards() {
   }
 }
 
+// putMove keeps the newest version of a move: a fetch that started before an event must not
+// overwrite what the event brought.
+function putMove(m) {
+  const key = m.plan + "/" + m.id;
+  const prev = state.moves.get(key);
+  if (!prev || new Date(m.updated) >= new Date(prev.updated)) state.moves.set(key, m);
+}
+
 // Plans with their moves.
 async function loadPlans() {
   let sums;
@@ -81,7 +89,7 @@ async function loadPlans() {
   await Promise.all(sums.slice(0, 4).map(async (p) => {
     try {
       const d = await getJSON("/api/plans/" + encodeURIComponent(p.id));
-      for (const m of d.moves) state.moves.set(m.plan + "/" + m.id, m);
+      for (const m of d.moves) putMove(m);
     } catch { /* the next event refreshes it */ }
   }));
   drawPlans();
@@ -146,7 +154,7 @@ function connect() {
   es.onerror = () => { $("#live").textContent = "reconnecting…"; $("#live").className = "pill s-degraded"; };
   es.addEventListener("move", (e) => {
     const m = JSON.parse(e.data);
-    state.moves.set(m.plan + "/" + m.id, m);
+    putMove(m);
     if (!state.plans.has(m.plan)) loadPlans(); else drawPlans();
   });
   es.addEventListener("plan", (e) => {
@@ -166,4 +174,5 @@ function connect() {
 
 loadInstances(); loadPlans(); loadAudit(); loadLeader(); connect();
 setInterval(loadInstances, 2000); // heartbeat ages and metrics move on their own
+setInterval(loadPlans, 2000);     // events are the fast path; this catches any a stream missed
 setInterval(loadLeader, 5000);
