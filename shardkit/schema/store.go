@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -136,10 +138,50 @@ func (s *Store) ensureStream(ctx context.Context, cfg jetstream.StreamConfig) er
 	defer cancel()
 	cfg.Replicas = s.opts.Replicas
 	cfg.Storage = s.opts.Storage
-	if _, err := s.js.CreateOrUpdateStream(ctx, cfg); err != nil {
-		return fmt.Errorf("schema: ensure stream %s: %w", cfg.Name, err)
+	// On a cluster, concurrent creates and updates of one replicated stream (every process
+	// opening the schema at once) can go unanswered until the callers time out. So a stream
+	// that already is as wanted is left alone, and each attempt is bounded and retried: a
+	// retry finds the stream another process created.
+	for {
+		actx, acancel := context.WithTimeout(ctx, streamAttempt)
+		err := s.ensureStreamOnce(actx, cfg)
+		acancel()
+		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			if err != nil {
+				return fmt.Errorf("schema: ensure stream %s: %w", cfg.Name, err)
+			}
+			return nil
+		}
 	}
-	return nil
+}
+
+// streamAttempt bounds one attempt at creating or updating a stream.
+const streamAttempt = 3 * time.Second
+
+func (s *Store) ensureStreamOnce(ctx context.Context, cfg jetstream.StreamConfig) error {
+	if st, err := s.js.Stream(ctx, cfg.Name); err == nil && sameStream(st.CachedInfo().Config, cfg) {
+		return nil
+	}
+	_, err := s.js.CreateOrUpdateStream(ctx, cfg)
+	return err
+}
+
+// sameStream reports whether have (as the server reports it) already is want, taking the
+// server's defaults for the limits want leaves zero.
+func sameStream(have, want jetstream.StreamConfig) bool {
+	orUnlimited := func(v int64) int64 {
+		if v == 0 {
+			return -1
+		}
+		return v
+	}
+	return have.Description == want.Description && slices.Equal(have.Subjects, want.Subjects) &&
+		have.Replicas == max(want.Replicas, 1) && have.Storage == want.Storage &&
+		have.Retention == want.Retention && have.Discard == want.Discard &&
+		have.AllowDirect == want.AllowDirect && have.MaxAge == want.MaxAge &&
+		have.MaxBytes == orUnlimited(want.MaxBytes) &&
+		have.MaxMsgsPerSubject == orUnlimited(want.MaxMsgsPerSubject) &&
+		(want.Duplicates == 0 || have.Duplicates == want.Duplicates)
 }
 
 func (s *Store) ensureKV(ctx context.Context, bucket, desc string, history uint8) (jetstream.KeyValue, error) {
@@ -258,36 +300,72 @@ func (s *Store) deleteKey(ctx context.Context, kv jetstream.KeyValue, key string
 	return nil
 }
 
-// listJSON decodes every live value under filter, calling fn per value. Corrupt values are
-// logged and skipped; their count is returned.
+// listJSON decodes every live value under filter, calling fn once per key (in key order) with
+// its newest value. Corrupt values are logged and skipped; their count is returned.
+//
+// It reads the bucket's stream with an ordered consumer delivering the last message per key,
+// until the server reports nothing pending. (nats.go's KeyValue.Watch marks the end of the
+// initial values after the first message when its consumer-info call fails, which truncates a
+// list under load.)
 func listJSON[T any](ctx context.Context, s *Store, kv jetstream.KeyValue, filter string, fn func(key string, rev uint64, v T)) (corrupt int, err error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	w, err := kv.Watch(ctx, filter, jetstream.IgnoreDeletes())
+	type item struct {
+		rev  uint64
+		data []byte
+		del  bool
+	}
+	prefix := "$KV." + kv.Bucket() + "."
+	cons, err := s.js.OrderedConsumer(ctx, "KV_"+kv.Bucket(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{prefix + filter},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	})
 	if err != nil {
 		return 0, fmt.Errorf("schema: list %s: %w", kv.Bucket(), err)
 	}
-	defer w.Stop()
-	for {
-		select {
-		case e, ok := <-w.Updates():
-			if !ok {
-				return corrupt, fmt.Errorf("schema: list %s: watch closed", kv.Bucket())
+	latest := map[string]item{}
+	pending := cons.CachedInfo().NumPending
+	for pending > 0 {
+		batch, err := cons.Fetch(int(min(pending, 1000)), jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			return corrupt, fmt.Errorf("schema: list %s: %w", kv.Bucket(), err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			md, err := m.Metadata()
+			if err != nil {
+				return corrupt, fmt.Errorf("schema: list %s: %w", kv.Bucket(), err)
 			}
-			if e == nil {
-				return corrupt, nil
-			}
-			var v T
-			if err := json.Unmarshal(e.Value(), &v); err != nil {
-				corrupt++
-				s.opts.Logger.Warn("skipping corrupt value", "bucket", kv.Bucket(), "key", e.Key(), "revision", e.Revision(), "err", err)
-				continue
-			}
-			fn(e.Key(), e.Revision(), v)
-		case <-ctx.Done():
-			return corrupt, fmt.Errorf("schema: list %s: %w", kv.Bucket(), ctx.Err())
+			pending = md.NumPending
+			op := m.Headers().Get("KV-Operation")
+			latest[strings.TrimPrefix(m.Subject(), prefix)] = item{rev: md.Sequence.Stream, data: m.Data(), del: op == "DEL" || op == "PURGE"}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			return corrupt, fmt.Errorf("schema: list %s: %w", kv.Bucket(), err)
+		}
+		if got == 0 {
+			return corrupt, fmt.Errorf("schema: list %s: no progress with %d pending", kv.Bucket(), pending)
 		}
 	}
+	keys := make([]string, 0, len(latest))
+	for k, it := range latest {
+		if !it.del {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		it := latest[k]
+		var v T
+		if err := json.Unmarshal(it.data, &v); err != nil {
+			corrupt++
+			s.opts.Logger.Warn("skipping corrupt value", "bucket", kv.Bucket(), "key", k, "revision", it.rev, "err", err)
+			continue
+		}
+		fn(k, it.rev, v)
+	}
+	return corrupt, nil
 }
 
 func isConflict(err error) bool {
