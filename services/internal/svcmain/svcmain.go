@@ -13,9 +13,11 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -82,7 +84,7 @@ func (m *Main) ParseFlags(kind string, args []string) error {
 	m.Kind = kind
 	fs := flag.NewFlagSet(kind, flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: %s [flags]\n\nRuns one instance of a %s shard: it registers in the instance directory,\n"+
+		fmt.Fprintf(fs.Output(), "Usage: %s [flags]\n\nRuns one instance of a shard of kind %s: it registers in the instance directory,\n"+
 			"publishes its routes, serves the tenants placed on its shard and takes part in moves.\n\n"+
 			"Example:\n  %s --shard %s-1 --instance a --addr 127.0.0.1:9101\n\nFlags (each also read from its TM_* variable):\n", kind, kind, kind, kind)
 		fs.PrintDefaults()
@@ -249,4 +251,31 @@ func (m *Main) Run(ctx context.Context, build Builder) error {
 	_ = nc.FlushWithContext(dctx)
 	log.Info("stopped")
 	return runErr
+}
+
+// Exit is a shard binary's whole main: it parses the flags (exit 2 on a usage error, 0 for
+// --help), calls setup (a configuration error there also exits 2), runs the App it builds until
+// SIGINT or SIGTERM and a clean shutdown, and exits 1 if that fails.
+func Exit(kind string, setup func(m *Main) (Builder, error)) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	fail := func(code int, err error) {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", kind, err)
+		stop()
+		os.Exit(code)
+	}
+	var m Main
+	if err := m.ParseFlags(kind, os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		fail(2, err)
+	}
+	build, err := setup(&m)
+	if err != nil {
+		fail(2, err)
+	}
+	if err := m.Run(ctx, build); err != nil {
+		fail(1, err)
+	}
 }

@@ -7,39 +7,21 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
-	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/tenantmesh/tenantmesh/services/internal/svcmain"
 	"github.com/tenantmesh/tenantmesh/services/runner"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	var m svcmain.Main
-	if err := m.ParseFlags("runner", os.Args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return
+	svcmain.Exit("runner", func(*svcmain.Main) (svcmain.Builder, error) {
+		cfg, err := runner.ConfigFromEnv(os.Getenv)
+		if err != nil {
+			return nil, err
 		}
-		fmt.Fprintln(os.Stderr, "runner:", err)
-		os.Exit(2)
-	}
-	cfg, err := runner.ConfigFromEnv(os.Getenv)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "runner:", err)
-		os.Exit(2)
-	}
-	err = m.Run(ctx, func(ctx context.Context, env svcmain.Env) (svcmain.App, error) {
-		cfg.Store, cfg.ID, cfg.Logger, cfg.Registerer = env.Store, env.ID, env.Logger, env.Registerer
-		return runner.New(ctx, cfg)
+		return func(ctx context.Context, env svcmain.Env) (svcmain.App, error) {
+			cfg.Store, cfg.ID, cfg.Logger, cfg.Registerer = env.Store, env.ID, env.Logger, env.Registerer
+			return runner.New(ctx, cfg)
+		}, nil
 	})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "runner:", err)
-		os.Exit(1)
-	}
 }
