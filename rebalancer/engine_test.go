@@ -8,7 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+
 	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
@@ -16,35 +17,13 @@ import (
 )
 
 func openStore(t *testing.T) *schema.Store {
-	t.Helper()
-	srv := natstest.Server(t)
-	nc := natstest.Connect(t, srv.URL())
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := schema.Open(ctx, nc, schema.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, _ := tmtest.Store(t)
 	return st
 }
 
 // startShard runs one stateless shardkit instance of kind aggregate until the test ends.
 func startShard(t *testing.T, st *schema.Store, shard string) {
-	t.Helper()
-	sk, err := shardkit.New(shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard, Instance: "i1"},
-		URL: "http://127.0.0.1:9", Heartbeat: 200 * time.Millisecond, DrainTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = sk.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	select {
-	case <-sk.Running():
-	case <-time.After(15 * time.Second):
-		t.Fatal("shard did not start")
-	}
+	tmtest.Shard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard}})
 }
 
 func place(t *testing.T, st *schema.Store, tenant, shard string) schema.Placement {

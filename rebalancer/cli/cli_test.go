@@ -15,7 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -30,35 +31,14 @@ type env struct {
 }
 
 func newEnv(t *testing.T) *env {
-	t.Helper()
-	srv := natstest.Server(t)
-	nc := natstest.Connect(t, srv.URL())
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := schema.Open(ctx, nc, schema.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &env{url: srv.URL(), st: st}
+	st, url := tmtest.Store(t)
+	return &env{url: url, st: st}
 }
 
 // startShard runs one stateless shardkit instance of kind aggregate until the test ends.
 func (e *env) startShard(t *testing.T, shard string) {
-	t.Helper()
-	sk, err := shardkit.New(shardkit.Config{Store: e.st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard, Instance: "i1"},
-		URL: "http://127.0.0.1:9", Heartbeat: 200 * time.Millisecond, DrainTimeout: 2 * time.Second, Labels: map[string]string{"region": "eu"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = sk.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	select {
-	case <-sk.Running():
-	case <-time.After(15 * time.Second):
-		t.Fatal("shard did not start")
-	}
+	tmtest.Shard(t, shardkit.Config{Store: e.st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard},
+		Labels: map[string]string{"region": "eu"}})
 }
 
 func (e *env) place(t *testing.T, tenant, shard string) schema.Placement {

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+
 	"github.com/chromedp/chromedp"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
@@ -35,21 +37,8 @@ func chromium(t *testing.T) string {
 }
 
 func startShard(t *testing.T, st *schema.Store, shard string, hooks shardkit.Hooks) {
-	t.Helper()
-	sk, err := shardkit.New(shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard, Instance: "i1"},
-		URL: "http://127.0.0.1:9", Hooks: hooks, Heartbeat: 200 * time.Millisecond, Labels: map[string]string{"region": "eu"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = sk.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	select {
-	case <-sk.Running():
-	case <-time.After(15 * time.Second):
-		t.Fatal("shard did not start")
-	}
+	tmtest.Shard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard}, Hooks: hooks,
+		Labels: map[string]string{"region": "eu"}})
 }
 
 func post(t *testing.T, url string, body any) []byte {

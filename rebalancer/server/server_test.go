@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/rebalancer/sweeper"
@@ -21,34 +23,10 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
-func openStore(t *testing.T, url string) *schema.Store {
-	t.Helper()
-	nc := natstest.Connect(t, url)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := schema.Open(ctx, nc, schema.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st
-}
+func openStore(t *testing.T, url string) *schema.Store { return tmtest.StoreAt(t, url) }
 
 func startShard(t *testing.T, st *schema.Store, shard string) {
-	t.Helper()
-	sk, err := shardkit.New(shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard, Instance: "i1"},
-		URL: "http://127.0.0.1:9", Heartbeat: 200 * time.Millisecond, DrainTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = sk.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	select {
-	case <-sk.Running():
-	case <-time.After(15 * time.Second):
-		t.Fatal("shard did not start")
-	}
+	tmtest.Shard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard}})
 }
 
 // running is a started Server with its HTTP test server and a subscription to its events.

@@ -1,0 +1,66 @@
+// Package tmtest holds test helpers several packages share: a schema store on a fresh embedded
+// nats-server, and a running shardkit instance. Everything it starts stops when the test ends.
+package tmtest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// Store starts an embedded JetStream server and opens a store on it; URL is the server's.
+func Store(t testing.TB) (st *schema.Store, url string) {
+	t.Helper()
+	srv := natstest.Server(t)
+	return StoreAt(t, srv.URL()), srv.URL()
+}
+
+// StoreAt opens a store on the server at url, with a connection of its own.
+func StoreAt(t testing.TB, url string) *schema.Store {
+	t.Helper()
+	nc := natstest.Connect(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := schema.Open(ctx, nc, schema.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// Shard runs a shardkit instance until the test ends and returns it once it serves. Zero fields
+// get test defaults: URL http://127.0.0.1:9 (nothing listens; moves and signals need no HTTP),
+// heartbeat 200ms, drain bound 2s, instance "i1".
+func Shard(t testing.TB, cfg shardkit.Config) *shardkit.Shard {
+	t.Helper()
+	if cfg.URL == "" {
+		cfg.URL = "http://127.0.0.1:9"
+	}
+	if cfg.Heartbeat == 0 {
+		cfg.Heartbeat = 200 * time.Millisecond
+	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = 2 * time.Second
+	}
+	if cfg.ID.Instance == "" {
+		cfg.ID.Instance = "i1"
+	}
+	sk, err := shardkit.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = sk.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-sk.Running():
+	case <-time.After(20 * time.Second):
+		t.Fatal("shard did not start")
+	}
+	return sk
+}
