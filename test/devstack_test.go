@@ -72,7 +72,13 @@ func startStack(t *testing.T, extra ...string) *stack {
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = s.cmd.Process.Signal(syscall.SIGKILL) })
+	t.Cleanup(func() {
+		_ = s.cmd.Process.Signal(syscall.SIGKILL)
+		if t.Failed() {
+			logs := s.logs.String()
+			t.Logf("dev stack logs (last 8 KiB):\n%s", logs[max(0, len(logs)-8<<10):])
+		}
+	})
 	banner := make(chan []string, 1)
 	go func() {
 		var lines []string

@@ -36,15 +36,25 @@ func openEventStore(ctx context.Context, st *schema.Store) (*eventStore, error) 
 		return nil, fmt.Errorf("aggregate: open %s: %w", schema.StreamEvents, err)
 	}
 	bucket := schema.ServiceBucket("aggregate", "snapshots")
-	snaps, err := js.ObjectStore(ctx, bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		snaps, err = js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
-			Bucket:      bucket,
-			Description: "aggregate service: per-tenant ledger snapshots",
-			Replicas:    st.Options().Replicas,
-			Storage:     st.Options().Storage,
-			Compression: true,
-		})
+	var snaps jetstream.ObjectStore
+	// Bounded attempts, retried: on a cluster, concurrent creates of one replicated bucket
+	// (every instance starting at once) can go unanswered; a retry finds the bucket.
+	for range 20 {
+		actx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		snaps, err = js.ObjectStore(actx, bucket)
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			snaps, err = js.CreateOrUpdateObjectStore(actx, jetstream.ObjectStoreConfig{
+				Bucket:      bucket,
+				Description: "aggregate service: per-tenant ledger snapshots",
+				Replicas:    st.Options().Replicas,
+				Storage:     st.Options().Storage,
+				Compression: true,
+			})
+		}
+		cancel()
+		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			break
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("aggregate: open %s: %w", bucket, err)
@@ -88,10 +98,11 @@ func (es *eventStore) replay(ctx context.Context, filter string, after uint64, f
 		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
 		cfg.OptStartSeq = after + 1
 	}
-	cons, err := es.js.OrderedConsumer(ctx, schema.StreamEvents, cfg)
+	cons, done, err := schema.OrderedRead(ctx, es.js, schema.StreamEvents, cfg)
 	if err != nil {
 		return 0, fmt.Errorf("aggregate: replay %s: %w", filter, err)
 	}
+	defer done()
 	pending := cons.CachedInfo().NumPending
 	last := after
 	for pending > 0 {

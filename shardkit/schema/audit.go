@@ -96,10 +96,11 @@ func (s *Store) ReadAudit(ctx context.Context, q AuditQuery) ([]AuditEvent, erro
 		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
 		cfg.OptStartSeq = start
 	}
-	cons, err := s.js.OrderedConsumer(ctx, StreamAudit, cfg)
+	cons, done, err := OrderedRead(ctx, s.js, StreamAudit, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("schema: read audit: %w", err)
 	}
+	defer done()
 	pending := cons.CachedInfo().NumPending
 	if pending == 0 {
 		return nil, nil

@@ -187,6 +187,19 @@ func sameStream(have, want jetstream.StreamConfig) bool {
 func (s *Store) ensureKV(ctx context.Context, bucket, desc string, history uint8) (jetstream.KeyValue, error) {
 	ctx, cancel := s.boundCreate(ctx)
 	defer cancel()
+	// Bounded attempts, retried, as in ensureStream: concurrent creates of one replicated
+	// bucket on a cluster can go unanswered.
+	for {
+		actx, acancel := context.WithTimeout(ctx, streamAttempt)
+		kv, err := s.ensureKVOnce(actx, bucket, desc, history)
+		acancel()
+		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			return kv, err
+		}
+	}
+}
+
+func (s *Store) ensureKVOnce(ctx context.Context, bucket, desc string, history uint8) (jetstream.KeyValue, error) {
 	kv, err := s.js.KeyValue(ctx, bucket)
 	if err == nil {
 		return kv, nil
@@ -316,13 +329,14 @@ func listJSON[T any](ctx context.Context, s *Store, kv jetstream.KeyValue, filte
 		del  bool
 	}
 	prefix := "$KV." + kv.Bucket() + "."
-	cons, err := s.js.OrderedConsumer(ctx, "KV_"+kv.Bucket(), jetstream.OrderedConsumerConfig{
+	cons, done, err := OrderedRead(ctx, s.js, "KV_"+kv.Bucket(), jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{prefix + filter},
 		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("schema: list %s: %w", kv.Bucket(), err)
 	}
+	defer done()
 	latest := map[string]item{}
 	pending := cons.CachedInfo().NumPending
 	for pending > 0 {
@@ -451,4 +465,24 @@ func OpenRetry(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error)
 		}
 		wait = min(2*wait, 5*time.Second)
 	}
+}
+
+// OrderedRead makes an ordered consumer for a one-off read of stream. Unlike nats.go's default
+// (an inactive ordered consumer lingers 5 minutes), it expires 5 s after its last pull, and done
+// deletes it at once, so frequent reads cannot pile up consumers on the server.
+func OrderedRead(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.OrderedConsumerConfig) (jetstream.Consumer, func(), error) {
+	if cfg.InactiveThreshold == 0 {
+		cfg.InactiveThreshold = 5 * time.Second
+	}
+	cons, err := js.OrderedConsumer(ctx, stream, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	done := func() {
+		name := cons.CachedInfo().Name
+		dctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = js.DeleteConsumer(dctx, stream, name)
+	}
+	return cons, done, nil
 }
