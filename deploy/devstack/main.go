@@ -4,6 +4,18 @@
 // until each is ready; seeds a few demo tenants through the gateway; prints the URLs and a
 // "try this" block; and on Ctrl-C stops every child (SIGTERM, then SIGKILL after a bound)
 // and the server.
+//
+// For chaos tests it can also run a bigger, supervised stack: --instances N runs N instances
+// of every shard (named a, b, c...), --gateways N runs N gateways (the first on --gateway-port,
+// the others on free ports), --nats-cluster runs a 3-node embedded NATS cluster (children get
+// all three URLs and --replicas 3), and --keep-going restarts a child that dies (after
+// --restart-delay) instead of stopping the stack. --state-file writes, on every change, a JSON
+// document naming each child's PID and URL and each NATS node's client URL; --control-addr
+// serves a small localhost HTTP API:
+//
+//	GET  /state             the same document, with which NATS node is JetStream meta leader
+//	POST /nats/{n}/stop     stops embedded NATS node n (1-based)
+//	POST /nats/{n}/start    starts it again on the same ports and store
 package main
 
 import (
@@ -42,6 +54,12 @@ type config struct {
 	adminToken, logLevel      string
 	stopTimeout, readyTimeout time.Duration
 	noSeed                    bool
+
+	instances, gateways    int
+	natsCluster, keepGoing bool
+	restartDelay           time.Duration
+	leaseTTL               time.Duration
+	stateFile, controlAddr string
 }
 
 func main() {
@@ -66,6 +84,14 @@ func main() {
 	envflag.Duration(fs, &c.stopTimeout, "stop-timeout", 20*time.Second, "how long children get to stop before SIGKILL")
 	envflag.Duration(fs, &c.readyTimeout, "ready-timeout", 60*time.Second, "how long to wait for every process to be ready")
 	envflag.Bool(fs, &c.noSeed, "no-seed", false, "do not create demo tenants")
+	envflag.Int(fs, &c.instances, "instances", 1, "instances of every shard (named a, b, c...)")
+	envflag.Int(fs, &c.gateways, "gateways", 1, "gateways (the first on --gateway-port, the others on free ports)")
+	envflag.Bool(fs, &c.natsCluster, "nats-cluster", false, "run a 3-node embedded NATS cluster (replicas 3) instead of one server; --nats-port is then unused")
+	envflag.Bool(fs, &c.keepGoing, "keep-going", false, "restart a child that dies (after --restart-delay) instead of stopping the stack")
+	envflag.Duration(fs, &c.restartDelay, "restart-delay", time.Second, "with --keep-going, how long to wait before restarting a dead child")
+	envflag.Duration(fs, &c.leaseTTL, "lease-ttl", 10*time.Second, "the rebalancer's leader lease lifetime")
+	envflag.String(fs, &c.stateFile, "state-file", "", "write each child's PID and URL and the NATS nodes' URLs to this JSON file on every change")
+	envflag.String(fs, &c.controlAddr, "control-addr", "", "serve the control API (GET /state, POST /nats/{n}/stop|start) on this localhost address")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return
@@ -78,17 +104,23 @@ func main() {
 	}
 }
 
-// proc is one child process.
+// proc is one child process. With --keep-going it is restarted when it dies; mu guards the
+// fields that change on a restart.
 type proc struct {
 	name  string
 	args  []string
 	ready string // URL answering 200 once the process is ready
-	cmd   *exec.Cmd
-	done  chan struct{}
-	err   error
+
+	mu       sync.Mutex
+	cmd      *exec.Cmd
+	done     chan struct{}
+	err      error
+	restarts int
 }
 
 func run(ctx context.Context, c config) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	log, err := tmlog.New(os.Stderr, c.logLevel, "auto")
 	if err != nil {
 		return err
@@ -97,29 +129,42 @@ func run(ctx context.Context, c config) error {
 		return err
 	}
 	natsLog, _ := tmlog.New(os.Stderr, "warn", "auto") // the server's banner and notices are noise here
-	srv, err := embednats.Start(embednats.Config{Name: "devstack", Host: c.host, Port: c.natsPort,
-		StoreDir: filepath.Join(c.data, "nats"), Logger: natsLog.With("proc", "nats")})
+	nodes, err := startNATS(ctx, c, natsLog.With("proc", "nats"))
 	if err != nil {
-		return fmt.Errorf("start NATS on port %d (is another stack running? --nats-port changes it): %w", c.natsPort, err)
+		return err
 	}
-	defer srv.Stop()
-	natsURL := srv.URL()
+	defer nodes.stopAll()
+	natsURL := nodes.urls()
 	log.Info("NATS ready", "url", natsURL, "data", filepath.Join(c.data, "nats"))
 
 	procs := c.processes(natsURL, log)
+	sup := &supervisor{c: c, log: log, procs: procs, nodes: nodes}
 	var wg sync.WaitGroup
 	for _, p := range procs {
-		if err := p.start(ctx, &wg); err != nil {
+		if err := p.start(&wg); err != nil {
 			stopAll(procs, c.stopTimeout, log)
 			return err
 		}
 	}
+	sup.writeState()
 	defer func() {
+		sup.stopping.Store(true)
+		cancel()
 		stopAll(procs, c.stopTimeout, log)
 		wg.Wait()
 	}()
-	if err := waitReady(ctx, procs, c.readyTimeout); err != nil {
+	if c.keepGoing {
+		for _, p := range procs {
+			wg.Go(func() { sup.supervise(ctx, p, &wg) })
+		}
+	}
+	if err := waitReady(ctx, procs, c.readyTimeout, c.keepGoing); err != nil {
 		return err
+	}
+	if c.controlAddr != "" {
+		if err := sup.serveControl(ctx, &wg); err != nil {
+			return err
+		}
 	}
 	gw := fmt.Sprintf("http://%s:%d", c.host, c.gatewayPort)
 	if !c.noSeed {
@@ -127,7 +172,12 @@ func run(ctx context.Context, c config) error {
 			log.Warn("seeding demo tenants failed", "err", err)
 		}
 	}
-	printBanner(os.Stdout, c, natsURL, gw, moveTargets(ctx, natsURL, c.shards))
+	printBanner(os.Stdout, c, natsURL, gw, moveTargets(ctx, natsURL, c.shards), extraGateways(procs))
+	if c.keepGoing {
+		<-ctx.Done()
+		log.Info("stopping")
+		return nil
+	}
 	select {
 	case <-ctx.Done():
 		log.Info("stopping")
@@ -141,18 +191,33 @@ func run(ctx context.Context, c config) error {
 // has been built.
 func (c config) processes(natsURL string, log *slog.Logger) []*proc {
 	common := []string{"--nats-url", natsURL, "--log-level", c.logLevel, "--log-format", "text"}
+	if c.natsCluster {
+		common = append(common, "--replicas", "3")
+	}
 	addr := func(port int) string { return fmt.Sprintf("%s:%d", c.host, port) }
 	url := func(port int, path string) string { return fmt.Sprintf("http://%s:%d%s", c.host, port, path) }
 	var out []*proc
 	if p := c.binary("gateway"); p != "" {
-		out = append(out, &proc{name: "gateway", args: append([]string{p, "--addr", addr(c.gatewayPort)}, common...),
-			ready: url(c.gatewayPort, "/readyz")})
+		ports := []int{c.gatewayPort}
+		if c.gateways > 1 {
+			free, _ := embednats.FreePorts(c.host, c.gateways-1)
+			ports = append(ports, free...)
+		}
+		for i, port := range ports {
+			name := "gateway"
+			if i > 0 {
+				name = fmt.Sprintf("gateway-%d", i+1)
+			}
+			out = append(out, &proc{name: name, args: append([]string{p, "--addr", addr(port)}, common...),
+				ready: url(port, "/readyz")})
+		}
 	}
 	if p := c.binary("rebalance"); p != "" {
 		out = append(out, &proc{name: "rebalancer", args: append([]string{p, "serve", "--addr", addr(c.rebalancerPort),
-			"--holder", "devstack-rebalancer", "--sweep-every", "5s"}, common...), ready: url(c.rebalancerPort, "/readyz")})
+			"--holder", "devstack-rebalancer", "--sweep-every", "5s", "--lease-ttl", c.leaseTTL.String()}, common...), ready: url(c.rebalancerPort, "/readyz")})
 	}
-	next := c.shardPorts(3 * c.shards)
+	instances := max(c.instances, 1)
+	next := c.shardPorts(3 * c.shards * instances)
 	for _, kind := range []string{"aggregate", "projection", "runner"} {
 		bin := c.binary(kind)
 		if bin == "" {
@@ -160,10 +225,17 @@ func (c config) processes(natsURL string, log *slog.Logger) []*proc {
 			continue
 		}
 		for i := 1; i <= c.shards; i++ {
-			name := fmt.Sprintf("%s-%d", kind, i)
-			port := next()
-			out = append(out, &proc{name: name, args: append([]string{bin, "--shard", name, "--instance", "a",
-				"--addr", addr(port), "--admin-token", c.adminToken}, common...), ready: url(port, "/readyz")})
+			shard := fmt.Sprintf("%s-%d", kind, i)
+			for j := range instances {
+				inst := string(rune('a' + j))
+				name := shard
+				if instances > 1 {
+					name += "." + inst
+				}
+				port := next()
+				out = append(out, &proc{name: name, args: append([]string{bin, "--shard", shard, "--instance", inst,
+					"--addr", addr(port), "--admin-token", c.adminToken}, common...), ready: url(port, "/readyz")})
+			}
 		}
 	}
 	return out
@@ -194,25 +266,38 @@ func (c config) binary(name string) string {
 	return ""
 }
 
-func (p *proc) start(ctx context.Context, wg *sync.WaitGroup) error {
-	p.cmd = exec.Command(p.args[0], p.args[1:]...)
-	p.cmd.Env = append(os.Environ(), "TM_LOG_FORMAT=text")
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // Ctrl-C goes to us; we stop children in order
-	out, err := p.cmd.StdoutPipe()
+func (p *proc) start(wg *sync.WaitGroup) error {
+	cmd := exec.Command(p.args[0], p.args[1:]...)
+	cmd.Env = append(os.Environ(), "TM_LOG_FORMAT=text")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // Ctrl-C goes to us; we stop children in order
+	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return err
 	}
-	p.cmd.Stderr = p.cmd.Stdout
-	if err := p.cmd.Start(); err != nil {
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", p.name, err)
 	}
-	p.done = make(chan struct{})
+	done := make(chan struct{})
+	p.mu.Lock()
+	p.cmd, p.done, p.err = cmd, done, nil
+	p.mu.Unlock()
 	wg.Go(func() { prefixLines(os.Stderr, p.name, out) })
 	wg.Go(func() {
-		p.err = p.cmd.Wait()
-		close(p.done)
+		err := cmd.Wait()
+		p.mu.Lock()
+		p.err = err
+		p.mu.Unlock()
+		close(done)
 	})
 	return nil
+}
+
+// current returns the running command and its done channel.
+func (p *proc) current() (*exec.Cmd, chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cmd, p.done
 }
 
 var outMu sync.Mutex
@@ -229,14 +314,19 @@ func prefixLines(w io.Writer, name string, r io.Reader) {
 	}
 }
 
-func waitReady(ctx context.Context, procs []*proc, timeout time.Duration) error {
+// waitReady waits until every child answers its ready URL. A child that exits fails the
+// wait, unless keepGoing (the supervisor restarts it).
+func waitReady(ctx context.Context, procs []*proc, timeout time.Duration, keepGoing bool) error {
 	deadline := time.Now().Add(timeout)
 	hc := &http.Client{Timeout: time.Second}
 	for _, p := range procs {
 		for {
+			_, done := p.current()
 			select {
-			case <-p.done:
-				return fmt.Errorf("%s exited before it was ready: %v", p.name, p.err)
+			case <-done:
+				if !keepGoing {
+					return fmt.Errorf("%s exited before it was ready: %v", p.name, p.err)
+				}
 			case <-ctx.Done():
 				return ctx.Err()
 			default:
@@ -260,8 +350,9 @@ func waitReady(ctx context.Context, procs []*proc, timeout time.Duration) error 
 func exited(procs []*proc) <-chan *proc {
 	ch := make(chan *proc, len(procs))
 	for _, p := range procs {
+		_, done := p.current()
 		go func() {
-			<-p.done
+			<-done
 			ch <- p
 		}()
 	}
@@ -272,21 +363,22 @@ func exited(procs []*proc) <-chan *proc {
 // requests while shards drain), then SIGKILL to those still running after timeout.
 func stopAll(procs []*proc, timeout time.Duration, log *slog.Logger) {
 	for i := len(procs) - 1; i >= 0; i-- {
-		if p := procs[i]; p.cmd != nil && p.cmd.Process != nil && p.done != nil {
-			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		if cmd, done := procs[i].current(); cmd != nil && cmd.Process != nil && done != nil {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
 		}
 	}
 	deadline := time.After(timeout)
 	for _, p := range procs {
-		if p.done == nil {
+		cmd, done := p.current()
+		if done == nil {
 			continue
 		}
 		select {
-		case <-p.done:
+		case <-done:
 		case <-deadline:
 			log.Warn("child did not stop in time; killing it", "proc", p.name)
-			_ = p.cmd.Process.Kill()
-			<-p.done
+			_ = cmd.Process.Kill()
+			<-done
 		}
 	}
 }
@@ -343,8 +435,12 @@ func moveTargets(ctx context.Context, natsURL string, shards int) string {
 	return strings.Join(parts, ",")
 }
 
-func printBanner(w io.Writer, c config, natsURL, gw, targets string) {
+func printBanner(w io.Writer, c config, natsURL, gw, targets string, more []string) {
 	dash := "http://" + c.host + ":" + strconv.Itoa(c.rebalancerPort)
+	gws := gw
+	for _, g := range more {
+		gws += "\n  gateway      " + g
+	}
 	fmt.Fprintf(w, `
 tenantmesh is running. Ctrl-C stops everything.
 
@@ -364,5 +460,5 @@ Try this:
   %s/rebalance plan move acme --to %s
   %s/rebalance apply <plan id printed above> --yes
   %s/rebalance status
-`, gw, dash, natsURL, c.data, c.adminToken, gw, gw, gw, gw, natsURL, dash, c.bin, c.bin, targets, c.bin, c.bin)
+`, gws, dash, natsURL, c.data, c.adminToken, gw, gw, gw, gw, natsURL, dash, c.bin, c.bin, targets, c.bin, c.bin)
 }
