@@ -127,6 +127,20 @@ func (e *Engine) Plan(ctx context.Context, id string) (PlanRecord, []MoveRecord,
 	}
 	rec.Revision = rev
 	var moves []MoveRecord
+	if n := len(rec.Plan.Moves); n <= directReadMoves {
+		// A plan's moves are stored before the plan itself, so they all exist: read them by key
+		// (direct gets) rather than by listing, which costs a consumer on the server each time
+		// (on a cluster a meta-layer operation; dashboards and CLIs poll this).
+		moves = make([]MoveRecord, n)
+		for i := range moves {
+			rev, err := e.st.GetRecord(ctx, schema.MoveKey(id, moveID(i)), &moves[i])
+			if err != nil {
+				return rec, nil, err
+			}
+			moves[i].RecordRev = rev
+		}
+		return rec, moves, nil
+	}
 	err = e.st.ListRecords(ctx, schema.MovesOf(id), func(_ string, rev uint64, raw json.RawMessage) {
 		var m MoveRecord
 		if json.Unmarshal(raw, &m) == nil {
@@ -137,6 +151,9 @@ func (e *Engine) Plan(ctx context.Context, id string) (PlanRecord, []MoveRecord,
 	slices.SortFunc(moves, func(a, b MoveRecord) int { return strings.Compare(a.ID, b.ID) })
 	return rec, moves, err
 }
+
+// directReadMoves is the largest plan whose moves Plan reads one by one.
+const directReadMoves = 256
 
 // Plans lists every stored plan, newest first.
 func (e *Engine) Plans(ctx context.Context) ([]PlanRecord, error) {

@@ -231,6 +231,7 @@ func (s *Server) lead(ctx context.Context, l schema.Lease) {
 	s.hub.publish("leader", map[string]any{"holder": s.cfg.Holder, "leading": true})
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = s.sweep.Run(lctx) })
+	wg.Go(func() { s.resumeApplying(lctx) })
 	if !s.cfg.NoCompact {
 		wg.Go(func() { s.compact(lctx) })
 	}
@@ -263,6 +264,41 @@ func (s *Server) lead(ctx context.Context, l schema.Lease) {
 	_ = s.st.ReleaseLease(rctx, l)
 	rcancel()
 	s.hub.publish("leader", map[string]any{"holder": s.cfg.Holder, "leading": false})
+}
+
+// resumeApplying finishes, oldest first, the plans a previous leader left applying (it crashed
+// or lost its lease): the engine resumes each move from what the placement says.
+func (s *Server) resumeApplying(ctx context.Context) {
+	plans, err := s.eng.Plans(ctx)
+	if err != nil {
+		s.log.Warn("listing plans to resume", "err", err)
+		return
+	}
+	for i := len(plans) - 1; i >= 0; i-- {
+		id := plans[i].ID
+		if plans[i].Status != rebalancer.PlanApplying {
+			continue
+		}
+		s.log.Info("resuming a plan left applying", "plan", id)
+		for {
+			err := s.startWork(ctx, id, func(c context.Context) (rebalancer.PlanRecord, error) { return s.eng.Apply(c, id) })
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, errBusy) || ctx.Err() != nil {
+				return
+			}
+			sleep(ctx, 200*time.Millisecond) // an operator's apply runs; resume after it
+		}
+		s.mu.Lock()
+		done := s.busyDone
+		s.mu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // compact runs a placement watcher with Compact for every registered kind, so gateways and

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
+	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
 	"github.com/tenantmesh/tenantmesh/rebalancer/sweeper"
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -340,5 +341,40 @@ func TestLeaderCompacts(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatal("no placement snapshot written")
 		}
+	}
+}
+
+// TestLeaderResumesApplyingPlans: a plan left "applying" by a leader that died is finished by
+// the next leader without anyone applying it again.
+func TestLeaderResumesApplyingPlans(t *testing.T) {
+	st, _ := tmtest.Store(t)
+	startShard(t, st, "s-1")
+	startShard(t, st, "s-2")
+	ctx := context.Background()
+	p, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "acme", Shard: "s-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := rebalancer.New(rebalancer.Config{Store: st, Holder: "dead-leader"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := eng.CreatePlan(ctx, &planner.Plan{Strategy: "manual", Concurrency: 1, Waves: 1,
+		Moves: []planner.Move{{Kind: "aggregate", Tenant: "acme", From: "s-1", To: "s-2", Revision: p.Revision, Wave: 1}}}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The dead leader had marked it applying before it died.
+	rec.Status = rebalancer.PlanApplying
+	if _, err := st.UpdateRecord(ctx, schema.PlanKey(rec.ID), rec.Revision, rec); err != nil {
+		t.Fatal(err)
+	}
+	r := start(t, st, "new-leader", sweeper.Config{})
+	r.await(t, "plan done", func(ev Event) bool {
+		var got rebalancer.PlanRecord
+		return ev.Type == "plan" && json.Unmarshal(ev.Data, &got) == nil && got.ID == rec.ID && got.Status == rebalancer.PlanDone
+	})
+	if got, _ := st.Placement(ctx, "aggregate", "acme"); got.Shard != "s-2" {
+		t.Fatalf("acme on %s after the resumed plan", got.Shard)
 	}
 }
