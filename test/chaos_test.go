@@ -247,19 +247,6 @@ func planStatus(base, id string) (string, []string, error) {
 	return p.Plan.Status, states, nil
 }
 
-// createPlanRetry creates a plan as an operator would during failures: a 5xx (the
-// rebalancer could not read NATS) is retried a few times.
-func createPlanRetry(t *testing.T, base string, req map[string]any) string {
-	t.Helper()
-	var p struct {
-		Plan struct{ ID string } `json:"plan"`
-	}
-	if err := json.Unmarshal(postRetry(t, base+"/api/plans", req), &p); err != nil || p.Plan.ID == "" {
-		t.Fatalf("create plan: %v", err)
-	}
-	return p.Plan.ID
-}
-
 // postRetry posts body to url, retrying a 5xx, a 404 or a connection error a few times.
 func postRetry(t *testing.T, url string, body any) []byte {
 	t.Helper()
@@ -405,7 +392,7 @@ func TestChaosUnderLoad(t *testing.T) {
 				targets[kind] = kind + "-2"
 			}
 		}
-		id := createPlanRetry(t, s.rebalancer, map[string]any{"strategy": "move-tenant", "tenant": tenant, "targets": targets})
+		id := createPlan(t, postRetry, s.rebalancer, map[string]any{"strategy": "move-tenant", "tenant": tenant, "targets": targets})
 		postRetry(t, s.rebalancer+"/api/plans/"+id+"/apply", nil)
 		return id
 	}

@@ -169,7 +169,7 @@ func TestMovesUnderLoad(t *testing.T) {
 				targets[kind] = kind + "-2"
 			}
 		}
-		id := createPlan(t, s.rebalancer, map[string]any{"strategy": "move-tenant", "tenant": tenant, "targets": targets})
+		id := createPlan(t, postOK, s.rebalancer, map[string]any{"strategy": "move-tenant", "tenant": tenant, "targets": targets})
 		postOK(t, s.rebalancer+"/api/plans/"+id+"/apply", nil)
 		pauses = append(pauses, awaitPlan(t, s.rebalancer, id)...)
 	}
@@ -218,12 +218,14 @@ func TestMovesUnderLoad(t *testing.T) {
 
 func first(s []string, n int) []string { return s[:min(n, len(s))] }
 
-func createPlan(t *testing.T, base string, req map[string]any) string {
+// createPlan creates a plan through the rebalancer API with post (postOK, or postRetry under
+// chaos) and returns its id.
+func createPlan(t *testing.T, post func(*testing.T, string, any) []byte, base string, req map[string]any) string {
 	t.Helper()
 	var out struct {
 		Plan struct{ ID string } `json:"plan"`
 	}
-	if err := json.Unmarshal(postOK(t, base+"/api/plans", req), &out); err != nil || out.Plan.ID == "" {
+	if err := json.Unmarshal(post(t, base+"/api/plans", req), &out); err != nil || out.Plan.ID == "" {
 		t.Fatalf("create plan: %v", err)
 	}
 	return out.Plan.ID

@@ -11,21 +11,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/services/aggregate"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
 func openStore(t testing.TB) *schema.Store {
-	t.Helper()
-	srv := natstest.Server(t)
-	nc := natstest.Connect(t, srv.URL())
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := schema.Open(ctx, nc, schema.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, _ := tmtest.Store(t)
 	return st
 }
 
