@@ -121,7 +121,7 @@ func writeErr(w http.ResponseWriter, r *http.Request, err error, tenant string) 
 	case errors.Is(err, ErrInsufficient), errors.Is(err, ErrAccountClosed), errors.Is(err, ErrNotEmpty):
 		status, typ, title = http.StatusConflict, "rejected", "Command rejected by the ledger"
 	}
-	if status == 0 && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders)) {
+	if status == 0 && (errors.Is(err, errStore) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders)) {
 		tmhttp.WriteError(w, r, &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "store-unavailable", Title: "Event store unavailable",
 			Detail:     "the event store did not answer in time; the command may or may not have been applied: retry it with the same idempotency key",
 			RetryAfter: time.Second}, tenant, "aggregate")

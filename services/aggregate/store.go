@@ -13,6 +13,11 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
+// errStore marks a failed call to the event store (NATS unreachable, a cluster failing over, an
+// answer lost): transient, and for an append of unknown outcome. Clients retry with the same
+// idempotency key, which applies the command once either way.
+var errStore = errors.New("aggregate: event store")
+
 // errStale means the aggregate's stream has events this instance has not applied: another
 // writer (a sibling instance, or a stale owner's rival) appended first.
 var errStale = errors.New("aggregate changed underneath")
@@ -85,7 +90,7 @@ func (es *eventStore) append(ctx context.Context, ev Event, expectLast uint64) (
 			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
 			return 0, false, fmt.Errorf("%w: %v", errStale, err)
 		}
-		return 0, false, fmt.Errorf("aggregate: append to %s: %w", msg.Subject, err)
+		return 0, false, fmt.Errorf("%w: append to %s: %w", errStore, msg.Subject, err)
 	}
 	return ack.Sequence, ack.Duplicate, nil
 }
@@ -100,7 +105,7 @@ func (es *eventStore) replay(ctx context.Context, filter string, after uint64, f
 	}
 	cons, done, err := schema.OrderedRead(ctx, es.js, schema.StreamEvents, cfg)
 	if err != nil {
-		return 0, fmt.Errorf("aggregate: replay %s: %w", filter, err)
+		return 0, fmt.Errorf("%w: replay %s: %w", errStore, filter, err)
 	}
 	defer done()
 	pending := cons.CachedInfo().NumPending
@@ -108,7 +113,7 @@ func (es *eventStore) replay(ctx context.Context, filter string, after uint64, f
 	for pending > 0 {
 		batch, err := cons.Fetch(int(min(pending, uint64(es.batch))), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
-			return last, fmt.Errorf("aggregate: replay %s: %w", filter, err)
+			return last, fmt.Errorf("%w: replay %s: %w", errStore, filter, err)
 		}
 		got := 0
 		for m := range batch.Messages() {
@@ -128,10 +133,10 @@ func (es *eventStore) replay(ctx context.Context, filter string, after uint64, f
 			last, pending = ev.Seq, md.NumPending
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-			return last, fmt.Errorf("aggregate: replay %s: %w", filter, err)
+			return last, fmt.Errorf("%w: replay %s: %w", errStore, filter, err)
 		}
 		if got == 0 {
-			return last, fmt.Errorf("aggregate: replay %s stalled at %d with %d pending", filter, last, pending)
+			return last, fmt.Errorf("%w: replay %s stalled at %d with %d pending", errStore, filter, last, pending)
 		}
 	}
 	return last, nil
@@ -144,7 +149,7 @@ func (es *eventStore) lastSeq(ctx context.Context, subject string) (uint64, erro
 		return 0, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("aggregate: last event on %s: %w", subject, err)
+		return 0, fmt.Errorf("%w: last event on %s: %w", errStore, subject, err)
 	}
 	return m.Sequence, nil
 }
@@ -154,7 +159,7 @@ func (es *eventStore) lastSeq(ctx context.Context, subject string) (uint64, erro
 func (es *eventStore) tenantEvents(ctx context.Context, tenant string) (uint64, error) {
 	info, err := es.stream.Info(ctx, jetstream.WithSubjectFilter(schema.TenantEvents(tenant)))
 	if err != nil {
-		return 0, fmt.Errorf("aggregate: count events of %s: %w", tenant, err)
+		return 0, fmt.Errorf("%w: count events of %s: %w", errStore, tenant, err)
 	}
 	var n uint64
 	for _, c := range info.State.Subjects {
@@ -190,7 +195,7 @@ func (es *eventStore) loadSnapshot(ctx context.Context, tenant string) (*snapsho
 		return nil, 0, nil
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("aggregate: load snapshot of %s: %w", tenant, err)
+		return nil, 0, fmt.Errorf("%w: load snapshot of %s: %w", errStore, tenant, err)
 	}
 	var s snapshot
 	if err := json.Unmarshal(b, &s); err != nil {
