@@ -145,7 +145,7 @@ func TestWatcherSurvivesClusterNodeLoss(t *testing.T) {
 	nc := natstest.Connect(t, c.URLs())
 	ctx := context.Background()
 	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	st, err := schema.Open(octx, nc, schema.Options{Replicas: 3})
+	st, err := schema.OpenRetry(octx, nc, schema.Options{Replicas: 3}) // peers may still be joining the meta group
 	cancel()
 	if err != nil {
 		t.Fatal(err)
