@@ -350,7 +350,7 @@ func TestChaosUnderLoad(t *testing.T) {
 	defer nc.Close()
 	ctx := context.Background()
 	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	store, err := schema.Open(octx, nc, schema.Options{Replicas: 3})
+	store, err := schema.OpenRetry(octx, nc, schema.Options{Replicas: 3})
 	cancel()
 	if err != nil {
 		t.Fatal(err)
