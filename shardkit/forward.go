@@ -21,7 +21,8 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
-// peerView keeps the kind's part of the instance directory in memory (forward mode).
+// peerView keeps the kind's part of the instance directory in memory: forward mode proxies to
+// live peers, and a move's target judges which source instances must report drained.
 type peerView struct {
 	s      *Shard
 	f      *kvwatch.Follower
@@ -118,6 +119,21 @@ func (p *peerView) live(shard string) []schema.Instance {
 	return out
 }
 
+// liveNames returns the instance names of shard's live instances (this one included), and a
+// channel closed at the next directory change.
+func (p *peerView) liveNames(shard string) ([]string, <-chan struct{}) {
+	now := p.s.cfg.Now()
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	var out []string
+	for _, inst := range p.insts {
+		if inst.Shard == shard && p.s.cfg.Thresholds.Status(inst, now).Live() {
+			out = append(out, inst.Instance)
+		}
+	}
+	return out, p.notify
+}
+
 func sortInstances(xs []schema.Instance) {
 	for i := 1; i < len(xs); i++ {
 		for j := i; j > 0 && xs[j].Key() < xs[j-1].Key(); j-- {
@@ -126,13 +142,9 @@ func sortInstances(xs []schema.Instance) {
 	}
 }
 
-// PeerStatus is the status of another instance of this kind as this instance sees it (forward
-// mode), judged with the configured clock and thresholds. ok is false when the directory has no
-// entry for it.
+// PeerStatus is the status of another instance of this kind as this instance sees it, judged
+// with the configured clock and thresholds. ok is false when the directory has no entry for it.
 func (s *Shard) PeerStatus(id schema.InstanceID) (st schema.Status, ok bool) {
-	if s.peers == nil {
-		return "", false
-	}
 	inst, ok, _ := s.peers.instance(id.Key())
 	if !ok {
 		return "", false

@@ -2,13 +2,10 @@ package shardkit
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -123,59 +120,27 @@ func (s *Shard) awaitFence(ctx context.Context, tenant, source string, epoch uin
 }
 
 func (s *Shard) watchFence(ctx context.Context, tenant, source string, epoch uint64) (uint64, error) {
-	live, err := s.liveInstances(ctx, source)
-	if err != nil {
-		return 0, err
-	}
-	w, err := s.st.SignalsKV().Watch(ctx, schema.SignalFilter(s.kind, tenant, source))
-	if err != nil {
-		return 0, fmt.Errorf("watch signals: %w", err)
-	}
-	defer func() { _ = w.Stop() }()
-	sigs := map[string]schema.TenantSignal{}
-	initial := true
-	// Instances die while we wait: re-read the directory, and take a source shard with no
-	// live instance as drained at fence 0 (nothing can be in flight there; the tenant's data
-	// stream is the truth the target warms from).
+	// Instances die while we wait: heartbeats age, so look again every second even without a
+	// change, and take a source shard with no live instance as drained at fence 0 (nothing can
+	// be in flight there; the tenant's data stream is the truth the target warms from).
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
+		live, dirChanged := s.peers.liveNames(source)
 		if len(live) == 0 {
 			s.cfg.Logger.Warn("the move's source has no live instance; taking fence 0", "tenant", tenant, "source", source)
 			return 0, nil
+		}
+		sigs, sigChanged := s.signals.shard(tenant, source)
+		if fence, ok := fenceOf(sigs, live, epoch); ok {
+			return fence, nil
 		}
 		select {
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		case <-tick.C:
-			if l, err := s.liveInstances(ctx, source); err == nil {
-				live = l
-			}
-			if !initial {
-				if fence, ok := fenceOf(sigs, live, epoch); ok {
-					return fence, nil
-				}
-			}
-		case u, ok := <-w.Updates():
-			if !ok {
-				return 0, errors.New("signal watch closed")
-			}
-			if u == nil {
-				initial = false
-			} else if u.Operation() != jetstream.KeyValuePut {
-				delete(sigs, u.Key())
-			} else {
-				var sig schema.TenantSignal
-				if json.Unmarshal(u.Value(), &sig) == nil {
-					sigs[sig.Instance] = sig
-				}
-			}
-			if initial {
-				continue
-			}
-			if fence, ok := fenceOf(sigs, live, epoch); ok {
-				return fence, nil
-			}
+		case <-dirChanged:
+		case <-sigChanged:
 		}
 	}
 }
@@ -202,34 +167,24 @@ func fenceOf(sigs map[string]schema.TenantSignal, live []string, epoch uint64) (
 	return fence, true
 }
 
-// liveInstances lists the names of shard's live instances in the directory.
-func (s *Shard) liveInstances(ctx context.Context, shard string) ([]string, error) {
-	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	insts, err := s.st.Instances(lctx, s.kind)
-	if err != nil {
-		return nil, err
-	}
-	now := s.cfg.Now()
-	var out []string
-	for _, inst := range insts {
-		if inst.Shard == shard && s.cfg.Thresholds.Status(inst, now).Live() {
-			out = append(out, inst.Instance)
-		}
-	}
-	return out, nil
-}
-
 // handoffTask runs on a move's source at handoff: stop accepting, wait for in-flight requests
 // within DrainTimeout, then report drained with the fence (the service's last applied sequence)
 // at the handoff epoch.
 func (s *Shard) handoffTask(ctx context.Context, ts *tenantState, e placement.Entry) {
 	ts.draining.Store(true)
-	s.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalDraining, Epoch: e.Epoch})
+	// Report draining while the in-flight requests finish, not before: the handoff pause is
+	// the time to drained, and this write is for people watching.
+	reported := make(chan struct{})
+	go func() {
+		defer close(reported)
+		s.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalDraining, Epoch: e.Epoch})
+	}()
+	defer func() { <-reported }()
 	if !s.quiesce(ctx, ts) {
 		return
 	}
 	fence := s.cfg.Hooks.fence(ts.tenant)
+	<-reported
 	s.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalDrained, Epoch: e.Epoch, Applied: fence, Fence: fence})
 }
 

@@ -25,7 +25,8 @@ type Shard struct {
 	watcher *placement.Watcher
 	metrics *metrics
 	states  *stateMap
-	peers   *peerView // forward mode only
+	peers   *peerView   // the kind's directory in memory
+	signals *signalView // the kind's tenant signals in memory
 	proxy   http.Handler
 
 	// servedBy is the x-served-by value, shared by every response (never modified).
@@ -95,8 +96,8 @@ func New(cfg Config) (*Shard, error) {
 		return nil, fmt.Errorf("shardkit: %w", err)
 	}
 	s.watcher = w
+	s.peers, s.signals = newPeerView(s), newSignalView(s)
 	if cfg.Forward {
-		s.peers = newPeerView(s)
 		s.proxy = s.newProxy()
 	}
 	return s, nil
@@ -136,10 +137,11 @@ func (s *Shard) Run(ctx context.Context) error {
 		close(s.stopped)
 	}()
 	loops.Go(func() { _ = s.watcher.Run(runCtx) })
-	if s.peers != nil {
-		if err := s.peers.start(runCtx, &loops); err != nil {
-			return err
-		}
+	if err := s.peers.start(runCtx, &loops); err != nil {
+		return err
+	}
+	if err := s.signals.start(runCtx, &loops); err != nil {
+		return err
 	}
 	// start's calls end when Run's ctx or Shutdown ends, so Shutdown never races a registration.
 	sctx, scancel := context.WithCancel(runCtx)
@@ -173,10 +175,11 @@ func (s *Shard) start(ctx context.Context) error {
 	if err := s.watcher.WaitReady(wctx); err != nil {
 		return fmt.Errorf("shardkit: %w", err)
 	}
-	if s.peers != nil {
-		if err := s.peers.waitReady(wctx); err != nil {
-			return err
-		}
+	if err := s.peers.waitReady(wctx); err != nil {
+		return err
+	}
+	if err := s.signals.waitReady(wctx); err != nil {
+		return err
 	}
 	kc, err := s.st.Kind(wctx, s.kind)
 	if err != nil {
