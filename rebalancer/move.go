@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -16,6 +17,8 @@ import (
 // drive runs one move to a terminal state. Each round reads the placement, works out where the
 // move really stands (the placement names the move while it runs) and takes the next step.
 func (e *Engine) drive(ctx context.Context, m *MoveRecord) error {
+	w := e.newSignalWatch(m)
+	defer w.stop()
 	for !m.State.Terminal() {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -31,7 +34,7 @@ func (e *Engine) drive(ctx context.Context, m *MoveRecord) error {
 		if err != nil {
 			return err
 		}
-		if err := e.round(ctx, m, p); err != nil {
+		if err := e.round(ctx, m, p, w); err != nil {
 			if errors.Is(err, schema.ErrConflict) {
 				continue // someone wrote the placement meanwhile: read it again
 			}
@@ -45,7 +48,7 @@ func (e *Engine) drive(ctx context.Context, m *MoveRecord) error {
 func (m *MoveRecord) ours(p schema.Placement) bool { return p.Move == m.Key() }
 
 // round takes one step of the move from placement p.
-func (e *Engine) round(ctx context.Context, m *MoveRecord, p schema.Placement) error {
+func (e *Engine) round(ctx context.Context, m *MoveRecord, p schema.Placement, w *signalWatch) error {
 	// First reconcile the record with the placement: a crash may have left the record behind.
 	switch {
 	case m.ours(p) && p.Phase == schema.PhaseWarming && m.State != MoveWarming:
@@ -87,11 +90,11 @@ func (e *Engine) round(ctx context.Context, m *MoveRecord, p schema.Placement) e
 	case MovePending:
 		return e.start(ctx, m, p)
 	case MoveWarming:
-		return e.warm(ctx, m, p)
+		return e.warm(ctx, m, p, w)
 	case MoveHandoff:
-		return e.handoff(ctx, m, p)
+		return e.handoff(ctx, m, p, w)
 	case MoveCommitted:
-		return e.finish(ctx, m, p)
+		return e.finish(ctx, m, p, w)
 	}
 	return nil
 }
@@ -115,9 +118,9 @@ func (e *Engine) start(ctx context.Context, m *MoveRecord, p schema.Placement) e
 }
 
 // warm waits for every live instance of the target to be ready, then starts the handoff.
-func (e *Engine) warm(ctx context.Context, m *MoveRecord, p schema.Placement) error {
+func (e *Engine) warm(ctx context.Context, m *MoveRecord, p schema.Placement, w *signalWatch) error {
 	deadline := m.Started.Add(e.cfg.WarmTimeout)
-	err := e.waitSignals(ctx, m, deadline, func(v signalView) bool {
+	err := w.wait(ctx, deadline, func(v signalView) bool {
 		return v.all(m.To, func(s schema.TenantSignal) bool { return s.Phase == schema.SignalReady && s.Epoch == m.Epoch })
 	})
 	if errors.Is(err, errTimeout) {
@@ -137,10 +140,10 @@ func (e *Engine) warm(ctx context.Context, m *MoveRecord, p schema.Placement) er
 
 // handoff waits for the source to drain (its fence) and the target to reach the fence, then
 // commits: the target owns the tenant at the next epoch.
-func (e *Engine) handoff(ctx context.Context, m *MoveRecord, p schema.Placement) error {
+func (e *Engine) handoff(ctx context.Context, m *MoveRecord, p schema.Placement, w *signalWatch) error {
 	deadline := m.Handoff.Add(e.cfg.HandoffTimeout)
 	var fence uint64
-	err := e.waitSignals(ctx, m, deadline, func(v signalView) bool {
+	err := w.wait(ctx, deadline, func(v signalView) bool {
 		f, ok := v.fence(m.From, m.Epoch)
 		if !ok {
 			return false
@@ -167,8 +170,8 @@ func (e *Engine) handoff(ctx context.Context, m *MoveRecord, p schema.Placement)
 
 // finish waits (bounded) for the former owner to report drained, then makes the new owner
 // plainly active. After commit a move only goes forward.
-func (e *Engine) finish(ctx context.Context, m *MoveRecord, p schema.Placement) error {
-	err := e.waitSignals(ctx, m, time.Now().Add(e.cfg.DrainTimeout), func(v signalView) bool {
+func (e *Engine) finish(ctx context.Context, m *MoveRecord, p schema.Placement, w *signalWatch) error {
+	err := w.wait(ctx, time.Now().Add(e.cfg.DrainTimeout), func(v signalView) bool {
 		if v.live != nil && len(v.live[m.From]) == 0 {
 			return true // no live instance of the former owner: nothing to wait for
 		}
@@ -256,55 +259,135 @@ func (v signalView) fence(shard string, epoch uint64) (uint64, bool) {
 	return f, ok
 }
 
-// waitSignals keeps the tenant's signals in memory from a KV watch and re-evaluates cond on
-// every change, and at least every 500ms for instances coming and going, until cond holds or
-// deadline passes.
-func (e *Engine) waitSignals(ctx context.Context, m *MoveRecord, deadline time.Time, cond func(signalView) bool) error {
-	wctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	filter := m.Kind + "." + m.Tenant + ".>"
+// signalWatch keeps one move's tenant signals (from a KV watch) and the live instances of its
+// two shards (re-read every 500ms) in memory for the whole move, so a step waits on a current
+// view instead of opening a watch and listing the directory on the handoff's critical path.
+type signalWatch struct {
+	e      *Engine
+	m      *MoveRecord
+	cancel context.CancelFunc
+	done   sync.WaitGroup
+	start  sync.Once
+
+	mu     sync.Mutex
+	v      signalView
+	synced bool
+	notify chan struct{} // closed and replaced on every change
+}
+
+func (e *Engine) newSignalWatch(m *MoveRecord) *signalWatch {
+	return &signalWatch{e: e, m: m, v: signalView{sigs: map[string]schema.TenantSignal{}}, notify: make(chan struct{}), cancel: func() {}}
+}
+
+// run starts the watch's goroutines on first use; stop ends them.
+func (w *signalWatch) run(ctx context.Context) {
+	w.start.Do(func() {
+		ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
+		w.done.Go(func() { w.follow(ctx) })
+		w.done.Go(func() { w.refreshLive(ctx) })
+	})
+}
+
+func (w *signalWatch) stop() {
+	w.cancel()
+	w.done.Wait()
+}
+
+func (w *signalWatch) changed() {
+	close(w.notify)
+	w.notify = make(chan struct{})
+}
+
+// follow applies the tenant's signals from a KV watch, starting a new watch if one dies.
+func (w *signalWatch) follow(ctx context.Context) {
+	filter := w.m.Kind + "." + w.m.Tenant + ".>"
+	for ctx.Err() == nil {
+		kw, err := w.e.st.SignalsKV().Watch(ctx, filter)
+		if err != nil {
+			if ctx.Err() == nil {
+				w.e.cfg.Logger.Warn("watching a move's signals", "move", w.m.Key(), "err", err)
+			}
+			sleepCtx(ctx, 100*time.Millisecond)
+			continue
+		}
+		w.mu.Lock()
+		clear(w.v.sigs)
+		w.synced = false
+		w.mu.Unlock()
+		w.apply(ctx, kw.Updates())
+		_ = kw.Stop() // (a watch does not end with its context)
+	}
+}
+
+// apply applies updates until the watch ends or ctx does.
+func (w *signalWatch) apply(ctx context.Context, updates <-chan jetstream.KeyValueEntry) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case en, ok := <-updates:
+			if !ok {
+				return
+			}
+			w.mu.Lock()
+			if en == nil {
+				w.synced = true
+			} else {
+				applySignal(w.v.sigs, en)
+			}
+			w.changed()
+			w.mu.Unlock()
+		}
+	}
+}
+
+// refreshLive re-reads the live instances of the move's shards every 500ms: instances come and
+// go, and heartbeats age without a change to watch.
+func (w *signalWatch) refreshLive(ctx context.Context) {
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
-	v := signalView{sigs: map[string]schema.TenantSignal{}}
-	var liveAt time.Time
 	for {
-		w, err := e.st.SignalsKV().Watch(wctx, filter)
-		if err != nil {
-			if wctx.Err() != nil {
-				return e.waitErr(ctx)
-			}
-			return fmt.Errorf("rebalancer: watch signals of %s: %w", m.Tenant, err)
+		if l, err := w.e.liveInstances(ctx, w.m); err == nil {
+			w.mu.Lock()
+			w.v.live = l
+			w.changed()
+			w.mu.Unlock()
 		}
-		clear(v.sigs)
-		synced := false
-		for open := true; open; {
-			if time.Since(liveAt) > 500*time.Millisecond {
-				if l, err := e.liveInstances(wctx, m); err == nil {
-					v.live, liveAt = l, time.Now()
-				}
-			}
-			if synced && cond(v) {
-				w.Stop()
-				return nil
-			}
-			select {
-			case en, ok := <-w.Updates():
-				switch {
-				case !ok:
-					open = false // the watch died: start a new one
-				case en == nil:
-					synced = true
-				default:
-					applySignal(v.sigs, en)
-				}
-			case <-tick.C:
-				liveAt = time.Time{}
-			case <-wctx.Done():
-				w.Stop()
-				return e.waitErr(ctx)
-			}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
 		}
-		w.Stop()
+	}
+}
+
+// wait re-evaluates cond on every change of the view until it holds or deadline passes.
+func (w *signalWatch) wait(ctx context.Context, deadline time.Time, cond func(signalView) bool) error {
+	w.run(ctx)
+	wctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	for {
+		w.mu.Lock()
+		ok := w.synced && cond(w.v)
+		ch := w.notify
+		w.mu.Unlock()
+		if ok {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-wctx.Done():
+			return w.e.waitErr(ctx)
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
 	}
 }
 

@@ -66,6 +66,8 @@ func (e *Engine) Rollback(ctx context.Context, id string) (PlanRecord, error) {
 // stopMove brings a move to a terminal state without going further than needed: pending is
 // skipped, warming and handoff are aborted, committed finishes.
 func (e *Engine) stopMove(ctx context.Context, m *MoveRecord) error {
+	w := e.newSignalWatch(m)
+	defer w.stop()
 	for !m.State.Terminal() {
 		p, err := e.st.Placement(ctx, m.Kind, m.Tenant)
 		if err != nil && !errors.Is(err, schema.ErrNotFound) {
@@ -78,7 +80,7 @@ func (e *Engine) stopMove(ctx context.Context, m *MoveRecord) error {
 		case m.ours(p) && (p.Phase == schema.PhaseWarming || p.Phase == schema.PhaseHandoff):
 			err = e.abort(ctx, m, p, "rolled back")
 		default:
-			err = e.round(ctx, m, p) // reconcile, or finish a committed move
+			err = e.round(ctx, m, p, w) // reconcile, or finish a committed move
 		}
 		if err != nil && !errors.Is(err, schema.ErrConflict) {
 			return fmt.Errorf("rebalancer: stop move %s: %w", m.Key(), err)
