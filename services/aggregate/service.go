@@ -335,8 +335,10 @@ func (s *Service) writeSnapshot(ctx context.Context, tenant string) {
 // applied sequence reaches fence. It is shardkit's warm hook.
 func (s *Service) Warm(ctx context.Context, tenant string, fence uint64) error {
 	strategy := s.cfg.Strategy
-	if p, err := s.cfg.Store.Placement(ctx, "aggregate", tenant); err == nil && p.Strategy != "" {
-		strategy = Strategy(p.Strategy)
+	if s.loaded(tenant) == nil { // the strategy only matters for a load
+		if p, err := s.cfg.Store.Placement(ctx, "aggregate", tenant); err == nil && p.Strategy != "" {
+			strategy = Strategy(p.Strategy)
+		}
 	}
 	ts, err := s.tenant(ctx, tenant, strategy)
 	if err != nil {
@@ -371,22 +373,22 @@ func (s *Service) Applied(tenant string) uint64 {
 	return ts.contig
 }
 
-// Fence is the sequence a move's target must reach: this instance catches the tenant up with
-// the stream (its siblings' writes included) and returns its contiguous applied sequence.
-// shardkit calls it on the source after the tenant's in-flight commands finished.
+// Fence is the sequence a move's target must reach: the tenant's newest event in the stream
+// (its siblings' writes included). shardkit calls it on the source after the tenant's in-flight
+// commands finished, so nothing this instance accepted can come after it. One direct read; if
+// that fails, the instance catches the tenant up and answers its applied sequence instead.
 func (s *Service) Fence(tenant string) uint64 {
-	ts := s.loaded(tenant)
-	if ts == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		last, err := s.es.lastSeq(ctx, schema.TenantEvents(tenant))
-		if err != nil {
-			s.cfg.Logger.Warn("fence: reading the tenant's last event failed", "tenant", tenant, "err", err)
-		}
-		return last
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	last, err := s.es.lastSeq(ctx, schema.TenantEvents(tenant))
+	if err == nil {
+		return last
+	}
+	s.cfg.Logger.Warn("fence: reading the tenant's last event failed; catching up instead", "tenant", tenant, "err", err)
+	ts := s.loaded(tenant)
+	if ts == nil {
+		return 0
+	}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	if err := ts.catchUp(ctx, s.es); err != nil {

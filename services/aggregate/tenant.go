@@ -96,6 +96,15 @@ func (ts *tenantState) apply(ev Event) {
 
 // catchUp applies every event of the tenant after contig. Caller holds mu.
 func (ts *tenantState) catchUp(ctx context.Context, es *eventStore) error {
+	// Usually nothing is new (a move's source wrote the tenant's events itself): one direct
+	// read of the newest event says so, where a replay costs a consumer's creation and a scan.
+	newest, err := es.lastSeq(ctx, schema.TenantEvents(ts.tenant))
+	if err != nil {
+		return err
+	}
+	if newest <= ts.contig {
+		return nil
+	}
 	last, err := es.replay(ctx, schema.TenantEvents(ts.tenant), ts.contig, func(ev Event) error {
 		ts.apply(ev)
 		return nil
