@@ -236,3 +236,50 @@ func TestWarmStrategiesReachFence(t *testing.T) {
 		t.Fatalf("size = %+v, %v", sz, err)
 	}
 }
+
+// A warmed target follows the stream until the handoff: the source's later events are applied
+// without another warm-up, the fence is then met at once, and the first command on the new
+// owner stops the follow.
+func TestWarmedTargetFollowsTheStream(t *testing.T) {
+	st := openStore(t)
+	ctx := context.Background()
+	src := newService(t, st, Config{})
+	do(t, src, "acme", cmd("acc1", CmdOpen, 0, "open"))
+	tgt := newService(t, st, Config{})
+	if err := tgt.Warm(ctx, "acme", 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 25 {
+		do(t, src, "acme", cmd("acc1", CmdDeposit, 10, fmt.Sprintf("dep-%d", i)))
+	}
+	fence := src.Fence("acme")
+	deadline := time.Now().Add(10 * time.Second)
+	for tgt.Applied("acme") < fence { // nothing but the follow moves it
+		if time.Now().After(deadline) {
+			t.Fatalf("the warmed target applied %d of the source's %d within 10s", tgt.Applied("acme"), fence)
+		}
+		ts := tgt.loaded("acme")
+		ts.mu.Lock()
+		advanced := ts.advanced
+		ts.mu.Unlock()
+		select {
+		case <-advanced:
+		case <-time.After(time.Until(deadline)):
+		}
+	}
+	acc, err := tgt.Account(ctx, "acme", "acc1")
+	if err != nil || acc.Balance != 250 {
+		t.Fatalf("target's account %+v %v, want balance 250", acc, err)
+	}
+	if err := tgt.Warm(ctx, "acme", fence); err != nil {
+		t.Fatal(err)
+	}
+	do(t, tgt, "acme", cmd("acc1", CmdDeposit, 1, "first-on-target"))
+	ts := tgt.loaded("acme")
+	ts.mu.Lock()
+	following := ts.unfollow != nil
+	ts.mu.Unlock()
+	if following {
+		t.Fatal("the new owner still follows the stream after its first command")
+	}
+}

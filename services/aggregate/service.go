@@ -79,6 +79,8 @@ type Service struct {
 
 	mu      sync.Mutex
 	tenants map[string]*slot
+	base    context.Context // Run's, while it runs: the follows' parent
+	follows sync.WaitGroup
 
 	snapq chan string
 }
@@ -103,8 +105,17 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	return &Service{cfg: cfg, es: es, m: newMetrics(cfg.Registerer, es), tenants: map[string]*slot{}, snapq: make(chan string, 1024)}, nil
 }
 
-// Run writes snapshots queued by commands until ctx ends.
+// Run writes snapshots queued by commands and owns the warmed targets' follows, until ctx ends.
 func (s *Service) Run(ctx context.Context) error {
+	s.mu.Lock()
+	s.base = ctx
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.base = nil
+		s.mu.Unlock()
+		s.follows.Wait()
+	}()
 	for {
 		select {
 		case tenant := <-s.snapq:
@@ -144,6 +155,7 @@ func (s *Service) Handle(ctx context.Context, tenant string, cmd Command) (Resul
 	}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
+	ts.stopFollow() // commands come to the owner: a move to here committed
 	for attempt := 1; ; attempt++ {
 		if e, ok := ts.idem.get(cmd.IdempotencyKey); ok {
 			s.m.commands.WithLabelValues(cmd.Command, "replayed").Inc()
@@ -347,16 +359,30 @@ func (s *Service) Warm(ctx context.Context, tenant string, fence uint64) error {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	for {
-		if err := ts.catchUp(ctx, s.es); err != nil {
-			return err
+		if ts.unfollow == nil || fence == 0 {
+			if err := ts.catchUp(ctx, s.es); err != nil {
+				return err
+			}
+		}
+		if fence == 0 {
+			s.follow(ts) // warm now; stay so until the handoff names the fence
+			return nil
 		}
 		if ts.contig >= fence {
 			return nil
 		}
-		// The fence names an event the replay did not reach yet: poll the stream again.
+		// The fence names an event not applied yet: wait for the follow, or poll the stream.
+		advanced := ts.advanced
+		ts.mu.Unlock()
+		t := time.NewTimer(50 * time.Millisecond)
 		select {
-		case <-time.After(50 * time.Millisecond):
+		case <-advanced:
+		case <-t.C:
 		case <-ctx.Done():
+		}
+		t.Stop()
+		ts.mu.Lock()
+		if ctx.Err() != nil {
 			return fmt.Errorf("aggregate: warming %s reached %d of fence %d: %w", tenant, ts.contig, fence, ctx.Err())
 		}
 	}
@@ -400,6 +426,11 @@ func (s *Service) Fence(tenant string) uint64 {
 // Release writes the tenant's final snapshot (so its next owner loads it) and drops it from
 // memory. shardkit hook.
 func (s *Service) Release(ctx context.Context, tenant string) error {
+	if ts := s.loaded(tenant); ts != nil {
+		ts.mu.Lock()
+		ts.stopFollow()
+		ts.mu.Unlock()
+	}
 	s.writeSnapshot(ctx, tenant)
 	s.mu.Lock()
 	delete(s.tenants, tenant)

@@ -76,10 +76,15 @@ type tenantState struct {
 	// applied is the highest sequence applied.
 	applied   uint64
 	sinceSnap int
+
+	// A move's target follows the stream between warm-up and its first command (follow.go).
+	unfollow    context.CancelFunc
+	followToken *int
+	advanced    chan struct{} // closed and replaced when the follow advances contig
 }
 
 func newTenantState(tenant string, window int) *tenantState {
-	return &tenantState{tenant: tenant, accounts: map[string]*Account{}, idem: newIdemWindow(window)}
+	return &tenantState{tenant: tenant, accounts: map[string]*Account{}, idem: newIdemWindow(window), advanced: make(chan struct{})}
 }
 
 // apply adds ev to the state unless it is already in (its aggregate has reached it).

@@ -1,0 +1,97 @@
+package aggregate
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// followFor bounds how long a warmed target keeps following a tenant it does not own yet.
+const followFor = 5 * time.Minute
+
+// follow keeps a move target's copy of a tenant current with the stream from the moment it is
+// warm until it takes its first command (or is released, or followFor passes): at handoff the
+// source's fence is then usually applied already, so the target reports ready without a
+// replay on the cutover's critical path. Caller holds ts.mu.
+func (s *Service) follow(ts *tenantState) {
+	if ts.unfollow != nil {
+		return
+	}
+	s.mu.Lock()
+	base := s.base
+	if base != nil {
+		s.follows.Add(1)
+	}
+	s.mu.Unlock()
+	if base == nil {
+		return // Run is not running: Warm catches up by polling instead
+	}
+	ctx, cancel := context.WithTimeout(base, followFor)
+	token := new(int)
+	ts.unfollow, ts.followToken = cancel, token
+	from := ts.contig
+	go func() {
+		defer s.follows.Done()
+		defer cancel()
+		err := s.tail(ctx, ts, from)
+		ts.mu.Lock()
+		if ts.followToken == token {
+			ts.unfollow, ts.followToken = nil, nil
+		}
+		ts.mu.Unlock()
+		if err != nil && ctx.Err() == nil {
+			s.cfg.Logger.Warn("following a warmed tenant stopped; warm-up polls instead", "tenant", ts.tenant, "err", err)
+		}
+	}()
+}
+
+// stopFollow stops ts's follow, if any. Caller holds ts.mu.
+func (ts *tenantState) stopFollow() {
+	if ts.unfollow != nil {
+		ts.unfollow()
+		ts.unfollow, ts.followToken = nil, nil
+	}
+}
+
+// tail applies the tenant's events after sequence from as they are stored, until ctx ends.
+func (s *Service) tail(ctx context.Context, ts *tenantState, from uint64) error {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{schema.TenantEvents(ts.tenant)},
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from + 1}
+	cons, done, err := schema.OrderedRead(ctx, s.es.js, schema.StreamEvents, cfg)
+	if err != nil {
+		return err
+	}
+	defer done()
+	it, err := cons.Messages()
+	if err != nil {
+		return err
+	}
+	defer context.AfterFunc(ctx, it.Stop)()
+	defer it.Stop()
+	for {
+		m, err := it.Next()
+		if err != nil {
+			return err
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			return err
+		}
+		var ev Event
+		if err := json.Unmarshal(m.Data(), &ev); err != nil {
+			return err
+		}
+		ev.Seq = md.Sequence.Stream
+		ts.mu.Lock()
+		ts.apply(ev)
+		// The consumer delivers every event of the tenant after from, in order.
+		ts.contig = max(ts.contig, ev.Seq)
+		close(ts.advanced)
+		ts.advanced = make(chan struct{})
+		ts.mu.Unlock()
+	}
+}
