@@ -131,11 +131,17 @@ func (e *Engine) warm(ctx context.Context, m *MoveRecord, p schema.Placement, w 
 	}
 	next := p
 	next.Phase = schema.PhaseHandoff
-	if _, err := e.transition(ctx, m, "move.handoff", p, next); err != nil {
+	got, err := e.transition(ctx, m, "move.handoff", p, next)
+	if err != nil {
 		return err
 	}
 	m.State, m.Handoff = MoveHandoff, time.Now().UTC()
-	return e.saveMove(ctx, m)
+	if err := e.saveMove(ctx, m); err != nil {
+		return err
+	}
+	// The tenant's requests are held from now on: go straight to the wait for the fence,
+	// without reading back the placement this step just wrote.
+	return e.handoff(ctx, m, got, w)
 }
 
 // handoff waits for the source to drain (its fence) and the target to reach the fence, then
