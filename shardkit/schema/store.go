@@ -240,11 +240,37 @@ func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc)
 	return context.WithTimeout(ctx, s.opts.Timeout)
 }
 
+// retry runs op until it succeeds, fails for good, or ctx ends, backing off between attempts
+// that failed transiently (see ErrUnavailable). retryIf picks the failures worth another
+// attempt: any transient one for a read, only "reached nobody" for a write. The error returned
+// is op's last, marked ErrUnavailable when transient.
+func retry(ctx context.Context, retryIf func(error) bool, op func(context.Context) error) error {
+	wait := 25 * time.Millisecond
+	for {
+		err := op(ctx)
+		if err == nil || !retryIf(err) || ctx.Err() != nil {
+			return unavailable(err)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return unavailable(err)
+		}
+		wait = min(2*wait, 500*time.Millisecond)
+	}
+}
+
 // getJSON reads key into v and returns its revision.
 func (s *Store) getJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	e, err := kv.Get(ctx, key)
+	var e jetstream.KeyValueEntry
+	err := retry(ctx, transient, func(ctx context.Context) (err error) {
+		e, err = kv.Get(ctx, key)
+		return err
+	})
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			return 0, fmt.Errorf("%s/%s: %w", kv.Bucket(), key, ErrNotFound)
@@ -267,11 +293,14 @@ func (s *Store) casJSON(ctx context.Context, kv jetstream.KeyValue, key string, 
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	var newRev uint64
-	if rev == 0 {
-		newRev, err = kv.Create(ctx, key, b)
-	} else {
-		newRev, err = kv.Update(ctx, key, b, rev)
-	}
+	err = retry(ctx, noResponders, func(ctx context.Context) (err error) {
+		if rev == 0 {
+			newRev, err = kv.Create(ctx, key, b)
+		} else {
+			newRev, err = kv.Update(ctx, key, b, rev)
+		}
+		return err
+	})
 	if err != nil {
 		if isConflict(err) {
 			return 0, &ConflictError{Bucket: kv.Bucket(), Key: key, Expected: rev, Err: err}
@@ -289,7 +318,11 @@ func (s *Store) putJSON(ctx context.Context, kv jetstream.KeyValue, key string, 
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	rev, err := kv.Put(ctx, key, b)
+	var rev uint64
+	err = retry(ctx, noResponders, func(ctx context.Context) (err error) {
+		rev, err = kv.Put(ctx, key, b)
+		return err
+	})
 	if err != nil {
 		return 0, fmt.Errorf("schema: put %s/%s: %w", kv.Bucket(), key, err)
 	}
@@ -304,7 +337,8 @@ func (s *Store) deleteKey(ctx context.Context, kv jetstream.KeyValue, key string
 	if rev > 0 {
 		opts = append(opts, jetstream.LastRevision(rev))
 	}
-	if err := kv.Delete(ctx, key, opts...); err != nil {
+	err := retry(ctx, noResponders, func(ctx context.Context) error { return kv.Delete(ctx, key, opts...) })
+	if err != nil {
 		if isConflict(err) {
 			return &ConflictError{Bucket: kv.Bucket(), Key: key, Expected: rev, Err: err}
 		}
@@ -320,47 +354,20 @@ func (s *Store) deleteKey(ctx context.Context, kv jetstream.KeyValue, key string
 // until the server reports nothing pending. (nats.go's KeyValue.Watch marks the end of the
 // initial values after the first message when its consumer-info call fails, which truncates a
 // list under load.)
+//
+// On a cluster, making the consumer or fetching from it can fail for a moment (no responders
+// while a leader is elected or before the new consumer's interest reached this server): such
+// a read is started again, with a new consumer, within the store's timeout.
 func listJSON[T any](ctx context.Context, s *Store, kv jetstream.KeyValue, filter string, fn func(key string, rev uint64, v T)) (corrupt int, err error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	type item struct {
-		rev  uint64
-		data []byte
-		del  bool
-	}
-	prefix := "$KV." + kv.Bucket() + "."
-	cons, done, err := OrderedRead(ctx, s.js, "KV_"+kv.Bucket(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{prefix + filter},
-		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	var latest map[string]listItem
+	err = retry(ctx, transient, func(ctx context.Context) (err error) {
+		latest, err = s.listLatest(ctx, kv, filter)
+		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("schema: list %s: %w", kv.Bucket(), err)
-	}
-	defer done()
-	latest := map[string]item{}
-	pending := cons.CachedInfo().NumPending
-	for pending > 0 {
-		batch, err := cons.Fetch(int(min(pending, 1000)), jetstream.FetchMaxWait(2*time.Second))
-		if err != nil {
-			return corrupt, fmt.Errorf("schema: list %s: %w", kv.Bucket(), err)
-		}
-		got := 0
-		for m := range batch.Messages() {
-			got++
-			md, err := m.Metadata()
-			if err != nil {
-				return corrupt, fmt.Errorf("schema: list %s: %w", kv.Bucket(), err)
-			}
-			pending = md.NumPending
-			op := m.Headers().Get("KV-Operation")
-			latest[strings.TrimPrefix(m.Subject(), prefix)] = item{rev: md.Sequence.Stream, data: m.Data(), del: op == "DEL" || op == "PURGE"}
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-			return corrupt, fmt.Errorf("schema: list %s: %w", kv.Bucket(), err)
-		}
-		if got == 0 {
-			return corrupt, fmt.Errorf("schema: list %s: no progress with %d pending", kv.Bucket(), pending)
-		}
 	}
 	keys := make([]string, 0, len(latest))
 	for k, it := range latest {
@@ -380,6 +387,54 @@ func listJSON[T any](ctx context.Context, s *Store, kv jetstream.KeyValue, filte
 		fn(k, it.rev, v)
 	}
 	return corrupt, nil
+}
+
+// listItem is the newest message of one key, as listLatest read it.
+type listItem struct {
+	rev  uint64
+	data []byte
+	del  bool
+}
+
+// listLatest is one attempt of listJSON: the newest message of every key under filter.
+func (s *Store) listLatest(ctx context.Context, kv jetstream.KeyValue, filter string) (map[string]listItem, error) {
+	prefix := "$KV." + kv.Bucket() + "."
+	cons, done, err := OrderedRead(ctx, s.js, "KV_"+kv.Bucket(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{prefix + filter},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	latest := map[string]listItem{}
+	pending := cons.CachedInfo().NumPending
+	for pending > 0 {
+		batch, err := cons.Fetch(int(min(pending, 1000)), jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			return nil, err
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			md, err := m.Metadata()
+			if err != nil {
+				return nil, err
+			}
+			pending = md.NumPending
+			op := m.Headers().Get("KV-Operation")
+			latest[strings.TrimPrefix(m.Subject(), prefix)] = listItem{rev: md.Sequence.Stream, data: m.Data(), del: op == "DEL" || op == "PURGE"}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			return nil, err
+		}
+		if got == 0 {
+			// Nothing arrived within the fetch's wait though messages are pending: the
+			// consumer is stuck (its server went away, say); a new one may do better.
+			return nil, fmt.Errorf("%w: no progress with %d pending", ErrUnavailable, pending)
+		}
+	}
+	return latest, nil
 }
 
 func isConflict(err error) bool {
