@@ -262,7 +262,10 @@ func retry(ctx context.Context, retryIf func(error) bool, op func(context.Contex
 	}
 }
 
-// getJSON reads key into v and returns its revision.
+// getJSON reads key into v and returns its revision. It reads with a direct get, which any
+// replica of the bucket may answer, so on a cluster it can miss a write acknowledged just
+// before (a replica that is behind): use getLeaderJSON where the caller must see its own or
+// another process's acknowledged writes.
 func (s *Store) getJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
@@ -281,6 +284,74 @@ func (s *Store) getJSON(ctx context.Context, kv jetstream.KeyValue, key string, 
 		return e.Revision(), fmt.Errorf("%s/%s revision %d: %w: %v", kv.Bucket(), key, e.Revision(), ErrCorrupt, err)
 	}
 	return e.Revision(), nil
+}
+
+// getLeaderJSON is getJSON answered by the bucket's stream leader (JetStream's STREAM.MSG.GET
+// rather than a direct get): it sees every write acknowledged before it was sent, by this
+// process or any other. While the stream has no leader it fails with ErrUnavailable.
+func (s *Store) getLeaderJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	var (
+		data []byte
+		rev  uint64
+	)
+	err := retry(ctx, transient, func(ctx context.Context) (err error) {
+		data, rev, err = s.leaderGet(ctx, kv.Bucket(), key)
+		return err
+	})
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return 0, fmt.Errorf("%s/%s: %w", kv.Bucket(), key, ErrNotFound)
+		}
+		return 0, fmt.Errorf("schema: get %s/%s from the leader: %w", kv.Bucket(), key, err)
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return rev, fmt.Errorf("%s/%s revision %d: %w: %v", kv.Bucket(), key, rev, ErrCorrupt, err)
+	}
+	return rev, nil
+}
+
+// leaderGet asks the stream leader of bucket for key's last message. A deleted or purged key,
+// or one never written, is jetstream.ErrKeyNotFound.
+func (s *Store) leaderGet(ctx context.Context, bucket, key string) ([]byte, uint64, error) {
+	req, err := json.Marshal(map[string]string{"last_by_subj": "$KV." + bucket + "." + key})
+	if err != nil {
+		return nil, 0, err
+	}
+	msg, err := s.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+bucket, req)
+	if err != nil {
+		return nil, 0, err
+	}
+	var resp struct {
+		Error   *jetstream.APIError `json:"error"`
+		Message *struct {
+			Sequence uint64 `json:"seq"`
+			Header   []byte `json:"hdrs"`
+			Data     []byte `json:"data"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return nil, 0, fmt.Errorf("invalid JetStream response: %w", err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, 0, jetstream.ErrKeyNotFound
+	case resp.Error != nil:
+		return nil, 0, resp.Error
+	case resp.Message == nil:
+		return nil, 0, jetstream.ErrInvalidJetStreamResponse
+	}
+	if len(resp.Message.Header) > 0 {
+		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
+		if err != nil {
+			return nil, 0, fmt.Errorf("invalid message headers: %w", err)
+		}
+		if op := h.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+			return nil, 0, jetstream.ErrKeyNotFound
+		}
+	}
+	return resp.Message.Data, resp.Message.Sequence, nil
 }
 
 // casJSON writes v to key if its revision is still rev (0: only if absent) and returns the
