@@ -92,24 +92,37 @@ var ErrPlanNotFound = errors.New("plan not found")
 
 // CreatePlan stores a plan and its moves, all pending.
 func (e *Engine) CreatePlan(ctx context.Context, p *planner.Plan, actor string) (PlanRecord, error) {
-	now := time.Now().UTC()
-	rec := PlanRecord{ID: NewPlanID(now), Status: PlanPlanned, Actor: actor, Created: now, Updated: now, Plan: *p}
-	return rec, e.storePlan(ctx, &rec)
+	rec, _, err := e.CreatePlanMoves(ctx, p, actor)
+	return rec, err
 }
 
-func (e *Engine) storePlan(ctx context.Context, rec *PlanRecord) error {
+// CreatePlanMoves is CreatePlan that also returns the move records as stored (with their
+// revisions), so a caller answering with the new plan need not read it back.
+func (e *Engine) CreatePlanMoves(ctx context.Context, p *planner.Plan, actor string) (PlanRecord, []MoveRecord, error) {
+	now := time.Now().UTC()
+	rec := PlanRecord{ID: NewPlanID(now), Status: PlanPlanned, Actor: actor, Created: now, Updated: now, Plan: *p}
+	moves, err := e.storePlan(ctx, &rec)
+	return rec, moves, err
+}
+
+// storePlan writes rec's moves, then rec, and returns the moves as written.
+func (e *Engine) storePlan(ctx context.Context, rec *PlanRecord) ([]MoveRecord, error) {
+	moves := make([]MoveRecord, 0, len(rec.Plan.Moves))
 	for i, m := range rec.Plan.Moves {
 		mr := MoveRecord{Plan: rec.ID, ID: moveID(i), Move: m, State: MovePending, Updated: rec.Created}
-		if _, err := e.st.CreateRecord(ctx, schema.MoveKey(rec.ID, mr.ID), mr); err != nil {
-			return fmt.Errorf("rebalancer: store move %d of plan %s: %w", i+1, rec.ID, err)
+		rev, err := e.st.CreateRecord(ctx, schema.MoveKey(rec.ID, mr.ID), mr)
+		if err != nil {
+			return nil, fmt.Errorf("rebalancer: store move %d of plan %s: %w", i+1, rec.ID, err)
 		}
+		mr.RecordRev = rev
+		moves = append(moves, mr)
 	}
 	rev, err := e.st.CreateRecord(ctx, schema.PlanKey(rec.ID), rec)
 	if err != nil {
-		return fmt.Errorf("rebalancer: store plan %s: %w", rec.ID, err)
+		return nil, fmt.Errorf("rebalancer: store plan %s: %w", rec.ID, err)
 	}
 	rec.Revision = rev
-	return nil
+	return moves, nil
 }
 
 // Plan reads a plan and its moves (in order).

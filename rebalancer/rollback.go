@@ -53,7 +53,7 @@ func (e *Engine) Rollback(ctx context.Context, id string) (PlanRecord, error) {
 	now := time.Now().UTC()
 	rb := PlanRecord{ID: NewPlanID(now), Status: PlanPlanned, Actor: "rollback/" + e.cfg.Holder, Created: now, Updated: now,
 		RollbackOf: id, Plan: planner.Plan{Strategy: "rollback", Concurrency: max(rec.Plan.Concurrency, 1), Waves: maxWave, Moves: back, Complete: true}}
-	if err := e.storePlan(lctx, &rb); err != nil {
+	if _, err := e.storePlan(lctx, &rb); err != nil {
 		return rec, err
 	}
 	rec.RolledBackBy, rec.Status = rb.ID, PlanRolledBack

@@ -78,12 +78,10 @@ func (s *Server) handleCreatePlan(w http.ResponseWriter, r *http.Request) {
 	if actor == "" {
 		actor = "api"
 	}
-	rec, err := s.eng.CreatePlan(r.Context(), p, actor)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	_, moves, err := s.eng.Plan(r.Context(), rec.ID)
+	// Answer with the records as written: reading them back could fail (or, from a replica
+	// that is behind, miss them) after the plan was stored, and a client that retried would
+	// store a second plan.
+	rec, moves, err := s.eng.CreatePlanMoves(r.Context(), p, actor)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -172,7 +170,10 @@ func errorFor(err error) error {
 
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	err = errorFor(err)
-	if p := tmhttp.FromError(err); p.Status >= 500 {
+	switch p := tmhttp.FromError(err); {
+	case p.Status == http.StatusServiceUnavailable:
+		s.log.Warn("request failed for now", "method", r.Method, "path", r.URL.Path, "err", err)
+	case p.Status >= 500:
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	tmhttp.WriteError(w, r, err, r.URL.Query().Get("tenant"), r.URL.Query().Get("kind"))

@@ -49,7 +49,7 @@ func (s *Store) Audit(ctx context.Context, ev AuditEvent) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	if _, err := s.js.Publish(ctx, AuditSubject(ev.Kind, ev.Tenant), b); err != nil {
-		return fmt.Errorf("schema: publish audit %s: %w", ev.Action, err)
+		return fmt.Errorf("schema: publish audit %s: %w", ev.Action, unavailable(err))
 	}
 	return nil
 }
@@ -61,8 +61,20 @@ type AuditQuery struct {
 	Limit        int       // newest entries returned, at most; default 100, max 10000
 }
 
-// ReadAudit returns the newest entries matching q, oldest first.
+// ReadAudit returns the newest entries matching q, oldest first. A read that fails transiently
+// (see ErrUnavailable) is started again within the store's timeout.
 func (s *Store) ReadAudit(ctx context.Context, q AuditQuery) ([]AuditEvent, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	var out []AuditEvent
+	err := retry(ctx, transient, func(ctx context.Context) (err error) {
+		out, err = s.readAudit(ctx, q)
+		return err
+	})
+	return out, err
+}
+
+func (s *Store) readAudit(ctx context.Context, q AuditQuery) ([]AuditEvent, error) {
 	if q.Limit <= 0 {
 		q.Limit = 100
 	}

@@ -1,8 +1,12 @@
 package schema
 
 import (
+	"context"
 	"errors"
 	"fmt"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 var (
@@ -46,3 +50,54 @@ func (e *ConflictError) Error() string {
 func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
 
 func (e *ConflictError) Unwrap() error { return e.Err }
+
+// ErrUnavailable means NATS could not serve a call for now: no responders (a stream or consumer
+// leader being elected, a server restarting, interest not yet propagated in the cluster), a
+// timeout, or a connection being re-established. The store retries idempotent reads that fail
+// so within its timeout; errors that still wrap ErrUnavailable are worth retrying a little later
+// (HTTP answers them 503 with Retry-After). The NATS error stays wrapped too.
+var ErrUnavailable = errors.New("NATS is temporarily unavailable")
+
+// transient reports whether err is a NATS failure that may pass by itself: see ErrUnavailable.
+// A cancelled context is not (the caller gave up).
+func transient(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return false
+	}
+	if errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected) ||
+		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, jetstream.ErrNoHeartbeat) ||
+		errors.Is(err, jetstream.ErrConsumerLeadershipChanged) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
+		errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrServerShutdown) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		// 503: "JetStream system temporarily unavailable" (no meta or stream leader) and the like.
+		return apiErr.Code == 503 || apiErr.ErrorCode == jsErrClusterNotAvail ||
+			apiErr.ErrorCode == jsErrClusterNotLeader || apiErr.ErrorCode == jsErrStreamOffline
+	}
+	return false
+}
+
+// JetStream API error codes (nats-server's jserrors) that mean "try again shortly".
+const (
+	jsErrClusterNotAvail  jetstream.ErrorCode = 10008 // JetStream system temporarily unavailable
+	jsErrClusterNotLeader jetstream.ErrorCode = 10009 // not the JetStream leader
+	jsErrStreamOffline    jetstream.ErrorCode = 10118 // stream is offline
+)
+
+// unavailable marks a transient err as ErrUnavailable; other errors are returned as they are.
+func unavailable(err error) error {
+	if !transient(err) || errors.Is(err, ErrUnavailable) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// noResponders reports whether a request reached nobody, so sending it again cannot apply it
+// twice (the one failure a write is retried on).
+func noResponders(err error) bool {
+	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)
+}

@@ -23,9 +23,12 @@ func MoveKey(plan, move string) string { return "move." + plan + "." + move }
 // MovesOf is the watch/list filter for every move of a plan.
 func MovesOf(plan string) string { return "move." + plan + ".*" }
 
-// GetRecord reads a tm_rebalance record into v and returns its revision.
+// GetRecord reads a tm_rebalance record into v and returns its revision. It reads from the
+// bucket's stream leader, so a record whose write was acknowledged (a plan just created, by
+// this process or another) is always found: a direct get may be answered by a replica that
+// has not applied it yet. While the stream has no leader it fails with ErrUnavailable.
 func (s *Store) GetRecord(ctx context.Context, key string, v any) (uint64, error) {
-	return s.getJSON(ctx, s.rebalance, key, v)
+	return s.getLeaderJSON(ctx, s.rebalance, key, v)
 }
 
 // CreateRecord writes v under key only if the key is absent.
@@ -68,7 +71,7 @@ func (s *Store) AcquireLease(ctx context.Context, name, holder string, ttl time.
 	now := time.Now().UTC()
 	l := Lease{Name: name, Holder: holder, Acquired: now, Expires: now.Add(ttl)}
 	var cur Lease
-	rev, err := s.getJSON(ctx, s.rebalance, name, &cur)
+	rev, err := s.getLeaderJSON(ctx, s.rebalance, name, &cur)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		rev = 0

@@ -345,3 +345,59 @@ func TestAuditAndSignals(t *testing.T) {
 		t.Fatalf("signals = %+v, %v", sigs, err)
 	}
 }
+
+func TestRecords(t *testing.T) {
+	st := open(t)
+	ctx := context.Background()
+	type rec struct{ N int }
+	rev, err := st.CreateRecord(ctx, schema.PlanKey("p1"), rec{1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got rec
+	if r, err := st.GetRecord(ctx, schema.PlanKey("p1"), &got); err != nil || r != rev || got.N != 1 {
+		t.Fatalf("GetRecord = %d %+v %v, want %d {1}", r, got, err, rev)
+	}
+	if _, err := st.CreateRecord(ctx, schema.PlanKey("p1"), rec{2}); !errors.Is(err, schema.ErrConflict) {
+		t.Fatalf("second create: %v, want a conflict", err)
+	}
+	if err := st.DeleteRecord(ctx, schema.PlanKey("p1"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.GetRecord(ctx, schema.PlanKey("p1"), &got); !errors.Is(err, schema.ErrNotFound) {
+		t.Fatalf("deleted record: %v, want ErrNotFound", err)
+	}
+	if _, err := st.GetRecord(ctx, schema.PlanKey("never"), &got); !errors.Is(err, schema.ErrNotFound) {
+		t.Fatalf("absent record: %v, want ErrNotFound", err)
+	}
+}
+
+// TestUnavailable: with NATS gone, reads and writes fail within the store's timeout with an
+// error that wraps ErrUnavailable (answered 503 + Retry-After over HTTP), not a bare NATS error.
+func TestUnavailable(t *testing.T) {
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv.URL())
+	ctx := context.Background()
+	st, err := schema.Open(ctx, nc, schema.Options{Timeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	var v struct{}
+	for name, call := range map[string]func() error{
+		"get record": func() error { _, err := st.GetRecord(ctx, schema.PlanKey("p1"), &v); return err },
+		"kind":       func() error { _, err := st.Kind(ctx, "aggregate"); return err },
+		"kinds":      func() error { _, err := st.Kinds(ctx); return err },
+		"create":     func() error { _, err := st.CreateRecord(ctx, schema.PlanKey("p2"), v); return err },
+		"audit":      func() error { _, err := st.ReadAudit(ctx, schema.AuditQuery{}); return err },
+	} {
+		start := time.Now()
+		err := call()
+		if !errors.Is(err, schema.ErrUnavailable) {
+			t.Errorf("%s: %v, want ErrUnavailable", name, err)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("%s took %s with a 500ms timeout", name, d)
+		}
+	}
+}

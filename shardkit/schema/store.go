@@ -240,11 +240,40 @@ func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc)
 	return context.WithTimeout(ctx, s.opts.Timeout)
 }
 
-// getJSON reads key into v and returns its revision.
+// retry runs op until it succeeds, fails for good, or ctx ends, backing off between attempts
+// that failed transiently (see ErrUnavailable). retryIf picks the failures worth another
+// attempt: any transient one for a read, only "reached nobody" for a write. The error returned
+// is op's last, marked ErrUnavailable when transient.
+func retry(ctx context.Context, retryIf func(error) bool, op func(context.Context) error) error {
+	wait := 25 * time.Millisecond
+	for {
+		err := op(ctx)
+		if err == nil || !retryIf(err) || ctx.Err() != nil {
+			return unavailable(err)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return unavailable(err)
+		}
+		wait = min(2*wait, 500*time.Millisecond)
+	}
+}
+
+// getJSON reads key into v and returns its revision. It reads with a direct get, which any
+// replica of the bucket may answer, so on a cluster it can miss a write acknowledged just
+// before (a replica that is behind): use getLeaderJSON where the caller must see its own or
+// another process's acknowledged writes.
 func (s *Store) getJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	e, err := kv.Get(ctx, key)
+	var e jetstream.KeyValueEntry
+	err := retry(ctx, transient, func(ctx context.Context) (err error) {
+		e, err = kv.Get(ctx, key)
+		return err
+	})
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			return 0, fmt.Errorf("%s/%s: %w", kv.Bucket(), key, ErrNotFound)
@@ -257,6 +286,74 @@ func (s *Store) getJSON(ctx context.Context, kv jetstream.KeyValue, key string, 
 	return e.Revision(), nil
 }
 
+// getLeaderJSON is getJSON answered by the bucket's stream leader (JetStream's STREAM.MSG.GET
+// rather than a direct get): it sees every write acknowledged before it was sent, by this
+// process or any other. While the stream has no leader it fails with ErrUnavailable.
+func (s *Store) getLeaderJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	var (
+		data []byte
+		rev  uint64
+	)
+	err := retry(ctx, transient, func(ctx context.Context) (err error) {
+		data, rev, err = s.leaderGet(ctx, kv.Bucket(), key)
+		return err
+	})
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return 0, fmt.Errorf("%s/%s: %w", kv.Bucket(), key, ErrNotFound)
+		}
+		return 0, fmt.Errorf("schema: get %s/%s from the leader: %w", kv.Bucket(), key, err)
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return rev, fmt.Errorf("%s/%s revision %d: %w: %v", kv.Bucket(), key, rev, ErrCorrupt, err)
+	}
+	return rev, nil
+}
+
+// leaderGet asks the stream leader of bucket for key's last message. A deleted or purged key,
+// or one never written, is jetstream.ErrKeyNotFound.
+func (s *Store) leaderGet(ctx context.Context, bucket, key string) ([]byte, uint64, error) {
+	req, err := json.Marshal(map[string]string{"last_by_subj": "$KV." + bucket + "." + key})
+	if err != nil {
+		return nil, 0, err
+	}
+	msg, err := s.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+bucket, req)
+	if err != nil {
+		return nil, 0, err
+	}
+	var resp struct {
+		Error   *jetstream.APIError `json:"error"`
+		Message *struct {
+			Sequence uint64 `json:"seq"`
+			Header   []byte `json:"hdrs"`
+			Data     []byte `json:"data"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return nil, 0, fmt.Errorf("invalid JetStream response: %w", err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, 0, jetstream.ErrKeyNotFound
+	case resp.Error != nil:
+		return nil, 0, resp.Error
+	case resp.Message == nil:
+		return nil, 0, jetstream.ErrInvalidJetStreamResponse
+	}
+	if len(resp.Message.Header) > 0 {
+		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
+		if err != nil {
+			return nil, 0, fmt.Errorf("invalid message headers: %w", err)
+		}
+		if op := h.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+			return nil, 0, jetstream.ErrKeyNotFound
+		}
+	}
+	return resp.Message.Data, resp.Message.Sequence, nil
+}
+
 // casJSON writes v to key if its revision is still rev (0: only if absent) and returns the
 // new revision. A lost race is a *ConflictError.
 func (s *Store) casJSON(ctx context.Context, kv jetstream.KeyValue, key string, rev uint64, v any) (uint64, error) {
@@ -267,11 +364,14 @@ func (s *Store) casJSON(ctx context.Context, kv jetstream.KeyValue, key string, 
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	var newRev uint64
-	if rev == 0 {
-		newRev, err = kv.Create(ctx, key, b)
-	} else {
-		newRev, err = kv.Update(ctx, key, b, rev)
-	}
+	err = retry(ctx, noResponders, func(ctx context.Context) (err error) {
+		if rev == 0 {
+			newRev, err = kv.Create(ctx, key, b)
+		} else {
+			newRev, err = kv.Update(ctx, key, b, rev)
+		}
+		return err
+	})
 	if err != nil {
 		if isConflict(err) {
 			return 0, &ConflictError{Bucket: kv.Bucket(), Key: key, Expected: rev, Err: err}
@@ -289,7 +389,11 @@ func (s *Store) putJSON(ctx context.Context, kv jetstream.KeyValue, key string, 
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	rev, err := kv.Put(ctx, key, b)
+	var rev uint64
+	err = retry(ctx, noResponders, func(ctx context.Context) (err error) {
+		rev, err = kv.Put(ctx, key, b)
+		return err
+	})
 	if err != nil {
 		return 0, fmt.Errorf("schema: put %s/%s: %w", kv.Bucket(), key, err)
 	}
@@ -304,7 +408,8 @@ func (s *Store) deleteKey(ctx context.Context, kv jetstream.KeyValue, key string
 	if rev > 0 {
 		opts = append(opts, jetstream.LastRevision(rev))
 	}
-	if err := kv.Delete(ctx, key, opts...); err != nil {
+	err := retry(ctx, noResponders, func(ctx context.Context) error { return kv.Delete(ctx, key, opts...) })
+	if err != nil {
 		if isConflict(err) {
 			return &ConflictError{Bucket: kv.Bucket(), Key: key, Expected: rev, Err: err}
 		}
@@ -320,47 +425,20 @@ func (s *Store) deleteKey(ctx context.Context, kv jetstream.KeyValue, key string
 // until the server reports nothing pending. (nats.go's KeyValue.Watch marks the end of the
 // initial values after the first message when its consumer-info call fails, which truncates a
 // list under load.)
+//
+// On a cluster, making the consumer or fetching from it can fail for a moment (no responders
+// while a leader is elected or before the new consumer's interest reached this server): such
+// a read is started again, with a new consumer, within the store's timeout.
 func listJSON[T any](ctx context.Context, s *Store, kv jetstream.KeyValue, filter string, fn func(key string, rev uint64, v T)) (corrupt int, err error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	type item struct {
-		rev  uint64
-		data []byte
-		del  bool
-	}
-	prefix := "$KV." + kv.Bucket() + "."
-	cons, done, err := OrderedRead(ctx, s.js, "KV_"+kv.Bucket(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{prefix + filter},
-		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	var latest map[string]listItem
+	err = retry(ctx, transient, func(ctx context.Context) (err error) {
+		latest, err = s.listLatest(ctx, kv, filter)
+		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("schema: list %s: %w", kv.Bucket(), err)
-	}
-	defer done()
-	latest := map[string]item{}
-	pending := cons.CachedInfo().NumPending
-	for pending > 0 {
-		batch, err := cons.Fetch(int(min(pending, 1000)), jetstream.FetchMaxWait(2*time.Second))
-		if err != nil {
-			return corrupt, fmt.Errorf("schema: list %s: %w", kv.Bucket(), err)
-		}
-		got := 0
-		for m := range batch.Messages() {
-			got++
-			md, err := m.Metadata()
-			if err != nil {
-				return corrupt, fmt.Errorf("schema: list %s: %w", kv.Bucket(), err)
-			}
-			pending = md.NumPending
-			op := m.Headers().Get("KV-Operation")
-			latest[strings.TrimPrefix(m.Subject(), prefix)] = item{rev: md.Sequence.Stream, data: m.Data(), del: op == "DEL" || op == "PURGE"}
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-			return corrupt, fmt.Errorf("schema: list %s: %w", kv.Bucket(), err)
-		}
-		if got == 0 {
-			return corrupt, fmt.Errorf("schema: list %s: no progress with %d pending", kv.Bucket(), pending)
-		}
 	}
 	keys := make([]string, 0, len(latest))
 	for k, it := range latest {
@@ -380,6 +458,54 @@ func listJSON[T any](ctx context.Context, s *Store, kv jetstream.KeyValue, filte
 		fn(k, it.rev, v)
 	}
 	return corrupt, nil
+}
+
+// listItem is the newest message of one key, as listLatest read it.
+type listItem struct {
+	rev  uint64
+	data []byte
+	del  bool
+}
+
+// listLatest is one attempt of listJSON: the newest message of every key under filter.
+func (s *Store) listLatest(ctx context.Context, kv jetstream.KeyValue, filter string) (map[string]listItem, error) {
+	prefix := "$KV." + kv.Bucket() + "."
+	cons, done, err := OrderedRead(ctx, s.js, "KV_"+kv.Bucket(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{prefix + filter},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	latest := map[string]listItem{}
+	pending := cons.CachedInfo().NumPending
+	for pending > 0 {
+		batch, err := cons.Fetch(int(min(pending, 1000)), jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			return nil, err
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			md, err := m.Metadata()
+			if err != nil {
+				return nil, err
+			}
+			pending = md.NumPending
+			op := m.Headers().Get("KV-Operation")
+			latest[strings.TrimPrefix(m.Subject(), prefix)] = listItem{rev: md.Sequence.Stream, data: m.Data(), del: op == "DEL" || op == "PURGE"}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			return nil, err
+		}
+		if got == 0 {
+			// Nothing arrived within the fetch's wait though messages are pending: the
+			// consumer is stuck (its server went away, say); a new one may do better.
+			return nil, fmt.Errorf("%w: no progress with %d pending", ErrUnavailable, pending)
+		}
+	}
+	return latest, nil
 }
 
 func isConflict(err error) bool {

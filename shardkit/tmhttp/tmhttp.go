@@ -79,8 +79,12 @@ func Errorf(status int, typ, title, detail string) *Error {
 // TypeBase prefixes problem type slugs.
 const TypeBase = "https://tenantmesh.dev/problems/"
 
-// FromError maps any error to a Problem: *Error as it says, schema errors by their meaning, and
-// anything else as a 500 that hides its text.
+// UnavailableRetryAfter is the Retry-After of a 503 for a state store that is unavailable for
+// now (schema.ErrUnavailable: a NATS leader election, a server restarting).
+const UnavailableRetryAfter = time.Second
+
+// FromError maps any error to a Problem: *Error as it says, schema errors by their meaning
+// (schema.ErrUnavailable: 503 with Retry-After), and anything else as a 500 that hides its text.
 func FromError(err error) Problem {
 	var e *Error
 	switch {
@@ -90,6 +94,10 @@ func FromError(err error) Problem {
 			p.RetryAfter = int((e.RetryAfter + time.Second - 1) / time.Second)
 		}
 		return p
+	case errors.Is(err, schema.ErrUnavailable):
+		return Problem{Type: TypeBase + "store-unavailable", Title: "State store unavailable", Status: http.StatusServiceUnavailable,
+			Detail:     "NATS could not serve the request for now (a leader election or a restarting server); retry after Retry-After seconds",
+			RetryAfter: int(UnavailableRetryAfter / time.Second)}
 	case errors.Is(err, schema.ErrInvalidTenant):
 		return Problem{Type: TypeBase + "invalid-tenant", Title: "Invalid tenant id", Status: http.StatusBadRequest, Detail: err.Error()}
 	case errors.Is(err, schema.ErrInvalidName), errors.Is(err, schema.ErrInvalid), errors.Is(err, schema.ErrTransition):

@@ -21,6 +21,7 @@ func TestFromError(t *testing.T) {
 		{"unknown kind", fmt.Errorf("x: %w", schema.ErrUnknownKind), 404},
 		{"conflict", &schema.ConflictError{Bucket: "b", Key: "k", Expected: 3}, 409},
 		{"typed", &Error{Status: 503, Type: "hold-expired", Title: "Held too long", Detail: "retry"}, 503},
+		{"store unavailable", fmt.Errorf("schema: list tm_kinds: %w: nats: no responders", schema.ErrUnavailable), 503},
 		{"anything else", fmt.Errorf("boom"), 500},
 	}
 	for _, tt := range tests {
