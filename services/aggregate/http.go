@@ -1,7 +1,6 @@
 package aggregate
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/nats-io/nats.go"
 
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
@@ -121,7 +119,7 @@ func writeErr(w http.ResponseWriter, r *http.Request, err error, tenant string) 
 	case errors.Is(err, ErrInsufficient), errors.Is(err, ErrAccountClosed), errors.Is(err, ErrNotEmpty):
 		status, typ, title = http.StatusConflict, "rejected", "Command rejected by the ledger"
 	}
-	if status == 0 && (errors.Is(err, errStore) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders)) {
+	if status == 0 && (errors.Is(err, errStore) || schema.IsUnavailable(err)) {
 		tmhttp.WriteError(w, r, &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "store-unavailable", Title: "Event store unavailable",
 			Detail:     "the event store did not answer in time; the command may or may not have been applied: retry it with the same idempotency key",
 			RetryAfter: time.Second}, tenant, "aggregate")

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/nats-io/nats.go"
 
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
@@ -209,7 +208,7 @@ func writeErr(w http.ResponseWriter, r *http.Request, err error, tenant string) 
 		e = &tmhttp.Error{Status: http.StatusNotFound, Type: "unknown-view", Title: "Unknown view type", Detail: err.Error()}
 	case errors.Is(err, ErrWarming):
 		e = &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "warming", Title: "Views are catching up", Detail: err.Error(), RetryAfter: time.Second}
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout), errors.Is(err, nats.ErrNoResponders):
+	case schema.IsUnavailable(err):
 		e = &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "store-unavailable", Title: "Event store unavailable",
 			Detail: "the event store did not answer in time; retry the query", RetryAfter: time.Second}
 	}

@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
@@ -140,8 +138,7 @@ func writeErr(w http.ResponseWriter, r *http.Request, err error, tenant string) 
 			retry = qf.retry
 		}
 		e = &tmhttp.Error{Status: http.StatusTooManyRequests, Type: "queue-full", Title: "Tenant queue full", RetryAfter: retry}
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout), errors.Is(err, nats.ErrNoResponders),
-		errors.Is(err, jetstream.ErrNoStreamResponse):
+	case schema.IsUnavailable(err):
 		e = &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "store-unavailable", Title: "Job store unavailable",
 			Detail: "the job store did not answer in time; retry with the same Idempotency-Key to create the job once", RetryAfter: time.Second}
 	default:

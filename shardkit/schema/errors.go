@@ -58,8 +58,11 @@ func (e *ConflictError) Unwrap() error { return e.Err }
 // (HTTP answers them 503 with Retry-After). The NATS error stays wrapped too.
 var ErrUnavailable = errors.New("NATS is temporarily unavailable")
 
-// transient reports whether err is a NATS failure that may pass by itself: see ErrUnavailable.
-// A cancelled context is not (the caller gave up).
+// IsUnavailable reports whether err is a NATS failure that may pass by itself (see
+// ErrUnavailable), whether it came through the store or straight from nats.go: HTTP answers
+// these 503 with Retry-After. A cancelled context is not (the caller gave up).
+func IsUnavailable(err error) bool { return transient(err) }
+
 func transient(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) {
 		return false

@@ -94,7 +94,7 @@ func FromError(err error) Problem {
 			p.RetryAfter = int((e.RetryAfter + time.Second - 1) / time.Second)
 		}
 		return p
-	case errors.Is(err, schema.ErrUnavailable):
+	case schema.IsUnavailable(err):
 		return Problem{Type: TypeBase + "store-unavailable", Title: "State store unavailable", Status: http.StatusServiceUnavailable,
 			Detail:     "NATS could not serve the request for now (a leader election or a restarting server); retry after Retry-After seconds",
 			RetryAfter: int(UnavailableRetryAfter / time.Second)}
