@@ -545,10 +545,10 @@ func TestChaosUnderLoad(t *testing.T) {
 			}
 		}
 	}
-	// Every job ran. KNOWN BUG (reported, not yet fixed): with two instances per runner
-	// shard, about one job in a thousand accepted (2xx) during these failures stays pending
-	// with no attempt; the test logs such jobs instead of failing, and still requires that no
-	// job failed and no effect was delivered twice or without a job.
+	// Every job accepted (2xx) ran: within 20 s each one succeeded, none failed and none is
+	// still pending (with two instances per runner shard, about one in a thousand used to stay
+	// pending with no attempt: a claim took a stale direct get's miss of its run for a job
+	// without a run and dropped its queue entry), and every effect arrived exactly once.
 	jobsDeadline := time.Now().Add(20 * time.Second)
 	var pending []string
 	for id, tenant := range l.jobs {
@@ -564,7 +564,7 @@ func TestChaosUnderLoad(t *testing.T) {
 				break
 			}
 			if time.Now().After(jobsDeadline) {
-				pending = append(pending, id)
+				pending = append(pending, fmt.Sprintf("%s of %s: %s", id, tenant, bytes.TrimSpace(b)))
 				delete(l.jobs, id)
 				break
 			}
@@ -572,7 +572,7 @@ func TestChaosUnderLoad(t *testing.T) {
 		}
 	}
 	if len(pending) > 0 {
-		t.Logf("KNOWN BUG: %d of %d accepted jobs still pending (never attempted): %v", len(pending), len(l.jobs)+len(pending), pending)
+		t.Errorf("%d of %d accepted jobs not finished 20 s after the load:\n%s", len(pending), len(l.jobs)+len(pending), strings.Join(first(pending, 20), "\n"))
 	}
 	rcv.mu.Lock()
 	for key, n := range rcv.byKey {
@@ -588,7 +588,7 @@ func TestChaosUnderLoad(t *testing.T) {
 	if len(l.failures) > 0 {
 		t.Errorf("checks failed: %s", strings.Join(first(l.failures, 10), "\n"))
 	}
-	t.Logf("chaos under load: %d moves (x3 kinds), %d requests, %d jobs, %d failed; %d allowed 503s (Retry-After) retried, %d gateway failovers, %d in-doubt 502s from the killed instance retried; %d of the moves' kind steps aborted (tenant kept on its source)",
-		moves, l.requests.Load(), len(l.jobs), len(l.failures), l.allowed.Load(), l.failovers.Load(), l.inDoubt.Load(), aborted)
+	t.Logf("chaos under load: %d moves (x3 kinds), %d requests, %d jobs (%d more not finished), %d failed; %d allowed 503s (Retry-After) retried, %d gateway failovers, %d in-doubt 502s from the killed instance retried; %d of the moves' kind steps aborted (tenant kept on its source)",
+		moves, l.requests.Load(), len(l.jobs), len(pending), len(l.failures), l.allowed.Load(), l.failovers.Load(), l.inDoubt.Load(), aborted)
 	s.stop(t)
 }

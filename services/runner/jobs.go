@@ -161,7 +161,7 @@ func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bo
 	b, _ := json.Marshal(r)
 	rev, err := s.runs.Create(ctx, runKey(tenant, id), b)
 	if errors.Is(err, jetstream.ErrKeyExists) {
-		got, gerr := s.Get(ctx, tenant, id)
+		got, gerr := s.getLatest(ctx, tenant, id) // it exists: a replica may not have it yet
 		if gerr != nil {
 			return Run{}, false, gerr
 		}
@@ -242,12 +242,39 @@ func (s *Service) Get(ctx context.Context, tenant, id string) (Run, error) {
 	if err != nil {
 		return Run{}, fmt.Errorf("runner: read job %s: %w", id, err)
 	}
+	return decodeRun(id, e.Value(), e.Revision())
+}
+
+func decodeRun(id string, b []byte, rev uint64) (Run, error) {
 	var r Run
-	if err := json.Unmarshal(e.Value(), &r); err != nil {
+	if err := json.Unmarshal(b, &r); err != nil {
 		return Run{}, fmt.Errorf("runner: job %s is corrupt: %w", id, err)
 	}
-	r.rev = e.Revision()
+	r.rev = rev
 	return r, nil
+}
+
+// getLatest reads one run from the leader of the runs bucket's stream. Get is a direct get,
+// which any replica that is nearly caught up (or a mirror) may answer: it can miss a run
+// created a moment ago, or show an older state of it. A claim decides on what it reads (a
+// missing run drops the queue entry for good), so it reads here. Only the legacy JetStream
+// API can ask for a message without a direct get.
+func (s *Service) getLatest(ctx context.Context, tenant, id string) (Run, error) {
+	if !validID(id) {
+		return Run{}, fmt.Errorf("%w: %q", ErrNoJob, id)
+	}
+	bucket := s.runs.Bucket()
+	m, err := s.legacy.GetLastMsg("KV_"+bucket, "$KV."+bucket+"."+runKey(tenant, id), nats.Context(ctx))
+	if errors.Is(err, nats.ErrMsgNotFound) {
+		return Run{}, fmt.Errorf("%w: %s", ErrNoJob, id)
+	}
+	if err != nil {
+		return Run{}, fmt.Errorf("runner: read job %s: %w", id, err)
+	}
+	if op := m.Header.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+		return Run{}, fmt.Errorf("%w: %s", ErrNoJob, id)
+	}
+	return decodeRun(id, m.Data, m.Sequence)
 }
 
 func validID(id string) bool {

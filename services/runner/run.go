@@ -59,7 +59,9 @@ func (s *Service) done(tq *tenantQ) {
 }
 
 // claim takes the job of a queue entry if it can run now: pending and due, or running on a
-// lease that ran out. The compare-and-set on the run record makes one claimant win.
+// lease that ran out. The compare-and-set on the run record makes one claimant win. The run is
+// read from the leader (getLatest): a direct get may miss a run just created, and a missing
+// run drops the entry.
 func (s *Service) claim(ctx context.Context, tq *tenantQ, msg *jetstream.RawStreamMsg) (*Run, error) {
 	var qe queueEntry
 	if err := json.Unmarshal(msg.Data, &qe); err != nil || !validID(qe.ID) {
@@ -68,7 +70,7 @@ func (s *Service) claim(ctx context.Context, tq *tenantQ, msg *jetstream.RawStre
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
 	defer cancel()
-	r, err := s.Get(ctx, tq.tenant, qe.ID)
+	r, err := s.getLatest(ctx, tq.tenant, qe.ID)
 	if errors.Is(err, ErrNoJob) {
 		s.dropEntry(msg.Sequence)
 		return nil, nil

@@ -138,6 +138,7 @@ type Service struct {
 	cfg      Config
 	st       *schema.Store
 	js       jetstream.JetStream
+	legacy   nats.JetStreamContext // for reads from a stream's leader (getLatest)
 	jobs     jetstream.Stream
 	events   jetstream.Stream
 	runs     jetstream.KeyValue
@@ -199,6 +200,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	s := &Service{cfg: cfg, st: st, js: st.JetStream(), tenants: map[string]*tenantQ{}, changed: map[string]struct{}{},
 		wake: make(chan struct{}, 1), recon: make(chan struct{}, 1), sagaWake: make(chan struct{}, 1), wakeCh: make(chan *nats.Msg, 8192), flushWake: make(chan struct{}, 1), started: time.Now().UTC()}
 	var err error
+	if s.legacy, err = st.Conn().JetStream(); err != nil {
+		return nil, fmt.Errorf("runner: %w", err)
+	}
 	if s.jobs, err = s.js.Stream(ctx, schema.StreamJobs); err != nil {
 		return nil, fmt.Errorf("runner: open %s: %w", schema.StreamJobs, err)
 	}

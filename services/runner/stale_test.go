@@ -1,0 +1,127 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// A KV Get is a direct get, which any replica that is nearly caught up (or a mirror with
+// MirrorDirect) answers: it can miss a run created a moment ago. A claim that read such a
+// miss dropped the job's queue entry, and the job stayed pending for ever (the chaos test's
+// "accepted jobs still pending"). Here, on a 3-node cluster, every direct get of the runs
+// bucket the runner instances make is answered by a mirror that never receives the tenant's
+// runs (a replica lagging for good), while the tenant moves from a two-instance shard to
+// another shard and jobs are created before, during and after the move: every job still
+// runs, and its effect is delivered exactly once.
+func TestClaimReadsTheLatestRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node NATS cluster")
+	}
+	c := natstest.NewCluster(t)
+	admin := tmtest.StoreAt(t, c.URLs())
+	ctx := context.Background()
+	// The runner's streams and buckets (one replica each), as an instance creates them.
+	if _, err := New(ctx, Config{Store: admin, ID: schema.InstanceID{Kind: Kind, Shard: "runner-0", Instance: "setup"}, Sagas: []Saga{}}); err != nil {
+		t.Fatal(err)
+	}
+	bucket := schema.ServiceBucket(Kind, "runs")
+	js := admin.JetStream()
+	runs, err := js.Stream(ctx, "KV_"+bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The instances connect to a server that does not hold the runs bucket, so their direct
+	// gets are answered by the mirror's replica there (local responders come first).
+	staleURL := ""
+	for _, cfg := range c.Configs {
+		if cfg.Name != runs.CachedInfo().Cluster.Leader {
+			staleURL = fmt.Sprintf("nats://127.0.0.1:%d", cfg.Port)
+			break
+		}
+	}
+	// The mirror gets only the keys of a tenant "stale". It needs one (a replica of a stream
+	// with nothing committed does not serve direct gets).
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "STALE_RUNS", Replicas: 3, MirrorDirect: true,
+		Mirror: &jetstream.StreamSource{Name: "KV_" + bucket, FilterSubject: "$KV." + bucket + ".stale.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"stale.1", "probe.1"} {
+		if _, err := kv.Put(ctx, key, []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Wait until the mirror answers there: a run the bucket has is not found through it.
+	probe, err := jetstream.New(natstest.Connect(t, staleURL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkv, err := probe.KeyValue(ctx, bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	misses := 0
+	waitUntil(t, 20*time.Second, "direct gets answered by the stale mirror", func() bool {
+		if _, err := pkv.Get(ctx, "probe.1"); errors.Is(err, jetstream.ErrKeyNotFound) {
+			misses++
+		} else {
+			misses = 0
+		}
+		return misses >= 20
+	})
+
+	rc := newReceiver(t)
+	const tenant = "acme"
+	p := place(t, admin, tenant, "runner-1")
+	cfg := Config{Logger: testLogger(), MaxConcurrent: 8}
+	stale := func(shard, instance string) *Service {
+		return startService(t, tmtest.StoreAt(t, staleURL), shard, instance, cfg)
+	}
+	a1, a2, b1 := stale("runner-1", "a1"), stale("runner-1", "a2"), stale("runner-2", "b1")
+	owning(t, a1, tenant, true)
+	owning(t, a2, tenant, true)
+	job := hookJob(rc.URL, "x")
+	ids := create(t, a1, tenant, 40, job)
+	p = step(t, admin, p, func(p *schema.Placement) { p.Phase, p.Target = schema.PhaseWarming, "runner-2" })
+	ids = append(ids, create(t, a2, tenant, 40, job)...) // the source still acquires
+	p = step(t, admin, p, func(p *schema.Placement) { p.Phase = schema.PhaseHandoff })
+	var wg sync.WaitGroup
+	for _, a := range []*Service{a1, a2} {
+		wg.Go(func() {
+			if err := a.Release(ctx, tenant); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	p = step(t, admin, p, func(p *schema.Placement) {
+		p.Phase, p.Shard, p.Epoch, p.Source, p.Target = schema.PhaseDraining, "runner-2", p.Epoch+1, "runner-1", ""
+	})
+	owning(t, b1, tenant, true)
+	ids = append(ids, create(t, b1, tenant, 40, job)...)
+	step(t, admin, p, func(p *schema.Placement) { p.Phase, p.Source = schema.PhaseActive, "" })
+
+	done := waitDone(t, b1, tenant, ids, 60*time.Second)
+	counts, _ := rc.snapshot()
+	for _, id := range ids {
+		if r := done[id]; r.Status != StatusSucceeded {
+			t.Errorf("job %s: %s %s", id, r.Status, r.Error)
+		}
+		if n := counts[fmt.Sprintf("%s.job.%s.0", tenant, id)]; n != 1 {
+			t.Errorf("job %s: effect delivered %d times, want 1", id, n)
+		}
+	}
+}
