@@ -3,6 +3,7 @@ package test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -48,11 +49,29 @@ type stack struct {
 
 // startStack builds the binaries and starts bin/devstack on free ports, returning once it
 // printed its banner (every process ready, demo tenants seeded). It is killed at test end.
+// A port found free can be taken before the process binds it (devstack picks the cluster's
+// ports the same way, and other tests run beside): a start that fails on an address in use
+// is tried again on new ports, at most three times.
 func startStack(t *testing.T, extra ...string) *stack {
 	t.Helper()
+	bin := filepath.Join(t.TempDir(), "bin")
+	buildBinaries(t, bin)
+	for attempt := 1; ; attempt++ {
+		s, err := tryStack(t, bin, extra...)
+		if err == nil {
+			return s
+		}
+		if attempt == 3 || !strings.Contains(s.logs.String(), "address already in use") {
+			t.Fatalf("%v\n%s", err, s.logs.String())
+		}
+		t.Logf("devstack start %d met a port taken meanwhile; again on new ports", attempt)
+	}
+}
+
+func tryStack(t *testing.T, bin string, extra ...string) (*stack, error) {
+	t.Helper()
 	dir := t.TempDir()
-	s := &stack{dir: dir, bin: filepath.Join(dir, "bin"), logs: &syncBuilder{b: &strings.Builder{}}, exited: make(chan error, 1)}
-	buildBinaries(t, s.bin)
+	s := &stack{dir: dir, bin: bin, logs: &syncBuilder{b: &strings.Builder{}}, exited: make(chan error, 1)}
 	ports, err := embednats.FreePorts("127.0.0.1", 3)
 	if err != nil {
 		t.Fatal(err)
@@ -93,12 +112,13 @@ func startStack(t *testing.T, extra ...string) *stack {
 	}()
 	select {
 	case s.banner = <-banner:
+		return s, nil
 	case err := <-s.exited:
-		t.Fatalf("devstack exited before printing its banner: %v\n%s", err, s.logs.String())
+		return s, fmt.Errorf("devstack exited before printing its banner: %v", err)
 	case <-time.After(3 * time.Minute):
-		t.Fatalf("no banner within 3 minutes\n%s", s.logs.String())
+		_ = s.cmd.Process.Signal(syscall.SIGKILL)
+		return s, errors.New("no banner within 3 minutes")
 	}
-	return s
 }
 
 // stop sends Ctrl-C and checks that every process stopped.
