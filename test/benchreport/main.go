@@ -78,7 +78,7 @@ func run() error {
 		r := entryReport{entry: e, command: shown, took: time.Since(t0), results: parse(buf.String())}
 		if err != nil {
 			failed++
-			r.failure = fmt.Sprintf("%v: %s", err, lastLines(buf.String(), 3))
+			r.failure = fmt.Sprintf("%v: %s", err, failureDetail(buf.String()))
 		}
 		reports = append(reports, r)
 	}
@@ -138,9 +138,22 @@ func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], " / ")
+// failureDetail is the first failing benchmark and its message from go test output, or the
+// output's last lines.
+func failureDetail(out string) string {
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	for i, l := range lines {
+		if strings.HasPrefix(l, "--- FAIL: ") {
+			detail := []string{strings.TrimPrefix(l, "--- FAIL: ")}
+			for _, m := range lines[i+1 : min(len(lines), i+3)] {
+				if strings.HasPrefix(m, "    ") {
+					detail = append(detail, strings.TrimSpace(m))
+				}
+			}
+			return strings.Join(detail, ": ")
+		}
+	}
+	return strings.Join(lines[max(0, len(lines)-3):], " / ")
 }
 
 // machine is what the section says about where and when it was measured.

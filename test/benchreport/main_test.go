@@ -63,7 +63,7 @@ func TestRender(t *testing.T) {
 		beginMarker, endMarker, "2 cores (nproc), AMD EPYC", "2026-11-22 14:00 UTC",
 		"| benchmark | runs | ns/op | warm-ms | B/op | allocs/op | B/placement |",
 		"| Warm/events=10000/replay | 3 | 153,317,770 | 142 | 25,928,248 | 356,547 |  |",
-		"| Warm/events=10000/snapshot / Warm/events=10000/replay, warm-ms | 0.212x |",
+		"| Warm/events=10000/snapshot vs Warm/events=10000/replay, warm-ms | 0.212x |",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("render lacks %q:\n%s", want, out)
@@ -79,6 +79,24 @@ func TestTableScalesNsPerOp(t *testing.T) {
 	writeTable(&b, parse(strings.ReplaceAll(sample, "BenchmarkLookup1M ", "Lookup1M ")))
 	if want := "| Warm/events=10000/snapshot | 2 | 31.8 | 30.0 |"; !strings.Contains(b.String(), "ms/op") || !strings.Contains(b.String(), want) {
 		t.Errorf("table lacks ms/op or %q:\n%s", want, b.String())
+	}
+}
+
+func TestTransposedTableDropsCommonParent(t *testing.T) {
+	var b strings.Builder
+	writeTable(&b, parse("BenchmarkP/n=1-2 10 5 ns/op 1 a 2 b 3 c 4 d\nBenchmarkP/n=3-2 10 6 ns/op 1 a 2 b 3 c 4 d\n"))
+	if want := "| median, P/ | n=1 | n=3 |\n|---|---:|---:|\n| runs | 1 | 1 |\n| ns/op | 5 | 6 |\n| a | 1 | 1 |"; !strings.HasPrefix(b.String(), want) {
+		t.Errorf("table:\n%s\nwant it to start with\n%s", b.String(), want)
+	}
+}
+
+func TestFailureDetail(t *testing.T) {
+	out := "goos: linux\n--- FAIL: BenchmarkColdStart\n    bench_test.go:154: nats: stalled\nFAIL\nexit status 1\n"
+	if got, want := failureDetail(out), "BenchmarkColdStart: bench_test.go:154: nats: stalled"; got != want {
+		t.Errorf("failureDetail = %q, want %q", got, want)
+	}
+	if got, want := failureDetail("a\nb\nc\nd\n"), "b / c / d"; got != want {
+		t.Errorf("failureDetail = %q, want %q", got, want)
 	}
 }
 

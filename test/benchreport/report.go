@@ -107,11 +107,11 @@ func render(m machine, reports []entryReport) string {
 			if !ok1 || !ok2 || den == 0 {
 				continue
 			}
-			label := fmt.Sprintf("%s / %s, %s", q.num.bench, q.den.bench, q.num.unit)
+			label := fmt.Sprintf("%s vs %s, %s", q.num.bench, q.den.bench, q.num.unit)
 			if q.num.bench == q.den.bench {
-				label = fmt.Sprintf("%s: %s / %s", q.num.bench, q.num.unit, q.den.unit)
+				label = fmt.Sprintf("%s: %s vs %s", q.num.bench, q.num.unit, q.den.unit)
 			} else if q.num.unit != q.den.unit {
-				label = fmt.Sprintf("%s %s / %s %s", q.num.bench, q.num.unit, q.den.bench, q.den.unit)
+				label = fmt.Sprintf("%s %s vs %s %s", q.num.bench, q.num.unit, q.den.bench, q.den.unit)
 			}
 			ratios = append(ratios, fmt.Sprintf("| %s | %sx |\n", label, num3(num/den)))
 		}
@@ -174,7 +174,20 @@ func writeTable(b *strings.Builder, r results) {
 		return n
 	}
 	if len(units) > len(r.names)+2 {
-		fmt.Fprintf(b, "| median | %s |\n|---|%s\n", strings.Join(r.names, " | "), strings.Repeat("---:|", len(r.names)))
+		// Columns named without the benchmarks' common parent: "nodes=1/gateways=3".
+		corner, cols := "median", slices.Clone(r.names)
+		if parent, _, ok := strings.Cut(r.names[0], "/"); ok && len(r.names) > 1 {
+			for _, n := range r.names {
+				ok = ok && strings.HasPrefix(n, parent+"/")
+			}
+			if ok {
+				corner = "median, " + parent + "/"
+				for i, n := range cols {
+					cols[i] = strings.TrimPrefix(n, parent+"/")
+				}
+			}
+		}
+		fmt.Fprintf(b, "| %s | %s |\n|---|%s\n", corner, strings.Join(cols, " | "), strings.Repeat("---:|", len(r.names)))
 		row := make([]string, len(r.names))
 		for i, n := range r.names {
 			row[i] = strconv.Itoa(runs(n))

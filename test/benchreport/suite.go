@@ -50,7 +50,7 @@ var suite = []entry{
 		title:     "Gateway: placement change -> routed, 1 and 3 gateways on 1 and 3 NATS nodes",
 		pkg:       "./gateway/",
 		bench:     "^BenchmarkPlacementChangeRouted$",
-		benchtime: "300x", count: 3,
+		benchtime: "1000x", count: 3,
 		ratios: []ratio{
 			same("all-gw-p99-from-ack-us", "PlacementChangeRouted/nodes=1/gateways=3", "PlacementChangeRouted/nodes=1/gateways=1"),
 			same("all-gw-p99-from-ack-us", "PlacementChangeRouted/nodes=3/gateways=1", "PlacementChangeRouted/nodes=1/gateways=1"),
