@@ -7,10 +7,11 @@ STATICCHECK := $(GOBIN)/staticcheck
 PKG ?= ./...
 T ?=
 TESTFLAGS ?=
-BENCH ?= .
-BENCHTIME ?= 1x
+BENCH ?=
+BENCHTIME ?=
+COUNT ?=
 
-.PHONY: all bins run e2e test test-short test-norace vet lint staticcheck fmt fmt-check bench tools build bench-gateway
+.PHONY: all bins run e2e test test-short test-norace vet lint staticcheck fmt fmt-check bench bench-smoke tools build bench-gateway
 
 all: build
 
@@ -67,9 +68,22 @@ fmt-check:
 e2e: tools
 	TM_E2E_MOVES=$${TM_E2E_MOVES:-1000} TM_CHAOS_LONG=1 $(GO) test -count=1 -timeout 90m -run 'MovesUnderLoad|Chaos' -v ./test/
 
-## bench: every benchmark; BENCHTIME=1x runs each once (CI smoke), e.g. BENCHTIME=3s for figures.
+## bench: the benchmark suite (test/benchreport/suite.go: placement watcher lookup and 1M cold
+## start, placement change -> routed on 1/3 gateways x 1/3 NATS nodes, aggregate and projection
+## warm-up, planner at 1M tenants, ...), about 6-10 minutes on 2 cores; writes the medians, the
+## commands and the machine into the generated section of docs/benchmarks.md. COUNT=N sets -count
+## for all, BENCHTIME=2s the -benchtime of the time-based ones, BENCH=regexp runs only the matching
+## entries and prints the section instead of writing it. Raw output: $(BENCH_RAW).
+BENCH_RAW ?= $(or $(TMPDIR),/tmp)/tenantmesh-bench.txt
 bench:
-	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem $(PKG)
+	$(GO) run ./test/benchreport -raw '$(BENCH_RAW)' $(if $(COUNT),-count $(COUNT)) \
+		$(if $(BENCHTIME),-benchtime $(BENCHTIME)) $(if $(BENCH),-only '$(BENCH)')
+
+## bench-smoke: every benchmark in PKG once (BENCHTIME=1x, cold start at 100k placements), to
+## check they run; writes nothing. Not part of `make test`.
+bench-smoke:
+	TM_BENCH_PLACEMENTS=$${TM_BENCH_PLACEMENTS:-100000} $(GO) test -run '^$$' -bench '$(or $(BENCH),.)' \
+		-benchtime $(or $(BENCHTIME),1x) -benchmem -timeout 20m $(PKG)
 
 ## bench-gateway: the gateway vs HAProxy 2.6 and nginx 1.22 (Debian) vs direct, 10,000 tenants over
 ## 4 backends, wrk -c32, interleaved rounds (ROUNDS=5 DURATION=2s); installs haproxy, nginx and wrk

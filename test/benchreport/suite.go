@@ -1,0 +1,114 @@
+package main
+
+// entry is one `go test -bench` invocation of the suite and how to report it.
+type entry struct {
+	title string
+	pkg   string // package path, e.g. ./gateway/
+	bench string // -bench regexp (anchored; sub-benchmarks all run)
+	// benchtime is -benchtime: a duration ("1s", which -benchtime overrides) or a fixed
+	// iteration count ("3x", kept as is: those benchmarks set up a large world per run).
+	benchtime string
+	count     int  // -count (overridden by -count)
+	benchmem  bool // -benchmem
+	// ratios are the peer comparisons reported under the entry's table.
+	ratios []ratio
+	// note is one line under the command, saying what the figures are.
+	note string
+}
+
+// ratio is num/den, each the median of one metric of one benchmark (names without the
+// "Benchmark" prefix, sub-benchmarks included).
+type ratio struct{ num, den ref }
+
+type ref struct{ bench, unit string }
+
+func same(unit, num, den string) ratio { return ratio{ref{num, unit}, ref{den, unit}} }
+
+// suite is what `make bench` runs, in order. TestSuiteCoversEveryBenchmark checks that every
+// Benchmark function in the repository is in it.
+var suite = []entry{
+	{
+		title:     "Placement watcher: lookup, put -> applied",
+		pkg:       "./shardkit/placement/",
+		bench:     "^Benchmark(Lookup1M|Lookup1MGoMap|LookupParallel|PutToApplied)$",
+		benchtime: "1s", count: 3, benchmem: true,
+		ratios: []ratio{same("ns/op", "Lookup1M", "Lookup1MGoMap"), same("B/placement", "Lookup1M", "Lookup1MGoMap")},
+		note:   "Lookup1M: hit lookup among 1M placements; the peer is a plain Go map. PutToApplied: KV put issued -> watcher applied, embedded server.",
+	},
+	{
+		title:     "Placement watcher: cold start at 1M placements",
+		pkg:       "./shardkit/placement/",
+		bench:     "^BenchmarkColdStart$",
+		benchtime: "1x", count: 2,
+		ratios: []ratio{
+			{ref{"ColdStart", "snapshot-start-s"}, ref{"ColdStart", "nats-watch-s"}},
+			{ref{"ColdStart", "full-read-s"}, ref{"ColdStart", "nats-watch-s"}},
+		},
+		note: "Time to ready from a compacted snapshot and reading every key; the peer is nats.go's KeyValue.WatchAll to its initial-values marker (TM_BENCH_PLACEMENTS changes the size).",
+	},
+	{
+		title:     "Gateway: placement change -> routed, 1 and 3 gateways on 1 and 3 NATS nodes",
+		pkg:       "./gateway/",
+		bench:     "^BenchmarkPlacementChangeRouted$",
+		benchtime: "1000x", count: 3,
+		ratios: []ratio{
+			same("all-gw-p99-from-ack-us", "PlacementChangeRouted/nodes=1/gateways=3", "PlacementChangeRouted/nodes=1/gateways=1"),
+			same("all-gw-p99-from-ack-us", "PlacementChangeRouted/nodes=3/gateways=1", "PlacementChangeRouted/nodes=1/gateways=1"),
+			same("all-gw-p99-from-ack-us", "PlacementChangeRouted/nodes=3/gateways=3", "PlacementChangeRouted/nodes=1/gateways=1"),
+		},
+		note: "Microseconds until every gateway routes the tenant's next request to the new owner, from the CAS write's start and from its acknowledgement; cas-* is the write's own round trip. All NATS nodes, gateways and backends share the 2 cores.",
+	},
+	{
+		title:     "Gateway: request path",
+		pkg:       "./gateway/",
+		bench:     "^Benchmark(Lookup|Proxy)$",
+		benchtime: "1s", count: 3, benchmem: true,
+		note: "Lookup: route match + placement lookup in memory. Proxy: client -> gateway -> shard over loopback, 1,000 tenants over 4 shards, parallel clients.",
+	},
+	{
+		title:     "Shard gate",
+		pkg:       "./shardkit/",
+		bench:     "^BenchmarkGate(Parallel)?$",
+		benchtime: "1s", count: 3, benchmem: true,
+	},
+	{
+		title:     "Aggregate: warm-up, snapshot vs cold replay",
+		pkg:       "./services/aggregate/",
+		bench:     "^BenchmarkWarm$",
+		benchtime: "3x", count: 3,
+		ratios: []ratio{
+			same("warm-ms", "Warm/events=10000/snapshot", "Warm/events=10000/replay"),
+			same("warm-ms", "Warm/events=100000/snapshot", "Warm/events=100000/replay"),
+		},
+	},
+	{
+		title:     "Aggregate: commands",
+		pkg:       "./services/aggregate/",
+		bench:     "^BenchmarkCommands$",
+		benchtime: "1s", count: 3, benchmem: true,
+		note: "16 concurrent clients, 64 tenants, one JetStream append with expected-last-subject-sequence per command, no HTTP.",
+	},
+	{
+		title:     "Projection: warm-up, catch-up over 10,000 tenants, filtered consumers",
+		pkg:       "./services/projection/",
+		bench:     "^Benchmark(Warm|Tenants10k|Tenants1kLive|FilterConsumer)$",
+		benchtime: "1x", count: 3,
+		ratios: []ratio{
+			same("warm-ms", "Warm/events=100000/stored-views", "Warm/events=100000/cold"),
+			same("applied/s", "Tenants10k/partitions=1/noise=1x", "Tenants10k/partitions=1/noise=0"),
+		},
+	},
+	{
+		title:     "Runner: job create and run",
+		pkg:       "./services/runner/",
+		bench:     "^Benchmark(Create|Run)$",
+		benchtime: "1s", count: 3, benchmem: true,
+	},
+	{
+		title:     "Planner: balance 1M tenants x 1,000 shards (and 100k x 100)",
+		pkg:       "./rebalancer/planner/",
+		bench:     "^BenchmarkBalance(1M|100k)$",
+		benchtime: "3x", count: 3, benchmem: true,
+		note: "Zipf loads, shards about 7x unevenly filled, 0.1% pinned; moves/bound is moves over an independent lower bound.",
+	},
+}
