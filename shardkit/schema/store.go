@@ -67,6 +67,9 @@ type Store struct {
 
 	mu         sync.Mutex
 	placements map[string]jetstream.KeyValue
+
+	snapMu sync.Mutex // one opening at a time; the handle is kept
+	snaps  jetstream.ObjectStore
 }
 
 // Open connects a Store to nc, creating every missing bucket and stream, and registering the
@@ -547,9 +550,39 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 }
 
 // Snapshots opens (creating if missing) the object store of compacted placement snapshots.
+// Callers of one Store share one opening and its handle. On a new cluster a creation racing
+// others (every process's watchers open it at start) can go unanswered: each attempt is
+// bounded to 2s and a transient failure is tried again within ctx.
 func (s *Store) Snapshots(ctx context.Context) (jetstream.ObjectStore, error) {
+	s.snapMu.Lock()
+	defer s.snapMu.Unlock()
+	if s.snaps != nil {
+		return s.snaps, nil
+	}
 	ctx, cancel := s.boundCreate(ctx)
 	defer cancel()
+	wait := 50 * time.Millisecond
+	for {
+		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
+		os, err := s.openSnapshots(actx)
+		acancel()
+		if err == nil {
+			s.snaps = os
+			return os, nil
+		}
+		if ctx.Err() != nil || !transient(err) {
+			return nil, err
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return nil, err
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+func (s *Store) openSnapshots(ctx context.Context) (jetstream.ObjectStore, error) {
 	os, err := s.js.ObjectStore(ctx, BucketSnapshots)
 	if err == nil {
 		return os, nil
