@@ -251,7 +251,7 @@ func planStatus(base, id string) (string, []string, error) {
 // Retry-After (NATS electing a leader), a 502 or 504, or a connection error (the rebalancer
 // restarting). A 500, or a 404 for a plan just created, fails: the API reads plans from the
 // stream leader and maps NATS's transient failures to 503.
-func postRetry(t *testing.T, url string, body any) []byte {
+func postRetry(t testing.TB, url string, body any) []byte {
 	t.Helper()
 	b, _ := json.Marshal(body)
 	var last string

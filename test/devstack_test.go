@@ -18,7 +18,7 @@ import (
 )
 
 // buildBinaries builds every binary of the platform into dir.
-func buildBinaries(t *testing.T, dir string) {
+func buildBinaries(t testing.TB, dir string) {
 	t.Helper()
 	bins := map[string]string{
 		"gateway": "./gateway/cmd/gateway", "rebalance": "./rebalancer/cmd/rebalance", "devstack": "./deploy/devstack",
@@ -52,7 +52,7 @@ type stack struct {
 // A port found free can be taken before the process binds it (devstack picks the cluster's
 // ports the same way, and other tests run beside): a start that fails on an address in use
 // is tried again on new ports, at most three times.
-func startStack(t *testing.T, extra ...string) *stack {
+func startStack(t testing.TB, extra ...string) *stack {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "bin")
 	buildBinaries(t, bin)
@@ -68,7 +68,7 @@ func startStack(t *testing.T, extra ...string) *stack {
 	}
 }
 
-func tryStack(t *testing.T, bin string, extra ...string) (*stack, error) {
+func tryStack(t testing.TB, bin string, extra ...string) (*stack, error) {
 	t.Helper()
 	dir := t.TempDir()
 	s := &stack{dir: dir, bin: bin, logs: &syncBuilder{b: &strings.Builder{}}, exited: make(chan error, 1)}
@@ -122,7 +122,7 @@ func tryStack(t *testing.T, bin string, extra ...string) (*stack, error) {
 }
 
 // stop sends Ctrl-C and checks that every process stopped.
-func (s *stack) stop(t *testing.T) {
+func (s *stack) stop(t testing.TB) {
 	t.Helper()
 	_ = s.cmd.Process.Signal(os.Interrupt)
 	select {

@@ -157,21 +157,7 @@ func TestMovesUnderLoad(t *testing.T) {
 	moves, pauses := e2eMoves(), []time.Duration{}
 	start := time.Now()
 	for i := range moves {
-		tenant := tenants[i%len(tenants)]
-		targets := map[string]string{}
-		for _, kind := range []string{"aggregate", "projection", "runner"} {
-			p, err := st.Placement(ctx, kind, tenant)
-			if err != nil {
-				t.Fatalf("placement of %s/%s: %v", kind, tenant, err)
-			}
-			targets[kind] = kind + "-1"
-			if p.Shard == kind+"-1" {
-				targets[kind] = kind + "-2"
-			}
-		}
-		id := createPlan(t, postOK, s.rebalancer, map[string]any{"strategy": "move-tenant", "tenant": tenant, "targets": targets})
-		postOK(t, s.rebalancer+"/api/plans/"+id+"/apply", nil)
-		pauses = append(pauses, awaitPlan(t, s.rebalancer, id)...)
+		pauses = append(pauses, moveAcross(t, st, s.rebalancer, tenants[i%len(tenants)])...)
 	}
 	elapsed := time.Since(start)
 	close(stop)
@@ -218,9 +204,29 @@ func TestMovesUnderLoad(t *testing.T) {
 
 func first(s []string, n int) []string { return s[:min(n, len(s))] }
 
+// moveAcross moves tenant to the other shard of every kind through the rebalancer API at base
+// and returns the handoff pauses of its kind moves.
+func moveAcross(t testing.TB, st *schema.Store, base, tenant string) []time.Duration {
+	t.Helper()
+	targets := map[string]string{}
+	for _, kind := range []string{"aggregate", "projection", "runner"} {
+		p, err := st.Placement(context.Background(), kind, tenant)
+		if err != nil {
+			t.Fatalf("placement of %s/%s: %v", kind, tenant, err)
+		}
+		targets[kind] = kind + "-1"
+		if p.Shard == kind+"-1" {
+			targets[kind] = kind + "-2"
+		}
+	}
+	id := createPlan(t, postOK, base, map[string]any{"strategy": "move-tenant", "tenant": tenant, "targets": targets})
+	postOK(t, base+"/api/plans/"+id+"/apply", nil)
+	return awaitPlan(t, base, id)
+}
+
 // createPlan creates a plan through the rebalancer API with post (postOK, or postRetry under
 // chaos) and returns its id.
-func createPlan(t *testing.T, post func(*testing.T, string, any) []byte, base string, req map[string]any) string {
+func createPlan(t testing.TB, post func(testing.TB, string, any) []byte, base string, req map[string]any) string {
 	t.Helper()
 	var out struct {
 		Plan struct{ ID string } `json:"plan"`
@@ -231,7 +237,7 @@ func createPlan(t *testing.T, post func(*testing.T, string, any) []byte, base st
 	return out.Plan.ID
 }
 
-func postOK(t *testing.T, url string, body any) []byte {
+func postOK(t testing.TB, url string, body any) []byte {
 	t.Helper()
 	b, _ := json.Marshal(body)
 	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
@@ -247,7 +253,7 @@ func postOK(t *testing.T, url string, body any) []byte {
 }
 
 // awaitPlan waits until the plan finishes, requires every move done, and returns their pauses.
-func awaitPlan(t *testing.T, base, id string) []time.Duration {
+func awaitPlan(t testing.TB, base, id string) []time.Duration {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {

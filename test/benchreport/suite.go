@@ -105,6 +105,13 @@ var suite = []entry{
 		benchtime: "1s", count: 3, benchmem: true,
 	},
 	{
+		title:     "Cutover pause under load (whole platform)",
+		pkg:       "./test/",
+		bench:     "^BenchmarkCutoverPause$",
+		benchtime: "30x", count: 3,
+		note: "The dev stack as processes (embedded NATS, gateway, rebalancer, 2 shards of each kind), 6 tenants sending commands, queries and webhook jobs through the gateway; each iteration moves one tenant across all three kinds. Pause = handoff -> commit of each kind move (the time the gateway holds the tenant's requests); goal p99 <= 20 ms.",
+	},
+	{
 		title:     "Planner: balance 1M tenants x 1,000 shards (and 100k x 100)",
 		pkg:       "./rebalancer/planner/",
 		bench:     "^BenchmarkBalance(1M|100k)$",
