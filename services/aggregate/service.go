@@ -401,12 +401,13 @@ func (s *Service) Applied(tenant string) uint64 {
 
 // Fence is the sequence a move's target must reach: the tenant's newest event in the stream
 // (its siblings' writes included). shardkit calls it on the source after the tenant's in-flight
-// commands finished, so nothing this instance accepted can come after it. One direct read; if
-// that fails, the instance catches the tenant up and answers its applied sequence instead.
+// commands finished, so nothing this instance accepted can come after it. One read from the
+// stream leader (a replica's direct get could miss the last appends); if that fails, the
+// instance catches the tenant up and answers its applied sequence instead.
 func (s *Service) Fence(tenant string) uint64 {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	last, err := s.es.lastSeq(ctx, schema.TenantEvents(tenant))
+	last, err := s.cfg.Store.LastSeq(ctx, schema.StreamEvents, schema.TenantEvents(tenant))
 	if err == nil {
 		return last
 	}

@@ -3,6 +3,7 @@ package schema_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -398,6 +399,31 @@ func TestUnavailable(t *testing.T) {
 		}
 		if d := time.Since(start); d > 5*time.Second {
 			t.Errorf("%s took %s with a 500ms timeout", name, d)
+		}
+	}
+}
+
+// LastSeq answers the newest message on a subject filter from the stream leader; none is 0.
+func TestLastSeq(t *testing.T) {
+	st := open(t)
+	ctx := context.Background()
+	if err := st.EnsureEventsStream(ctx); err != nil {
+		t.Fatal(err)
+	}
+	js := st.JetStream()
+	var last uint64
+	for i, subj := range []string{"events.acme.account.a", "events.globex.account.a", "events.acme.account.b", "events.globex.account.b"} {
+		ack, err := js.Publish(ctx, subj, []byte(fmt.Sprint(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(subj, "events.acme.") {
+			last = ack.Sequence
+		}
+	}
+	for filter, want := range map[string]uint64{schema.TenantEvents("acme"): last, schema.TenantEvents("initech"): 0} {
+		if got, err := st.LastSeq(ctx, schema.StreamEvents, filter); err != nil || got != want {
+			t.Errorf("LastSeq(%s) = %d %v, want %d", filter, got, err, want)
 		}
 	}
 }

@@ -318,35 +318,15 @@ func (s *Store) getLeaderJSON(ctx context.Context, kv jetstream.KeyValue, key st
 // leaderGet asks the stream leader of bucket for key's last message. A deleted or purged key,
 // or one never written, is jetstream.ErrKeyNotFound.
 func (s *Store) leaderGet(ctx context.Context, bucket, key string) ([]byte, uint64, error) {
-	req, err := json.Marshal(map[string]string{"last_by_subj": "$KV." + bucket + "." + key})
-	if err != nil {
-		return nil, 0, err
-	}
-	msg, err := s.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+bucket, req)
-	if err != nil {
-		return nil, 0, err
-	}
-	var resp struct {
-		Error   *jetstream.APIError `json:"error"`
-		Message *struct {
-			Sequence uint64 `json:"seq"`
-			Header   []byte `json:"hdrs"`
-			Data     []byte `json:"data"`
-		} `json:"message"`
-	}
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return nil, 0, fmt.Errorf("invalid JetStream response: %w", err)
-	}
-	switch {
-	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+	m, err := s.leaderLast(ctx, "KV_"+bucket, "$KV."+bucket+"."+key)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, 0, jetstream.ErrKeyNotFound
-	case resp.Error != nil:
-		return nil, 0, resp.Error
-	case resp.Message == nil:
-		return nil, 0, jetstream.ErrInvalidJetStreamResponse
 	}
-	if len(resp.Message.Header) > 0 {
-		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(m.Header) > 0 {
+		h, err := nats.DecodeHeadersMsg(m.Header)
 		if err != nil {
 			return nil, 0, fmt.Errorf("invalid message headers: %w", err)
 		}
@@ -354,7 +334,70 @@ func (s *Store) leaderGet(ctx context.Context, bucket, key string) ([]byte, uint
 			return nil, 0, jetstream.ErrKeyNotFound
 		}
 	}
-	return resp.Message.Data, resp.Message.Sequence, nil
+	return m.Data, m.Sequence, nil
+}
+
+// storedMsg is a message as JetStream's STREAM.MSG.GET answers it.
+type storedMsg struct {
+	Sequence uint64 `json:"seq"`
+	Header   []byte `json:"hdrs"`
+	Data     []byte `json:"data"`
+}
+
+// leaderLast asks stream's leader for the last message on subject (wildcards allowed): unlike
+// a direct get, which any replica may answer, it sees every write acknowledged before it was
+// sent. None is jetstream.ErrMsgNotFound.
+func (s *Store) leaderLast(ctx context.Context, stream, subject string) (*storedMsg, error) {
+	req, err := json.Marshal(map[string]string{"last_by_subj": subject})
+	if err != nil {
+		return nil, err
+	}
+	msg, err := s.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+	if err != nil {
+		return nil, err
+	}
+	var resp struct {
+		Error   *jetstream.APIError `json:"error"`
+		Message *storedMsg          `json:"message"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return nil, fmt.Errorf("invalid JetStream response: %w", err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, jetstream.ErrMsgNotFound
+	case resp.Error != nil:
+		return nil, resp.Error
+	case resp.Message == nil:
+		return nil, jetstream.ErrInvalidJetStreamResponse
+	}
+	return resp.Message, nil
+}
+
+// LastSeq is the stream sequence of the newest message of stream on subject (wildcards
+// allowed; 0 if none), answered by the stream leader, so it covers every append acknowledged
+// before the call: a move's fence is read this way. Transient failures are retried within the
+// store's timeout.
+func (s *Store) LastSeq(ctx context.Context, stream, subject string) (uint64, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	var seq uint64
+	err := retry(ctx, transient, func(ctx context.Context) error {
+		m, err := s.leaderLast(ctx, stream, subject)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			seq = 0
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		seq = m.Sequence
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("schema: last message of %s on %s: %w", stream, subject, err)
+	}
+	return seq, nil
 }
 
 // casJSON writes v to key if its revision is still rev (0: only if absent) and returns the
