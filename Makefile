@@ -11,7 +11,7 @@ BENCH ?=
 BENCHTIME ?=
 COUNT ?=
 
-.PHONY: all bins run e2e test test-short test-norace vet lint staticcheck fmt fmt-check bench bench-smoke tools build bench-gateway
+.PHONY: all bins run e2e test test-short test-norace vet lint staticcheck fmt fmt-check bench bench-smoke tools build bench-gateway bench-tools
 
 all: build
 
@@ -68,14 +68,15 @@ fmt-check:
 e2e: tools
 	TM_E2E_MOVES=$${TM_E2E_MOVES:-1000} TM_CHAOS_LONG=1 $(GO) test -count=1 -timeout 90m -run 'MovesUnderLoad|Chaos' -v ./test/
 
-## bench: the benchmark suite (test/benchreport/suite.go: placement watcher lookup and 1M cold
-## start, placement change -> routed on 1/3 gateways x 1/3 NATS nodes, aggregate and projection
-## warm-up, planner at 1M tenants, ...), about 6-10 minutes on 2 cores; writes the medians, the
-## commands and the machine into the generated section of docs/benchmarks.md. COUNT=N sets -count
-## for all, BENCHTIME=2s the -benchtime of the time-based ones, BENCH=regexp runs only the matching
-## entries and prints the section instead of writing it. Raw output: $(BENCH_RAW).
+## bench: the benchmark suite (test/benchreport/suite.go): the gateway vs HAProxy vs nginx vs
+## direct, the placement watcher's lookup and 1M cold start, placement change -> routed on 1/3
+## gateways x 1/3 NATS nodes, aggregate and projection warm-up, the cutover pause under load, the
+## planner at 1M tenants, ...; about 10-12 minutes on 2 cores. Writes the medians, the commands and
+## the machine into the generated section of docs/benchmarks.md. COUNT=N sets -count for all,
+## BENCHTIME=2s the -benchtime of the time-based ones, BENCH=regexp runs only the matching entries
+## and prints the section instead of writing it. Raw output: $(BENCH_RAW).
 BENCH_RAW ?= $(or $(TMPDIR),/tmp)/tenantmesh-bench.txt
-bench:
+bench: bench-tools
 	$(GO) run ./test/benchreport -raw '$(BENCH_RAW)' $(if $(COUNT),-count $(COUNT)) \
 		$(if $(BENCHTIME),-benchtime $(BENCHTIME)) $(if $(BENCH),-only '$(BENCH)')
 
@@ -88,7 +89,10 @@ bench-smoke:
 ## bench-gateway: the gateway vs HAProxy 2.6 and nginx 1.22 (Debian) vs direct, 10,000 tenants over
 ## 4 backends, wrk -c32, interleaved rounds (ROUNDS=5 DURATION=2s); installs haproxy, nginx and wrk
 ## with apt-get if missing. PROFILE=/tmp/gw.prof also takes a CPU profile of the gateway under load.
-bench-gateway:
+bench-gateway: bench-tools
+	./gateway/bench/run.sh
+
+# bench-tools: the peers of the gateway benchmark, from Debian, if missing.
+bench-tools:
 	@command -v haproxy >/dev/null && command -v nginx >/dev/null && command -v wrk >/dev/null || \
 		(apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y haproxy nginx wrk)
-	./gateway/bench/run.sh

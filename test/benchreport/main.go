@@ -71,11 +71,17 @@ func run() error {
 		fmt.Fprintf(os.Stderr, "==> %s\n", shown)
 		var buf bytes.Buffer
 		cmd := exec.Command(*goBin, args...)
+		if e.script != "" {
+			cmd = exec.Command("bash", "-c", e.script)
+		}
 		cmd.Stdout = io.MultiWriter(&buf, rawOut, os.Stderr)
 		cmd.Stderr = io.MultiWriter(&buf, rawOut, os.Stderr)
 		t0 := time.Now()
 		err := cmd.Run()
 		r := entryReport{entry: e, command: shown, took: time.Since(t0), results: parse(buf.String())}
+		if e.script != "" {
+			r.table = lastTable(buf.String())
+		}
 		if err != nil {
 			failed++
 			r.failure = fmt.Sprintf("%v: %s", err, failureDetail(buf.String()))
@@ -108,6 +114,9 @@ func run() error {
 
 // command is the go test argument list of e and the same as a shell command to show.
 func (e entry) command(count int, benchtime string) (args []string, shown string) {
+	if e.script != "" {
+		return nil, e.script
+	}
 	bt := e.benchtime
 	if benchtime != "" && !strings.HasSuffix(bt, "x") {
 		bt = benchtime
@@ -129,6 +138,27 @@ func (e entry) command(count int, benchtime string) (args []string, shown string
 		shown = "TM_BENCH_PLACEMENTS=" + n + " " + shown
 	}
 	return args, shown
+}
+
+// lastTable is the last markdown table (consecutive lines starting with "|") in out.
+func lastTable(out string) string {
+	var table, cur []string
+	for line := range strings.SplitSeq(out, "\n") {
+		if strings.HasPrefix(line, "|") {
+			cur = append(cur, line)
+			continue
+		}
+		if len(cur) > 0 {
+			table, cur = cur, nil
+		}
+	}
+	if len(cur) > 0 {
+		table = cur
+	}
+	if len(table) == 0 {
+		return ""
+	}
+	return strings.Join(table, "\n") + "\n"
 }
 
 func shellQuote(s string) string {

@@ -177,3 +177,14 @@ func TestSuiteCoversEveryBenchmark(t *testing.T) {
 		t.Fatal("found no benchmarks")
 	}
 }
+
+func TestLastTable(t *testing.T) {
+	out := "work dir /tmp/x\n| a | b |\n|---|---|\n| 1 | 2 |\nround 1\n\n| target | req/s |\n|---|---:|\n| haproxy | 24,000 |\n"
+	want := "| target | req/s |\n|---|---:|\n| haproxy | 24,000 |\n"
+	if got := lastTable(out); got != want {
+		t.Fatalf("lastTable = %q, want %q", got, want)
+	}
+	if got := lastTable("no table\n"); got != "" {
+		t.Fatalf("lastTable without a table = %q", got)
+	}
+}

@@ -73,6 +73,7 @@ type entryReport struct {
 	command string
 	took    time.Duration
 	results results
+	table   string // a script entry's own table
 	failure string
 }
 
@@ -95,6 +96,9 @@ func render(m machine, reports []entryReport) string {
 		}
 		if r.failure != "" {
 			w("\n**Failed**: %s\n", strings.ReplaceAll(r.failure, "|", `\|`))
+		}
+		if r.table != "" {
+			w("\n%s", r.table)
 		}
 		if len(r.results.names) > 0 {
 			w("\n")

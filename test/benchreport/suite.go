@@ -14,6 +14,9 @@ type entry struct {
 	ratios []ratio
 	// note is one line under the command, saying what the figures are.
 	note string
+	// script, instead of go test: a shell command run with bash from the repository root; the
+	// last markdown table it prints goes into the section as it is.
+	script string
 }
 
 // ratio is num/den, each the median of one metric of one benchmark (names without the
@@ -27,6 +30,11 @@ func same(unit, num, den string) ratio { return ratio{ref{num, unit}, ref{den, u
 // suite is what `make bench` runs, in order. TestSuiteCoversEveryBenchmark checks that every
 // Benchmark function in the repository is in it.
 var suite = []entry{
+	{
+		title:  "Gateway vs HAProxy vs nginx vs direct",
+		script: "ROUNDS=5 DURATION=2s ./gateway/bench/run.sh",
+		note:   "10,000 tenants over 4 backends routed by x-tenant-id; wrk -t2 -c32 with a random tenant per request; interleaved rounds (the order rotates), medians, ratios to HAProxy (also per round). gateway-lean, gateway-std and fastproxy are the experiments described in the hand-written section. Needs haproxy, nginx and wrk: `make bench` installs them.",
+	},
 	{
 		title:     "Placement watcher: lookup, put -> applied",
 		pkg:       "./shardkit/placement/",
