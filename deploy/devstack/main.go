@@ -384,7 +384,9 @@ func stopAll(procs []*proc, timeout time.Duration, log *slog.Logger) {
 }
 
 // seed opens a demo account for a few tenants through the gateway (idempotent), and makes a
-// query and a job for each, so every tenant is placed in all three kinds.
+// query and a job for each, so every tenant is placed in all three kinds. A call answered 503
+// with Retry-After (a new cluster still electing leaders) or not answered is sent again, with
+// the same idempotency key, for up to 30 s.
 func seed(ctx context.Context, gw string) error {
 	hc := &http.Client{Timeout: 5 * time.Second}
 	for _, tenant := range []string{"acme", "globex", "initech"} {
@@ -392,23 +394,47 @@ func seed(ctx context.Context, gw string) error {
 			{"/commands", `{"aggregate_type":"account","aggregate_id":"main","command":"open","payload":{"owner":"` + tenant + `"},"idempotency_key":"demo-open"}`},
 			{"/commands", `{"aggregate_type":"account","aggregate_id":"main","command":"deposit","payload":{"amount":1000},"idempotency_key":"demo-deposit"}`},
 			{"/query/accounts", `{"limit":1}`},
-			{"/jobs", `{"type":"log","payload":{"message":"welcome ` + tenant + `"}}`},
+			{"/jobs", `{"type":"log","payload":{"message":"welcome ` + tenant + `"},"idempotency_key":"demo-welcome"}`},
 		} {
-			req, _ := http.NewRequestWithContext(ctx, "POST", gw+call.path, strings.NewReader(call.body))
-			req.Header.Set("x-tenant-id", tenant)
-			req.Header.Set("content-type", "application/json")
-			resp, err := hc.Do(req)
-			if err != nil {
+			if err := seedCall(ctx, hc, gw, tenant, call.path, call.body); err != nil {
 				return err
-			}
-			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-			resp.Body.Close()
-			if resp.StatusCode >= 300 {
-				return fmt.Errorf("seed %s: %d %s", tenant, resp.StatusCode, bytes.TrimSpace(b))
 			}
 		}
 	}
 	return nil
+}
+
+func seedCall(ctx context.Context, hc *http.Client, gw, tenant, path, body string) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		req, _ := http.NewRequestWithContext(ctx, "POST", gw+path, strings.NewReader(body))
+		req.Header.Set("x-tenant-id", tenant)
+		req.Header.Set("content-type", "application/json")
+		resp, err := hc.Do(req)
+		var last error
+		if err != nil {
+			last = err
+		} else {
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+			resp.Body.Close()
+			switch {
+			case resp.StatusCode < 300:
+				return nil
+			case resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "":
+				last = fmt.Errorf("seed %s %s: %d %s", tenant, path, resp.StatusCode, bytes.TrimSpace(b))
+			default:
+				return fmt.Errorf("seed %s %s: %d %s", tenant, path, resp.StatusCode, bytes.TrimSpace(b))
+			}
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return last
+		}
+		select {
+		case <-time.After(250 * time.Millisecond):
+		case <-ctx.Done():
+			return last
+		}
+	}
 }
 
 // moveTargets names, for each kind, a shard other than acme's current one ("kind=shard,...").

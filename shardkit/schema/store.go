@@ -265,6 +265,21 @@ func retry(ctx context.Context, retryIf func(error) bool, op func(context.Contex
 	}
 }
 
+// readAttempt bounds one attempt of a single-key read: a request whose server went away (a
+// stream leader stopped) gets no answer, and the next attempt, after the election, should not
+// wait the whole store timeout for it.
+const readAttempt = time.Second
+
+// attempt is op with each call bounded to readAttempt (single-key reads only: a read is
+// idempotent, so an attempt that timed out is simply tried again).
+func attempt(op func(context.Context) error) func(context.Context) error {
+	return func(ctx context.Context) error {
+		actx, cancel := context.WithTimeout(ctx, readAttempt)
+		defer cancel()
+		return op(actx)
+	}
+}
+
 // getJSON reads key into v and returns its revision. It reads with a direct get, which any
 // replica of the bucket may answer, so on a cluster it can miss a write acknowledged just
 // before (a replica that is behind): use getLeaderJSON where the caller must see its own or
@@ -273,10 +288,10 @@ func (s *Store) getJSON(ctx context.Context, kv jetstream.KeyValue, key string, 
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	var e jetstream.KeyValueEntry
-	err := retry(ctx, transient, func(ctx context.Context) (err error) {
+	err := retry(ctx, transient, attempt(func(ctx context.Context) (err error) {
 		e, err = kv.Get(ctx, key)
 		return err
-	})
+	}))
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			return 0, fmt.Errorf("%s/%s: %w", kv.Bucket(), key, ErrNotFound)
@@ -299,10 +314,10 @@ func (s *Store) getLeaderJSON(ctx context.Context, kv jetstream.KeyValue, key st
 		data []byte
 		rev  uint64
 	)
-	err := retry(ctx, transient, func(ctx context.Context) (err error) {
+	err := retry(ctx, transient, attempt(func(ctx context.Context) (err error) {
 		data, rev, err = s.leaderGet(ctx, kv.Bucket(), key)
 		return err
-	})
+	}))
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			return 0, fmt.Errorf("%s/%s: %w", kv.Bucket(), key, ErrNotFound)
@@ -382,7 +397,7 @@ func (s *Store) LastSeq(ctx context.Context, stream, subject string) (uint64, er
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	var seq uint64
-	err := retry(ctx, transient, func(ctx context.Context) error {
+	err := retry(ctx, transient, attempt(func(ctx context.Context) error {
 		m, err := s.leaderLast(ctx, stream, subject)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			seq = 0
@@ -393,7 +408,7 @@ func (s *Store) LastSeq(ctx context.Context, stream, subject string) (uint64, er
 		}
 		seq = m.Sequence
 		return nil
-	})
+	}))
 	if err != nil {
 		return 0, fmt.Errorf("schema: last message of %s on %s: %w", stream, subject, err)
 	}
