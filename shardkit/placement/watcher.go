@@ -58,7 +58,10 @@ type Config struct {
 	CompactInterval time.Duration
 	// OnChange, if set, is called after each change of a tenant's routing data (not for
 	// revisions that change nothing it keeps), in revision order, on the kind's apply
-	// goroutine: keep it short. It may call the watcher's methods. It is also called for every
+	// goroutine: keep it short. A placement bucket keeps one revision per key, so a revision
+	// overwritten before the watcher read it is never seen: a quick handoff may show as
+	// warming -> draining. Whatever must not be missed is made causal by the move protocol (a
+	// move commits only after its source and target reported seeing the handoff). It may call the watcher's methods. It is also called for every
 	// placement of the initial load (Old not OK), but not for those loaded from a snapshot: use
 	// Range after Ready for a complete view.
 	OnChange func(Change)
