@@ -157,6 +157,7 @@ type Service struct {
 	sagaRing  []*tenantQ // tenants with events for the sagas, round robin
 	running   int
 	siblings  int // live instances of the shard, for the per-tenant rate split
+	resplits  int // times siblings changed (tests check the split stayed in force)
 	instRate  *limiter
 	changed   map[string]struct{} // tenants whose placement changed, to reconcile
 	wake      chan struct{}       // nudges the dispatcher

@@ -109,6 +109,7 @@ func (s *Service) setSiblings(n int) {
 		return
 	}
 	s.siblings = n
+	s.resplits++
 	rate := s.tenantRate()
 	for _, tq := range s.tenants {
 		if tq.rate != nil {
