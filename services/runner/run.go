@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
 // claimAndRun claims the entry's job and runs it, or gives the slot and the tokens back.
@@ -145,7 +146,7 @@ func (s *Service) execute(ctx context.Context, tq *tenantQ, r *Run, seq uint64) 
 	out, err := s.attempt(rctx, r)
 	cancel()
 	s.m.runSeconds.Observe(time.Since(start).Seconds())
-	s.finish(tq, r, seq, out, err)
+	s.finish(ctx, tq, r, seq, out, err)
 	s.done(tq)
 }
 
@@ -174,11 +175,39 @@ func (s *Service) attempt(ctx context.Context, r *Run) (Output, error) {
 	return out, nil
 }
 
+// recordOutcome writes r, trying again while NATS is unavailable (a leader election), until
+// until (the end of our lease) or ctx ends: a run left "running" would wait for its lease to run
+// out before anyone took it up again. The first try is made even if ctx has ended (a drain
+// cancelled the run). A conflict means the lease ran out and another instance took the job
+// over (its outcome wins), or an earlier try was stored though its answer was lost.
+func (s *Service) recordOutcome(ctx context.Context, r *Run, until time.Time) error {
+	wait := 100 * time.Millisecond
+	for {
+		pctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
+		err := s.putRun(pctx, r)
+		cancel()
+		if err == nil || isConflict(err) || !schema.IsUnavailable(err) || time.Now().Add(wait).After(until) {
+			return err
+		}
+		s.cfg.Logger.Info("recording job outcome: NATS unavailable, trying again", "tenant", r.Tenant, "job", r.ID, "err", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
 // finish writes the attempt's outcome: succeeded, failed, or pending again after a backoff.
-func (s *Service) finish(tq *tenantQ, r *Run, seq uint64, out Output, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
-	defer cancel()
+func (s *Service) finish(ctx context.Context, tq *tenantQ, r *Run, seq uint64, out Output, err error) {
 	now := time.Now().UTC()
+	until := now.Add(s.cfg.OpTimeout) // how long to keep trying: while the lease is ours
+	if r.LeaseUntil != nil && r.LeaseUntil.After(until) {
+		until = *r.LeaseUntil
+	}
 	r.LeaseUntil = nil
 	var retryAt time.Time
 	switch {
@@ -190,8 +219,7 @@ func (s *Service) finish(tq *tenantQ, r *Run, seq uint64, out Output, err error)
 		retryAt = now.Add(min(s.cfg.RetryBackoff<<(r.Attempts-1), time.Minute))
 		r.Status, r.Error, r.NotBefore = StatusPending, err.Error(), &retryAt
 	}
-	if perr := s.putRun(ctx, r); perr != nil {
-		// Our lease ran out and another instance took the job over: its outcome wins.
+	if perr := s.recordOutcome(ctx, r, until); perr != nil {
 		s.cfg.Logger.Warn("recording job outcome", "tenant", r.Tenant, "job", r.ID, "err", perr)
 		return
 	}

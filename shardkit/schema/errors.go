@@ -70,6 +70,7 @@ func transient(err error) bool {
 	if errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) ||
 		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) ||
 		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected) ||
+		errors.Is(err, nats.ErrReconnectBufExceeded) ||
 		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, jetstream.ErrNoHeartbeat) ||
 		errors.Is(err, jetstream.ErrConsumerLeadershipChanged) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
 		errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrServerShutdown) {
