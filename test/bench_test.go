@@ -1,16 +1,8 @@
 package test
 
 import (
-	"context"
-	"net/http"
-	"net/http/httptest"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go"
-
-	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
 // BenchmarkCutoverPause is the handoff pause under load: the whole platform as processes (dev
@@ -21,34 +13,14 @@ import (
 // reported, not asserted (TestMovesUnderLoad asserts them).
 func BenchmarkCutoverPause(b *testing.B) {
 	s := startStack(b)
-	rcv := &receiver{byKey: map[string]int{}}
-	hook := httptest.NewServer(rcv)
-	defer hook.Close()
-	nc, err := nats.Connect(s.natsURL)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer nc.Close()
-	st, err := schema.Open(context.Background(), nc, schema.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	l := &load{gw: s.gateway, hc: &http.Client{Timeout: 15 * time.Second}, receiver: hook.URL,
-		deposits: map[string]int64{}, jobs: map[string]string{}}
-	tenants := []string{"acme", "globex", "initech", "umbrella", "hooli", "stark"}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for _, tenant := range tenants {
-		wg.Go(func() { l.run(tenant, stop) })
-	}
+	st, l, _, stopLoad := underLoad(b, s)
 	var pauses []time.Duration
 	b.ResetTimer()
 	for i := range b.N {
-		pauses = append(pauses, moveAcross(b, st, s.rebalancer, tenants[i%len(tenants)])...)
+		pauses = append(pauses, moveAcross(b, st, s.rebalancer, loadTenants[i%len(loadTenants)])...)
 	}
 	b.StopTimer()
-	close(stop)
-	wg.Wait()
+	stopLoad()
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	b.ReportMetric(ms(pct(pauses, 0.5)), "pause-p50-ms")
 	b.ReportMetric(ms(pct(pauses, 0.99)), "pause-p99-ms")

@@ -122,6 +122,38 @@ func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// loadTenants are the tenants underLoad drives.
+var loadTenants = []string{"acme", "globex", "initech", "umbrella", "hooli", "stark"}
+
+// underLoad opens a store on the stack's NATS and starts load.run for every tenant of
+// loadTenants through its gateway, with rcv as the jobs' webhook receiver; stop ends the load
+// and waits for it. Everything else it started ends with the test.
+func underLoad(t testing.TB, s *stack) (st *schema.Store, l *load, rcv *receiver, stop func()) {
+	t.Helper()
+	rcv = &receiver{byKey: map[string]int{}}
+	hook := httptest.NewServer(rcv)
+	t.Cleanup(hook.Close)
+	nc, err := nats.Connect(s.natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	if st, err = schema.Open(context.Background(), nc, schema.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	l = &load{gw: s.gateway, hc: &http.Client{Timeout: 15 * time.Second}, receiver: hook.URL,
+		deposits: map[string]int64{}, jobs: map[string]string{}}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, tenant := range loadTenants {
+		wg.Go(func() { l.run(tenant, done) })
+	}
+	var once sync.Once
+	stop = func() { once.Do(func() { close(done); wg.Wait() }) }
+	t.Cleanup(stop)
+	return st, l, rcv, stop
+}
+
 // TestMovesUnderLoad moves tenants across shards of all three kinds, through the rebalancer
 // service, while clients send commands, queries and jobs through the gateway: no request may
 // fail, no acknowledged command may be lost or applied twice, every job's effect must be
@@ -130,44 +162,23 @@ func TestMovesUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the whole platform under load")
 	}
-	rcv := &receiver{byKey: map[string]int{}}
-	hook := httptest.NewServer(rcv)
-	defer hook.Close()
 	s := startStack(t)
-	nc, err := nats.Connect(s.natsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	ctx := context.Background()
-	st, err := schema.Open(ctx, nc, schema.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := &load{gw: s.gateway, hc: &http.Client{Timeout: 15 * time.Second}, receiver: hook.URL,
-		deposits: map[string]int64{}, jobs: map[string]string{}}
-	tenants := []string{"acme", "globex", "initech", "umbrella", "hooli", "stark"}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for _, tenant := range tenants {
-		wg.Go(func() { l.run(tenant, stop) })
-	}
+	st, l, rcv, stopLoad := underLoad(t, s)
 
 	// Moves: each tenant in turn goes to the other shard of every kind, through the API.
 	moves, pauses := e2eMoves(), []time.Duration{}
 	start := time.Now()
 	for i := range moves {
-		pauses = append(pauses, moveAcross(t, st, s.rebalancer, tenants[i%len(tenants)])...)
+		pauses = append(pauses, moveAcross(t, st, s.rebalancer, loadTenants[i%len(loadTenants)])...)
 	}
 	elapsed := time.Since(start)
-	close(stop)
-	wg.Wait()
+	stopLoad()
 
 	if len(l.failures) > 0 {
 		t.Errorf("%d of %d requests failed during %d moves:\n%s", len(l.failures), l.requests.Load(), moves, strings.Join(first(l.failures, 20), "\n"))
 	}
 	// The ledger: every acknowledged deposit once (the demo tenants had 1000 before).
-	for _, tenant := range tenants {
+	for _, tenant := range loadTenants {
 		var tot struct{ Deposits, Withdrawals, Balances int64 }
 		_, b := l.do(tenant, "GET", "/ledger/totals", nil)
 		if err := json.Unmarshal(b, &tot); err != nil {
