@@ -569,17 +569,7 @@ func TestChaosUnderLoad(t *testing.T) {
 	if len(pending) > 0 {
 		t.Errorf("%d of %d accepted jobs not finished 20 s after the load:\n%s", len(pending), len(l.jobs)+len(pending), strings.Join(first(pending, 20), "\n"))
 	}
-	rcv.mu.Lock()
-	for key, n := range rcv.byKey {
-		if n != 1 {
-			t.Errorf("effect %s delivered %d times", key, n)
-		}
-	}
-	delivered := len(rcv.byKey)
-	rcv.mu.Unlock()
-	if delivered != len(l.jobs) {
-		t.Errorf("%d effects delivered for %d jobs", delivered, len(l.jobs))
-	}
+	rcv.checkOnce(t, len(l.jobs))
 	if len(l.failures) > 0 {
 		t.Errorf("checks failed: %s", strings.Join(first(l.failures, 10), "\n"))
 	}

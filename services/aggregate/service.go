@@ -407,7 +407,7 @@ func (s *Service) Applied(tenant string) uint64 {
 func (s *Service) Fence(tenant string) uint64 {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	last, err := s.cfg.Store.LastSeq(ctx, schema.StreamEvents, schema.TenantEvents(tenant))
+	last, err := s.es.lastSeq(ctx, schema.TenantEvents(tenant))
 	if err == nil {
 		return last
 	}

@@ -24,6 +24,7 @@ var errStale = errors.New("aggregate changed underneath")
 
 // eventStore reads and writes TM_EVENTS and the snapshot object store.
 type eventStore struct {
+	st     *schema.Store
 	js     jetstream.JetStream
 	stream jetstream.Stream
 	snaps  jetstream.ObjectStore
@@ -40,31 +41,11 @@ func openEventStore(ctx context.Context, st *schema.Store) (*eventStore, error) 
 	if err != nil {
 		return nil, fmt.Errorf("aggregate: open %s: %w", schema.StreamEvents, err)
 	}
-	bucket := schema.ServiceBucket("aggregate", "snapshots")
-	var snaps jetstream.ObjectStore
-	// Bounded attempts, retried: on a cluster, concurrent creates of one replicated bucket
-	// (every instance starting at once) can go unanswered; a retry finds the bucket.
-	for range 20 {
-		actx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		snaps, err = js.ObjectStore(actx, bucket)
-		if errors.Is(err, jetstream.ErrBucketNotFound) {
-			snaps, err = js.CreateOrUpdateObjectStore(actx, jetstream.ObjectStoreConfig{
-				Bucket:      bucket,
-				Description: "aggregate service: per-tenant ledger snapshots",
-				Replicas:    st.Options().Replicas,
-				Storage:     st.Options().Storage,
-				Compression: true,
-			})
-		}
-		cancel()
-		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
-			break
-		}
-	}
+	snaps, err := st.ObjectStore(ctx, schema.ServiceBucket("aggregate", "snapshots"), "aggregate service: per-tenant ledger snapshots")
 	if err != nil {
-		return nil, fmt.Errorf("aggregate: open %s: %w", bucket, err)
+		return nil, fmt.Errorf("aggregate: %w", err)
 	}
-	return &eventStore{js: js, stream: stream, snaps: snaps, batch: 4096}, nil
+	return &eventStore{st: st, js: js, stream: stream, snaps: snaps, batch: 4096}, nil
 }
 
 // append stores ev if its aggregate's last event is still expectLast (0: the aggregate has no
@@ -142,16 +123,15 @@ func (es *eventStore) replay(ctx context.Context, filter string, after uint64, f
 	return last, nil
 }
 
-// lastSeq is the stream sequence of the newest message matching subject (0 if none).
+// lastSeq is the stream sequence of the newest event matching subject (0 if none), read from
+// the stream leader: it covers every append acknowledged before, which a replica's direct get
+// might not (a catch-up skipped, a rejection decided on old state, a fence too low).
 func (es *eventStore) lastSeq(ctx context.Context, subject string) (uint64, error) {
-	m, err := es.stream.GetLastMsgForSubject(ctx, subject)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return 0, nil
-	}
+	seq, err := es.st.LastSeq(ctx, schema.StreamEvents, subject)
 	if err != nil {
-		return 0, fmt.Errorf("%w: last event on %s: %w", errStore, subject, err)
+		return 0, fmt.Errorf("%w: %w", errStore, err)
 	}
-	return m.Sequence, nil
+	return seq, nil
 }
 
 // tenantEvents counts a tenant's events in the stream (its size, for choosing a warm-up

@@ -608,55 +608,41 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 }
 
 // Snapshots opens (creating if missing) the object store of compacted placement snapshots.
-// Callers of one Store share one opening and its handle. On a new cluster a creation racing
-// others (every process's watchers open it at start) can go unanswered: each attempt is
-// bounded to 2s and a transient failure is tried again within ctx.
+// Callers of one Store share one opening and its handle.
 func (s *Store) Snapshots(ctx context.Context) (jetstream.ObjectStore, error) {
 	s.snapMu.Lock()
 	defer s.snapMu.Unlock()
 	if s.snaps != nil {
 		return s.snaps, nil
 	}
-	ctx, cancel := s.boundCreate(ctx)
-	defer cancel()
-	wait := 50 * time.Millisecond
-	for {
-		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
-		os, err := s.openSnapshots(actx)
-		acancel()
-		if err == nil {
-			s.snaps = os
-			return os, nil
-		}
-		if ctx.Err() != nil || !transient(err) {
-			return nil, err
-		}
-		select {
-		case <-time.After(wait):
-		case <-ctx.Done():
-			return nil, err
-		}
-		wait = min(2*wait, time.Second)
+	os, err := s.ObjectStore(ctx, BucketSnapshots, "tenantmesh compacted placement snapshots")
+	if err == nil {
+		s.snaps = os
 	}
+	return os, err
 }
 
-func (s *Store) openSnapshots(ctx context.Context) (jetstream.ObjectStore, error) {
-	os, err := s.js.ObjectStore(ctx, BucketSnapshots)
-	if err == nil {
-		return os, nil
-	}
-	if !errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, fmt.Errorf("schema: open %s: %w", BucketSnapshots, err)
-	}
-	os, err = s.js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
-		Bucket:      BucketSnapshots,
-		Description: "tenantmesh compacted placement snapshots",
-		Replicas:    s.opts.Replicas,
-		Storage:     s.opts.Storage,
-		Compression: true,
+// ObjectStore opens the object store bucket, creating it (compressed, with the store's
+// replicas and storage) if missing. On a new cluster a creation racing others (every process
+// opening it at start) can go unanswered: each attempt is bounded to 2s and a transient
+// failure is tried again within ctx (default: the creation timeout).
+func (s *Store) ObjectStore(ctx context.Context, bucket, desc string) (jetstream.ObjectStore, error) {
+	ctx, cancel := s.boundCreate(ctx)
+	defer cancel()
+	var os jetstream.ObjectStore
+	err := retry(ctx, transient, func(ctx context.Context) (err error) {
+		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
+		defer acancel()
+		os, err = s.js.ObjectStore(actx, bucket)
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			os, err = s.js.CreateOrUpdateObjectStore(actx, jetstream.ObjectStoreConfig{
+				Bucket: bucket, Description: desc, Replicas: s.opts.Replicas, Storage: s.opts.Storage, Compression: true,
+			})
+		}
+		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("schema: create %s: %w", BucketSnapshots, err)
+		return nil, fmt.Errorf("schema: open object store %s: %w", bucket, err)
 	}
 	return os, nil
 }
