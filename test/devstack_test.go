@@ -2,6 +2,7 @@ package test
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -81,7 +82,7 @@ func tryStack(t testing.TB, bin string, extra ...string) (*stack, error) {
 	s.natsURL = fmt.Sprintf("nats://127.0.0.1:%d", ports[0])
 	args := append([]string{"--bin", s.bin, "--data", filepath.Join(dir, "data"),
 		"--nats-port", fmt.Sprint(ports[0]), "--gateway-port", fmt.Sprint(ports[1]), "--rebalancer-port", fmt.Sprint(ports[2]),
-		"--shard-base-port", "0", "--log-level", "warn"}, extra...)
+		"--shard-base-port", "0", "--log-level", cmp.Or(os.Getenv("TM_STACK_LOG_LEVEL"), "warn")}, extra...)
 	s.cmd = exec.Command(filepath.Join(s.bin, "devstack"), args...)
 	stdout, err := s.cmd.StdoutPipe()
 	if err != nil {
@@ -96,6 +97,12 @@ func tryStack(t testing.TB, bin string, extra ...string) (*stack, error) {
 		if t.Failed() {
 			logs := s.logs.String()
 			t.Logf("dev stack logs (last 8 KiB):\n%s", logs[max(0, len(logs)-8<<10):])
+			if dir := os.Getenv("TM_STACK_LOGS"); dir != "" { // all of them, for a closer look
+				name := filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_")+".log")
+				if err := os.WriteFile(name, []byte(logs), 0o644); err == nil {
+					t.Logf("dev stack logs written to %s", name)
+				}
+			}
 		}
 	})
 	banner := make(chan []string, 1)

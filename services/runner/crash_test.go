@@ -56,3 +56,27 @@ func TestCrashRecovery(t *testing.T) {
 		t.Fatalf("deliveries %v: want only the second job's effect, once", counts)
 	}
 }
+
+// A marker write whose answer was lost (a leader election) is recognised as ours by its token
+// on the next read: the delivery goes on instead of waiting out its own lease as if another
+// instance held it.
+func TestTakeMarkerRecognisesItsOwnLostWrite(t *testing.T) {
+	st := openStore(t)
+	s := startService(t, st, "runner-1", "a", Config{})
+	ctx := context.Background()
+	now := time.Now().UTC()
+	b, _ := json.Marshal(marker{State: markDelivering, By: "a", Token: "t1", At: now, Until: now.Add(time.Minute)})
+	rev, err := s.markers.Create(ctx, "acme.job.x.0", b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	h, err := s.takeMarker(short, "acme.job.x.0", "t1")
+	if err != nil || h.rev != rev || h.token != "t1" {
+		t.Fatalf("takeMarker with the writer's token: %+v, %v; want revision %d", h, err, rev)
+	}
+	if _, err := s.takeMarker(short, "acme.job.x.0", "t2"); err == nil {
+		t.Fatal("takeMarker with another token took a marker whose lease runs for a minute")
+	}
+}

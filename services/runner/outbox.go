@@ -39,6 +39,9 @@ type marker struct {
 	By    string    `json:"by"`
 	At    time.Time `json:"at"`
 	Until time.Time `json:"until,omitempty"`
+	// Token tells the writer's own marker from anyone else's, so that a write whose answer
+	// was lost is recognised on the next read.
+	Token string `json:"token,omitempty"`
 	// Attempts is the provider's count for the delivery that succeeded.
 	Attempts int `json:"attempts,omitempty"`
 }
@@ -80,7 +83,8 @@ func (s *Service) deliverAll(ctx context.Context, reqs []Request, last bool) (er
 	return nil
 }
 
-// record stores req on the tenant's outbox subject; a duplicate returns the first's sequence.
+// record stores req on the tenant's outbox subject; a duplicate returns the first's sequence,
+// so a try whose answer was lost (a leader election) is simply made again.
 func (s *Service) record(ctx context.Context, req Request) (uint64, error) {
 	if s.effects[req.Effect] == nil {
 		return 0, fmt.Errorf("%w: no effect provider %q", ErrPermanent, req.Effect)
@@ -89,11 +93,18 @@ func (s *Service) record(ctx context.Context, req Request) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: outboxSubject(req.Tenant), Data: b}, jetstream.WithMsgID(req.Key))
+	var seq uint64
+	err = s.whileUnavailable(ctx, func(octx context.Context) error {
+		ack, err := s.js.PublishMsg(octx, &nats.Msg{Subject: outboxSubject(req.Tenant), Data: b}, jetstream.WithMsgID(req.Key))
+		if err == nil {
+			seq = ack.Sequence
+		}
+		return err
+	}, "recording an effect", "key", req.Key)
 	if err != nil {
 		return 0, fmt.Errorf("runner: record effect %s in the outbox: %w", req.Key, err)
 	}
-	return ack.Sequence, nil
+	return seq, nil
 }
 
 // effectLease is how long a delivering marker is trusted before another instance may take the
@@ -106,7 +117,7 @@ func (s *Service) deliverOnce(ctx context.Context, req Request) error {
 	if eff == nil {
 		return fmt.Errorf("%w: no effect provider %q", ErrPermanent, req.Effect)
 	}
-	rev, err := s.takeMarker(ctx, req.Key)
+	h, err := s.takeMarker(ctx, req.Key, newID("", ""))
 	if errors.Is(err, errDelivered) {
 		s.m.effects.WithLabelValues(req.Effect, "deduped").Inc()
 		s.mu.Lock()
@@ -117,22 +128,34 @@ func (s *Service) deliverOnce(ctx context.Context, req Request) error {
 	if err != nil {
 		return err
 	}
+	// Writes after the delivery are tried while the marker is ours (then another instance may
+	// take the delivery over), whether or not the run was cancelled meanwhile.
+	mctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), h.until)
+	defer cancel()
 	res, err := eff.Do(ctx, req)
 	if err != nil {
 		s.m.effects.WithLabelValues(req.Effect, "failed").Inc()
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.OpTimeout)
-		_ = s.markers.Delete(dctx, req.Key, jetstream.LastRevision(rev))
-		cancel()
+		_ = s.whileUnavailable(mctx, func(octx context.Context) error {
+			return s.markers.Delete(octx, req.Key, jetstream.LastRevision(h.rev))
+		}, "freeing an effect's marker", "key", req.Key)
 		return fmt.Errorf("effect %s (%s): %w", req.Key, req.Effect, err)
 	}
 	s.m.effects.WithLabelValues(req.Effect, "delivered").Inc()
 	s.mu.Lock()
 	s.totals.Effects++
 	s.mu.Unlock()
-	b, _ := json.Marshal(marker{State: markDelivered, By: s.cfg.ID.Instance, At: time.Now().UTC(), Attempts: res.Attempts})
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.OpTimeout)
-	defer cancel()
-	if _, err := s.markers.Update(uctx, req.Key, b, rev); err != nil {
+	b, _ := json.Marshal(marker{State: markDelivered, By: s.cfg.ID.Instance, Token: h.token, At: time.Now().UTC(), Attempts: res.Attempts})
+	err = s.whileUnavailable(mctx, func(octx context.Context) error {
+		_, err := s.markers.Update(octx, req.Key, b, h.rev)
+		if isConflict(err) {
+			// Stored by an earlier try whose answer was lost?
+			if m, _, gerr := s.readMarker(octx, req.Key); gerr == nil && m.Token == h.token && m.State == markDelivered {
+				return nil
+			}
+		}
+		return err
+	}, "marking an effect delivered", "key", req.Key)
+	if err != nil {
 		// Delivered, but the marker says otherwise: a later attempt may repeat the effect
 		// (with the same Idempotency-Key). Say so loudly.
 		s.cfg.Logger.Error("effect delivered but its marker was not written", "key", req.Key, "err", err)
@@ -142,56 +165,85 @@ func (s *Service) deliverOnce(ctx context.Context, req Request) error {
 
 var errDelivered = errors.New("already delivered")
 
-// takeMarker makes this instance the deliverer of key and returns the marker's revision, or
-// errDelivered. It waits while another live deliverer holds the key.
-func (s *Service) takeMarker(ctx context.Context, key string) (uint64, error) {
+// held is a delivering marker this instance wrote: its revision, the token that tells it from
+// any other writer's, and the end of its lease.
+type held struct {
+	rev   uint64
+	token string
+	until time.Time
+}
+
+// readMarker reads key's marker; a corrupt one reads as an expired lease.
+func (s *Service) readMarker(ctx context.Context, key string) (marker, uint64, error) {
+	e, err := s.markers.Get(ctx, key)
+	if err != nil {
+		return marker{}, 0, err
+	}
+	var m marker
+	if json.Unmarshal(e.Value(), &m) != nil {
+		m = marker{}
+	}
+	return m, e.Revision(), nil
+}
+
+// takeMarker makes this instance the deliverer of key, or returns errDelivered. It waits while
+// another live deliverer holds the key. Each NATS call is tried again while NATS is
+// unavailable; a create or takeover whose answer was lost shows up, on the next read, as a
+// marker carrying token, unique to this call.
+func (s *Service) takeMarker(ctx context.Context, key, token string) (held, error) {
 	pause := 10 * time.Millisecond
 	for {
+		var m marker
+		var rev uint64
+		err := s.whileUnavailable(ctx, func(octx context.Context) (err error) {
+			m, rev, err = s.readMarker(octx, key)
+			return err
+		}, "reading an effect's marker", "key", key)
 		now := time.Now().UTC()
-		mine, _ := json.Marshal(marker{State: markDelivering, By: s.cfg.ID.Instance, At: now, Until: now.Add(s.effectLease())})
-		e, err := s.markers.Get(ctx, key)
+		h := held{token: token, until: now.Add(s.effectLease())}
+		mine, _ := json.Marshal(marker{State: markDelivering, By: s.cfg.ID.Instance, Token: token, At: now, Until: h.until})
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
-			rev, err := s.markers.Create(ctx, key, mine)
-			if err == nil {
-				return rev, nil
-			}
-			if !isConflict(err) {
-				return 0, fmt.Errorf("runner: marker %s: %w", key, err)
-			}
-			continue // someone else created it: look again
+			err = s.whileUnavailable(ctx, func(octx context.Context) (err error) {
+				h.rev, err = s.markers.Create(octx, key, mine)
+				return err
+			}, "taking an effect's marker", "key", key)
 		case err != nil:
-			return 0, fmt.Errorf("runner: marker %s: %w", key, err)
-		}
-		var m marker
-		if json.Unmarshal(e.Value(), &m) != nil {
-			m = marker{} // corrupt: treat as an expired lease
-		}
-		if m.State == markDelivered {
-			return 0, errDelivered
-		}
-		if m.Until.Before(now) {
-			rev, err := s.markers.Update(ctx, key, mine, e.Revision())
+			return held{}, fmt.Errorf("runner: marker %s: %w", key, err)
+		case m.Token == token && m.State == markDelivering:
+			return held{rev: rev, token: token, until: m.Until}, nil // an earlier try of ours landed
+		case m.State == markDelivered:
+			return held{}, errDelivered
+		case m.Until.Before(now):
+			err = s.whileUnavailable(ctx, func(octx context.Context) (err error) {
+				h.rev, err = s.markers.Update(octx, key, mine, rev)
+				return err
+			}, "taking over an effect's marker", "key", key)
 			if err == nil {
 				s.cfg.Logger.Warn("taking over an effect whose deliverer's lease ran out; the receiver may see it twice", "key", key, "was", m.By)
-				return rev, nil
 			}
-			if !isConflict(err) {
-				return 0, fmt.Errorf("runner: marker %s: %w", key, err)
-			}
-			continue
+		default:
+			err = errHeld // another deliverer is at work
 		}
-		// Another deliverer is at work: wait for it, bounded by ctx.
+		if err == nil {
+			return h, nil
+		}
+		if !isConflict(err) && !errors.Is(err, errHeld) {
+			return held{}, fmt.Errorf("runner: marker %s: %w", key, err)
+		}
+		// Someone else wrote the marker first, or holds it: look again shortly, bounded by ctx.
 		t := time.NewTimer(pause)
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return 0, fmt.Errorf("runner: waiting for effect %s held by %s: %w", key, m.By, ctx.Err())
+			return held{}, fmt.Errorf("runner: waiting for effect %s held by %s: %w", key, m.By, ctx.Err())
 		}
 		pause = min(pause*2, time.Second)
 	}
 }
+
+var errHeld = errors.New("held by another deliverer")
 
 // flushOutbox delivers every entry left in the tenant's outbox and removes it. It returns the
 // number of entries it handled.

@@ -35,6 +35,22 @@ func (h signalHandler) WithGroup(string) slog.Handler      { return h }
 // A run that ends while NATS is away records its outcome once NATS is back, within its lease,
 // instead of staying "running" until the lease runs out and another claim picks it up.
 func TestOutcomeRecordedAfterNATSComesBack(t *testing.T) {
+	runAcrossNATSOutage(t, "recording job outcome", false)
+}
+
+// A run whose effects are recorded and delivered while NATS is away does that once NATS is
+// back, in the same attempt: each outbox and marker call is tried again on its own short
+// timeout, where a call that found no server (or whose answer was lost in a leader election)
+// used to fail the attempt or hold it for the run's whole 30 s.
+func TestEffectsRecordedAfterNATSComesBack(t *testing.T) {
+	runAcrossNATSOutage(t, "recording an effect", true)
+}
+
+// runAcrossNATSOutage stops NATS while a job runs, lets the run end, waits for the log line
+// (retrying) that says a NATS call failed and is being tried again, restarts NATS and checks
+// that the job succeeded at its first attempt, long before its lease ran out, with its effect
+// (withEffect) delivered once.
+func runAcrossNATSOutage(t *testing.T, retrying string, withEffect bool) {
 	srv := natstest.Server(t)
 	// No reconnect buffer: a request made while the server is away fails at once instead of
 	// being sent (and applied) after the reconnect, like one a stream without a leader refuses.
@@ -49,6 +65,7 @@ func TestOutcomeRecordedAfterNATSComesBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	rc := newReceiver(t)
 	place(t, st, "acme", "runner-1")
 	started, release := make(chan struct{}), make(chan struct{})
 	gate := func(ctx context.Context, r Run) (Output, error) {
@@ -57,11 +74,15 @@ func TestOutcomeRecordedAfterNATSComesBack(t *testing.T) {
 		case <-release:
 		case <-ctx.Done():
 		}
-		return Output{Result: []byte(`{"ok":true}`)}, nil
+		out := Output{Result: []byte(`{"ok":true}`)}
+		if withEffect {
+			out.Effects = []Request{{Effect: "webhook", To: rc.URL, Body: []byte(`{"n":1}`)}}
+		}
+		return out, nil
 	}
-	retrying := signalHandler{prefix: "recording job outcome", once: &sync.Once{}, seen: make(chan struct{})}
+	seen := signalHandler{prefix: retrying, once: &sync.Once{}, seen: make(chan struct{})}
 	// A 30 s run timeout gives a 35 s lease: the job must finish long before that.
-	s := startService(t, st, "runner-1", "a", Config{OpTimeout: 300 * time.Millisecond, Logger: slog.New(retrying),
+	s := startService(t, st, "runner-1", "a", Config{OpTimeout: 300 * time.Millisecond, Logger: slog.New(seen),
 		Handlers: map[string]Handler{"gate": gate}})
 	owning(t, s, "acme", true)
 	ids := create(t, s, "acme", 1, NewJob{Type: "gate"})
@@ -74,9 +95,9 @@ func TestOutcomeRecordedAfterNATSComesBack(t *testing.T) {
 	srv.Stop()
 	close(release) // the run ends while NATS is away
 	select {
-	case <-retrying.seen:
+	case <-seen.seen:
 	case <-time.After(10 * time.Second):
-		t.Fatal("no attempt to record the outcome failed while NATS was away")
+		t.Fatalf("no %q retry logged while NATS was away", retrying)
 	}
 	natstest.Restart(t, cfg)
 	select {
@@ -92,5 +113,46 @@ func TestOutcomeRecordedAfterNATSComesBack(t *testing.T) {
 	})
 	if r.Status != StatusSucceeded || r.Attempts != 1 || r.RanOn != "a" {
 		t.Fatalf("run %+v, want succeeded at the first attempt", r)
+	}
+	if withEffect {
+		if counts, total := rc.snapshot(); total != 1 || len(r.Effects) != 1 || counts[r.Effects[0]] != 1 {
+			t.Fatalf("deliveries %v for effects %v: want the one effect, once", counts, r.Effects)
+		}
+	}
+}
+
+// A write stored by a try whose answer was lost makes the next try conflict: reading the run
+// back tells our own write (go on) from another instance's (a real conflict).
+func TestLostRunWriteRecognised(t *testing.T) {
+	st := openStore(t)
+	place(t, st, "acme", "runner-9") // queued while no instance serves it
+	s := startService(t, st, "runner-1", "a", Config{})
+	ctx := context.Background()
+	ids := create(t, s, "acme", 2, NewJob{Type: "log"})
+	claimed := func(id, by string) Run {
+		r, err := s.getLatest(ctx, "acme", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		now, lease := time.Now().UTC(), time.Now().UTC().Add(time.Minute)
+		r.Status, r.Attempts, r.RanOn, r.StartedAt, r.LeaseUntil = StatusRunning, 1, by, &now, &lease
+		return r
+	}
+	// Ours landed though its answer was lost: the try again (on the old revision) succeeds.
+	ours := claimed(ids[0], "a")
+	landed := ours
+	if err := s.putRun(ctx, &landed); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.putRunRetrying(ctx, &ours, "test"); err != nil || ours.rev != landed.rev {
+		t.Fatalf("retrying a write that landed: %v (revision %d, want %d)", err, ours.rev, landed.rev)
+	}
+	// A sibling's claim landed first: ours conflicts.
+	sibling, mine := claimed(ids[1], "b"), claimed(ids[1], "a")
+	if err := s.putRun(ctx, &sibling); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.putRunRetrying(ctx, &mine, "test"); !isConflict(err) {
+		t.Fatalf("claiming a job a sibling claimed first: %v, want a conflict", err)
 	}
 }

@@ -69,9 +69,9 @@ func (s *Service) claim(ctx context.Context, tq *tenantQ, msg *jetstream.RawStre
 		s.dropEntry(msg.Sequence)
 		return nil, fmt.Errorf("corrupt queue entry %d dropped", msg.Sequence)
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
-	defer cancel()
-	r, err := s.getLatest(ctx, tq.tenant, qe.ID)
+	gctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+	r, err := s.getLatest(gctx, tq.tenant, qe.ID)
+	cancel()
 	if errors.Is(err, ErrNoJob) {
 		s.dropEntry(msg.Sequence)
 		return nil, nil
@@ -102,13 +102,38 @@ func (s *Service) claim(ctx context.Context, tq *tenantQ, msg *jetstream.RawStre
 	lease := now.Add(s.cfg.RunTimeout + 5*time.Second)
 	r.Status, r.Attempts, r.RanOn = StatusRunning, r.Attempts+1, s.cfg.ID.Instance
 	r.StartedAt, r.LeaseUntil, r.NotBefore, r.Seq = &now, &lease, nil, msg.Sequence
-	if err := s.putRun(ctx, &r); err != nil {
+	cctx, cancel := context.WithDeadline(ctx, lease)
+	defer cancel()
+	if err := s.putRunRetrying(cctx, &r, "claiming a job"); err != nil {
 		if isConflict(err) {
 			return nil, nil // a sibling claimed it first
 		}
 		return nil, err
 	}
 	return &r, nil
+}
+
+// putRunRetrying writes r (putRun), trying again while NATS is unavailable, until ctx ends. A
+// write stored by a try whose answer was lost (its stream leader died answering) makes the
+// next try conflict; that must not be taken for another instance's write (a claim nobody runs
+// would wait out its lease, an outcome would leave its queue entry), so a conflict reads the
+// run back: the same attempt by us in the same status is our write.
+func (s *Service) putRunRetrying(ctx context.Context, r *Run, what string) error {
+	return s.whileUnavailable(ctx, func(octx context.Context) error {
+		err := s.putRun(octx, r)
+		if isConflict(err) {
+			cur, gerr := s.getLatest(octx, r.Tenant, r.ID)
+			if schema.IsUnavailable(gerr) {
+				return gerr // read it back on the next try
+			}
+			if gerr == nil && cur.Status == r.Status && cur.RanOn == r.RanOn && cur.Attempts == r.Attempts &&
+				cur.StartedAt != nil && r.StartedAt != nil && cur.StartedAt.Equal(*r.StartedAt) {
+				r.rev = cur.rev
+				return nil
+			}
+		}
+		return err
+	}, what, "tenant", r.Tenant, "job", r.ID)
 }
 
 // unclaim returns a claimed, not started job to pending.
@@ -179,17 +204,28 @@ func (s *Service) attempt(ctx context.Context, r *Run) (Output, error) {
 // until (the end of our lease) or ctx ends: a run left "running" would wait for its lease to run
 // out before anyone took it up again. The first try is made even if ctx has ended (a drain
 // cancelled the run). A conflict means the lease ran out and another instance took the job
-// over (its outcome wins), or an earlier try was stored though its answer was lost.
+// over: its outcome wins.
 func (s *Service) recordOutcome(ctx context.Context, r *Run, until time.Time) error {
+	ctx, cancel := context.WithDeadline(ctx, until)
+	defer cancel()
+	return s.putRunRetrying(ctx, r, "recording job outcome")
+}
+
+// whileUnavailable runs op, and again after a short wait while it fails because NATS is
+// unavailable (a stream or meta leader election, a reconnect), until ctx ends. Each try gets
+// its own OpTimeout and is made even if ctx has ended: a request whose answer was lost in an
+// election would otherwise hold the caller for all of ctx's time (a run's 30 s). op must be
+// safe to repeat: its first try may have been stored though its answer was lost.
+func (s *Service) whileUnavailable(ctx context.Context, op func(context.Context) error, what string, attrs ...any) error {
 	wait := 100 * time.Millisecond
 	for {
-		pctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
-		err := s.putRun(pctx, r)
+		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.OpTimeout)
+		err := op(octx)
 		cancel()
-		if err == nil || isConflict(err) || !schema.IsUnavailable(err) || time.Now().Add(wait).After(until) {
+		if err == nil || !schema.IsUnavailable(err) || ctx.Err() != nil {
 			return err
 		}
-		s.cfg.Logger.Info("recording job outcome: NATS unavailable, trying again", "tenant", r.Tenant, "job", r.ID, "err", err)
+		s.cfg.Logger.Info(what+": NATS unavailable, trying again", append(attrs, "err", err)...)
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
