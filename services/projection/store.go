@@ -58,7 +58,7 @@ func openEventStore(ctx context.Context, st *schema.Store) (*store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("projection: open %s: %w", bucket, err)
 	}
-	checks, err := st.EnsureKV(ctx, schema.ServiceBucket("projection", "checkpoints"), "projection service: per-tenant checkpoints", 1)
+	checks, err := st.EnsureKV(ctx, schema.KVSpec{Bucket: schema.ServiceBucket("projection", "checkpoints"), Description: "projection service: per-tenant checkpoints"})
 	if err != nil {
 		return nil, err
 	}

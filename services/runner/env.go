@@ -3,6 +3,7 @@ package runner
 import (
 	"fmt"
 	"strconv"
+	"time"
 )
 
 // Environment variables read by ConfigFromEnv (the runner binary's own settings, beside the
@@ -12,11 +13,12 @@ const (
 	EnvJobsPerMinute       = "TM_RUNNER_JOBS_PER_MINUTE"
 	EnvTenantJobsPerMinute = "TM_RUNNER_TENANT_JOBS_PER_MINUTE"
 	EnvMaxQueued           = "TM_RUNNER_MAX_QUEUED"
+	EnvRetention           = "TM_RUNNER_RETENTION"
 	EnvSMTPAddr            = "TM_SMTP_ADDR"
 	EnvSMTPFrom            = "TM_SMTP_FROM"
 )
 
-// ConfigFromEnv reads the runner's limits and its SMTP relay from the environment (getenv is
+// ConfigFromEnv reads the runner's limits, how long finished runs are kept and its SMTP relay from the environment (getenv is
 // os.Getenv in the binary). Unset variables keep the defaults; the email effect exists only
 // when TM_SMTP_ADDR is set.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
@@ -39,6 +41,13 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 			return Config{}, fmt.Errorf("%s=%q: want a whole number >= 0", v.name, s)
 		}
 		*v.dst = n
+	}
+	if v := getenv(EnvRetention); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < time.Second {
+			return Config{}, fmt.Errorf("%s=%q: want a duration of at least 1s, like 168h", EnvRetention, v)
+		}
+		c.Retention = d
 	}
 	if addr := getenv(EnvSMTPAddr); addr != "" {
 		from := getenv(EnvSMTPFrom)

@@ -257,24 +257,19 @@ func decodeRun(id string, b []byte, rev uint64) (Run, error) {
 // getLatest reads one run from the leader of the runs bucket's stream. Get is a direct get,
 // which any replica that is nearly caught up (or a mirror) may answer: it can miss a run
 // created a moment ago, or show an older state of it. A claim decides on what it reads (a
-// missing run drops the queue entry for good), so it reads here. Only the legacy JetStream
-// API can ask for a message without a direct get.
+// missing run drops the queue entry for good), so it reads here.
 func (s *Service) getLatest(ctx context.Context, tenant, id string) (Run, error) {
 	if !validID(id) {
 		return Run{}, fmt.Errorf("%w: %q", ErrNoJob, id)
 	}
-	bucket := s.runs.Bucket()
-	m, err := s.legacy.GetLastMsg("KV_"+bucket, "$KV."+bucket+"."+runKey(tenant, id), nats.Context(ctx))
-	if errors.Is(err, nats.ErrMsgNotFound) {
+	b, rev, err := s.st.LeaderGet(ctx, s.runs.Bucket(), runKey(tenant, id))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return Run{}, fmt.Errorf("%w: %s", ErrNoJob, id)
 	}
 	if err != nil {
 		return Run{}, fmt.Errorf("runner: read job %s: %w", id, err)
 	}
-	if op := m.Header.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
-		return Run{}, fmt.Errorf("%w: %s", ErrNoJob, id)
-	}
-	return decodeRun(id, m.Data, m.Sequence)
+	return decodeRun(id, b, rev)
 }
 
 func validID(id string) bool {
@@ -327,10 +322,14 @@ func (s *Service) List(ctx context.Context, tenant string, status Status, limit 
 	return out, nil
 }
 
-// putRun writes r by compare-and-set on its revision.
+// putRun writes r by compare-and-set on its revision. A finished run is kept for Retention.
 func (s *Service) putRun(ctx context.Context, r *Run) error {
 	b, _ := json.Marshal(r)
-	rev, err := s.runs.Update(ctx, runKey(r.Tenant, r.ID), b, r.rev)
+	var ttl time.Duration
+	if r.Status.done() {
+		ttl = s.cfg.Retention
+	}
+	rev, err := s.st.UpdateKV(ctx, s.runs.Bucket(), runKey(r.Tenant, r.ID), b, r.rev, ttl)
 	if err != nil {
 		return err
 	}

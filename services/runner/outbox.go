@@ -146,7 +146,7 @@ func (s *Service) deliverOnce(ctx context.Context, req Request) error {
 	s.mu.Unlock()
 	b, _ := json.Marshal(marker{State: markDelivered, By: s.cfg.ID.Instance, Token: h.token, At: time.Now().UTC(), Attempts: res.Attempts})
 	err = s.whileUnavailable(mctx, func(octx context.Context) error {
-		_, err := s.markers.Update(octx, req.Key, b, h.rev)
+		_, err := s.st.UpdateKV(octx, s.markers.Bucket(), req.Key, b, h.rev, s.cfg.Retention)
 		if isConflict(err) {
 			// Stored by an earlier try whose answer was lost?
 			if m, _, gerr := s.readMarker(octx, req.Key); gerr == nil && m.Token == h.token && m.State == markDelivered {

@@ -81,6 +81,10 @@ type Config struct {
 	StatusEvery time.Duration
 	// OpTimeout bounds one request's NATS calls. Default 5s.
 	OpTimeout time.Duration
+	// Retention is how long a finished run (succeeded or failed) and its effects' delivery
+	// markers are kept; then JetStream removes them, and a create with the run's
+	// idempotency key makes a new job. Default 7 days.
+	Retention time.Duration
 	// Handlers are job types beyond the built-ins (webhook, email, log, sleep, noop).
 	Handlers map[string]Handler
 	// Effects are providers by name, beyond or replacing the built-ins: log, webhook (a
@@ -124,6 +128,9 @@ func (c Config) withDefaults() Config {
 	if c.OpTimeout <= 0 {
 		c.OpTimeout = 5 * time.Second
 	}
+	if c.Retention <= 0 {
+		c.Retention = 7 * 24 * time.Hour
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -138,7 +145,6 @@ type Service struct {
 	cfg      Config
 	st       *schema.Store
 	js       jetstream.JetStream
-	legacy   nats.JetStreamContext // for reads from a stream's leader (getLatest)
 	jobs     jetstream.Stream
 	events   jetstream.Stream
 	runs     jetstream.KeyValue
@@ -201,9 +207,6 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	s := &Service{cfg: cfg, st: st, js: st.JetStream(), tenants: map[string]*tenantQ{}, changed: map[string]struct{}{},
 		wake: make(chan struct{}, 1), recon: make(chan struct{}, 1), sagaWake: make(chan struct{}, 1), wakeCh: make(chan *nats.Msg, 8192), flushWake: make(chan struct{}, 1), started: time.Now().UTC()}
 	var err error
-	if s.legacy, err = st.Conn().JetStream(); err != nil {
-		return nil, fmt.Errorf("runner: %w", err)
-	}
 	if s.jobs, err = s.js.Stream(ctx, schema.StreamJobs); err != nil {
 		return nil, fmt.Errorf("runner: open %s: %w", schema.StreamJobs, err)
 	}
@@ -214,14 +217,16 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		dst     *jetstream.KeyValue
 		purpose string
 		desc    string
+		ttl     bool // finished runs and delivered markers expire after Retention
 	}{
-		{&s.runs, "runs", "runner: job runs, <tenant>.<job id>"},
-		{&s.markers, "outbox", "runner: effect delivery markers, by dedupe key"},
-		{&s.checks, "checkpoints", "runner: saga checkpoints and drain records per tenant"},
-		{&s.status, "status", "runner: each instance's running count, limits and totals"},
+		{&s.runs, "runs", "runner: job runs, <tenant>.<job id>", true},
+		{&s.markers, "outbox", "runner: effect delivery markers, by dedupe key", true},
+		{&s.checks, "checkpoints", "runner: saga checkpoints and drain records per tenant", false},
+		{&s.status, "status", "runner: each instance's running count, limits and totals", false},
 	}
 	for _, b := range buckets {
-		if *b.dst, err = st.EnsureKV(ctx, schema.ServiceBucket(Kind, b.purpose), b.desc, 1); err != nil {
+		spec := schema.KVSpec{Bucket: schema.ServiceBucket(Kind, b.purpose), Description: b.desc, PerKeyTTL: b.ttl}
+		if *b.dst, err = st.EnsureKV(ctx, spec); err != nil {
 			return nil, err
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -425,5 +426,64 @@ func TestLastSeq(t *testing.T) {
 		if got, err := st.LastSeq(ctx, schema.StreamEvents, filter); err != nil || got != want {
 			t.Errorf("LastSeq(%s) = %d %v, want %d", filter, got, err, want)
 		}
+	}
+}
+
+// A service bucket made without per-key TTLs gets them when asked; a write with a TTL is gone
+// (for a direct get, a leader read and a listing) once it runs out, one without stays, and a
+// write on a stale revision is a conflict.
+func TestPerKeyTTL(t *testing.T) {
+	st := open(t)
+	ctx := context.Background()
+	spec := schema.KVSpec{Bucket: "tm_test_runs", Description: "test"}
+	if _, err := st.EnsureKV(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	spec.PerKeyTTL = true
+	kv, err := st.EnsureKV(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.JetStream().Stream(ctx, schema.KVStream(spec.Bucket))
+	if err != nil || !info.CachedInfo().Config.AllowMsgTTL {
+		t.Fatalf("per-message TTLs not allowed on the bucket's stream: %v", err)
+	}
+	rev, err := st.UpdateKV(ctx, spec.Bucket, "done", []byte("1"), 0, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.UpdateKV(ctx, spec.Bucket, "done", []byte("2"), rev+7, time.Second); !errors.Is(err, jetstream.ErrKeyExists) {
+		t.Fatalf("write on a stale revision: %v, want jetstream.ErrKeyExists", err)
+	}
+	if _, err := st.UpdateKV(ctx, spec.Bucket, "open", []byte("1"), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if b, got, err := st.LeaderGet(ctx, spec.Bucket, "done"); err != nil || got != rev || string(b) != "1" {
+		t.Fatalf("leader read: %q rev %d %v, want \"1\" rev %d", b, got, err, rev)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := kv.Get(ctx, "done")
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the 1s value still there after 10s: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond) // JetStream expires it on its own clock
+	}
+	if _, _, err := st.LeaderGet(ctx, spec.Bucket, "done"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("leader read of an expired value: %v, want jetstream.ErrKeyNotFound", err)
+	}
+	keys, err := kv.ListKeys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for k := range keys.Keys() {
+		left = append(left, k)
+	}
+	if len(left) != 1 || left[0] != "open" {
+		t.Fatalf("keys left %v, want [open]", left)
 	}
 }

@@ -131,9 +131,92 @@ func (s *Store) EnsureStream(ctx context.Context, cfg jetstream.StreamConfig) er
 	return s.ensureStream(ctx, cfg)
 }
 
-// EnsureKV creates or updates a bucket with the store's replicas and storage.
-func (s *Store) EnsureKV(ctx context.Context, bucket, desc string, history uint8) (jetstream.KeyValue, error) {
-	return s.ensureKV(ctx, bucket, desc, history)
+// KVSpec describes a service's own bucket for EnsureKV.
+type KVSpec struct {
+	Bucket, Description string
+	// History is how many values are kept per key; 0 is 1.
+	History uint8
+	// PerKeyTTL lets a write carry a time to live (UpdateKV), after which JetStream removes
+	// the value: finished job runs, for example. A bucket made before without it gets it.
+	PerKeyTTL bool
+}
+
+// EnsureKV creates or opens a bucket with the store's replicas and storage.
+func (s *Store) EnsureKV(ctx context.Context, spec KVSpec) (jetstream.KeyValue, error) {
+	kv, err := s.ensureKV(ctx, spec.Bucket, spec.Description, max(spec.History, 1))
+	if err != nil || !spec.PerKeyTTL {
+		return kv, err
+	}
+	if err := s.allowMsgTTL(ctx, KVStream(spec.Bucket)); err != nil {
+		return nil, fmt.Errorf("schema: bucket %s: allow per-key TTLs: %w", spec.Bucket, err)
+	}
+	return kv, nil
+}
+
+// allowMsgTTL turns on per-message TTLs on stream unless they are on (they cannot be turned
+// off again). No delete markers are left where a TTL runs out: the value is simply gone.
+func (s *Store) allowMsgTTL(ctx context.Context, stream string) error {
+	ctx, cancel := s.boundCreate(ctx)
+	defer cancel()
+	for {
+		actx, acancel := context.WithTimeout(ctx, streamAttempt)
+		err := func() error {
+			st, err := s.js.Stream(actx, stream)
+			if err != nil {
+				return err
+			}
+			cfg := st.CachedInfo().Config
+			if cfg.AllowMsgTTL {
+				return nil
+			}
+			cfg.AllowMsgTTL = true
+			_, err = s.js.UpdateStream(actx, cfg)
+			return err
+		}()
+		acancel()
+		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
+	}
+}
+
+// UpdateKV writes value to key of bucket if key's revision is still rev (0: absent), like
+// jetstream.KeyValue.Update, and returns the new revision. A ttl above zero makes JetStream
+// remove the value that long after the write; the bucket must allow it (KVSpec.PerKeyTTL).
+// A lost race is jetstream.ErrKeyExists.
+func (s *Store) UpdateKV(ctx context.Context, bucket, key string, value []byte, rev uint64, ttl time.Duration) (uint64, error) {
+	opts := []jetstream.PublishOpt{jetstream.WithExpectLastSequencePerSubject(rev)}
+	if ttl > 0 {
+		opts = append(opts, jetstream.WithMsgTTL(ttl))
+	}
+	ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: KVSubject(bucket, key), Data: value}, opts...)
+	if err != nil {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+			return 0, fmt.Errorf("%w: %w", jetstream.ErrKeyExists, err)
+		}
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+// LeaderGet reads key of bucket from the bucket's stream leader (not a direct get, which any
+// replica may answer): it sees every write acknowledged before it was sent. It returns the
+// value and its revision; a key never written, deleted, purged or expired is
+// jetstream.ErrKeyNotFound. Transient failures are retried within ctx and the store's timeout.
+func (s *Store) LeaderGet(ctx context.Context, bucket, key string) ([]byte, uint64, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	var (
+		data []byte
+		rev  uint64
+	)
+	err := retry(ctx, transient, attempt(func(ctx context.Context) (err error) {
+		data, rev, err = s.leaderGet(ctx, bucket, key)
+		return err
+	}))
+	return data, rev, err
 }
 
 func (s *Store) ensureStream(ctx context.Context, cfg jetstream.StreamConfig) error {
@@ -308,16 +391,7 @@ func (s *Store) getJSON(ctx context.Context, kv jetstream.KeyValue, key string, 
 // rather than a direct get): it sees every write acknowledged before it was sent, by this
 // process or any other. While the stream has no leader it fails with ErrUnavailable.
 func (s *Store) getLeaderJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
-	var (
-		data []byte
-		rev  uint64
-	)
-	err := retry(ctx, transient, attempt(func(ctx context.Context) (err error) {
-		data, rev, err = s.leaderGet(ctx, kv.Bucket(), key)
-		return err
-	}))
+	data, rev, err := s.LeaderGet(ctx, kv.Bucket(), key)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			return 0, fmt.Errorf("%s/%s: %w", kv.Bucket(), key, ErrNotFound)
@@ -333,7 +407,7 @@ func (s *Store) getLeaderJSON(ctx context.Context, kv jetstream.KeyValue, key st
 // leaderGet asks the stream leader of bucket for key's last message. A deleted or purged key,
 // or one never written, is jetstream.ErrKeyNotFound.
 func (s *Store) leaderGet(ctx context.Context, bucket, key string) ([]byte, uint64, error) {
-	m, err := s.leaderLast(ctx, "KV_"+bucket, "$KV."+bucket+"."+key)
+	m, err := s.leaderLast(ctx, KVStream(bucket), KVSubject(bucket, key))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, 0, jetstream.ErrKeyNotFound
 	}
@@ -345,7 +419,8 @@ func (s *Store) leaderGet(ctx context.Context, bucket, key string) ([]byte, uint
 		if err != nil {
 			return nil, 0, fmt.Errorf("invalid message headers: %w", err)
 		}
-		if op := h.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+		// A delete, a purge, or the marker JetStream leaves where a value's TTL ran out.
+		if op := h.Get("KV-Operation"); op == "DEL" || op == "PURGE" || h.Get("Nats-Marker-Reason") != "" {
 			return nil, 0, jetstream.ErrKeyNotFound
 		}
 	}
@@ -530,8 +605,8 @@ type listItem struct {
 
 // listLatest is one attempt of listJSON: the newest message of every key under filter.
 func (s *Store) listLatest(ctx context.Context, kv jetstream.KeyValue, filter string) (map[string]listItem, error) {
-	prefix := "$KV." + kv.Bucket() + "."
-	cons, done, err := OrderedRead(ctx, s.js, "KV_"+kv.Bucket(), jetstream.OrderedConsumerConfig{
+	prefix := KVSubject(kv.Bucket(), "")
+	cons, done, err := OrderedRead(ctx, s.js, KVStream(kv.Bucket()), jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{prefix + filter},
 		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
 	})
@@ -555,7 +630,8 @@ func (s *Store) listLatest(ctx context.Context, kv jetstream.KeyValue, filter st
 			}
 			pending = md.NumPending
 			op := m.Headers().Get("KV-Operation")
-			latest[strings.TrimPrefix(m.Subject(), prefix)] = listItem{rev: md.Sequence.Stream, data: m.Data(), del: op == "DEL" || op == "PURGE"}
+			del := op == "DEL" || op == "PURGE" || m.Headers().Get("Nats-Marker-Reason") != ""
+			latest[strings.TrimPrefix(m.Subject(), prefix)] = listItem{rev: md.Sequence.Stream, data: m.Data(), del: del}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
 			return nil, err
