@@ -11,6 +11,7 @@ import (
 type metrics struct {
 	commands      *prometheus.CounterVec
 	conflicts     prometheus.Counter
+	appendRetries prometheus.Counter
 	rehydrate     *prometheus.HistogramVec
 	snapshotHits  *prometheus.CounterVec
 	snapshotBytes prometheus.Gauge
@@ -23,6 +24,9 @@ func newMetrics(reg prometheus.Registerer, es *eventStore) *metrics {
 		}, []string{"command", "result"}),
 		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tm_aggregate_append_conflicts_total", Help: "Appends rejected because another writer appended first.",
+		}),
+		appendRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tm_aggregate_append_retries_total", Help: "Append tries made again because NATS was unavailable (a leader election, a reconnect).",
 		}),
 		rehydrate: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "tm_aggregate_rehydrate_seconds", Help: "Time to load a tenant's state, by strategy.",
@@ -47,7 +51,7 @@ func newMetrics(reg prometheus.Registerer, es *eventStore) *metrics {
 		return float64(info.State.Bytes)
 	})
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.commands, m.conflicts, m.rehydrate, m.snapshotHits, m.snapshotBytes, storage} {
+		for _, c := range []prometheus.Collector{m.commands, m.conflicts, m.appendRetries, m.rehydrate, m.snapshotHits, m.snapshotBytes, storage} {
 			if err := reg.Register(c); err != nil {
 				var are prometheus.AlreadyRegisteredError
 				if !errors.As(err, &are) {

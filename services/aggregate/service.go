@@ -102,7 +102,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Service{cfg: cfg, es: es, m: newMetrics(cfg.Registerer, es), tenants: map[string]*slot{}, snapq: make(chan string, 1024)}, nil
+	m := newMetrics(cfg.Registerer, es)
+	es.retries = m.appendRetries
+	return &Service{cfg: cfg, es: es, m: m, tenants: map[string]*slot{}, snapq: make(chan string, 1024)}, nil
 }
 
 // Run writes snapshots queued by commands and owns the warmed targets' follows, until ctx ends.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -30,6 +31,8 @@ type eventStore struct {
 	snaps  jetstream.ObjectStore
 	// batch is how many events one fetch asks for while replaying.
 	batch int
+	// retries counts append tries made again (tm_aggregate_append_retries_total).
+	retries prometheus.Counter
 }
 
 func openEventStore(ctx context.Context, st *schema.Store) (*eventStore, error) {
@@ -64,17 +67,44 @@ func (es *eventStore) append(ctx context.Context, ev Event, expectLast uint64) (
 	if ev.CommandKey != "" {
 		opts = append(opts, jetstream.WithMsgID(ev.Tenant+":"+ev.CommandKey))
 	}
-	ack, err := es.js.PublishMsg(ctx, msg, opts...)
-	if err != nil {
+	wait := 50 * time.Millisecond
+	for {
+		// Each try is bounded on its own and made again while NATS is unavailable: a publish
+		// whose stream leader died before answering would otherwise hold the command for all
+		// of its time and fail it. A try again is safe: the message id makes a stored first
+		// try a duplicate (or its expected sequence makes it stale), and both paths learn
+		// the stored outcome.
+		actx, cancel := context.WithTimeout(ctx, appendAttempt)
+		ack, err := es.js.PublishMsg(actx, msg, opts...)
+		cancel()
+		if err == nil {
+			return ack.Sequence, ack.Duplicate, nil
+		}
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
 			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
 			return 0, false, fmt.Errorf("%w: %v", errStale, err)
 		}
-		return 0, false, fmt.Errorf("%w: append to %s: %w", errStore, msg.Subject, err)
+		if ev.CommandKey == "" || !schema.IsUnavailable(err) || ctx.Err() != nil {
+			return 0, false, fmt.Errorf("%w: append to %s: %w", errStore, msg.Subject, err)
+		}
+		if es.retries != nil {
+			es.retries.Inc()
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return 0, false, fmt.Errorf("%w: append to %s: %w", errStore, msg.Subject, err)
+		}
+		wait = min(2*wait, 500*time.Millisecond)
 	}
-	return ack.Sequence, ack.Duplicate, nil
 }
+
+// appendAttempt bounds one try of an append; a command has CommandTimeout (5 s) for all of
+// them. A healthy append takes a few milliseconds, a leader election well under a second.
+const appendAttempt = 1500 * time.Millisecond
 
 // replay calls fn with every event on filter after sequence after, in order, up to the last
 // one present when it started, and returns the sequence of the last event it delivered.
