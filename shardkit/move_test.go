@@ -20,13 +20,34 @@ type fakeService struct {
 	applied  atomic.Uint64
 	released atomic.Int32
 	short    atomic.Int32 // Warm calls with a fence that get only halfway
-	mu       sync.Mutex
-	fences   []uint64
+	// gate, if set, holds each Warm call until the test lets it go (pass), so that the
+	// signal written before it stays in place until the test has seen it: a watcher of a
+	// bucket keeping one value per key can miss a value overwritten a moment later.
+	gate   chan struct{}
+	mu     sync.Mutex
+	fences []uint64
+}
+
+// pass lets one held Warm call go.
+func (f *fakeService) pass(t testing.TB) {
+	t.Helper()
+	select {
+	case f.gate <- struct{}{}:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no Warm call within 20s")
+	}
 }
 
 func (f *fakeService) hooks() shardkit.Hooks {
 	return shardkit.Hooks{
-		Warm: func(_ context.Context, _ string, fence uint64) error {
+		Warm: func(ctx context.Context, _ string, fence uint64) error {
+			if f.gate != nil {
+				select {
+				case <-f.gate:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
 			f.mu.Lock()
 			f.fences = append(f.fences, fence)
 			f.mu.Unlock()
@@ -53,6 +74,7 @@ func TestMoveTargetAcceptsOnlyAfterCommit(t *testing.T) {
 	src, dst := &fakeService{}, &fakeService{}
 	src.applied.Store(7)
 	dst.short.Store(1) // the first warm-up to the fence falls short: B reports its lag, retries
+	dst.gate = make(chan struct{})
 	p := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"})
 	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), Hooks: src.hooks()})
 	b := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-2", "b"), Hooks: dst.hooks(), WarmRetry: 20 * time.Millisecond})
@@ -84,6 +106,7 @@ func TestMoveTargetAcceptsOnlyAfterCommit(t *testing.T) {
 	p = place(t, st, p)
 	synced(t, p.Revision, a, b)
 	sigB.next(t, "warming", phaseIs(schema.SignalWarming))
+	dst.pass(t)
 	if s := sigB.next(t, "ready", phaseIs(schema.SignalReady)); s.Fence != 0 || s.Epoch != 1 {
 		t.Fatalf("ready while warming: %+v", s)
 	}
@@ -99,9 +122,11 @@ func TestMoveTargetAcceptsOnlyAfterCommit(t *testing.T) {
 	if s := sigA.next(t, "drained at handoff", phaseIs(schema.SignalDrained)); s.Fence != 7 || s.Epoch != 1 {
 		t.Fatalf("source at handoff: %+v", s)
 	}
+	dst.pass(t) // the first warm-up to the fence: it falls short
 	if s := sigB.next(t, "warming short of the fence", func(s *schema.TenantSignal) bool { return s != nil && s.Fence > 0 }); s.Phase != schema.SignalWarming || s.Fence != 7 || s.Applied != 3 || s.Lag != 4 {
 		t.Fatalf("target short of the fence: %+v", s)
 	}
+	dst.pass(t) // the retry reaches it
 	if s := sigB.next(t, "ready at the fence", func(s *schema.TenantSignal) bool { return s != nil && s.Fence > 0 && s.Phase == schema.SignalReady }); s.Fence != 7 || s.Applied < 7 {
 		t.Fatalf("target at handoff: %+v", s)
 	}
