@@ -19,11 +19,12 @@ import (
 //
 // deliverOnce guards each delivery with a marker in KV tm_runner_outbox, key = dedupe key:
 //
-//	absent -> create "delivering" (lease) -> provider.Do -> update "delivered"
+//	absent -> create "delivering" (lease) -> provider.Do -> update "delivered" (or "failed")
 //
-// Only the instance whose create (or takeover of an expired lease, by compare-and-set) won
-// calls the provider; everyone else waits for "delivered" and skips. A failed delivery
-// deletes its marker so the next attempt may deliver. The one window that can repeat an
+// Only the instance whose create (or takeover of an expired lease or a failed delivery, by
+// compare-and-set) won calls the provider; everyone else waits for "delivered" and skips. A
+// failed delivery marks its marker "failed" so the next attempt may deliver. "delivered" and
+// "failed" are written with the Retention TTL: JetStream removes them then. The one window that can repeat an
 // effect is an instance dying after the provider accepted and before "delivered" was written:
 // after the lease the effect is delivered again, with the same dedupe key, which an
 // idempotent receiver (Idempotency-Key, Message-ID) drops.
@@ -32,6 +33,7 @@ import (
 const (
 	markDelivering = "delivering"
 	markDelivered  = "delivered"
+	markFailed     = "failed"
 )
 
 type marker struct {
@@ -135,8 +137,10 @@ func (s *Service) deliverOnce(ctx context.Context, req Request) error {
 	res, err := eff.Do(ctx, req)
 	if err != nil {
 		s.m.effects.WithLabelValues(req.Effect, "failed").Inc()
+		b, _ := json.Marshal(marker{State: markFailed, By: s.cfg.ID.Instance, Token: h.token, At: time.Now().UTC()})
 		_ = s.whileUnavailable(mctx, func(octx context.Context) error {
-			return s.markers.Delete(octx, req.Key, jetstream.LastRevision(h.rev))
+			_, err := s.st.UpdateKV(octx, s.markers.Bucket(), req.Key, b, h.rev, s.cfg.Retention)
+			return err
 		}, "freeing an effect's marker", "key", req.Key)
 		return fmt.Errorf("effect %s (%s): %w", req.Key, req.Effect, err)
 	}
@@ -214,12 +218,12 @@ func (s *Service) takeMarker(ctx context.Context, key, token string) (held, erro
 			return held{rev: rev, token: token, until: m.Until}, nil // an earlier try of ours landed
 		case m.State == markDelivered:
 			return held{}, errDelivered
-		case m.Until.Before(now):
+		case m.State == markFailed || m.Until.Before(now):
 			err = s.whileUnavailable(ctx, func(octx context.Context) (err error) {
 				h.rev, err = s.markers.Update(octx, key, mine, rev)
 				return err
 			}, "taking over an effect's marker", "key", key)
-			if err == nil {
+			if err == nil && m.State != markFailed {
 				s.cfg.Logger.Warn("taking over an effect whose deliverer's lease ran out; the receiver may see it twice", "key", key, "was", m.By)
 			}
 		default:

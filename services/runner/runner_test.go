@@ -373,6 +373,29 @@ func TestWebhookRetries(t *testing.T) {
 	}
 }
 
+// A delivery that fails for the whole attempt marks its marker failed; the job's next attempt
+// takes the marker over and delivers the effect once.
+func TestFailedDeliveryRetriedByTheNextAttempt(t *testing.T) {
+	st := openStore(t)
+	rc := newReceiver(t)
+	rc.failFirst = 2 // the first attempt's two tries fail, the second attempt's first succeeds
+	place(t, st, "acme", "runner-1")
+	s := startService(t, st, "runner-1", "a", Config{RetryBackoff: 10 * time.Millisecond,
+		Effects: map[string]Effect{"webhook": &Webhook{Attempts: 2, Backoff: 5 * time.Millisecond}}})
+	owning(t, s, "acme", true)
+	ids := create(t, s, "acme", 1, hookJob(rc.URL, "x"))
+	r := waitDone(t, s, "acme", ids, 10*time.Second)[ids[0]]
+	key := "acme.job." + ids[0] + ".0"
+	counts, _ := rc.snapshot()
+	if r.Status != StatusSucceeded || r.Attempts != 2 || counts[key] != 1 {
+		t.Fatalf("run %+v, deliveries %v: want succeeded at attempt 2, delivered once", r, counts)
+	}
+	m, _, err := s.readMarker(context.Background(), key)
+	if err != nil || m.State != markDelivered {
+		t.Fatalf("marker %+v %v, want delivered", m, err)
+	}
+}
+
 // A failing job is retried with backoff up to MaxAttempts.
 func TestJobRetries(t *testing.T) {
 	st := openStore(t)
