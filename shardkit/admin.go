@@ -2,7 +2,6 @@ package shardkit
 
 import (
 	"context"
-	"crypto/subtle"
 	"net/http"
 	"slices"
 	"strings"
@@ -31,24 +30,10 @@ func (s *Shard) Mount(r chi.Router) {
 	})
 }
 
-// requireToken admits requests bearing the admin token. Without a configured token every admin
-// request is refused.
+// requireToken admits requests bearing the admin token; without a configured token every
+// admin request is refused.
 func (s *Shard) requireToken(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.cfg.AdminToken == "" {
-			tmhttp.WriteProblem(w, r, tmhttp.Problem{Type: tmhttp.TypeBase + "admin-disabled", Title: "Admin disabled",
-				Status: http.StatusForbidden, Detail: "admin routes are disabled: set " + EnvAdminToken + " to enable them"})
-			return
-		}
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.AdminToken)) != 1 {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="tenantmesh admin"`)
-			tmhttp.WriteProblem(w, r, tmhttp.Problem{Type: tmhttp.TypeBase + "unauthorized", Title: "Unauthorized",
-				Status: http.StatusUnauthorized, Detail: "admin routes need Authorization: Bearer <" + EnvAdminToken + ">"})
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
+	return tmhttp.RequireBearer(s.cfg.AdminToken, EnvAdminToken)(next)
 }
 
 func (s *Shard) handleHealthz(w http.ResponseWriter, _ *http.Request) {

@@ -253,10 +253,9 @@ func planStatus(base, id string) (string, []string, error) {
 // stream leader and maps NATS's transient failures to 503.
 func postRetry(t testing.TB, url string, body any) []byte {
 	t.Helper()
-	b, _ := json.Marshal(body)
 	var last string
 	for range 20 {
-		resp, err := http.Post(url, "application/json", bytes.NewReader(b))
+		resp, err := postAdmin(url, body)
 		if err == nil {
 			out, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()

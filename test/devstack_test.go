@@ -82,7 +82,7 @@ func tryStack(t testing.TB, bin string, extra ...string) (*stack, error) {
 	s.natsURL = fmt.Sprintf("nats://127.0.0.1:%d", ports[0])
 	args := append([]string{"--bin", s.bin, "--data", filepath.Join(dir, "data"),
 		"--nats-port", fmt.Sprint(ports[0]), "--gateway-port", fmt.Sprint(ports[1]), "--rebalancer-port", fmt.Sprint(ports[2]),
-		"--shard-base-port", "0", "--log-level", cmp.Or(os.Getenv("TM_STACK_LOG_LEVEL"), "warn")}, extra...)
+		"--shard-base-port", "0", "--log-level", cmp.Or(os.Getenv("TM_STACK_LOG_LEVEL"), "warn"), "--admin-token", stackAdminToken}, extra...)
 	s.cmd = exec.Command(filepath.Join(s.bin, "devstack"), args...)
 	stdout, err := s.cmd.StdoutPipe()
 	if err != nil {

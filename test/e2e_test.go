@@ -253,10 +253,24 @@ func createPlan(t testing.TB, post func(testing.TB, string, any) []byte, base st
 	return out.Plan.ID
 }
 
+// stackAdminToken is the dev stack's admin token (startStack passes it as --admin-token).
+const stackAdminToken = "dev-admin-token"
+
+// postAdmin POSTs body as JSON to the rebalancer API at url with the stack's admin token.
+func postAdmin(url string, body any) (*http.Response, error) {
+	b, _ := json.Marshal(body)
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(b))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+stackAdminToken)
+	return http.DefaultClient.Do(req)
+}
+
 func postOK(t testing.TB, url string, body any) []byte {
 	t.Helper()
-	b, _ := json.Marshal(body)
-	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
+	resp, err := postAdmin(url, body)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -79,7 +79,7 @@ func main() {
 	envflag.Int(fs, &c.rebalancerPort, "rebalancer-port", 8090, "rebalancer API and dashboard port")
 	envflag.Int(fs, &c.basePort, "shard-base-port", 9100, "first port for shard instances (0: free ports)")
 	envflag.Int(fs, &c.shards, "shards", 2, "shards of each kind")
-	envflag.String(fs, &c.adminToken, "admin-token", "dev-admin-token", "bearer token for /admin/* on every process")
+	envflag.String(fs, &c.adminToken, "admin-token", "dev-admin-token", "bearer token for the shards' /admin/* and the rebalancer's write API")
 	envflag.String(fs, &c.logLevel, "log-level", "info", "log level of every process")
 	envflag.Duration(fs, &c.stopTimeout, "stop-timeout", 20*time.Second, "how long children get to stop before SIGKILL")
 	envflag.Duration(fs, &c.readyTimeout, "ready-timeout", 60*time.Second, "how long to wait for every process to be ready")
@@ -214,7 +214,7 @@ func (c config) processes(natsURL string, log *slog.Logger) []*proc {
 	}
 	if p := c.binary("rebalance"); p != "" {
 		out = append(out, &proc{name: "rebalancer", args: append([]string{p, "serve", "--addr", addr(c.rebalancerPort),
-			"--holder", "devstack-rebalancer", "--sweep-every", "5s", "--lease-ttl", c.leaseTTL.String()}, common...), ready: url(c.rebalancerPort, "/readyz")})
+			"--holder", "devstack-rebalancer", "--sweep-every", "5s", "--lease-ttl", c.leaseTTL.String(), "--admin-token", c.adminToken}, common...), ready: url(c.rebalancerPort, "/readyz")})
 	}
 	instances := max(c.instances, 1)
 	next := c.shardPorts(3 * c.shards * instances)
@@ -481,10 +481,10 @@ Try this:
   curl -s %s/aggregates/account/main -H 'x-tenant-id: acme'
   curl -s -X POST %s/query/accounts -H 'x-tenant-id: acme' -d '{"limit":10}'
   curl -s -X POST %s/jobs -H 'x-tenant-id: acme' -d '{"type":"log","payload":{"message":"hello"}}'
-  export TM_NATS_URL=%s TM_REBALANCER_URL=%s
+  export TM_NATS_URL=%s TM_REBALANCER_URL=%s TM_ADMIN_TOKEN=%s
   %s/rebalance instances
   %s/rebalance plan move acme --to %s
   %s/rebalance apply <plan id printed above> --yes
   %s/rebalance status
-`, gws, dash, natsURL, c.data, c.adminToken, gw, gw, gw, gw, natsURL, dash, c.bin, c.bin, targets, c.bin, c.bin)
+`, gws, dash, natsURL, c.data, c.adminToken, gw, gw, gw, gw, natsURL, dash, c.adminToken, c.bin, c.bin, targets, c.bin, c.bin)
 }

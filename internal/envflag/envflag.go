@@ -29,6 +29,13 @@ func String(fs *flag.FlagSet, p *string, name, def, help string) {
 	fs.StringVar(p, name, def, usage(name, help))
 }
 
+// Secret defines a string flag defaulting to $TM_<NAME>, like String, whose value --help never
+// shows.
+func Secret(fs *flag.FlagSet, p *string, name, help string) {
+	String(fs, p, name, "", help)
+	fs.Lookup(name).DefValue = ""
+}
+
 // Int defines an int flag defaulting to $TM_<NAME> or def.
 func Int(fs *flag.FlagSet, p *int, name string, def int, help string) {
 	if v, ok := lookup(name); ok {
@@ -60,12 +67,15 @@ func Duration(fs *flag.FlagSet, p *time.Duration, name string, def time.Duration
 }
 
 // Check reports environment variables that are set but do not parse, so a typo is an error
-// rather than a silent default. Call it after defining flags.
+// rather than a silent default. Call it after defining flags, before or after parsing: a flag
+// given on the command line keeps its value.
 func Check(fs *flag.FlagSet) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var bad []string
 	fs.VisitAll(func(f *flag.Flag) {
 		v, ok := lookup(f.Name)
-		if !ok {
+		if !ok || given[f.Name] {
 			return
 		}
 		if err := f.Value.Set(v); err != nil {

@@ -37,3 +37,29 @@ func TestCheckRejectsBadEnv(t *testing.T) {
 		t.Fatalf("Check = %v", err)
 	}
 }
+
+func TestCheckKeepsGivenFlags(t *testing.T) {
+	t.Setenv("TM_ADMIN_TOKEN", "from-env")
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	var token string
+	Secret(fs, &token, "admin-token", "admin token")
+	if err := fs.Parse([]string{"--admin-token", "from-flag"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := Check(fs); err != nil || token != "from-flag" {
+		t.Fatalf("after Check: token=%q err=%v", token, err)
+	}
+}
+
+func TestSecretHidesItsValue(t *testing.T) {
+	t.Setenv("TM_ADMIN_TOKEN", "s3cret")
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	var token string
+	Secret(fs, &token, "admin-token", "admin token")
+	var help strings.Builder
+	fs.SetOutput(&help)
+	fs.PrintDefaults()
+	if token != "s3cret" || strings.Contains(help.String(), "s3cret") || !strings.Contains(help.String(), "TM_ADMIN_TOKEN") {
+		t.Fatalf("token=%q, help:\n%s", token, help.String())
+	}
+}

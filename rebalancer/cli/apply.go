@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tenantmesh/tenantmesh/internal/envflag"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -23,8 +24,8 @@ type ApplyCommand struct {
 	m *Main
 	common
 	engineFlags
-	yes    bool
-	server string
+	yes                bool
+	server, adminToken string
 }
 
 // engineFlags are the move timeouts apply and rollback take.
@@ -62,7 +63,7 @@ Exit code 0: every move done; 3: finished, but moves were skipped, aborted or fa
 
 const applyExamples = `  rebalance apply p20260101-120000-0001
   rebalance apply plan.json --yes
-  rebalance apply p20260101-120000-0001 --yes --server http://127.0.0.1:8090   # through a running rebalancer service
+  TM_ADMIN_TOKEN=... rebalance apply p20260101-120000-0001 --yes --server http://127.0.0.1:8090   # through a running rebalancer service
 `
 
 // Run applies.
@@ -72,6 +73,7 @@ func (c *ApplyCommand) Run(ctx context.Context, args []string) error {
 	c.engineFlags.register(fs)
 	fs.BoolVar(&c.yes, "yes", false, "apply without asking")
 	fs.StringVar(&c.server, "server", os.Getenv("TM_REBALANCER_URL"), "URL of a running rebalancer service (rebalance serve) to apply through; needed while one holds the leader lease (env TM_REBALANCER_URL)")
+	envflag.Secret(fs, &c.adminToken, "admin-token", "the service's admin token, sent with --server")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -147,6 +149,9 @@ func (c *ApplyCommand) applyThrough(ctx context.Context, eng *rebalancer.Engine,
 		cancel()
 		return err
 	}
+	if c.adminToken != "" {
+		req.Header.Set("Authorization", "Bearer "+c.adminToken)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		cancel()
@@ -155,7 +160,14 @@ func (c *ApplyCommand) applyThrough(ctx context.Context, eng *rebalancer.Engine,
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	resp.Body.Close()
 	cancel()
-	if resp.StatusCode != http.StatusAccepted {
+	switch {
+	case resp.StatusCode == http.StatusUnauthorized && c.adminToken == "":
+		return fmt.Errorf("%s needs the rebalancer's admin token: set --admin-token or TM_ADMIN_TOKEN", url)
+	case resp.StatusCode == http.StatusUnauthorized:
+		return fmt.Errorf("%s refused the admin token: set --admin-token or TM_ADMIN_TOKEN to the token the rebalancer was started with", url)
+	case resp.StatusCode == http.StatusForbidden:
+		return fmt.Errorf("%s refuses applies: the rebalancer has no admin token; start it with --admin-token or TM_ADMIN_TOKEN, and pass the same here", url)
+	case resp.StatusCode != http.StatusAccepted:
 		return fmt.Errorf("%s answered %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
 	}
 	seen := map[string]rebalancer.MoveState{}

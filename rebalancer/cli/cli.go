@@ -188,8 +188,7 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				fs.Usage()
-				return nil, err
+				return nil, err // Parse printed the usage
 			}
 			return nil, usagef("%s: %v (see %s --help)", fs.Name(), err, fs.Name())
 		}

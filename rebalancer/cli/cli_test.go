@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 
 	"github.com/tenantmesh/tenantmesh/rebalancer"
+	"github.com/tenantmesh/tenantmesh/rebalancer/server"
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -350,10 +352,13 @@ func TestApplyOnTerminal(t *testing.T) {
 // TestServeCommand runs `rebalance serve` in-process: it listens, leads, answers the API and
 // stops cleanly when its context ends.
 func TestServeCommand(t *testing.T) {
+	t.Setenv("TM_ADMIN_TOKEN", "")
+	const token = "serve-test-token"
 	e := newEnv(t)
 	var errb bytes.Buffer
 	sc := &ServeCommand{m: &Main{Stdout: io.Discard, Stderr: &syncWriter{w: &errb}}}
-	if err := sc.ParseFlags([]string{"--addr", "127.0.0.1:0", "--nats-url", e.url, "--holder", "serve-test", "--log-format", "json", "--no-compact"}); err != nil {
+	if err := sc.ParseFlags([]string{"--addr", "127.0.0.1:0", "--nats-url", e.url, "--holder", "serve-test", "--log-format", "json", "--no-compact",
+		"--admin-token", token}); err != nil {
 		t.Fatal(err)
 	}
 	addr := sc.Listening()
@@ -379,14 +384,24 @@ func TestServeCommand(t *testing.T) {
 			t.Errorf("GET %s: %d", path, resp.StatusCode)
 		}
 	}
-	// While the service leads, `rebalance apply --server` applies through it and follows the
-	// moves to the end.
+	// While the service leads, `rebalance apply --server` with its admin token applies through
+	// it and follows the moves to the end; without the token, or with a wrong one, it fails
+	// saying what to set.
 	e.startShard(t, "s-1")
 	e.startShard(t, "s-2")
 	e.place(t, "acme", "s-1")
 	waitLeader(t, base)
 	po := decode[PlanOutput](t, e.run(t, "", "plan", "manual", "acme=s-2", "--kind", "aggregate", "--collect", "0", "--output", "json").stdout)
 	r := e.run(t, "", "apply", po.ID, "--yes", "--server", base)
+	if r.code != 1 || !strings.Contains(r.stderr, "needs the rebalancer's admin token: set --admin-token or TM_ADMIN_TOKEN") {
+		t.Fatalf("apply through the service without the token: %d %q", r.code, r.stderr)
+	}
+	r = e.run(t, "", "apply", po.ID, "--yes", "--server", base, "--admin-token", "wrong")
+	if r.code != 1 || !strings.Contains(r.stderr, "refused the admin token: set --admin-token or TM_ADMIN_TOKEN") {
+		t.Fatalf("apply through the service with a wrong token: %d %q", r.code, r.stderr)
+	}
+	t.Setenv("TM_ADMIN_TOKEN", token)
+	r = e.run(t, "", "apply", po.ID, "--yes", "--server", base)
 	if r.code != 0 || !strings.Contains(r.stdout, "1 done") {
 		t.Fatalf("apply through the service: %d\n%s\n%s", r.code, r.stdout, r.stderr)
 	}
@@ -401,6 +416,27 @@ func TestServeCommand(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("serve did not stop")
+	}
+}
+
+// TestApplyThroughServiceWithoutToken: apply --server to a service started without an admin
+// token fails saying how to start it.
+func TestApplyThroughServiceWithoutToken(t *testing.T) {
+	e := newEnv(t)
+	e.place(t, "acme", "s-1")
+	if _, err := e.st.Register(context.Background(), schema.Instance{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: "s-2", Instance: "i1"}, URL: "http://127.0.0.1:9", Capacity: 10}); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(server.Config{Store: e.st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(srv.Handler())
+	defer ts.Close()
+	po := decode[PlanOutput](t, e.run(t, "", "plan", "manual", "acme=s-2", "--kind", "aggregate", "--collect", "0", "--output", "json").stdout)
+	r := e.run(t, "", "apply", po.ID, "--yes", "--server", ts.URL, "--admin-token", "some-token")
+	if r.code != 1 || !strings.Contains(r.stderr, "the rebalancer has no admin token; start it with --admin-token or TM_ADMIN_TOKEN") {
+		t.Fatalf("apply through a service without a token: %d %q", r.code, r.stderr)
 	}
 }
 

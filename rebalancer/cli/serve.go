@@ -27,7 +27,7 @@ type ServeCommand struct {
 
 	Addr, NATSURL, Holder    string
 	LogLevel, LogFormat      string
-	Webhook                  string
+	Webhook, AdminToken      string
 	Replicas, WebhookRetries int
 	LeaseTTL, SweepEvery     time.Duration
 	OfflineAfter, Degraded   time.Duration
@@ -45,9 +45,12 @@ const serveAbout = `Runs the rebalancer service: the HTTP API and event stream f
 and, in the one process holding the leader lease, plan applies, the sweeper (instances without
 a heartbeat for --offline-after are marked offline, alerted to --alert-webhook and removed from
 routes; a full stale-route cleanup on becoming leader) and compacted placement snapshots.
-Other processes serve the API read-only and answer apply with 409 naming the leader.`
+Other processes serve the API read-only and answer apply with 409 naming the leader.
+Requests that change state (create, apply or roll back a plan; set a kind) need
+Authorization: Bearer <--admin-token>; without a token they are refused. Reads, the event
+stream and the dashboard are open.`
 
-const serveExamples = `  rebalance serve
+const serveExamples = `  TM_ADMIN_TOKEN=$(openssl rand -hex 32) rebalance serve
   rebalance serve --addr :8090 --alert-webhook https://hooks.example.com/tm --offline-after 2m
   TM_NATS_URL=nats://n1:4222,nats://n2:4222 rebalance serve --holder rebalancer-a --replicas 3
 `
@@ -67,6 +70,7 @@ func (c *ServeCommand) ParseFlags(args []string) error {
 	envflag.String(fs, &c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	envflag.String(fs, &c.LogFormat, "log-format", "auto", "auto (text on a terminal, JSON otherwise), text or json")
 	envflag.String(fs, &c.Webhook, "alert-webhook", "", "URL that receives AGENT_OFFLINE alerts as JSON POSTs (unset: no alerts)")
+	envflag.Secret(fs, &c.AdminToken, "admin-token", "bearer token the API's write routes need: POST /api/plans, .../apply, .../rollback, PUT /api/kinds/{kind} (unset: they are refused with 403)")
 	envflag.Int(fs, &c.Replicas, "replicas", 1, "replicas for buckets and streams this process creates (3 in a cluster)")
 	envflag.Int(fs, &c.WebhookRetries, "alert-retries", 3, "retries of a failed alert POST")
 	envflag.Duration(fs, &c.WebhookTimeout, "alert-timeout", 5*time.Second, "bound on one alert POST")
@@ -125,7 +129,7 @@ func (c *ServeCommand) Serve(ctx context.Context) error {
 	}
 	health := rebalancer.Health{Thresholds: schema.Thresholds{DegradedAfter: c.Degraded, OfflineAfter: c.OfflineAfter}, DegradedErrorRate: c.ErrorRate}
 	srv, err := server.New(server.Config{Store: st, Holder: c.Holder, LeaseTTL: c.LeaseTTL, Health: health,
-		WarmTimeout: c.Warm, HandoffTimeout: c.Handoff, DrainTimeout: c.Drain, NoCompact: c.NoCompact, Logger: log,
+		WarmTimeout: c.Warm, HandoffTimeout: c.Handoff, DrainTimeout: c.Drain, NoCompact: c.NoCompact, AdminToken: c.AdminToken, Logger: log,
 		Sweep: sweeper.Config{Interval: c.SweepEvery, Webhook: c.Webhook, WebhookTimeout: c.WebhookTimeout, WebhookRetries: c.WebhookRetries}})
 	if err != nil {
 		return err

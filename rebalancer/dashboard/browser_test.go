@@ -41,10 +41,16 @@ func startShard(t *testing.T, st *schema.Store, shard string, hooks shardkit.Hoo
 		Labels: map[string]string{"region": "eu"}})
 }
 
+// adminToken is the rebalancer's admin token in these tests; post sends it.
+const adminToken = "dash-test-token"
+
 func post(t *testing.T, url string, body any) []byte {
 	t.Helper()
 	b, _ := json.Marshal(body)
-	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
+	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(b))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +92,7 @@ func TestDashboardShowsInstancesAndMoveProgress(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rs, err := server.New(server.Config{Store: st, Holder: "dash-test", NoCompact: true})
+	rs, err := server.New(server.Config{Store: st, Holder: "dash-test", NoCompact: true, AdminToken: adminToken})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,7 +49,7 @@ func TestAPIOnClusterLosingNodes(t *testing.T) {
 	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "acme", Shard: "s-1"}); err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{Store: st, Holder: "r1", Health: rebalancer.Health{Thresholds: schema.Thresholds{OfflineAfter: time.Hour}}})
+	s, err := New(Config{Store: st, Holder: "r1", AdminToken: testToken, Health: rebalancer.Health{Thresholds: schema.Thresholds{OfflineAfter: time.Hour}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,10 @@
 //	GET  /api/events                server-sent events: plan, move, audit, instance
 //	GET  /healthz /readyz /metrics
 //
+// Every request that is not a GET or HEAD (the POST and PUT routes above) changes state and
+// needs Authorization: Bearer <Config.AdminToken>: 401 without it, and 403 for all of them when
+// no token is configured. Reads, the event stream and the dashboard stay open.
+//
 // Errors are problem+json (shardkit/tmhttp), mapped in one function (errorFor).
 package server
 
@@ -42,6 +46,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/rebalancer/sweeper"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
 // Config configures a Server. Zero fields take the documented defaults.
@@ -63,6 +68,9 @@ type Config struct {
 	// CompactEvery and CompactInterval tune the compacting watcher (placement.Config).
 	CompactEvery    int
 	CompactInterval time.Duration
+	// AdminToken is the bearer token every route that changes state (not GET or HEAD) needs.
+	// Empty: those routes are refused with 403.
+	AdminToken string
 	// Logger; if nil, logs are discarded.
 	Logger *slog.Logger
 	// Registry receives metrics and is served on /metrics. Default a new registry with the Go
@@ -391,6 +399,7 @@ func (s *Server) waitIdle() {
 // Handler is the HTTP API.
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
+	r.Use(writesNeedToken(s.cfg.AdminToken))
 	s.registerPlanRoutes(r)
 	s.registerDirectoryRoutes(r)
 	s.registerEventRoutes(r)
@@ -399,6 +408,22 @@ func (s *Server) Handler() http.Handler {
 	r.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
 	r.Handle("/*", dashboard.Handler()) // the dashboard: /, /app.js, /style.css
 	return r
+}
+
+// writesNeedToken passes GET and HEAD requests on and sends every other one through the
+// admin token check, so a write route added later is guarded too.
+func writesNeedToken(token string) func(http.Handler) http.Handler {
+	check := tmhttp.RequireBearer(token, "rebalance serve --admin-token or TM_ADMIN_TOKEN")
+	return func(next http.Handler) http.Handler {
+		guarded := check(next)
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodGet || r.Method == http.MethodHead {
+				next.ServeHTTP(w, r)
+				return
+			}
+			guarded.ServeHTTP(w, r)
+		})
+	}
 }
 
 func sleep(ctx context.Context, d time.Duration) {

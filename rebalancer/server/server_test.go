@@ -24,6 +24,9 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
+// testToken is the admin token of the servers start starts; call sends it.
+const testToken = "test-admin-token"
+
 func openStore(t *testing.T, url string) *schema.Store { return tmtest.StoreAt(t, url) }
 
 func startShard(t *testing.T, st *schema.Store, shard string) {
@@ -40,7 +43,7 @@ type running struct {
 
 func start(t *testing.T, st *schema.Store, holder string, sc sweeper.Config) *running {
 	t.Helper()
-	s, err := New(Config{Store: st, Holder: holder, LeaseTTL: 900 * time.Millisecond, Sweep: sc,
+	s, err := New(Config{Store: st, Holder: holder, LeaseTTL: 900 * time.Millisecond, Sweep: sc, AdminToken: testToken,
 		Health: rebalancer.Health{Thresholds: schema.Thresholds{OfflineAfter: 2 * time.Minute}}})
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +88,14 @@ func leading(ev Event) bool {
 	return ev.Type == "leader" && strings.Contains(string(ev.Data), `"leading":true`)
 }
 
+// call sends a request with the admin token testToken and decodes the answer into out.
 func call(t *testing.T, method, url string, body any, out any) (int, http.Header) {
+	t.Helper()
+	return callWith(t, testToken, method, url, body, out)
+}
+
+// callWith is call with the given admin token ("": no Authorization header).
+func callWith(t *testing.T, token, method, url string, body any, out any) (int, http.Header) {
 	t.Helper()
 	var rd io.Reader
 	if body != nil {
@@ -93,6 +103,9 @@ func call(t *testing.T, method, url string, body any, out any) (int, http.Header
 		rd = bytes.NewReader(b)
 	}
 	req, _ := http.NewRequest(method, url, rd)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -257,6 +270,59 @@ func TestAPIPlanApplyAndFollower(t *testing.T) {
 	if code, _ := call(t, "POST", b.ts.URL+"/api/plans/"+id+"/rollback", nil, &rb); code != http.StatusAccepted {
 		t.Fatalf("rollback on the new leader: %d %v", code, rb)
 	}
+}
+
+// TestWriteRoutesNeedToken: every route that changes state needs the admin token (401 without
+// it or with a wrong one, 403 for all of them when the server has none); reads stay open.
+func TestWriteRoutesNeedToken(t *testing.T) {
+	srv := natstest.Server(t)
+	st := openStore(t, srv.URL())
+	writes := []struct{ method, path string }{
+		{"POST", "/api/plans"}, {"POST", "/api/plans/p-1/apply"}, {"POST", "/api/plans/p-1/rollback"},
+		{"PUT", "/api/kinds/aggregate"}, {"DELETE", "/api/plans/p-1"},
+	}
+	body := map[string]any{"unplaced": "reject"}
+
+	s, err := New(Config{Store: st, Holder: "no-token"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := httptest.NewServer(s.Handler())
+	defer open.Close()
+	for _, w := range writes {
+		var prob tmhttp.Problem
+		code, h := callWith(t, testToken, w.method, open.URL+w.path, body, &prob)
+		if code != http.StatusForbidden || h.Get("Content-Type") != tmhttp.ContentTypeProblem ||
+			!strings.Contains(prob.Detail, "--admin-token") || !strings.Contains(prob.Detail, "TM_ADMIN_TOKEN") {
+			t.Fatalf("%s %s without a configured token: %d %+v", w.method, w.path, code, prob)
+		}
+	}
+
+	r := start(t, st, "r1", sweeper.Config{})
+	base := r.ts.URL
+	for _, w := range writes {
+		for _, tok := range []string{"", "wrong", testToken + "x"} {
+			var prob tmhttp.Problem
+			code, h := callWith(t, tok, w.method, base+w.path, body, &prob)
+			if code != http.StatusUnauthorized || h.Get("WWW-Authenticate") == "" || prob.Status != http.StatusUnauthorized {
+				t.Fatalf("%s %s with token %q: %d %+v", w.method, w.path, tok, code, prob)
+			}
+		}
+	}
+	var kc schema.KindConfig
+	if code, _ := call(t, "PUT", base+"/api/kinds/aggregate", body, &kc); code != http.StatusOK || kc.Unplaced != schema.UnplacedReject {
+		t.Fatalf("put kind with the token: %d %+v", code, kc)
+	}
+	var prob tmhttp.Problem
+	if code, _ := call(t, "POST", base+"/api/plans/p-nope/apply", nil, &prob); code == http.StatusUnauthorized || code == http.StatusForbidden {
+		t.Fatalf("apply with the token: %d %+v", code, prob)
+	}
+	for _, path := range []string{"/api/plans", "/api/instances", "/api/audit", "/api/kinds", "/api/leader", "/healthz", "/readyz", "/metrics", "/"} {
+		if code, _ := callWith(t, "", "GET", base+path, nil, nil); code != http.StatusOK {
+			t.Fatalf("GET %s without a token: %d", path, code)
+		}
+	}
+	sse(t, base) // fails unless the event stream opens without a token
 }
 
 // TestLeaderSweeps: the leader cleans stale routes when it starts, then marks a silent

@@ -3,10 +3,12 @@
 package tmhttp
 
 import (
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -140,4 +142,28 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
+}
+
+// RequireBearer returns middleware that admits only requests with Authorization: Bearer
+// <token>, compared in constant time; a missing or wrong token is answered 401 with
+// WWW-Authenticate. With token empty the routes are disabled: every request is answered 403.
+// setWith says where the token is configured ("TM_ADMIN_TOKEN"); both answers name it.
+func RequireBearer(token, setWith string) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if token == "" {
+				WriteProblem(w, r, Problem{Type: TypeBase + "admin-disabled", Title: "Admin disabled", Status: http.StatusForbidden,
+					Detail: "admin routes are disabled: no admin token is configured; set one with " + setWith})
+				return
+			}
+			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="tenantmesh admin"`)
+				WriteProblem(w, r, Problem{Type: TypeBase + "unauthorized", Title: "Unauthorized", Status: http.StatusUnauthorized,
+					Detail: "admin routes need Authorization: Bearer <the admin token set with " + setWith + ">"})
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
 }
