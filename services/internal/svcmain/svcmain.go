@@ -95,7 +95,7 @@ func (m *Main) ParseFlags(kind string, args []string) error {
 	envflag.String(fs, &m.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
 	envflag.String(fs, &m.Shard, "shard", kind+"-1", "shard this instance belongs to")
 	envflag.String(fs, &m.Instance, "instance", sanitize(host)+"-"+strconv.Itoa(os.Getpid()), "instance name, unique within the shard")
-	envflag.String(fs, &m.AdminToken, "admin-token", "", "bearer token for /admin/* (unset: admin routes are refused)")
+	envflag.Secret(fs, &m.AdminToken, "admin-token", "bearer token for /admin/* (unset: admin routes are refused)")
 	envflag.String(fs, &m.Labels, "labels", "", "instance labels, k=v,k=v (e.g. region=eu)")
 	envflag.String(fs, &m.LogLevel, "log-level", "info", "debug, info, warn or error")
 	envflag.String(fs, &m.LogFormat, "log-format", "auto", "auto (text on a terminal, JSON otherwise), text or json")
