@@ -166,3 +166,19 @@ func TestReleaseBound(t *testing.T) {
 	}
 	t.Logf("drain record: %s", e.Value())
 }
+
+// A move aborted before the source's drain at handoff ran: the placement is back on the
+// source when shardkit calls Fence. The source takes the tenant up again once drained, instead
+// of leaving it released (its jobs waiting) until the next placement change.
+func TestFenceAfterAbortTakesTheTenantBack(t *testing.T) {
+	st := openStore(t)
+	place(t, st, "acme", "runner-1")
+	s := startService(t, st, "runner-1", "a", Config{})
+	owning(t, s, "acme", true)
+	s.Fence("acme")
+	owning(t, s, "acme", true)
+	ids := create(t, s, "acme", 1, NewJob{Type: "log"})
+	if r := waitDone(t, s, "acme", ids, 10*time.Second)[ids[0]]; r.Status != StatusSucceeded {
+		t.Fatalf("job after the aborted move's drain: %+v", r)
+	}
+}

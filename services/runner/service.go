@@ -300,12 +300,20 @@ func (s *Service) Warm(ctx context.Context, tenant string, _ uint64) error {
 // finished: the runner stops acquiring the tenant and drains it (in-flight runs within
 // DrainTimeout, outbox flushed, checkpoints written) before the source reports drained, so the
 // new owner starts from a quiet queue. The runner has no sequence to fence on: 0.
+//
+// The move may have been aborted meanwhile, its placement back on this shard before the
+// release: reconciling the tenant afterwards takes it up again (a released tenant this shard
+// owns starts a new turn), where it used to stay released until the next placement change.
 func (s *Service) Fence(tenant string) uint64 {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout+5*time.Second)
 	defer cancel()
 	if err := s.Release(ctx, tenant); err != nil {
 		s.cfg.Logger.Warn("drain at handoff", "tenant", tenant, "err", err)
 	}
+	s.mu.Lock()
+	s.changed[tenant] = struct{}{}
+	s.mu.Unlock()
+	nudge(s.recon)
 	return 0
 }
 
