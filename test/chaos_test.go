@@ -247,6 +247,37 @@ func planStatus(base, id string) (string, []string, error) {
 	return p.Plan.Status, states, nil
 }
 
+// planTimeline describes each move of plan id: kind, state, reason, and when it started,
+// reached handoff, committed and finished, relative to since.
+func planTimeline(base, id string, since time.Time) string {
+	resp, err := http.Get(base + "/api/plans/" + id)
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	var p struct {
+		Moves []struct {
+			Kind, State, Reason                string
+			Started, Handoff, Commit, Finished time.Time
+		} `json:"moves"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&p); err != nil {
+		return err.Error()
+	}
+	at := func(ts time.Time) string {
+		if ts.IsZero() {
+			return "-"
+		}
+		return ts.Sub(since).Round(time.Millisecond).String()
+	}
+	var out []string
+	for _, m := range p.Moves {
+		out = append(out, fmt.Sprintf("%s %s (started %s, handoff %s, commit %s, finished %s) %s",
+			m.Kind, m.State, at(m.Started), at(m.Handoff), at(m.Commit), at(m.Finished), m.Reason))
+	}
+	return strings.Join(out, "; ")
+}
+
 // postRetry posts body to url, retrying what a client may retry a few times: a 503 with
 // Retry-After (NATS electing a leader), a 502 or 504, or a connection error (the rebalancer
 // restarting). A 500, or a 404 for a plan just created, fails: the API reads plans from the
@@ -439,6 +470,9 @@ func TestChaosUnderLoad(t *testing.T) {
 	aborted += awaitSettled(t, s.rebalancer, id)
 	rbRec := time.Since(killed)
 	t.Logf("rebalancer killed during an apply: restarted and ready after %s, plan done after %s", rbReady.Round(time.Millisecond), rbRec.Round(time.Millisecond))
+	if rbRec > 5*time.Second { // usually 1-2 s: say where the time went
+		t.Logf("the plan's moves, times from the kill: %s", planTimeline(s.rebalancer, id, killed))
+	}
 	time.Sleep(phase)
 
 	// 4. stop the NATS JetStream meta leader, then start it again.

@@ -152,8 +152,11 @@ func (s *Service) deliverOnce(ctx context.Context, req Request) error {
 	err = s.whileUnavailable(mctx, func(octx context.Context) error {
 		_, err := s.st.UpdateKV(octx, s.markers.Bucket(), req.Key, b, h.rev, s.cfg.Retention)
 		if isConflict(err) {
-			// Stored by an earlier try whose answer was lost?
-			if m, _, gerr := s.readMarker(octx, req.Key); gerr == nil && m.Token == h.token && m.State == markDelivered {
+			// Stored by an earlier try whose answer was lost? Ask the leader: a replica may
+			// not have it yet.
+			var m marker
+			if b, _, gerr := s.st.LeaderGet(octx, s.markers.Bucket(), req.Key); gerr == nil &&
+				json.Unmarshal(b, &m) == nil && m.Token == h.token && m.State == markDelivered {
 				return nil
 			}
 		}
