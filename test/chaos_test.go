@@ -510,6 +510,9 @@ func TestChaosUnderLoad(t *testing.T) {
 	postOK(t, fmt.Sprintf("%s/nats/%d/start", control, leader), nil)
 	t.Logf("NATS meta leader (node %d) stopped: new leader after %s, a command succeeded after %s, a move completed after %s",
 		leader, newLeader.Round(time.Millisecond), cmdRec.Round(time.Millisecond), moveRec.Round(time.Millisecond))
+	if moveRec-cmdRec > 3*time.Second { // a move takes about 1 s: say where the time went
+		t.Logf("the move's steps, times from the stop: %s", planTimeline(s.rebalancer, id, stopped))
+	}
 	time.Sleep(phase)
 
 	moves := 4

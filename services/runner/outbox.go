@@ -258,9 +258,11 @@ func (s *Service) flushOutbox(ctx context.Context, tenant string) (int, error) {
 	n := 0
 	var seq uint64 = 1
 	for {
-		gctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
-		m, err := s.jobs.GetMsg(gctx, seq, jetstream.WithGetMsgSubject(outboxSubject(tenant)))
-		cancel()
+		var m *jetstream.RawStreamMsg
+		err := s.whileUnavailable(ctx, func(octx context.Context) (err error) {
+			m, err = s.jobs.GetMsg(octx, seq, jetstream.WithGetMsgSubject(outboxSubject(tenant)))
+			return err
+		}, "reading the outbox", "tenant", tenant)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return n, nil
 		}

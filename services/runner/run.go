@@ -156,7 +156,9 @@ func isConflict(err error) bool {
 }
 
 func (s *Service) dropEntry(seq uint64) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
+	// Bounded like a try: a run waits for it (and a drain waits for the run). An entry left
+	// behind is dropped by the next claim, which finds its run finished.
+	ctx, cancel := context.WithTimeout(context.Background(), min(s.cfg.OpTimeout, tryTimeout))
 	defer cancel()
 	// Removing an entry twice (a flush and the run racing) fails harmlessly: log at debug.
 	if err := s.jobs.DeleteMsg(ctx, seq); err != nil {
@@ -213,13 +215,14 @@ func (s *Service) recordOutcome(ctx context.Context, r *Run, until time.Time) er
 
 // whileUnavailable runs op, and again after a short wait while it fails because NATS is
 // unavailable (a stream or meta leader election, a reconnect), until ctx ends. Each try gets
-// its own OpTimeout and is made even if ctx has ended: a request whose answer was lost in an
-// election would otherwise hold the caller for all of ctx's time (a run's 30 s). op must be
-// safe to repeat: its first try may have been stored though its answer was lost.
+// its own short timeout (tryTimeout) and is made even if ctx has ended: a request whose answer
+// was lost in an election would otherwise hold the caller for all of ctx's time (a run's 30 s;
+// and a drain at handoff waits for its runs). op must be safe to repeat: its first try may
+// have been stored though its answer was lost.
 func (s *Service) whileUnavailable(ctx context.Context, op func(context.Context) error, what string, attrs ...any) error {
 	wait := 100 * time.Millisecond
 	for {
-		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.OpTimeout)
+		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(s.cfg.OpTimeout, tryTimeout))
 		err := op(octx)
 		cancel()
 		if err == nil || !schema.IsUnavailable(err) || ctx.Err() != nil {
@@ -236,6 +239,11 @@ func (s *Service) whileUnavailable(ctx context.Context, op func(context.Context)
 		wait = min(2*wait, time.Second)
 	}
 }
+
+// tryTimeout bounds one try of a NATS call made through whileUnavailable. A healthy write takes
+// milliseconds and a leader election well under a second; a try whose answer was lost costs
+// this much before the next.
+const tryTimeout = 1500 * time.Millisecond
 
 // finish writes the attempt's outcome: succeeded, failed, or pending again after a backoff.
 func (s *Service) finish(ctx context.Context, tq *tenantQ, r *Run, seq uint64, out Output, err error) {

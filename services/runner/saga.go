@@ -256,7 +256,11 @@ func (s *Service) writeDrainRecord(ctx context.Context, tenant string, cancelled
 		Flushed   int       `json:"outbox_flushed"`
 		SagaSeq   uint64    `json:"saga_seq"`
 	}{tenant, s.cfg.ID.Key(), time.Now().UTC(), cancelled, flushed, cp.Seq})
-	if _, err := s.checks.Put(ctx, drainKey(tenant), b); err != nil {
+	err = s.whileUnavailable(ctx, func(octx context.Context) error {
+		_, err := s.checks.Put(octx, drainKey(tenant), b)
+		return err
+	}, "writing a drain record", "tenant", tenant)
+	if err != nil {
 		return fmt.Errorf("runner: drain record of %s: %w", tenant, err)
 	}
 	return nil
