@@ -159,13 +159,20 @@ func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bo
 	r := Run{ID: id, Tenant: tenant, Type: nj.Type, Payload: nj.Payload, Instance: nj.Instance,
 		Status: StatusPending, CreatedAt: time.Now().UTC()}
 	b, _ := json.Marshal(r)
-	rev, err := s.runs.Create(ctx, runKey(tenant, id), b)
+	var rev uint64
+	err = s.whileUnavailable(ctx, func(octx context.Context) (err error) {
+		rev, err = s.runs.Create(octx, runKey(tenant, id), b)
+		return err
+	}, "recording a job", "tenant", tenant, "job", id)
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		got, gerr := s.getLatest(ctx, tenant, id) // it exists: a replica may not have it yet
 		if gerr != nil {
 			return Run{}, false, gerr
 		}
-		return s.replayed(ctx, got)
+		if !got.CreatedAt.Equal(r.CreatedAt) || got.Status != StatusPending || got.Attempts != 0 {
+			return s.replayed(ctx, got)
+		}
+		rev, err = got.rev, nil // our own create, whose answer was lost: carry on
 	}
 	if err != nil {
 		return Run{}, false, fmt.Errorf("runner: record job %s: %w", id, err)
@@ -195,7 +202,11 @@ func (s *Service) enqueue(ctx context.Context, r Run) (uint64, error) {
 		subj = pinSubject(r.Tenant, r.Instance)
 	}
 	qb, _ := json.Marshal(queueEntry{ID: r.ID})
-	ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: subj, Data: qb}, jetstream.WithMsgID(r.Tenant+":"+r.ID))
+	var ack *jetstream.PubAck
+	err := s.whileUnavailable(ctx, func(octx context.Context) (err error) {
+		ack, err = s.js.PublishMsg(octx, &nats.Msg{Subject: subj, Data: qb}, jetstream.WithMsgID(r.Tenant+":"+r.ID))
+		return err
+	}, "enqueueing a job", "tenant", r.Tenant, "job", r.ID)
 	if err != nil {
 		return 0, fmt.Errorf("runner: enqueue job %s: %w", r.ID, err)
 	}
