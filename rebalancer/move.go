@@ -9,8 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
+	"github.com/tenantmesh/tenantmesh/shardkit/kvwatch"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -304,47 +303,40 @@ func (w *signalWatch) changed() {
 	w.notify = make(chan struct{})
 }
 
-// follow applies the tenant's signals from a KV watch, starting a new watch if one dies.
+// follow applies the tenant's signals from a kvwatch follower (an ordered KV watch can stall
+// for 8-17 s after a NATS server dies, holding a handoff that long; a follower notices within
+// a second and resumes).
 func (w *signalWatch) follow(ctx context.Context) {
-	filter := w.m.Kind + "." + w.m.Tenant + ".>"
-	for ctx.Err() == nil {
-		kw, err := w.e.st.SignalsKV().Watch(ctx, filter)
-		if err != nil {
-			if ctx.Err() == nil {
-				w.e.cfg.Logger.Warn("watching a move's signals", "move", w.m.Key(), "err", err)
-			}
-			sleepCtx(ctx, 100*time.Millisecond)
-			continue
-		}
-		w.mu.Lock()
-		clear(w.v.sigs)
-		w.synced = false
-		w.mu.Unlock()
-		w.apply(ctx, kw.Updates())
-		_ = kw.Stop() // (a watch does not end with its context)
+	f, err := kvwatch.New(kvwatch.Config{
+		JS:     w.e.st.JetStream(),
+		Bucket: schema.BucketTenantState,
+		Filter: w.m.Kind + "." + w.m.Tenant + ".>",
+		Logger: w.e.cfg.Logger.With("move", w.m.Key()),
+	}, signalHandler{w})
+	if err != nil {
+		w.e.cfg.Logger.Error("watching a move's signals", "move", w.m.Key(), "err", err)
+		return
 	}
+	_ = f.Run(ctx)
 }
 
-// apply applies updates until the watch ends or ctx does.
-func (w *signalWatch) apply(ctx context.Context, updates <-chan jetstream.KeyValueEntry) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case en, ok := <-updates:
-			if !ok {
-				return
-			}
-			w.mu.Lock()
-			if en == nil {
-				w.synced = true
-			} else {
-				applySignal(w.v.sigs, en)
-			}
-			w.changed()
-			w.mu.Unlock()
-		}
-	}
+// signalHandler applies a follower's entries to the watch's view.
+type signalHandler struct{ w *signalWatch }
+
+// Apply implements kvwatch.Handler.
+func (h signalHandler) Apply(e kvwatch.Entry) {
+	h.w.mu.Lock()
+	defer h.w.mu.Unlock()
+	applySignal(h.w.v.sigs, e)
+	h.w.changed()
+}
+
+// Synced implements kvwatch.Handler.
+func (h signalHandler) Synced() {
+	h.w.mu.Lock()
+	defer h.w.mu.Unlock()
+	h.w.synced = true
+	h.w.changed()
 }
 
 // refreshLive re-reads the live instances of the move's shards every 500ms: instances come and
@@ -388,15 +380,6 @@ func (w *signalWatch) wait(ctx context.Context, deadline time.Time, cond func(si
 	}
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
-}
-
 func (e *Engine) waitErr(ctx context.Context) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
@@ -404,22 +387,19 @@ func (e *Engine) waitErr(ctx context.Context) error {
 	return errTimeout
 }
 
-// applySignal updates sigs (instance key -> signal) from one watch entry.
-func applySignal(sigs map[string]schema.TenantSignal, en jetstream.KeyValueEntry) {
-	parts := strings.Split(en.Key(), ".") // <kind>.<tenant>.<shard>.<instance>
+// applySignal updates sigs (instance key -> signal) from one follower entry.
+func applySignal(sigs map[string]schema.TenantSignal, e kvwatch.Entry) {
+	parts := strings.Split(e.Key, ".") // <kind>.<tenant>.<shard>.<instance>
 	if len(parts) != 4 {
 		return
 	}
 	key := schema.InstanceID{Kind: parts[0], Shard: parts[2], Instance: parts[3]}.Key()
-	if en.Operation() != jetstream.KeyValuePut {
+	var sig schema.TenantSignal
+	if e.Op != kvwatch.Put || json.Unmarshal(e.Value, &sig) != nil {
 		delete(sigs, key)
 		return
 	}
-	var s schema.TenantSignal
-	if json.Unmarshal(en.Value(), &s) != nil {
-		return
-	}
-	sigs[key] = s
+	sigs[key] = sig
 }
 
 func (e *Engine) liveInstances(ctx context.Context, m *MoveRecord) (map[string][]string, error) {
