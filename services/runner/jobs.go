@@ -227,7 +227,11 @@ func (s *Service) replayed(ctx context.Context, r Run) (Run, bool, error) {
 // Depth is the number of the tenant's unfinished jobs (queued, waiting for a retry, running).
 // Finished jobs leave the queue, so this is the count of messages on its queue subjects.
 func (s *Service) Depth(ctx context.Context, tenant string) (int, error) {
-	info, err := s.jobs.Info(ctx, jetstream.WithSubjectFilter(schema.TenantJobs(tenant)))
+	var info *jetstream.StreamInfo
+	err := s.whileUnavailable(ctx, func(octx context.Context) (err error) {
+		info, err = s.jobs.Info(octx, jetstream.WithSubjectFilter(schema.TenantJobs(tenant)))
+		return err
+	}, "reading a queue's depth", "tenant", tenant)
 	if err != nil {
 		return 0, fmt.Errorf("runner: queue depth of %s: %w", tenant, err)
 	}
@@ -246,7 +250,11 @@ func (s *Service) Get(ctx context.Context, tenant, id string) (Run, error) {
 	if !validID(id) {
 		return Run{}, fmt.Errorf("%w: %q", ErrNoJob, id)
 	}
-	e, err := s.runs.Get(ctx, runKey(tenant, id))
+	var e jetstream.KeyValueEntry
+	err := s.whileUnavailable(ctx, func(octx context.Context) (err error) {
+		e, err = s.runs.Get(octx, runKey(tenant, id))
+		return err
+	}, "reading a job", "tenant", tenant, "job", id)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return Run{}, fmt.Errorf("%w: %s", ErrNoJob, id)
 	}
