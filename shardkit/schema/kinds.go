@@ -276,7 +276,7 @@ func (s *Store) placementKVCreate(ctx context.Context, kind string) (jetstream.K
 	if ok {
 		return kv, nil
 	}
-	kv, err := s.ensureKV(ctx, PlacementBucket(kind), "tenantmesh placement of kind "+kind, 1)
+	kv, err := s.ensureKV(ctx, KVSpec{Bucket: PlacementBucket(kind), Description: "tenantmesh placement of kind " + kind})
 	if err != nil {
 		return nil, err
 	}

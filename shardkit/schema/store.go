@@ -93,7 +93,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 		{&s.rebalance, BucketRebalance, "tenantmesh plans, moves and leader lease", 1},
 	}
 	for _, b := range buckets {
-		kv, err := s.ensureKV(ctx, b.name, b.desc, b.history)
+		kv, err := s.ensureKV(ctx, KVSpec{Bucket: b.name, Description: b.desc, History: b.history})
 		if err != nil {
 			return nil, err
 		}
@@ -143,7 +143,7 @@ type KVSpec struct {
 
 // EnsureKV creates or opens a bucket with the store's replicas and storage.
 func (s *Store) EnsureKV(ctx context.Context, spec KVSpec) (jetstream.KeyValue, error) {
-	kv, err := s.ensureKV(ctx, spec.Bucket, spec.Description, max(spec.History, 1))
+	kv, err := s.ensureKV(ctx, spec)
 	if err != nil || !spec.PerKeyTTL {
 		return kv, err
 	}
@@ -153,8 +153,8 @@ func (s *Store) EnsureKV(ctx context.Context, spec KVSpec) (jetstream.KeyValue, 
 	return kv, nil
 }
 
-// allowMsgTTL turns on per-message TTLs on stream unless they are on (they cannot be turned
-// off again). No delete markers are left where a TTL runs out: the value is simply gone.
+// allowMsgTTL turns on per-message TTLs on stream, a bucket made before without them, unless
+// they are on (they cannot be turned off again).
 func (s *Store) allowMsgTTL(ctx context.Context, stream string) error {
 	ctx, cancel := s.boundCreate(ctx)
 	defer cancel()
@@ -270,14 +270,14 @@ func sameStream(have, want jetstream.StreamConfig) bool {
 		(want.Duplicates == 0 || have.Duplicates == want.Duplicates)
 }
 
-func (s *Store) ensureKV(ctx context.Context, bucket, desc string, history uint8) (jetstream.KeyValue, error) {
+func (s *Store) ensureKV(ctx context.Context, spec KVSpec) (jetstream.KeyValue, error) {
 	ctx, cancel := s.boundCreate(ctx)
 	defer cancel()
 	// Bounded attempts, retried, as in ensureStream: concurrent creates of one replicated
 	// bucket on a cluster can go unanswered.
 	for {
 		actx, acancel := context.WithTimeout(ctx, streamAttempt)
-		kv, err := s.ensureKVOnce(actx, bucket, desc, history)
+		kv, err := s.ensureKVOnce(actx, spec)
 		acancel()
 		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
 			return kv, err
@@ -285,25 +285,38 @@ func (s *Store) ensureKV(ctx context.Context, bucket, desc string, history uint8
 	}
 }
 
-func (s *Store) ensureKVOnce(ctx context.Context, bucket, desc string, history uint8) (jetstream.KeyValue, error) {
-	kv, err := s.js.KeyValue(ctx, bucket)
+func (s *Store) ensureKVOnce(ctx context.Context, spec KVSpec) (jetstream.KeyValue, error) {
+	kv, err := s.js.KeyValue(ctx, spec.Bucket)
 	if err == nil {
 		return kv, nil
 	}
 	if !errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, fmt.Errorf("schema: open bucket %s: %w", bucket, err)
+		return nil, fmt.Errorf("schema: open bucket %s: %w", spec.Bucket, err)
 	}
-	kv, err = s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      bucket,
-		Description: desc,
-		History:     history,
-		Replicas:    s.opts.Replicas,
-		Storage:     s.opts.Storage,
-	})
+	// Another process may create the bucket between the open and this: the config must be
+	// what it sends too (a config without TTLs would try to turn them off, which fails).
+	kv, err = s.js.CreateOrUpdateKeyValue(ctx, s.kvConfig(spec))
 	if err != nil {
-		return nil, fmt.Errorf("schema: create bucket %s: %w", bucket, err)
+		return nil, fmt.Errorf("schema: create bucket %s: %w", spec.Bucket, err)
 	}
 	return kv, nil
+}
+
+// kvConfig is the bucket spec describes, with the store's replicas and storage. Per-key TTLs
+// come with delete markers where a TTL runs out (JetStream's LimitMarkerTTL), kept a minute;
+// every read here takes a marker for a missing key.
+func (s *Store) kvConfig(spec KVSpec) jetstream.KeyValueConfig {
+	cfg := jetstream.KeyValueConfig{
+		Bucket:      spec.Bucket,
+		Description: spec.Description,
+		History:     max(spec.History, 1),
+		Replicas:    s.opts.Replicas,
+		Storage:     s.opts.Storage,
+	}
+	if spec.PerKeyTTL {
+		cfg.LimitMarkerTTL = time.Minute
+	}
+	return cfg
 }
 
 // createTimeout bounds creating a bucket or stream: placing a replicated asset on a cluster
