@@ -80,9 +80,7 @@ func (es *eventStore) append(ctx context.Context, ev Event, expectLast uint64) (
 		if err == nil {
 			return ack.Sequence, ack.Duplicate, nil
 		}
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		if schema.IsConflict(err) {
 			return 0, false, fmt.Errorf("%w: %v", errStale, err)
 		}
 		if ev.CommandKey == "" || !schema.IsUnavailable(err) || ctx.Err() != nil {

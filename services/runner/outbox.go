@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
 // The outbox. An effect is first recorded on the tenant's outbox subject, jobs.<tenant>.fx,
@@ -151,7 +152,7 @@ func (s *Service) deliverOnce(ctx context.Context, req Request) error {
 	b, _ := json.Marshal(marker{State: markDelivered, By: s.cfg.ID.Instance, Token: h.token, At: time.Now().UTC(), Attempts: res.Attempts})
 	err = s.whileUnavailable(mctx, func(octx context.Context) error {
 		_, err := s.st.UpdateKV(octx, s.markers.Bucket(), req.Key, b, h.rev, s.cfg.Retention)
-		if isConflict(err) {
+		if schema.IsConflict(err) {
 			// Stored by an earlier try whose answer was lost? Ask the leader: a replica may
 			// not have it yet.
 			var m marker
@@ -235,7 +236,7 @@ func (s *Service) takeMarker(ctx context.Context, key, token string) (held, erro
 		if err == nil {
 			return h, nil
 		}
-		if !isConflict(err) && !errors.Is(err, errHeld) {
+		if !schema.IsConflict(err) && !errors.Is(err, errHeld) {
 			return held{}, fmt.Errorf("runner: marker %s: %w", key, err)
 		}
 		// Someone else wrote the marker first, or holds it: look again shortly, bounded by ctx.

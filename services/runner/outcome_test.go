@@ -152,7 +152,7 @@ func TestLostRunWriteRecognised(t *testing.T) {
 	if err := s.putRun(ctx, &sibling); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.putRunRetrying(ctx, &mine, "test"); !isConflict(err) {
+	if err := s.putRunRetrying(ctx, &mine, "test"); !schema.IsConflict(err) {
 		t.Fatalf("claiming a job a sibling claimed first: %v, want a conflict", err)
 	}
 }

@@ -105,7 +105,7 @@ func (s *Service) claim(ctx context.Context, tq *tenantQ, msg *jetstream.RawStre
 	cctx, cancel := context.WithDeadline(ctx, lease)
 	defer cancel()
 	if err := s.putRunRetrying(cctx, &r, "claiming a job"); err != nil {
-		if isConflict(err) {
+		if schema.IsConflict(err) {
 			return nil, nil // a sibling claimed it first
 		}
 		return nil, err
@@ -121,7 +121,7 @@ func (s *Service) claim(ctx context.Context, tq *tenantQ, msg *jetstream.RawStre
 func (s *Service) putRunRetrying(ctx context.Context, r *Run, what string) error {
 	return s.whileUnavailable(ctx, func(octx context.Context) error {
 		err := s.putRun(octx, r)
-		if isConflict(err) {
+		if schema.IsConflict(err) {
 			cur, gerr := s.getLatest(octx, r.Tenant, r.ID)
 			if schema.IsUnavailable(gerr) {
 				return gerr // read it back on the next try
@@ -144,15 +144,6 @@ func (s *Service) unclaim(r *Run) {
 	if err := s.putRun(ctx, r); err != nil {
 		s.cfg.Logger.Warn("giving back a job", "tenant", r.Tenant, "job", r.ID, "err", err)
 	}
-}
-
-func isConflict(err error) bool {
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
-		return true
-	}
-	return errors.Is(err, jetstream.ErrKeyExists)
 }
 
 func (s *Service) dropEntry(seq uint64) {

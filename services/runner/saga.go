@@ -184,7 +184,7 @@ func (s *Service) sagaBatch(ctx context.Context, tq *tenantQ) (more bool, err er
 		} else {
 			_, werr = s.checks.Update(wctx, sagaKey(tq.tenant), b, rev)
 		}
-		if werr != nil && !isConflict(werr) && err == nil {
+		if werr != nil && !schema.IsConflict(werr) && err == nil {
 			err = fmt.Errorf("runner: write checkpoint of %s: %w", tq.tenant, werr)
 		}
 	}()

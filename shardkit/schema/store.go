@@ -191,9 +191,7 @@ func (s *Store) UpdateKV(ctx context.Context, bucket, key string, value []byte, 
 	}
 	ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: KVSubject(bucket, key), Data: value}, opts...)
 	if err != nil {
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		if IsConflict(err) {
 			return 0, fmt.Errorf("%w: %w", jetstream.ErrKeyExists, err)
 		}
 		return 0, err
@@ -522,7 +520,7 @@ func (s *Store) casJSON(ctx context.Context, kv jetstream.KeyValue, key string, 
 		return err
 	})
 	if err != nil {
-		if isConflict(err) {
+		if IsConflict(err) {
 			return 0, &ConflictError{Bucket: kv.Bucket(), Key: key, Expected: rev, Err: err}
 		}
 		return 0, fmt.Errorf("schema: write %s/%s: %w", kv.Bucket(), key, err)
@@ -559,7 +557,7 @@ func (s *Store) deleteKey(ctx context.Context, kv jetstream.KeyValue, key string
 	}
 	err := retry(ctx, noResponders, func(ctx context.Context) error { return kv.Delete(ctx, key, opts...) })
 	if err != nil {
-		if isConflict(err) {
+		if IsConflict(err) {
 			return &ConflictError{Bucket: kv.Bucket(), Key: key, Expected: rev, Err: err}
 		}
 		return fmt.Errorf("schema: delete %s/%s: %w", kv.Bucket(), key, err)
@@ -658,7 +656,9 @@ func (s *Store) listLatest(ctx context.Context, kv jetstream.KeyValue, filter st
 	return latest, nil
 }
 
-func isConflict(err error) bool {
+// IsConflict reports whether err is a compare-and-set write losing: the key's (or subject's)
+// last revision was not the one expected.
+func IsConflict(err error) bool {
 	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 		return true
 	}
