@@ -212,6 +212,7 @@ func binaryFlags(t *testing.T, binary string) (map[string]bool, bool) {
 	default:
 		t.Fatalf("unknown binary %q", binary)
 	}
+	globs = append(globs, "internal/natsconn/*.go") // every binary's --nats-* flags
 	vars := map[string]bool{}
 	found := false
 	for _, g := range globs {

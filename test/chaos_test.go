@@ -371,7 +371,7 @@ func TestChaosUnderLoad(t *testing.T) {
 	}
 	gws := []string{s.gateway, strings.TrimSuffix(st0.Children["gateway-2"].URL, "/readyz")}
 
-	nc, err := nats.Connect(strings.Join(natsURLs, ","), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	nc, err := nats.Connect(strings.Join(natsURLs, ","), nats.UserCredentials(s.natsCreds), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -42,6 +42,7 @@ type stack struct {
 	dir, bin            string
 	gateway, rebalancer string // base URLs
 	natsURL             string
+	natsCreds           string // the admin credentials devstack wrote (it runs NATS secured)
 	banner              []string
 	logs                *syncBuilder
 	cmd                 *exec.Cmd
@@ -80,6 +81,7 @@ func tryStack(t testing.TB, bin string, extra ...string) (*stack, error) {
 	s.gateway = fmt.Sprintf("http://127.0.0.1:%d", ports[1])
 	s.rebalancer = fmt.Sprintf("http://127.0.0.1:%d", ports[2])
 	s.natsURL = fmt.Sprintf("nats://127.0.0.1:%d", ports[0])
+	s.natsCreds = filepath.Join(dir, "data", "creds", "rebalancer.creds")
 	args := append([]string{"--bin", s.bin, "--data", filepath.Join(dir, "data"),
 		"--nats-port", fmt.Sprint(ports[0]), "--gateway-port", fmt.Sprint(ports[1]), "--rebalancer-port", fmt.Sprint(ports[2]),
 		"--shard-base-port", "0", "--log-level", cmp.Or(os.Getenv("TM_STACK_LOG_LEVEL"), "warn"), "--admin-token", stackAdminToken}, extra...)

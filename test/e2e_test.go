@@ -148,7 +148,7 @@ func underLoad(t testing.TB, s *stack) (st *schema.Store, l *load, rcv *receiver
 	rcv = &receiver{byKey: map[string]int{}}
 	hook := httptest.NewServer(rcv)
 	t.Cleanup(hook.Close)
-	nc, err := nats.Connect(s.natsURL)
+	nc, err := nats.Connect(s.natsURL, nats.UserCredentials(s.natsCreds))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,10 +38,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/tenantmesh/tenantmesh/internal/embednats"
 	"github.com/tenantmesh/tenantmesh/internal/envflag"
+	"github.com/tenantmesh/tenantmesh/internal/natsauth"
+	"github.com/tenantmesh/tenantmesh/internal/natsconn"
+	"github.com/tenantmesh/tenantmesh/internal/natsperm"
 	"github.com/tenantmesh/tenantmesh/internal/tmlog"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -57,6 +58,7 @@ type config struct {
 
 	instances, gateways    int
 	natsCluster, keepGoing bool
+	natsInsecure, natsTLS  bool
 	restartDelay           time.Duration
 	leaseTTL               time.Duration
 	stateFile, controlAddr string
@@ -87,6 +89,8 @@ func main() {
 	envflag.Int(fs, &c.instances, "instances", 1, "instances of every shard (named a, b, c...)")
 	envflag.Int(fs, &c.gateways, "gateways", 1, "gateways (the first on --gateway-port, the others on free ports)")
 	envflag.Bool(fs, &c.natsCluster, "nats-cluster", false, "run a 3-node embedded NATS cluster (replicas 3) instead of one server; --nats-port is then unused")
+	envflag.Bool(fs, &c.natsInsecure, "nats-insecure", false, "run NATS without authentication (every process connects as anyone); by default it trusts a chain kept in <data>/auth and each process gets its role's credentials in <data>/creds")
+	envflag.Bool(fs, &c.natsTLS, "nats-tls", false, "serve NATS over TLS with a CA and certificate generated in <data>/auth/tls")
 	envflag.Bool(fs, &c.keepGoing, "keep-going", false, "restart a child that dies (after --restart-delay) instead of stopping the stack")
 	envflag.Duration(fs, &c.restartDelay, "restart-delay", time.Second, "with --keep-going, how long to wait before restarting a dead child")
 	envflag.Duration(fs, &c.leaseTTL, "lease-ttl", 10*time.Second, "the rebalancer's leader lease lifetime")
@@ -128,16 +132,29 @@ func run(ctx context.Context, c config) error {
 	if err := os.MkdirAll(c.data, 0o755); err != nil {
 		return err
 	}
+	sec, err := newSecurity(c)
+	if err != nil {
+		return err
+	}
 	natsLog, _ := tmlog.New(os.Stderr, "warn", "auto") // the server's banner and notices are noise here
-	nodes, err := startNATS(ctx, c, natsLog.With("proc", "nats"))
+	nodes, err := startNATS(ctx, c, sec, natsLog.With("proc", "nats"))
 	if err != nil {
 		return err
 	}
 	defer nodes.stopAll()
-	natsURL := nodes.urls()
-	log.Info("NATS ready", "url", natsURL, "data", filepath.Join(c.data, "nats"))
+	admin, err := sec.conn(nodes.urls(), natsauth.Admin())
+	if err != nil {
+		return err
+	}
+	if err := waitJetStream(ctx, admin, 60*time.Second); err != nil {
+		return err
+	}
+	log.Info("NATS ready", "url", admin.URL, "data", filepath.Join(c.data, "nats"), "secured", sec != nil, "tls", c.natsTLS)
 
-	procs := c.processes(natsURL, log)
+	procs, err := c.processes(sec, admin.URL, log)
+	if err != nil {
+		return err
+	}
 	sup := &supervisor{c: c, log: log, procs: procs, nodes: nodes}
 	var wg sync.WaitGroup
 	for _, p := range procs {
@@ -172,7 +189,7 @@ func run(ctx context.Context, c config) error {
 			log.Warn("seeding demo tenants failed", "err", err)
 		}
 	}
-	printBanner(os.Stdout, c, natsURL, gw, moveTargets(ctx, natsURL, c.shards), extraGateways(procs))
+	printBanner(os.Stdout, c, admin, gw, moveTargets(ctx, admin, c.shards), extraGateways(procs))
 	if c.keepGoing {
 		<-ctx.Done()
 		log.Info("stopping")
@@ -189,10 +206,17 @@ func run(ctx context.Context, c config) error {
 
 // processes lists the children: gateway, rebalancer, and shards of each kind whose binary
 // has been built.
-func (c config) processes(natsURL string, log *slog.Logger) []*proc {
-	common := []string{"--nats-url", natsURL, "--log-level", c.logLevel, "--log-format", "text"}
+func (c config) processes(sec *security, natsURL string, log *slog.Logger) ([]*proc, error) {
+	common := []string{"--log-level", c.logLevel, "--log-format", "text"}
 	if c.natsCluster {
 		common = append(common, "--replicas", "3")
+	}
+	as := func(role natsperm.Role) []string {
+		o, err := sec.conn(natsURL, role)
+		if err != nil {
+			log.Error("no credentials; the process will be refused", "role", role.Name, "err", err)
+		}
+		return append(args(o), common...)
 	}
 	addr := func(port int) string { return fmt.Sprintf("%s:%d", c.host, port) }
 	url := func(port int, path string) string { return fmt.Sprintf("http://%s:%d%s", c.host, port, path) }
@@ -208,13 +232,13 @@ func (c config) processes(natsURL string, log *slog.Logger) []*proc {
 			if i > 0 {
 				name = fmt.Sprintf("gateway-%d", i+1)
 			}
-			out = append(out, &proc{name: name, args: append([]string{p, "--addr", addr(port)}, common...),
+			out = append(out, &proc{name: name, args: append([]string{p, "--addr", addr(port)}, as(natsperm.DefaultGateway())...),
 				ready: url(port, "/readyz")})
 		}
 	}
 	if p := c.binary("rebalance"); p != "" {
 		out = append(out, &proc{name: "rebalancer", args: append([]string{p, "serve", "--addr", addr(c.rebalancerPort),
-			"--holder", "devstack-rebalancer", "--sweep-every", "5s", "--lease-ttl", c.leaseTTL.String(), "--admin-token", c.adminToken}, common...), ready: url(c.rebalancerPort, "/readyz")})
+			"--holder", "devstack-rebalancer", "--sweep-every", "5s", "--lease-ttl", c.leaseTTL.String(), "--admin-token", c.adminToken}, as(natsperm.Rebalancer())...), ready: url(c.rebalancerPort, "/readyz")})
 	}
 	instances := max(c.instances, 1)
 	next := c.shardPorts(3 * c.shards * instances)
@@ -234,11 +258,11 @@ func (c config) processes(natsURL string, log *slog.Logger) []*proc {
 				}
 				port := next()
 				out = append(out, &proc{name: name, args: append([]string{bin, "--shard", shard, "--instance", inst,
-					"--addr", addr(port), "--admin-token", c.adminToken}, common...), ready: url(port, "/readyz")})
+					"--addr", addr(port), "--admin-token", c.adminToken}, as(natsperm.Shard(kind, shard, natsperm.KindAssets(kind)))...), ready: url(port, "/readyz")})
 			}
 		}
 	}
-	return out
+	return out, nil
 }
 
 // shardPorts hands out n ports: consecutive from --shard-base-port, or free ones picked now
@@ -438,8 +462,8 @@ func seedCall(ctx context.Context, hc *http.Client, gw, tenant, path, body strin
 }
 
 // moveTargets names, for each kind, a shard other than acme's current one ("kind=shard,...").
-func moveTargets(ctx context.Context, natsURL string, shards int) string {
-	nc, err := nats.Connect(natsURL, nats.Timeout(2*time.Second))
+func moveTargets(ctx context.Context, admin natsconn.Options, shards int) string {
+	nc, err := natsconn.Dial(admin, "devstack", 2*time.Second)
 	if err != nil {
 		return "aggregate=aggregate-2,projection=projection-2,runner=runner-2"
 	}
@@ -461,7 +485,15 @@ func moveTargets(ctx context.Context, natsURL string, shards int) string {
 	return strings.Join(parts, ",")
 }
 
-func printBanner(w io.Writer, c config, natsURL, gw, targets string, more []string) {
+func printBanner(w io.Writer, c config, admin natsconn.Options, gw, targets string, more []string) {
+	natsURL := admin.URL
+	export := "TM_NATS_URL=" + natsURL
+	if admin.Creds != "" {
+		export += " TM_NATS_CREDS=" + admin.Creds
+	}
+	if admin.TLSCA != "" {
+		export += " TM_NATS_TLS_CA=" + admin.TLSCA
+	}
 	dash := "http://" + c.host + ":" + strconv.Itoa(c.rebalancerPort)
 	gws := gw
 	for _, g := range more {
@@ -481,10 +513,10 @@ Try this:
   curl -s %s/aggregates/account/main -H 'x-tenant-id: acme'
   curl -s -X POST %s/query/accounts -H 'x-tenant-id: acme' -d '{"limit":10}'
   curl -s -X POST %s/jobs -H 'x-tenant-id: acme' -d '{"type":"log","payload":{"message":"hello"}}'
-  export TM_NATS_URL=%s TM_REBALANCER_URL=%s TM_ADMIN_TOKEN=%s
+  export %s TM_REBALANCER_URL=%s TM_ADMIN_TOKEN=%s
   %s/rebalance instances
   %s/rebalance plan move acme --to %s
   %s/rebalance apply <plan id printed above> --yes
   %s/rebalance status
-`, gws, dash, natsURL, c.data, c.adminToken, gw, gw, gw, gw, natsURL, dash, c.adminToken, c.bin, c.bin, targets, c.bin, c.bin)
+`, gws, dash, natsURL, c.data, c.adminToken, gw, gw, gw, gw, export, dash, c.adminToken, c.bin, c.bin, targets, c.bin, c.bin)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats"
+	"github.com/tenantmesh/tenantmesh/internal/natsconn"
 )
 
 // natsNodes are the embedded NATS servers: one, or three with --nats-cluster. A node can be
@@ -32,10 +33,14 @@ type natsNodes struct {
 
 // startNATS starts the embedded server, or the 3-node cluster and waits for its JetStream
 // meta leader.
-func startNATS(ctx context.Context, c config, log *slog.Logger) (*natsNodes, error) {
+func startNATS(ctx context.Context, c config, sec *security, log *slog.Logger) (*natsNodes, error) {
 	if !c.natsCluster {
-		srv, err := embednats.Start(embednats.Config{Name: "devstack", Host: c.host, Port: c.natsPort,
-			StoreDir: filepath.Join(c.data, "nats"), Logger: log})
+		cfg := embednats.Config{Name: "devstack", Host: c.host, Port: c.natsPort,
+			StoreDir: filepath.Join(c.data, "nats"), Logger: log}
+		if err := sec.server(&cfg); err != nil {
+			return nil, err
+		}
+		srv, err := embednats.Start(cfg)
 		if err != nil {
 			return nil, fmt.Errorf("start NATS on port %d (is another stack running? --nats-port changes it): %w", c.natsPort, err)
 		}
@@ -48,6 +53,9 @@ func startNATS(ctx context.Context, c config, log *slog.Logger) (*natsNodes, err
 	n := &natsNodes{cfgs: cfgs, servers: make([]*embednats.Server, len(cfgs))}
 	errs := make(chan error, len(cfgs))
 	for i := range cfgs {
+		if err := sec.server(&n.cfgs[i]); err != nil {
+			return nil, err
+		}
 		n.cfgs[i].Logger = log.With("node", cfgs[i].Name)
 		n.cfgs[i].ReadyTimeout = 30 * time.Second
 		go func() {
@@ -68,16 +76,12 @@ func startNATS(ctx context.Context, c config, log *slog.Logger) (*natsNodes, err
 		n.stopAll()
 		return nil, fmt.Errorf("start NATS cluster: %w", first)
 	}
-	if err := waitJetStream(ctx, n.urls(), 60*time.Second); err != nil {
-		n.stopAll()
-		return nil, err
-	}
 	return n, nil
 }
 
 // waitJetStream polls the JetStream API until it answers (a meta leader is elected).
-func waitJetStream(ctx context.Context, url string, timeout time.Duration) error {
-	nc, err := nats.Connect(url, nats.Timeout(2*time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+func waitJetStream(ctx context.Context, admin natsconn.Options, timeout time.Duration) error {
+	nc, err := natsconn.Connect(admin, "devstack", nil, nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		return err
 	}

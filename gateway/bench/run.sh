@@ -39,14 +39,14 @@ done
 for _ in $(seq 1 600); do grep -q READY "$WORK/benchenv.out" && break; sleep 0.1; done
 grep -q READY "$WORK/benchenv.out" || { echo "benchenv not ready"; cat "$WORK/benchenv.out"; exit 1; }
 
-TM_NATS_URL=nats://127.0.0.1:4333 TM_ADDR=127.0.0.1:9080 TM_LOG_LEVEL=warn TM_PPROF=true env ${GW_ENV:-} "$WORK/bin/gateway" 2> "$WORK/gateway.log" & PIDS+=($!)
+TM_NATS_URL=nats://127.0.0.1:4333 TM_NATS_CREDS="$WORK/creds/gateway.creds" TM_ADDR=127.0.0.1:9080 TM_LOG_LEVEL=warn TM_PPROF=true env ${GW_ENV:-} "$WORK/bin/gateway" 2> "$WORK/gateway.log" & PIDS+=($!)
 GW_PID=$!
 # The same gateway with net/http.Transport to the backends, for the A/B of the upstream client.
-TM_NATS_URL=nats://127.0.0.1:4333 TM_ADDR=127.0.0.1:9083 TM_LOG_LEVEL=warn TM_STD_TRANSPORT=true env ${GW_ENV:-} "$WORK/bin/gateway" 2> "$WORK/gateway-std.log" & PIDS+=($!)
+TM_NATS_URL=nats://127.0.0.1:4333 TM_NATS_CREDS="$WORK/creds/gateway.creds" TM_ADDR=127.0.0.1:9083 TM_LOG_LEVEL=warn TM_STD_TRANSPORT=true env ${GW_ENV:-} "$WORK/bin/gateway" 2> "$WORK/gateway-std.log" & PIDS+=($!)
 # And with the experimental lean path instead of httputil.ReverseProxy.
-TM_NATS_URL=nats://127.0.0.1:4333 TM_ADDR=127.0.0.1:9084 TM_LOG_LEVEL=warn TM_LEAN_PROXY=true env ${GW_ENV:-} "$WORK/bin/gateway" 2> "$WORK/gateway-lean.log" & PIDS+=($!)
+TM_NATS_URL=nats://127.0.0.1:4333 TM_NATS_CREDS="$WORK/creds/gateway.creds" TM_ADDR=127.0.0.1:9084 TM_LOG_LEVEL=warn TM_LEAN_PROXY=true env ${GW_ENV:-} "$WORK/bin/gateway" 2> "$WORK/gateway-lean.log" & PIDS+=($!)
 # The experiment: a purpose-built HTTP/1.1 loop on the same placement watcher (see its doc).
-"$WORK/bin/fastproxy" -addr 127.0.0.1:9085 -nats-url nats://127.0.0.1:4333 2> "$WORK/fastproxy.log" & PIDS+=($!)
+"$WORK/bin/fastproxy" -addr 127.0.0.1:9085 -nats-url nats://127.0.0.1:4333 -nats-creds "$WORK/creds/gateway.creds" 2> "$WORK/fastproxy.log" & PIDS+=($!)
 for port in 9080 9083 9084; do
   for _ in $(seq 1 300); do curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
   curl -fs "http://127.0.0.1:$port/readyz" >/dev/null || { echo "gateway on $port not ready"; cat "$WORK"/gateway*.log; exit 1; }

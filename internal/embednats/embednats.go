@@ -6,6 +6,7 @@
 package embednats
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/tenantmesh/tenantmesh/internal/natsauth"
 )
 
 // Config describes one embedded server. The zero value starts a standalone server on a random
@@ -42,6 +45,11 @@ type Config struct {
 	Logger *slog.Logger
 	// Debug enables nats-server debug logs (sent at slog debug level).
 	Debug bool
+	// Auth makes the server trust this chain: clients must bring credentials it signed
+	// (natsauth). Nil runs without authentication, which only an explicit insecure mode wants.
+	Auth *natsauth.Chain
+	// TLS makes clients connect with TLS (the routes between members stay plain on loopback).
+	TLS *tls.Config
 }
 
 // ErrNotReady is returned when the server does not accept connections within ReadyTimeout.
@@ -127,7 +135,20 @@ func (c Config) options() (*server.Options, error) {
 		JetStreamMaxStore:  maxStore,
 		NoSigs:             true,
 		MaxPayload:         8 << 20,
-		Debug:              c.Debug,
+		// A user JWT lists its role's subjects and travels in the CONNECT line: a shard's
+		// is several KiB, more than the 4 KiB default.
+		MaxControlLine: 64 << 10,
+		Debug:          c.Debug,
+	}
+	if c.Auth != nil {
+		if err := c.Auth.Configure(o); err != nil {
+			return nil, err
+		}
+	}
+	if c.TLS != nil {
+		o.TLSConfig = c.TLS
+		o.TLS = true
+		o.TLSTimeout = 2
 	}
 	if c.ClusterPort != 0 {
 		if c.ClusterName == "" {

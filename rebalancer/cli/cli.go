@@ -20,9 +20,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/tenantmesh/tenantmesh/internal/envflag"
+	"github.com/tenantmesh/tenantmesh/internal/natsconn"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -56,6 +55,7 @@ var commands = []commandInfo{
 	{"kinds", "list kinds, or set a kind's config", func(m *Main) command { return &KindsCommand{m: m} }},
 	{"instances", "the instance directory: status, heartbeat age, labels, metrics", func(m *Main) command { return &InstancesCommand{m: m} }},
 	{"serve", "run the rebalancer service: HTTP API, sweeper, leader lease", func(m *Main) command { return &ServeCommand{m: m} }},
+	{"auth", "the NATS trust chain and each role's credentials: init, creds, permissions", func(m *Main) command { return &AuthCommand{m: m} }},
 }
 
 func (m *Main) defaults() {
@@ -149,13 +149,13 @@ func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
 // common are the flags every command takes.
 type common struct {
-	natsURL string
+	nats    natsconn.Options
 	output  string
 	timeout time.Duration
 }
 
 func (c *common) register(fs *flag.FlagSet) {
-	envflag.String(fs, &c.natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
+	c.nats.AddFlags(fs)
 	fs.StringVar(&c.output, "output", "table", "output format: table or json")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "bound on connecting and reading state")
 }
@@ -207,16 +207,16 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 
 // connect opens the state store. It fails fast when NATS is unreachable.
 func (c *common) connect(ctx context.Context) (*schema.Store, func(), error) {
-	nc, err := nats.Connect(c.natsURL, nats.Name("rebalance-cli"), nats.Timeout(min(c.timeout, 5*time.Second)))
+	nc, err := natsconn.Dial(c.nats, "rebalance-cli", min(c.timeout, 5*time.Second))
 	if err != nil {
-		return nil, nil, fmt.Errorf("cannot reach NATS at %s (set --nats-url or TM_NATS_URL): %w", c.natsURL, err)
+		return nil, nil, err
 	}
 	octx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	st, err := schema.Open(octx, nc, schema.Options{})
 	if err != nil {
 		nc.Close()
-		return nil, nil, fmt.Errorf("open tenantmesh state at %s: %w", c.natsURL, err)
+		return nil, nil, fmt.Errorf("open tenantmesh state at %s: %w", c.nats.Redacted(), err)
 	}
 	return st, nc.Close, nil
 }

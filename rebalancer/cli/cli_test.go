@@ -16,6 +16,13 @@ import (
 	"testing"
 	"time"
 
+	natsserver "github.com/nats-io/nats-server/v2/server"
+
+	"github.com/tenantmesh/tenantmesh/internal/embednats"
+	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/internal/natsauth"
+	"github.com/tenantmesh/tenantmesh/internal/natsconn"
+	"github.com/tenantmesh/tenantmesh/internal/natsperm"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 
 	"github.com/tenantmesh/tenantmesh/rebalancer"
@@ -28,13 +35,13 @@ var update = flag.Bool("update", false, "rewrite testdata/*.golden from the curr
 
 // env is an embedded nats-server with the tenantmesh schema.
 type env struct {
-	url string
-	st  *schema.Store
+	url, creds string
+	st         *schema.Store
 }
 
 func newEnv(t *testing.T) *env {
 	st, url := tmtest.Store(t)
-	return &env{url: url, st: st}
+	return &env{url: url, st: st, creds: natstest.CredsFile(t, natsperm.Rebalancer())}
 }
 
 // startShard runs one stateless shardkit instance of kind aggregate until the test ends.
@@ -63,7 +70,7 @@ func (e *env) run(t *testing.T, stdin string, args ...string) result {
 	var out, errb bytes.Buffer
 	m := &Main{Stdin: strings.NewReader(stdin), Stdout: &out, Stderr: &errb, Terminal: func(any) bool { return false }}
 	if len(args) > 0 && args[0] != "help" {
-		args = append(args, "--nats-url", e.url)
+		args = append(args, "--nats-url", e.url, "--nats-creds", e.creds)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -333,7 +340,7 @@ func TestApplyOnTerminal(t *testing.T) {
 		m := &Main{Stdin: strings.NewReader(stdin), Stdout: &out, Stderr: &errb, Terminal: func(any) bool { return true }}
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		code := m.Exit(ctx, append(args, "--nats-url", e.url))
+		code := m.Exit(ctx, append(args, "--nats-url", e.url, "--nats-creds", e.creds))
 		return result{out.String(), errb.String(), code}
 	}
 	r := tty("n\n", "apply", po.ID)
@@ -357,7 +364,7 @@ func TestServeCommand(t *testing.T) {
 	e := newEnv(t)
 	var errb bytes.Buffer
 	sc := &ServeCommand{m: &Main{Stdout: io.Discard, Stderr: &syncWriter{w: &errb}}}
-	if err := sc.ParseFlags([]string{"--addr", "127.0.0.1:0", "--nats-url", e.url, "--holder", "serve-test", "--log-format", "json", "--no-compact",
+	if err := sc.ParseFlags([]string{"--addr", "127.0.0.1:0", "--nats-url", e.url, "--nats-creds", e.creds, "--holder", "serve-test", "--log-format", "json", "--no-compact",
 		"--admin-token", token}); err != nil {
 		t.Fatal(err)
 	}
@@ -490,5 +497,51 @@ func waitLeader(t *testing.T, base string) {
 			t.Fatal("the service did not become the leader")
 		}
 		time.Sleep(50 * time.Millisecond) // polling another component's state
+	}
+}
+
+// auth init writes a chain, a server config that nats-server accepts, and credentials a server
+// trusting that config lets in, each as its role.
+func TestAuthInit(t *testing.T) {
+	dir := t.TempDir()
+	var out, errb bytes.Buffer
+	m := &Main{Stdout: &out, Stderr: &errb, Terminal: func(any) bool { return false }}
+	if code := m.Exit(context.Background(), []string{"auth", "init", "--dir", dir, "--shards", "runner:runner-1", "--output", "json"}); code != 0 {
+		t.Fatalf("auth init: %d %s", code, errb.String())
+	}
+	var wrote []struct{ What, Path string }
+	if err := json.Unmarshal(out.Bytes(), &wrote); err != nil || len(wrote) != 6 {
+		t.Fatalf("auth init printed %s (%v)", out.String(), err)
+	}
+	opts, err := natsserver.ProcessConfigFile(filepath.Join(dir, "auth.conf"))
+	if err != nil {
+		t.Fatalf("nats-server rejects auth.conf: %v", err)
+	}
+	if len(opts.TrustedOperators) != 1 || opts.SystemAccount == "" {
+		t.Fatalf("auth.conf trusts %d operators, system account %q", len(opts.TrustedOperators), opts.SystemAccount)
+	}
+	chain, err := natsauth.LoadOrCreate(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := natstest.Restart(t, embednats.Config{StoreDir: t.TempDir(), Auth: chain})
+	for _, role := range []string{"rebalancer", "gateway", "shard-runner-runner-1"} {
+		nc, err := natsconn.Connect(natsconn.Options{URL: srv.URL(), Creds: filepath.Join(dir, "creds", role+".creds")}, "test", nil)
+		if err != nil {
+			t.Fatalf("%s: %v", role, err)
+		}
+		if _, err := nc.Request("$JS.API.INFO", nil, 2*time.Second); err != nil {
+			t.Errorf("%s: JetStream account info: %v", role, err)
+		}
+		nc.Close()
+	}
+	// Again: the chain is kept, so credentials made before still work.
+	out.Reset()
+	if code := m.Exit(context.Background(), []string{"auth", "init", "--dir", dir}); code != 0 {
+		t.Fatalf("auth init again: %d %s", code, errb.String())
+	}
+	again, _ := natsauth.LoadOrCreate(dir)
+	if again.AccountJWT != chain.AccountJWT {
+		t.Error("auth init made a new chain over the kept one")
 	}
 }

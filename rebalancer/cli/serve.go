@@ -25,7 +25,8 @@ import (
 type ServeCommand struct {
 	m *Main
 
-	Addr, NATSURL, Holder    string
+	Addr, Holder             string
+	NATS                     natsconn.Options
 	LogLevel, LogFormat      string
 	Webhook, AdminToken      string
 	Replicas, WebhookRetries int
@@ -65,7 +66,7 @@ func (c *ServeCommand) ParseFlags(args []string) error {
 		addr = ":8090"
 	}
 	fs.StringVar(&c.Addr, "addr", addr, "HTTP listen address (env TM_REBALANCER_ADDR)")
-	envflag.String(fs, &c.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
+	c.NATS.AddFlags(fs)
 	envflag.String(fs, &c.Holder, "holder", sanitizeName("rebalancer-"+host), "this process's name in the leader lease (stable across restarts, unique per process)")
 	envflag.String(fs, &c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	envflag.String(fs, &c.LogFormat, "log-format", "auto", "auto (text on a terminal, JSON otherwise), text or json")
@@ -117,15 +118,20 @@ func (c *ServeCommand) Serve(ctx context.Context) error {
 		return usagef("%v", err)
 	}
 	log = log.With("holder", c.Holder)
-	c.nc, err = natsconn.Connect(c.NATSURL, "rebalancer-"+c.Holder, log)
+	c.nc, err = natsconn.Connect(c.NATS, "rebalancer-"+c.Holder, log)
 	if err != nil {
 		return err
 	}
-	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	st, err := schema.Open(octx, c.nc, schema.Options{Replicas: c.Replicas, Logger: log})
+	// The rebalancer provisions what gateways and shards wait for. On a new cluster placing
+	// replicated streams can take a while: keep trying for two minutes.
+	octx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	st, err := schema.OpenRetry(octx, c.nc, schema.Options{Replicas: c.Replicas, Logger: log})
+	if err == nil {
+		err = st.Provision(octx)
+	}
 	cancel()
 	if err != nil {
-		return fmt.Errorf("open tenantmesh state at %s: %w", c.NATSURL, err)
+		return fmt.Errorf("open tenantmesh state at %s: %w", c.NATS.Redacted(), err)
 	}
 	health := rebalancer.Health{Thresholds: schema.Thresholds{DegradedAfter: c.Degraded, OfflineAfter: c.OfflineAfter}, DegradedErrorRate: c.ErrorRate}
 	srv, err := server.New(server.Config{Store: st, Holder: c.Holder, LeaseTTL: c.LeaseTTL, Health: health,

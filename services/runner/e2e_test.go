@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/internal/natsperm"
 	"github.com/tenantmesh/tenantmesh/services/internal/svcmain"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
@@ -21,7 +22,7 @@ import (
 // registration, heartbeats, moves), in process.
 func binary(t *testing.T, natsURL, shard, instance string) string {
 	t.Helper()
-	m := &svcmain.Main{Kind: Kind, Addr: "127.0.0.1:0", NATSURL: natsURL, Shard: shard, Instance: instance, AdminToken: "secret",
+	m := &svcmain.Main{Kind: Kind, Addr: "127.0.0.1:0", NATS: natstest.Options(t, natsURL, natsperm.Shard(Kind, shard, natsperm.KindAssets(Kind))), Shard: shard, Instance: instance, AdminToken: "secret",
 		LogLevel: "error", LogFormat: "json", Stderr: io.Discard, Heartbeat: 100 * time.Millisecond, DrainTimeout: 5 * time.Second}
 	ready := m.Listening()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -102,6 +103,9 @@ func TestBinaryMove(t *testing.T) {
 	ctx := context.Background()
 	st, err := schema.Open(ctx, nc, schema.Options{})
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Provision(ctx); err != nil { // as the rebalancer does; the shards wait for it
 		t.Fatal(err)
 	}
 	rc := newReceiver(t)

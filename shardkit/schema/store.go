@@ -33,6 +33,11 @@ type Options struct {
 	// DefaultKinds are registered with their defaults at Open if absent. Default: aggregate,
 	// projection and runner.
 	DefaultKinds []string
+	// Attach opens tenantmesh's shared buckets and streams without creating or changing them:
+	// one that is missing is waited for, since a process whose credentials may not create it
+	// (a gateway, a shard) relies on the rebalancer to provision it (Provision), and the
+	// default kinds are not registered. A service's own buckets (EnsureKV) are still created.
+	Attach bool
 }
 
 func (o Options) withDefaults() Options {
@@ -109,12 +114,63 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 	}); err != nil {
 		return nil, err
 	}
+	if s.opts.Attach {
+		return s, nil
+	}
 	for _, k := range s.opts.DefaultKinds {
 		if _, err := s.EnsureKind(ctx, DefaultKindConfig(k)); err != nil {
 			return nil, err
 		}
 	}
 	return s, nil
+}
+
+// Provision creates what Attach-mode processes wait for beyond Open's buckets: the
+// application streams (TM_EVENTS, TM_JOBS) and the placement snapshots' object store. The
+// rebalancer provisions at start.
+func (s *Store) Provision(ctx context.Context) error {
+	if s.opts.Attach {
+		return errors.New("schema: a store opened to attach cannot provision")
+	}
+	if err := s.EnsureEventsStream(ctx); err != nil {
+		return err
+	}
+	if err := s.EnsureJobsStream(ctx); err != nil {
+		return err
+	}
+	_, err := s.Snapshots(ctx)
+	return err
+}
+
+// errNotProvisioned: an Attach-mode store found a shared asset missing.
+type errNotProvisioned struct{ what string }
+
+func (e errNotProvisioned) Error() string {
+	return e.what + " does not exist yet; the rebalancer (rebalance serve) creates it"
+}
+
+// awaitProvisioned runs op until it returns something other than errNotProvisioned, or ctx
+// ends, logging what it waits for every 10 s.
+func (s *Store) awaitProvisioned(ctx context.Context, op func(context.Context) error) error {
+	var logged time.Time
+	for {
+		err := op(ctx)
+		var np errNotProvisioned
+		if !errors.As(err, &np) {
+			return err
+		}
+		if time.Since(logged) >= 10*time.Second {
+			s.opts.Logger.Info("waiting for NATS state", "what", np.what, "why", "the rebalancer (rebalance serve) provisions it")
+			logged = time.Now()
+		}
+		t := time.NewTimer(250 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("schema: %w (waited until %v)", err, ctx.Err())
+		}
+	}
 }
 
 // Conn is the store's NATS connection.
@@ -143,7 +199,9 @@ type KVSpec struct {
 
 // EnsureKV creates or opens a bucket with the store's replicas and storage.
 func (s *Store) EnsureKV(ctx context.Context, spec KVSpec) (jetstream.KeyValue, error) {
-	kv, err := s.ensureKV(ctx, spec)
+	ctx, cancel := s.boundCreate(ctx)
+	defer cancel()
+	kv, err := s.createKV(ctx, spec)
 	if err != nil || !spec.PerKeyTTL {
 		return kv, err
 	}
@@ -220,6 +278,17 @@ func (s *Store) LeaderGet(ctx context.Context, bucket, key string) ([]byte, uint
 func (s *Store) ensureStream(ctx context.Context, cfg jetstream.StreamConfig) error {
 	ctx, cancel := s.boundCreate(ctx)
 	defer cancel()
+	if s.opts.Attach {
+		return s.awaitProvisioned(ctx, func(ctx context.Context) error {
+			return retry(ctx, transient, attempt(func(ctx context.Context) error {
+				_, err := s.js.Stream(ctx, cfg.Name)
+				if errors.Is(err, jetstream.ErrStreamNotFound) {
+					return errNotProvisioned{"stream " + cfg.Name}
+				}
+				return err
+			}))
+		})
+	}
 	cfg.Replicas = s.opts.Replicas
 	cfg.Storage = s.opts.Storage
 	// On a cluster, concurrent creates and updates of one replicated stream (every process
@@ -271,6 +340,27 @@ func sameStream(have, want jetstream.StreamConfig) bool {
 func (s *Store) ensureKV(ctx context.Context, spec KVSpec) (jetstream.KeyValue, error) {
 	ctx, cancel := s.boundCreate(ctx)
 	defer cancel()
+	if s.opts.Attach {
+		var kv jetstream.KeyValue
+		err := s.awaitProvisioned(ctx, func(ctx context.Context) error {
+			return retry(ctx, transient, attempt(func(ctx context.Context) (err error) {
+				kv, err = s.js.KeyValue(ctx, spec.Bucket)
+				if errors.Is(err, jetstream.ErrBucketNotFound) {
+					return errNotProvisioned{"bucket " + spec.Bucket}
+				}
+				return err
+			}))
+		})
+		if err != nil {
+			return nil, fmt.Errorf("schema: open bucket %s: %w", spec.Bucket, err)
+		}
+		return kv, nil
+	}
+	return s.createKV(ctx, spec)
+}
+
+// createKV opens or creates a bucket.
+func (s *Store) createKV(ctx context.Context, spec KVSpec) (jetstream.KeyValue, error) {
 	// Bounded attempts, retried, as in ensureStream: concurrent creates of one replicated
 	// bucket on a cluster can go unanswered.
 	for {
@@ -326,8 +416,14 @@ func (s *Store) boundCreate(ctx context.Context) (context.Context, context.Cance
 	if _, ok := ctx.Deadline(); ok {
 		return ctx, func() {}
 	}
+	if s.opts.Attach {
+		return context.WithTimeout(ctx, attachTimeout)
+	}
 	return context.WithTimeout(ctx, max(createTimeout, s.opts.Timeout))
 }
+
+// attachTimeout bounds an Attach-mode store's wait for the rebalancer to provision an asset.
+const attachTimeout = 2 * time.Minute
 
 // bound gives ctx the store's timeout unless it already has a deadline.
 func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -703,6 +799,17 @@ func (s *Store) Snapshots(ctx context.Context) (jetstream.ObjectStore, error) {
 	defer s.snapMu.Unlock()
 	if s.snaps != nil {
 		return s.snaps, nil
+	}
+	if s.opts.Attach {
+		// Readers go on without snapshots until the rebalancer makes the bucket.
+		ctx, cancel := s.bound(ctx)
+		defer cancel()
+		os, err := s.js.ObjectStore(ctx, BucketSnapshots)
+		if err != nil {
+			return nil, fmt.Errorf("schema: open object store %s: %w", BucketSnapshots, err)
+		}
+		s.snaps = os
+		return os, nil
 	}
 	os, err := s.ObjectStore(ctx, BucketSnapshots, "tenantmesh compacted placement snapshots")
 	if err == nil {

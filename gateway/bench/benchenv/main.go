@@ -18,7 +18,9 @@ import (
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats"
+	"github.com/tenantmesh/tenantmesh/internal/natsauth"
 	"github.com/tenantmesh/tenantmesh/internal/natsconn"
+	"github.com/tenantmesh/tenantmesh/internal/natsperm"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -38,12 +40,24 @@ func main() {
 func run(backends []string, tenants, port int, dir string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	srv, err := embednats.Start(embednats.Config{Port: port, StoreDir: filepath.Join(dir, "nats")})
+	// Secured as a deployment is: the gateways under test connect with dir/creds/gateway.creds.
+	chain, err := natsauth.LoadOrCreate(filepath.Join(dir, "auth"))
+	if err != nil {
+		return err
+	}
+	admin, err := chain.WriteCreds(filepath.Join(dir, "creds"), natsperm.Rebalancer())
+	if err != nil {
+		return err
+	}
+	if _, err := chain.WriteCreds(filepath.Join(dir, "creds"), natsperm.DefaultGateway()); err != nil {
+		return err
+	}
+	srv, err := embednats.Start(embednats.Config{Port: port, StoreDir: filepath.Join(dir, "nats"), Auth: chain})
 	if err != nil {
 		return err
 	}
 	defer srv.Stop()
-	nc, err := natsconn.Connect(srv.URL(), "benchenv", nil)
+	nc, err := natsconn.Connect(natsconn.Options{URL: srv.URL(), Creds: admin}, "benchenv", nil)
 	if err != nil {
 		return err
 	}

@@ -35,24 +35,25 @@ const kind = "aggregate"
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:9085", "listen address")
-	natsURL := flag.String("nats-url", "nats://127.0.0.1:4333", "NATS URL")
+	var nats natsconn.Options
+	nats.AddFlags(flag.CommandLine)
 	flag.Parse()
-	if err := run(*addr, *natsURL); err != nil {
+	if err := run(*addr, nats); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(addr, natsURL string) error {
+func run(addr string, nats natsconn.Options) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	nc, err := natsconn.Connect(natsURL, "fastproxy", nil)
+	nc, err := natsconn.Connect(nats, "fastproxy", nil)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
 	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	st, err := schema.Open(octx, nc, schema.Options{})
+	st, err := schema.Open(octx, nc, schema.Options{Attach: true})
 	if err != nil {
 		return err
 	}

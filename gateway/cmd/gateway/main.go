@@ -28,13 +28,14 @@ func main() {
 func run() error {
 	fs := flag.NewFlagSet("gateway", flag.ExitOnError)
 	var (
-		natsURL, addr, id, logLevel, logFormat    string
+		nats                                      natsconn.Options
+		addr, id, logLevel, logFormat             string
 		retries, maxHeader, idlePerHost, replicas int
 		pprof, stdTransport, lean                 bool
 		maxBody, replayBody                       int
 		readHeader, shutdown, connect             time.Duration
 	)
-	envflag.String(fs, &natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
+	nats.AddFlags(fs)
 	envflag.String(fs, &addr, "addr", ":8080", "listen address")
 	envflag.String(fs, &id, "gateway-id", "", "gateway id in audit events (default hostname-pid)")
 	envflag.String(fs, &logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -65,12 +66,12 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	nc, err := natsconn.Connect(natsURL, "tm-gateway", log)
+	nc, err := natsconn.Connect(nats, "tm-gateway", log)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	store, err := schema.OpenRetry(ctx, nc, schema.Options{Replicas: replicas, Logger: log})
+	store, err := schema.OpenRetry(ctx, nc, schema.Options{Replicas: replicas, Logger: log, Attach: true})
 	if err != nil {
 		return err
 	}

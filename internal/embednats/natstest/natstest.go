@@ -1,20 +1,88 @@
 // Package natstest gives tests a real embedded nats-server with JetStream: one per test, or a
 // 3-node cluster, each shut down when the test ends.
+//
+// The servers run secured, as the product does: they trust one natsauth chain made per test
+// binary, Connect comes in as the rebalancer (the role that may do everything), ConnectAs and
+// CredsFile as any role.
 package natstest
 
 import (
 	"context"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats"
+	"github.com/tenantmesh/tenantmesh/internal/natsauth"
+	"github.com/tenantmesh/tenantmesh/internal/natsconn"
 )
+
+var chain = sync.OnceValues(natsauth.New)
+
+// Auth is the trust chain every natstest server trusts.
+func Auth(t testing.TB) *natsauth.Chain {
+	t.Helper()
+	c, err := chain()
+	if err != nil {
+		t.Fatalf("natstest: trust chain: %v", err)
+	}
+	return c
+}
+
+// Creds mints role's credentials file contents.
+func Creds(t testing.TB, role natsauth.Role) []byte {
+	t.Helper()
+	b, err := Auth(t).Creds(role)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// CredsFile writes role's credentials under t.TempDir() and returns the path, for processes.
+func CredsFile(t testing.TB, role natsauth.Role) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), role.Name+".creds")
+	if err := os.WriteFile(path, Creds(t, role), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// Options are natsconn options that connect to url as role.
+func Options(t testing.TB, url string, role natsauth.Role) natsconn.Options {
+	t.Helper()
+	return natsconn.Options{URL: url, Creds: CredsFile(t, role)}
+}
+
+// As is the nats.go option that authenticates as role, with role's inbox prefix.
+func As(t testing.TB, role natsauth.Role) nats.Option {
+	t.Helper()
+	b := Creds(t, role)
+	tok, err := jwt.ParseDecoratedJWT(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, err := jwt.ParseDecoratedNKey(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ := kp.Seed()
+	return func(o *nats.Options) error {
+		if err := nats.UserJWTAndSeed(tok, string(seed))(o); err != nil {
+			return err
+		}
+		return nats.CustomInboxPrefix(role.Inbox())(o)
+	}
+}
 
 // Logger returns a logger for server logs: discarded unless TM_TEST_NATS_LOG is set.
 func Logger() *slog.Logger {
@@ -34,6 +102,9 @@ func Server(t testing.TB) *embednats.Server {
 // on the same port and store) and stops it when the test ends.
 func Restart(t testing.TB, cfg embednats.Config) *embednats.Server {
 	t.Helper()
+	if cfg.Auth == nil {
+		cfg.Auth = Auth(t)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = Logger()
 	}
@@ -69,6 +140,10 @@ func NewCluster(t testing.TB) *Cluster {
 	cfgs, err := embednats.ClusterConfigs("tmtest", 3, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
+	}
+	auth := Auth(t)
+	for i := range cfgs {
+		cfgs[i].Auth = auth
 	}
 	c := &Cluster{Configs: cfgs, Servers: make([]*embednats.Server, len(cfgs))}
 	errs := make(chan error, len(cfgs))
@@ -118,10 +193,18 @@ func (c *Cluster) WaitJetStream(t testing.TB) {
 	}
 }
 
-// Connect opens a client connection that retries forever and is closed at test end.
+// Connect opens a client connection as the rebalancer (allowed everything) that retries
+// forever and is closed at test end.
 func Connect(t testing.TB, url string, opts ...nats.Option) *nats.Conn {
 	t.Helper()
+	return ConnectAs(t, url, natsauth.Admin(), opts...)
+}
+
+// ConnectAs is Connect as role.
+func ConnectAs(t testing.TB, url string, role natsauth.Role, opts ...nats.Option) *nats.Conn {
+	t.Helper()
 	opts = append([]nats.Option{
+		As(t, role),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(50 * time.Millisecond),
 		nats.Timeout(2 * time.Second),

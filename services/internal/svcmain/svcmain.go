@@ -65,7 +65,8 @@ type Builder func(ctx context.Context, env Env) (App, error)
 type Main struct {
 	Kind string
 
-	Addr, URL, NATSURL      string
+	Addr, URL               string
+	NATS                    natsconn.Options
 	Shard, Instance         string
 	AdminToken, Labels      string
 	LogLevel, LogFormat     string
@@ -92,7 +93,7 @@ func (m *Main) ParseFlags(kind string, args []string) error {
 	host, _ := os.Hostname()
 	envflag.String(fs, &m.Addr, "addr", "127.0.0.1:0", "listen address")
 	envflag.String(fs, &m.URL, "url", "", "URL other processes reach this instance at (default: http://<listen address>)")
-	envflag.String(fs, &m.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
+	m.NATS.AddFlags(fs)
 	envflag.String(fs, &m.Shard, "shard", kind+"-1", "shard this instance belongs to")
 	envflag.String(fs, &m.Instance, "instance", sanitize(host)+"-"+strconv.Itoa(os.Getpid()), "instance name, unique within the shard")
 	envflag.Secret(fs, &m.AdminToken, "admin-token", "bearer token for /admin/* (unset: admin routes are refused)")
@@ -174,16 +175,16 @@ func (m *Main) Run(ctx context.Context, build Builder) error {
 		return err
 	}
 	log = log.With("instance", id.Key())
-	nc, err := natsconn.Connect(m.NATSURL, id.Key(), log)
+	nc, err := natsconn.Connect(m.NATS, id.Key(), log)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
 	octx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	st, err := schema.OpenRetry(octx, nc, schema.Options{Replicas: m.Replicas, Logger: log})
+	st, err := schema.OpenRetry(octx, nc, schema.Options{Replicas: m.Replicas, Logger: log, Attach: true})
 	cancel()
 	if err != nil {
-		return fmt.Errorf("open NATS state at %s: %w", m.NATSURL, err)
+		return fmt.Errorf("open NATS state at %s: %w", m.NATS.Redacted(), err)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

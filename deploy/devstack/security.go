@@ -1,0 +1,84 @@
+package main
+
+import (
+	"fmt"
+	"path/filepath"
+
+	"github.com/tenantmesh/tenantmesh/internal/embednats"
+	"github.com/tenantmesh/tenantmesh/internal/natsauth"
+	"github.com/tenantmesh/tenantmesh/internal/natsconn"
+	"github.com/tenantmesh/tenantmesh/internal/natsperm"
+)
+
+// security is how the stack's NATS is secured: the trust chain kept under <data>/auth (made on
+// first start), one credentials file per role under <data>/creds, and with --nats-tls a CA
+// and server certificate under <data>/auth/tls. Nil with --nats-insecure.
+type security struct {
+	chain *natsauth.Chain
+	creds string
+	tls   *natsauth.TLSFiles
+}
+
+func newSecurity(c config) (*security, error) {
+	if c.natsInsecure {
+		return nil, nil
+	}
+	chain, err := natsauth.LoadOrCreate(filepath.Join(c.data, "auth"))
+	if err != nil {
+		return nil, err
+	}
+	s := &security{chain: chain, creds: filepath.Join(c.data, "creds")}
+	if c.natsTLS {
+		f, err := natsauth.LoadOrCreateTLS(filepath.Join(c.data, "auth", "tls"))
+		if err != nil {
+			return nil, err
+		}
+		s.tls = &f
+	}
+	return s, nil
+}
+
+// server makes cfg trust the chain (and serve TLS).
+func (s *security) server(cfg *embednats.Config) error {
+	if s == nil {
+		return nil
+	}
+	cfg.Auth = s.chain
+	if s.tls != nil {
+		t, err := s.tls.ServerConfig()
+		if err != nil {
+			return err
+		}
+		cfg.TLS = t
+	}
+	return nil
+}
+
+// conn is how a process of role connects to url: its credentials file, written now.
+func (s *security) conn(url string, role natsperm.Role) (natsconn.Options, error) {
+	o := natsconn.Options{URL: url}
+	if s == nil {
+		return o, nil
+	}
+	path, err := s.chain.WriteCreds(s.creds, role)
+	if err != nil {
+		return o, fmt.Errorf("credentials for %s: %w", role.Name, err)
+	}
+	o.Creds = path
+	if s.tls != nil {
+		o.TLSCA = s.tls.CA
+	}
+	return o, nil
+}
+
+// args are o as command-line flags (file paths only; no secret is on a command line).
+func args(o natsconn.Options) []string {
+	a := []string{"--nats-url", o.URL}
+	if o.Creds != "" {
+		a = append(a, "--nats-creds", o.Creds)
+	}
+	if o.TLSCA != "" {
+		a = append(a, "--nats-tls-ca", o.TLSCA)
+	}
+	return a
+}

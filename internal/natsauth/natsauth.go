@@ -1,0 +1,244 @@
+// Package natsauth makes and keeps the NATS trust chain tenantmesh runs on: an operator, the
+// system account, and the TENANTMESH account (JetStream enabled) whose users are tenantmesh's
+// roles (natsperm). It is NATS's decentralized JWT auth, the way production NATS is run: the
+// server trusts the operator, and a user proves itself with a .creds file (its JWT and nkey
+// seed) that the account key signed. Nothing but the account's seed is needed to mint a user,
+// so `rebalance auth creds` can make a shard's credentials at deploy time.
+//
+// The dev stack and the tests use it through embednats (Config.Auth); deploy/ ships the server
+// config it writes (ServerConfig).
+package natsauth
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
+)
+
+// Role is one user: its name and the subjects it may publish and subscribe to (natsperm makes
+// tenantmesh's). The name is also its inbox: replies come on _INBOX_<Name>.>.
+type Role struct {
+	Name     string
+	Pub, Sub []string
+}
+
+// Inbox is the reply prefix the role's connections use (natsconn reads the name from the JWT).
+func (r Role) Inbox() string { return "_INBOX_" + r.Name }
+
+// Sorted returns r with its subjects sorted and deduplicated, for tables and stable JWTs.
+func (r Role) Sorted() Role {
+	sortUniq := func(s []string) []string {
+		s = slices.Clone(s)
+		slices.Sort(s)
+		return slices.Compact(s)
+	}
+	return Role{Name: r.Name, Pub: sortUniq(r.Pub), Sub: sortUniq(r.Sub)}
+}
+
+// Admin may do everything in tenantmesh's account: the rebalancer and the operator CLI.
+func Admin() Role { return Role{Name: "rebalancer", Pub: []string{">"}, Sub: []string{">"}} }
+
+// AccountName is the account tenantmesh's users live in.
+const AccountName = "TENANTMESH"
+
+// Chain is an operator with a system account and tenantmesh's account. Seeds are secrets.
+type Chain struct {
+	OperatorSeed string `json:"operator_seed"`
+	OperatorJWT  string `json:"operator_jwt"`
+	SystemSeed   string `json:"system_seed"`
+	SystemJWT    string `json:"system_jwt"`
+	AccountSeed  string `json:"account_seed"`
+	AccountJWT   string `json:"account_jwt"`
+}
+
+// New makes a fresh chain.
+func New() (*Chain, error) {
+	op, err := nkeys.CreateOperator()
+	if err != nil {
+		return nil, err
+	}
+	opPub, _ := op.PublicKey()
+	sys, sysJWT, err := account(op, "SYS", false)
+	if err != nil {
+		return nil, err
+	}
+	acc, accJWT, err := account(op, AccountName, true)
+	if err != nil {
+		return nil, err
+	}
+	sysPub, _ := sys.PublicKey()
+	oc := jwt.NewOperatorClaims(opPub)
+	oc.Name = "tenantmesh"
+	oc.SystemAccount = sysPub
+	opJWT, err := oc.Encode(op)
+	if err != nil {
+		return nil, fmt.Errorf("natsauth: encode operator: %w", err)
+	}
+	c := &Chain{OperatorJWT: opJWT, SystemJWT: sysJWT, AccountJWT: accJWT}
+	c.OperatorSeed, c.SystemSeed, c.AccountSeed = seed(op), seed(sys), seed(acc)
+	return c, nil
+}
+
+func account(op nkeys.KeyPair, name string, jetStream bool) (nkeys.KeyPair, string, error) {
+	kp, err := nkeys.CreateAccount()
+	if err != nil {
+		return nil, "", err
+	}
+	pub, _ := kp.PublicKey()
+	ac := jwt.NewAccountClaims(pub)
+	ac.Name = name
+	if jetStream {
+		ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1,
+			MaxAckPending: -1, MemoryMaxStreamBytes: -1, DiskMaxStreamBytes: -1}
+	}
+	tok, err := ac.Encode(op)
+	if err != nil {
+		return nil, "", fmt.Errorf("natsauth: encode account %s: %w", name, err)
+	}
+	return kp, tok, nil
+}
+
+func seed(kp nkeys.KeyPair) string {
+	s, _ := kp.Seed()
+	return string(s)
+}
+
+func pub(jwtString string) string {
+	c, err := jwt.Decode(jwtString)
+	if err != nil {
+		return ""
+	}
+	return c.Claims().Subject
+}
+
+// chainFile is the chain's file in a LoadOrCreate directory.
+const chainFile = "chain.json"
+
+// LoadOrCreate reads the chain kept in dir, or makes one and keeps it there (mode 0600).
+func LoadOrCreate(dir string) (*Chain, error) {
+	path := filepath.Join(dir, chainFile)
+	b, err := os.ReadFile(path)
+	if err == nil {
+		var c Chain
+		if err := json.Unmarshal(b, &c); err != nil {
+			return nil, fmt.Errorf("natsauth: %s: %w", path, err)
+		}
+		if pub(c.AccountJWT) == "" || pub(c.OperatorJWT) == "" {
+			return nil, fmt.Errorf("natsauth: %s holds no trust chain; remove it to make a new one", path)
+		}
+		return &c, nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("natsauth: %w", err)
+	}
+	c, err := New()
+	if err != nil {
+		return nil, err
+	}
+	b, _ = json.MarshalIndent(c, "", "  ")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("natsauth: %w", err)
+	}
+	if err := writeFile(path, b); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// writeFile writes a secret atomically with mode 0600.
+func writeFile(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("natsauth: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("natsauth: %w", err)
+	}
+	return nil
+}
+
+// Configure makes opts trust the chain: the operator, its system account, and both accounts'
+// JWTs preloaded in a memory resolver.
+func (c *Chain) Configure(opts *server.Options) error {
+	oc, err := jwt.DecodeOperatorClaims(c.OperatorJWT)
+	if err != nil {
+		return fmt.Errorf("natsauth: operator JWT: %w", err)
+	}
+	res := &server.MemAccResolver{}
+	for _, a := range []string{c.SystemJWT, c.AccountJWT} {
+		if err := res.Store(pub(a), a); err != nil {
+			return err
+		}
+	}
+	opts.TrustedOperators = []*jwt.OperatorClaims{oc}
+	opts.SystemAccount = pub(c.SystemJWT)
+	opts.AccountResolver = res
+	return nil
+}
+
+// ServerConfig is the nats-server configuration block that trusts the chain, for a config file
+// (include it: `include auth.conf`).
+func (c *Chain) ServerConfig() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# tenantmesh trust chain (made by `rebalance auth init`). Public keys and JWTs only.\n")
+	fmt.Fprintf(&b, "operator: %s\n", c.OperatorJWT)
+	fmt.Fprintf(&b, "system_account: %s\n", pub(c.SystemJWT))
+	fmt.Fprintf(&b, "resolver: MEMORY\n")
+	fmt.Fprintf(&b, "resolver_preload: {\n  %s: %s\n  %s: %s\n}\n",
+		pub(c.SystemJWT), c.SystemJWT, pub(c.AccountJWT), c.AccountJWT)
+	return b.String()
+}
+
+// Creds mints a user for role in tenantmesh's account and returns its .creds file.
+func (c *Chain) Creds(role Role) ([]byte, error) {
+	return creds(c.AccountSeed, role)
+}
+
+// SystemCreds mints a user of the system account, for server monitoring (nats server ls).
+func (c *Chain) SystemCreds() ([]byte, error) {
+	return creds(c.SystemSeed, Role{Name: "system", Pub: []string{">"}, Sub: []string{">"}})
+}
+
+func creds(accountSeed string, role Role) ([]byte, error) {
+	acc, err := nkeys.FromSeed([]byte(accountSeed))
+	if err != nil {
+		return nil, fmt.Errorf("natsauth: account seed: %w", err)
+	}
+	u, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, err
+	}
+	upub, _ := u.PublicKey()
+	uc := jwt.NewUserClaims(upub)
+	uc.Name = role.Name
+	r := role.Sorted()
+	uc.Pub.Allow = jwt.StringList(r.Pub)
+	uc.Sub.Allow = jwt.StringList(r.Sub)
+	tok, err := uc.Encode(acc)
+	if err != nil {
+		return nil, fmt.Errorf("natsauth: encode user %s: %w", role.Name, err)
+	}
+	s, _ := u.Seed()
+	return jwt.FormatUserConfig(tok, s)
+}
+
+// WriteCreds mints role's credentials into dir/<role>.creds (mode 0600) and returns the path.
+func (c *Chain) WriteCreds(dir string, role Role) (string, error) {
+	b, err := c.Creds(role)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("natsauth: %w", err)
+	}
+	path := filepath.Join(dir, role.Name+".creds")
+	return path, writeFile(path, b)
+}

@@ -1,0 +1,174 @@
+// Package natsperm says which NATS subjects each tenantmesh role may publish and subscribe to:
+// the least each needs, spelled from schema's names. natsauth puts these into user JWTs; the
+// table in docs/security.md is what they come to.
+//
+// JetStream is used through its API subjects, so reading a bucket means asking for stream info,
+// direct and leader gets and consumers on its stream, and writing a key means publishing on
+// $KV.<bucket>.<key>. Stream names are single subject tokens that cannot be matched by prefix,
+// so the roles list each asset by name: a kind added later needs the gateway's credentials made
+// again (`rebalance auth creds`).
+package natsperm
+
+import (
+	"github.com/tenantmesh/tenantmesh/internal/natsauth"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// Role is one user's permissions.
+type Role = natsauth.Role
+
+// Rebalancer may do anything in tenantmesh's account: it provisions every bucket and stream,
+// rewrites placements and sweeps the directory. The operator CLI uses it too.
+func Rebalancer() Role { return natsauth.Admin() }
+
+// Gateway reads placements of kinds, kind config, routes and the directory; writes placements
+// (the unplaced-tenant rule and the affinity policy), the directory entries and routes of the
+// servers that register with it for affinityKinds, and audit events; reads load reports.
+func Gateway(kinds, affinityKinds []string) Role {
+	p := base("gateway")
+	p.readKV(schema.BucketKinds, schema.BucketInstances, schema.BucketRoutes, schema.BucketTenantState)
+	p.readObjects(schema.BucketSnapshots)
+	for _, k := range kinds {
+		p.readKV(schema.PlacementBucket(k))
+		p.writeKV(schema.PlacementBucket(k), ">")
+	}
+	for _, k := range affinityKinds {
+		p.writeKV(schema.BucketInstances, k+".>")
+	}
+	if len(affinityKinds) > 0 {
+		p.writeKV(schema.BucketRoutes, ">")
+	}
+	p.publishAudit("*")
+	p.Sub = append(p.Sub, schema.SubjectLoadAll)
+	return p.Role
+}
+
+// DefaultGateway is the gateway for the built-in kinds, with render as its affinity kind.
+func DefaultGateway() Role {
+	return Gateway([]string{"aggregate", "projection", "runner", "render"}, []string{"render"})
+}
+
+// Assets are a kind's application data: what its instances create, write and read.
+type Assets struct {
+	// Streams and KV buckets the kind owns: created, updated, written, purged.
+	Streams, KV, Objects []string
+	// ReadStreams are other kinds' streams it reads.
+	ReadStreams []string
+	// Publish and Subscribe are core or stream subjects beyond its own streams'.
+	Publish, Subscribe []string
+}
+
+// KindAssets are the built-in kinds' assets: aggregate writes events, projection reads them,
+// runner keeps job queues and reads events. Other kinds own tm_<kind>_* buckets named by the
+// caller.
+func KindAssets(kind string) Assets {
+	switch kind {
+	case "aggregate":
+		return Assets{Streams: []string{schema.StreamEvents}, Objects: []string{schema.ServiceBucket(kind, "snapshots")},
+			Publish: []string{schema.SubjectEventsAll}}
+	case "projection":
+		return Assets{ReadStreams: []string{schema.StreamEvents}, Objects: []string{schema.ServiceBucket(kind, "views")},
+			KV: []string{schema.ServiceBucket(kind, "checkpoints")}}
+	case "runner":
+		return Assets{Streams: []string{schema.StreamJobs}, ReadStreams: []string{schema.StreamEvents},
+			KV: []string{schema.ServiceBucket(kind, "runs"), schema.ServiceBucket(kind, "outbox"),
+				schema.ServiceBucket(kind, "checkpoints"), schema.ServiceBucket(kind, "status")},
+			Publish:   []string{schema.SubjectJobsAll},
+			Subscribe: []string{schema.SubjectJobsAll, schema.SubjectEventsAll}}
+	}
+	return Assets{}
+}
+
+// Shard is one shard's instances: they read the control plane; write only their own
+// directory entries, their own tenant signals, their kind's placements (a drained tenant is
+// released by its shard), routes, their load reports and their kind's audit events; and use
+// their kind's application assets.
+func Shard(kind, shard string, a Assets) Role {
+	p := base("shard-" + kind + "-" + shard)
+	p.readKV(schema.BucketKinds, schema.BucketInstances, schema.BucketRoutes, schema.BucketTenantState,
+		schema.PlacementBucket(kind))
+	p.readObjects(schema.BucketSnapshots)
+	p.writeKV(schema.BucketInstances, kind+"."+shard+".*")
+	p.writeKV(schema.BucketTenantState, kind+".*."+shard+".*")
+	p.writeKV(schema.PlacementBucket(kind), ">")
+	p.writeKV(schema.BucketRoutes, ">")
+	p.Pub = append(p.Pub, "tm.load."+kind+"."+shard+".*")
+	p.publishAudit(kind)
+	for _, s := range a.Streams {
+		p.ownStream(s)
+	}
+	for _, s := range a.ReadStreams {
+		p.readStream(s)
+	}
+	for _, b := range a.KV {
+		p.ownStream(schema.KVStream(b))
+		p.writeKV(b, ">")
+	}
+	for _, b := range a.Objects {
+		p.ownStream(objectStream(b))
+		p.Pub = append(p.Pub, "$O."+b+".>")
+	}
+	p.Pub = append(p.Pub, a.Publish...)
+	p.Sub = append(p.Sub, a.Subscribe...)
+	return p.Role
+}
+
+type perms struct{ Role }
+
+// base is what every role needs: its inbox, JetStream account info, and reading the audit
+// stream and tm_rebalance (schema.Open opens every control-plane bucket; only the rebalancer
+// writes this one).
+func base(name string) *perms {
+	p := &perms{Role{Name: name}}
+	p.Sub = append(p.Sub, p.Inbox()+".>")
+	p.Pub = append(p.Pub, "$JS.API.INFO")
+	p.readStream(schema.StreamAudit)
+	p.readKV(schema.BucketRebalance)
+	return p
+}
+
+func (p *perms) readKV(buckets ...string) {
+	for _, b := range buckets {
+		p.readStream(schema.KVStream(b))
+	}
+}
+
+func (p *perms) readObjects(buckets ...string) {
+	for _, b := range buckets {
+		p.readStream(objectStream(b))
+	}
+}
+
+// readStream: stream info, gets, and consumers of every sort (ordered, push with flow control,
+// pull) on stream s.
+func (p *perms) readStream(s string) {
+	api := "$JS.API."
+	p.Pub = append(p.Pub,
+		api+"STREAM.INFO."+s, api+"STREAM.MSG.GET."+s,
+		api+"DIRECT.GET."+s, api+"DIRECT.GET."+s+".>",
+		api+"CONSUMER.CREATE."+s, api+"CONSUMER.CREATE."+s+".>",
+		api+"CONSUMER.DURABLE.CREATE."+s+".>",
+		api+"CONSUMER.INFO."+s+".>", api+"CONSUMER.DELETE."+s+".>",
+		api+"CONSUMER.MSG.NEXT."+s+".>",
+		api+"CONSUMER.NAMES."+s, api+"CONSUMER.LIST."+s,
+		"$JS.FC."+s+".>", "$JS.ACK."+s+".>",
+	)
+}
+
+// ownStream: read, plus create, update, purge and delete messages.
+func (p *perms) ownStream(s string) {
+	p.readStream(s)
+	api := "$JS.API."
+	p.Pub = append(p.Pub, api+"STREAM.CREATE."+s, api+"STREAM.UPDATE."+s,
+		api+"STREAM.PURGE."+s, api+"STREAM.MSG.DELETE."+s)
+}
+
+func (p *perms) writeKV(bucket, keys string) {
+	p.Pub = append(p.Pub, schema.KVSubject(bucket, keys))
+}
+
+func (p *perms) publishAudit(kind string) {
+	p.Pub = append(p.Pub, "tm.audit."+kind+".>")
+}
+
+func objectStream(bucket string) string { return "OBJ_" + bucket }

@@ -1,0 +1,215 @@
+package natsperm_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/internal/natsperm"
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// role is a store opened as one role, and the permission violations its connection saw.
+type role struct {
+	st *schema.Store
+	mu sync.Mutex
+	vs []string
+}
+
+func (r *role) refused(t *testing.T, subject string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		r.mu.Lock()
+		for _, v := range r.vs {
+			if strings.Contains(v, subject) {
+				r.mu.Unlock()
+				return
+			}
+		}
+		r.mu.Unlock()
+		time.Sleep(10 * time.Millisecond) // the violation arrives asynchronously
+	}
+	t.Errorf("no permission violation for %s; saw %q", subject, r.vs)
+}
+
+func open(t *testing.T, url string, p natsperm.Role) *role {
+	t.Helper()
+	r := &role{}
+	nc := natstest.ConnectAs(t, url, p, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		r.mu.Lock()
+		r.vs = append(r.vs, err.Error())
+		r.mu.Unlock()
+	}))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := schema.Open(ctx, nc, schema.Options{Attach: true, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatalf("%s: open: %v", p.Name, err)
+	}
+	r.st = st
+	return r
+}
+
+// short is a context for an operation that must be refused: the server drops it, so it fails
+// only when this ends.
+func short(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func ok(t *testing.T, what string, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+func setup(t *testing.T) (string, *schema.Store) {
+	t.Helper()
+	admin, url := tmtest.Store(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ok(t, "provision", admin.Provision(ctx))
+	_, err := admin.PutKind(ctx, schema.KindConfig{Kind: "render", Policy: schema.PolicyAffinity})
+	ok(t, "render kind", err)
+	for _, tenant := range []string{"t1", "t2"} {
+		for _, kind := range []string{"aggregate", "projection"} {
+			_, err := admin.CreatePlacement(ctx, schema.Placement{Kind: kind, Tenant: tenant, Shard: kind + "-1", Epoch: 1, Phase: schema.PhaseActive})
+			ok(t, "placement", err)
+		}
+	}
+	return url, admin
+}
+
+func TestShardDoesItsJobAndNoMore(t *testing.T) {
+	url, admin := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sh := open(t, url, natsperm.Shard("aggregate", "aggregate-1", natsperm.KindAssets("aggregate")))
+
+	// Its job: its own entry, its signals, its kind's placements (release), routes, load,
+	// events, its own object store, reading the control plane.
+	me := schema.InstanceID{Kind: "aggregate", Shard: "aggregate-1", Instance: "a"}
+	_, err := sh.st.Register(ctx, schema.Instance{InstanceID: me, URL: "http://127.0.0.1:9"})
+	ok(t, "register own instance", err)
+	_, err = sh.st.Heartbeat(ctx, schema.Instance{InstanceID: me, URL: "http://127.0.0.1:9"})
+	ok(t, "heartbeat", err)
+	_, err = sh.st.PutSignal(ctx, schema.TenantSignal{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1", Instance: "a", Phase: schema.SignalWarming, Epoch: 1})
+	ok(t, "own signal", err)
+	_, err = sh.st.AddRouteInstance(ctx, schema.Route{Method: "*", Prefix: "/commands", Kind: "aggregate"}, me)
+	ok(t, "route", err)
+	p, err := sh.st.Placement(ctx, "aggregate", "t1")
+	ok(t, "read placement", err)
+	next := p
+	next.UpdatedBy = "aggregate-1"
+	_, err = sh.st.UpdatePlacement(ctx, p, next)
+	ok(t, "update own kind's placement", err)
+	_, err = sh.st.Kinds(ctx)
+	ok(t, "read kinds", err)
+	_, err = sh.st.Instances(ctx, "")
+	ok(t, "read directory", err)
+	ok(t, "load report", sh.st.PublishLoad(schema.LoadReport{InstanceID: me}))
+	ok(t, "events stream", sh.st.EnsureEventsStream(ctx))
+	_, err = sh.st.JetStream().Publish(ctx, schema.EventSubject("t1", "account", "main"), []byte(`{}`))
+	ok(t, "append event", err)
+	_, err = sh.st.ObjectStore(ctx, schema.ServiceBucket("aggregate", "snapshots"), "snapshots")
+	ok(t, "own object store", err)
+
+	// Refused: another shard's entry, another kind's placement, the rebalancer's records,
+	// kind config, another shard's signals, job queues.
+	other := schema.InstanceID{Kind: "aggregate", Shard: "aggregate-2", Instance: "a"}
+	if _, err := sh.st.Register(short(t), schema.Instance{InstanceID: other, URL: "http://127.0.0.1:9"}); err == nil {
+		t.Error("a shard registered another shard's instance")
+	}
+	sh.refused(t, "$KV.tm_instances.aggregate.aggregate-2.a")
+	pp, err := admin.Placement(ctx, "projection", "t1")
+	ok(t, "admin read", err)
+	steal := pp
+	steal.UpdatedBy = "aggregate-1"
+	if _, err := sh.st.UpdatePlacement(short(t), pp, steal); err == nil {
+		t.Error("a shard rewrote another kind's placement")
+	} else {
+		t.Logf("refused: %v", err)
+	}
+	sh.refused(t, "tm_placement_projection") // its bucket cannot even be opened
+	if _, err := sh.st.CreateRecord(short(t), "x", map[string]int{"a": 1}); err == nil {
+		t.Error("a shard wrote tm_rebalance")
+	}
+	sh.refused(t, "$KV.tm_rebalance.x")
+	if _, err := sh.st.PutKind(short(t), schema.KindConfig{Kind: "aggregate"}); err == nil {
+		t.Error("a shard changed kind config")
+	}
+	sh.refused(t, "$KV.tm_kinds.aggregate")
+	if _, err := sh.st.PutSignal(short(t), schema.TenantSignal{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-2", Instance: "a", Phase: schema.SignalWarming, Epoch: 1}); err == nil {
+		t.Error("a shard wrote another shard's signal")
+	}
+	sh.refused(t, "$KV.tm_tenant_state.aggregate.t1.aggregate-2.a")
+	if _, err := sh.st.JetStream().Publish(short(t), schema.JobSubject("t1", "any"), []byte(`{}`)); err == nil {
+		t.Error("an aggregate shard enqueued a job")
+	}
+	sh.refused(t, "jobs.t1.any")
+
+	// Admin saw none of the refused writes land.
+	if got, err := admin.Placement(ctx, "projection", "t1"); err != nil || got.Shard != "projection-1" {
+		t.Errorf("projection placement after the refused rewrite: %+v, %v", got, err)
+	}
+	if _, err := admin.Instance(ctx, other); err == nil {
+		t.Error("the refused registration is in the directory")
+	}
+}
+
+func TestProjectionReadsEventsButCannotWriteThem(t *testing.T) {
+	url, _ := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pr := open(t, url, natsperm.Shard("projection", "projection-1", natsperm.KindAssets("projection")))
+	ok(t, "events stream exists", pr.st.EnsureEventsStream(ctx))
+	_, err := pr.st.EnsureKV(ctx, schema.KVSpec{Bucket: schema.ServiceBucket("projection", "checkpoints"), Description: "checkpoints"})
+	ok(t, "own bucket", err)
+	cons, done, err := schema.OrderedRead(ctx, pr.st.JetStream(), schema.StreamEvents, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"events.t1.>"}})
+	ok(t, "read events", err)
+	_, err = cons.Info(ctx)
+	ok(t, "consumer info", err)
+	done()
+	if _, err := pr.st.JetStream().Publish(short(t), schema.EventSubject("t1", "account", "main"), []byte(`{}`)); err == nil {
+		t.Error("a projection shard appended an event")
+	}
+	pr.refused(t, "events.t1.account.main")
+}
+
+func TestGatewayPlacesButCannotRebalance(t *testing.T) {
+	url, admin := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	gw := open(t, url, natsperm.DefaultGateway())
+	_, err := gw.st.Placement(ctx, "aggregate", "t1")
+	ok(t, "read placement", err)
+	_, err = gw.st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "new", Shard: "aggregate-1", Epoch: 1, Phase: schema.PhaseActive})
+	ok(t, "place an unplaced tenant", err)
+	render := schema.InstanceID{Kind: "render", Shard: "r1", Instance: "i1"}
+	_, err = gw.st.Register(ctx, schema.Instance{InstanceID: render, URL: "http://127.0.0.1:9"})
+	ok(t, "register an affinity server", err)
+	ok(t, "audit", gw.st.Audit(ctx, schema.AuditEvent{Actor: "gateway/test", Action: "placement.assign", Kind: "aggregate", Tenant: "new"}))
+
+	if _, err := gw.st.CreateRecord(short(t), "plan-x", map[string]int{"a": 1}); err == nil {
+		t.Error("the gateway wrote tm_rebalance")
+	}
+	gw.refused(t, "$KV.tm_rebalance.plan-x")
+	agg := schema.InstanceID{Kind: "aggregate", Shard: "aggregate-1", Instance: "evil"}
+	if _, err := gw.st.Register(short(t), schema.Instance{InstanceID: agg, URL: "http://127.0.0.1:9"}); err == nil {
+		t.Error("the gateway registered an aggregate instance")
+	}
+	gw.refused(t, "$KV.tm_instances.aggregate.aggregate-1.evil")
+	if _, err := admin.Instance(ctx, agg); err == nil {
+		t.Error("the refused registration is in the directory")
+	}
+}
