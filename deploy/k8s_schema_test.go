@@ -147,7 +147,8 @@ type k8sPodTemplate struct {
 				Name string `yaml:"name"`
 			} `yaml:"configMap"`
 			Secret *struct {
-				SecretName string `yaml:"secretName"`
+				SecretName  string `yaml:"secretName"`
+				DefaultMode int    `yaml:"defaultMode"`
 			} `yaml:"secret"`
 			EmptyDir *struct {
 				Medium    string `yaml:"medium"`

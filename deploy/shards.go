@@ -122,6 +122,9 @@ spec:
               value: http://$(POD_IP):9000
             - name: TM_NATS_URL
               value: nats://nats:4222
+            # This shard's NATS user (rebalance auth init --shards {{.Kind}}:{{.Name}}).
+            - name: TM_NATS_CREDS
+              value: /etc/tenantmesh/nats/nats.creds
             - name: TM_REPLICAS
               value: "3"
             - name: TM_LOG_FORMAT
@@ -167,9 +170,16 @@ spec:
           volumeMounts:
             - name: tmp
               mountPath: /tmp
+            - name: nats-creds
+              mountPath: /etc/tenantmesh/nats
+              readOnly: true
       volumes:
         - name: tmp
           emptyDir: {}
+        - name: nats-creds
+          secret:
+            secretName: tm-nats-shard-{{.Kind}}-{{.Name}}
+            defaultMode: 0400
 ---
 # Names the shard's pods ({{.Name}}-0.{{.Name}}); clients do not use it: the gateway routes to
 # instances by the URL (TM_URL = pod IP) each registers in NATS.

@@ -24,6 +24,8 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/tenantmesh/tenantmesh/internal/natsauth"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -878,10 +880,14 @@ func checkK8sPlatform(t *testing.T, objs []k8sObject) {
 		t.Fatal(err)
 	}
 	checkNATSConfig(t, conf, map[string]string{"SERVER_NAME": "nats-0"}, routes)
-	// Clients reach NATS through a Service that exists.
+	// Clients reach NATS through a Service that exists, with their role's credentials mounted
+	// from a Secret.
 	for _, w := range byKind(objs, "Deployment", "StatefulSet") {
 		for _, c := range getList(w.o, "spec", "template", "spec", "containers") {
 			_, env := containerEnv(c.(obj))
+			if _, ok := env["TM_NATS_URL"]; ok {
+				checkCredsMount(t, w, c.(obj), getStr(env["TM_NATS_CREDS"], "value"))
+			}
 			for _, u := range strings.Split(getStr(env["TM_NATS_URL"], "value"), ",") {
 				if u == "" {
 					continue
@@ -899,6 +905,25 @@ func checkK8sPlatform(t *testing.T, objs []k8sObject) {
 	}
 }
 
+// checkCredsMount: creds is set and lies in a read-only mount of a Secret volume.
+func checkCredsMount(t *testing.T, w any, c obj, creds string) {
+	t.Helper()
+	if creds == "" {
+		t.Errorf("%v: no TM_NATS_CREDS: NATS runs secured", w)
+		return
+	}
+	for _, m := range getList(c, "volumeMounts") {
+		mo := m.(obj)
+		if dir := getStr(mo, "mountPath"); dir != "" && filepath.Dir(creds) == dir {
+			if get(mo, "readOnly") != true {
+				t.Errorf("%v: credentials mount %s is not read-only", w, dir)
+			}
+			return
+		}
+	}
+	t.Errorf("%v: TM_NATS_CREDS %s is in no volume mount", w, creds)
+}
+
 // --- NATS ------------------------------------------------------------------------------------
 
 // checkNATSConfig loads a config with nats-server's own parser and checks it is a node of a
@@ -908,9 +933,37 @@ func checkNATSConfig(t *testing.T, path string, env map[string]string, wantRoute
 	for k, v := range env {
 		t.Setenv(k, v)
 	}
-	opts, err := server.ProcessConfigFile(path)
+	// The config includes the trust chain's auth.conf (rebalance auth init writes it at
+	// deploy time): load a copy beside a generated one.
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inc := regexp.MustCompile(`(?m)^\s*include\s+(\S+)\s*$`).FindStringSubmatch(string(b))
+	if inc == nil || filepath.Base(inc[1]) != "auth.conf" {
+		t.Fatalf("%s: does not include auth.conf: NATS would let anyone in", path)
+	}
+	dir := t.TempDir()
+	chain, err := natsauth.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "auth.conf"), []byte(chain.ServerConfig()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	copyPath := filepath.Join(dir, "nats.conf")
+	if err := os.WriteFile(copyPath, []byte(strings.Replace(string(b), inc[0], "include auth.conf", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(copyPath)
 	if err != nil {
 		t.Fatalf("%s: %v", path, err)
+	}
+	if len(opts.TrustedOperators) != 1 || opts.SystemAccount == "" || opts.AccountResolver == nil {
+		t.Errorf("%s: trusts %d operators, system account %q: want the tenantmesh chain", path, len(opts.TrustedOperators), opts.SystemAccount)
+	}
+	if opts.MaxControlLine < 64<<10 {
+		t.Errorf("%s: max_control_line %d: a shard's user JWT needs 64KB", path, opts.MaxControlLine)
 	}
 	if opts.ServerName == "" || strings.HasPrefix(opts.ServerName, "$") {
 		t.Errorf("%s: server_name %q did not come from the environment", path, opts.ServerName)
@@ -1151,6 +1204,9 @@ func TestCompose(t *testing.T) {
 				t.Errorf("%s: volume %q: want source:target", where, v)
 				continue
 			}
+			if strings.HasPrefix(src, "./nats-auth/") {
+				continue // written by rebalance auth init before the first up (see the file's header)
+			}
 			if strings.HasPrefix(src, ".") || strings.HasPrefix(src, "/") {
 				if _, err := os.Stat(filepath.Join("compose", src)); err != nil {
 					t.Errorf("%s: bind mount: %v", where, err)
@@ -1183,6 +1239,11 @@ func TestCompose(t *testing.T) {
 		flags.checkEnv(t, where, binary, names)
 		if env["TM_NATS_URL"] == "" {
 			t.Errorf("%s: no TM_NATS_URL", where)
+		}
+		if creds := env["TM_NATS_CREDS"]; creds == "" {
+			t.Errorf("%s: no TM_NATS_CREDS: NATS runs secured", where)
+		} else if !slices.ContainsFunc(s.Volumes, func(v string) bool { return strings.Contains(v, ":"+creds+":") }) {
+			t.Errorf("%s: TM_NATS_CREDS %s is not mounted", where, creds)
 		}
 		for _, u := range strings.Split(env["TM_NATS_URL"], ",") {
 			pu, err := url.Parse(u)
