@@ -23,14 +23,17 @@ func (g *Gateway) adminMux() *http.ServeMux {
 	})
 	mux.HandleFunc("GET /readyz", g.handleReady)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g.cfg.Registry, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /admin/balance", g.handleBalance)
-	mux.HandleFunc("GET /admin/placement/{kind}/{tenant}", g.handlePlacement)
+	// The listener also faces tenants: admin and registration need a bearer token (a gateway
+	// without one refuses them).
+	admin := tmhttp.RequireBearer(g.cfg.AdminToken, "--admin-token (TM_ADMIN_TOKEN)")
+	mux.Handle("GET /admin/balance", admin(http.HandlerFunc(g.handleBalance)))
+	mux.Handle("GET /admin/placement/{kind}/{tenant}", admin(http.HandlerFunc(g.handlePlacement)))
 	g.registerServerRoutes(mux)
 	if g.cfg.Pprof {
-		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
-		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
-		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.Handle("GET /debug/pprof/", admin(http.HandlerFunc(pprof.Index)))
+		mux.Handle("GET /debug/pprof/profile", admin(http.HandlerFunc(pprof.Profile)))
+		mux.Handle("GET /debug/pprof/trace", admin(http.HandlerFunc(pprof.Trace)))
+		mux.Handle("GET /debug/pprof/symbol", admin(http.HandlerFunc(pprof.Symbol)))
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		tmhttp.WriteProblem(w, r, tmhttp.Problem{Type: tmhttp.TypeBase + "not-found", Title: "Not found", Status: http.StatusNotFound,

@@ -26,6 +26,8 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -42,6 +44,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/tenantmesh/tenantmesh/gateway/breaker"
+	"github.com/tenantmesh/tenantmesh/gateway/edgeauth"
 	"github.com/tenantmesh/tenantmesh/shardkit/kvwatch"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -58,6 +61,20 @@ type Config struct {
 	Addr string
 	// Listener, if set, is served instead of listening on Addr (tests, socket activation).
 	Listener net.Listener
+	// Auth, if set, checks a bearer JWT on every tenant request (seed 004's tenant validation at
+	// the edge): 401 without a valid one, 403 when x-tenant-id names another tenant, and the
+	// token's tenant fills x-tenant-id when the client sent none. Its sub reaches the shard as
+	// x-tm-subject.
+	Auth *edgeauth.Verifier
+	// AdminToken guards /admin/* and /debug/pprof/ (Authorization: Bearer); without one they
+	// are refused. RegistrationToken (or the admin token) guards the affinity servers'
+	// registration (/prerender-servers): a registered server receives tenants' traffic.
+	AdminToken, RegistrationToken string
+	// TLS, if set, serves the listener over TLS (certfile.Reloader picks up renewed files).
+	TLS *tls.Config
+	// UpstreamCAs verify instances registered with https:// URLs (nil: the system's roots).
+	// Requests to them go through net/http's transport.
+	UpstreamCAs *x509.CertPool
 	// Logger; if nil, logs are discarded.
 	Logger *slog.Logger
 	// Registry receives the gateway's metrics and is served on /metrics. Default: a new registry
@@ -241,6 +258,8 @@ func newTransport(cfg Config) *http.Transport {
 		WriteBufferSize:        16 << 10,
 		ReadBufferSize:         16 << 10,
 		MaxResponseHeaderBytes: 1 << 20,
+		TLSClientConfig:        &tls.Config{RootCAs: cfg.UpstreamCAs, MinVersion: tls.VersionTLS12},
+		TLSHandshakeTimeout:    cfg.ConnectTimeout + time.Second,
 	}
 }
 
@@ -272,6 +291,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 		if ln, err = net.Listen("tcp", g.cfg.Addr); err != nil {
 			return fmt.Errorf("gateway: listen on %s: %w", g.cfg.Addr, err)
 		}
+	}
+	if g.cfg.TLS != nil {
+		ln = tls.NewListener(ln, g.cfg.TLS)
 	}
 	a := ln.Addr()
 	g.addr.Store(&a)

@@ -65,6 +65,10 @@ func newEnv(t testing.TB, cfg Config, kinds []schema.KindConfig, setup func(e *e
 	return e
 }
 
+// testAdminToken is the gateways' admin token in tests; do sends it to admin and registration
+// paths unless the caller sets Authorization.
+const testAdminToken = "test-admin-token"
+
 func (e *env) startGateway(cfg Config) {
 	t := e.t
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -72,6 +76,9 @@ func (e *env) startGateway(cfg Config) {
 		t.Fatal(err)
 	}
 	cfg.Store, cfg.Listener = e.st, ln
+	if cfg.AdminToken == "" {
+		cfg.AdminToken = testAdminToken
+	}
 	if cfg.RefreshWait == 0 {
 		cfg.RefreshWait = 200 * time.Millisecond
 	}
@@ -218,6 +225,9 @@ func (e *env) do(method, path, tenant, body string, hdr map[string]string) (*htt
 	}
 	if tenant != "" {
 		req.Header.Set(tmhttp.HeaderTenant, tenant)
+	}
+	if _, set := hdr["Authorization"]; !set && (strings.HasPrefix(path, "/admin/") || strings.HasPrefix(path, "/prerender-servers")) {
+		req.Header.Set("Authorization", "Bearer "+testAdminToken)
 	}
 	for k, v := range hdr {
 		req.Header.Set(k, v)

@@ -81,6 +81,9 @@ func (g *Gateway) proxyLean(w http.ResponseWriter, r *http.Request, ctx context.
 		h[tmhttp.HeaderRequestID] = []string{st.reqID}
 	}
 	h[tmhttp.HeaderKind] = st.ke.kindHdr
+	if st.subject != nil {
+		h[tmhttp.HeaderSubject] = st.subject
+	}
 	u.Scheme = "http"
 
 	resp, err := g.forward(out, st)

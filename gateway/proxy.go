@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tenantmesh/tenantmesh/gateway/edgeauth"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
@@ -28,6 +29,8 @@ type reqState struct {
 	method string
 	entry  placement.Entry
 	reqID  string // generated request id, "" if the client sent a usable one
+	// subject is the verified token's sub (edge auth), sent as x-tm-subject.
+	subject []string
 
 	body       []byte // buffered body, nil if none or streamed
 	replayable bool   // the request can be sent again (no body, or body buffered)
@@ -61,6 +64,22 @@ func isAdminPath(p string) bool {
 	return p == "/" || strings.HasPrefix(p, "/prerender-servers") || p == "/healthz" || p == "/readyz" || p == "/metrics" || strings.HasPrefix(p, "/admin/") || strings.HasPrefix(p, "/debug/pprof/")
 }
 
+// refuseToken answers a request whose bearer token is missing or not valid: 401 with
+// WWW-Authenticate (RFC 6750), as problem+json.
+func (g *Gateway) refuseToken(w http.ResponseWriter, r *http.Request, err error) {
+	ae := &edgeauth.Error{Reason: "invalid", Err: err}
+	errors.As(err, &ae)
+	desc := "the bearer token is " + ae.Reason
+	hdr := `Bearer realm="tenantmesh"`
+	if errors.Is(err, edgeauth.ErrNoToken) {
+		desc = "send Authorization: Bearer <token> from your identity provider"
+	} else {
+		hdr += `, error="invalid_token", error_description="` + desc + `"`
+	}
+	w.Header().Set("WWW-Authenticate", hdr)
+	g.reject(w, r, nil, &tmhttp.Error{Status: http.StatusUnauthorized, Type: "unauthenticated", Title: "Unauthenticated", Detail: desc, Err: err}, "", "")
+}
+
 // reject answers a request refused before it reached the proxy.
 func (g *Gateway) reject(w http.ResponseWriter, r *http.Request, km *kindMetrics, err error, tenant, kind string) {
 	p := tmhttp.FromError(err)
@@ -76,6 +95,26 @@ func (g *Gateway) reject(w http.ResponseWriter, r *http.Request, km *kindMetrics
 func (g *Gateway) serveTenant(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	tenant := r.Header.Get(tmhttp.HeaderTenant)
+	var subject []string
+	if g.cfg.Auth != nil {
+		id, err := g.cfg.Auth.Verify(r)
+		if err != nil {
+			g.refuseToken(w, r, err)
+			return
+		}
+		switch {
+		case tenant == "":
+			tenant = id.Tenant
+			r.Header.Set(tmhttp.HeaderTenant, tenant)
+		case tenant != id.Tenant:
+			g.reject(w, r, nil, tmhttp.Errorf(http.StatusForbidden, "tenant-mismatch", "Tenant mismatch",
+				"x-tenant-id names a tenant the bearer token is not for; send the token's tenant or leave x-tenant-id out"), tenant, "")
+			return
+		}
+		if id.Subject != "" {
+			subject = []string{id.Subject}
+		}
+	}
 	if !schema.ValidTenant(tenant) {
 		g.reject(w, r, nil, schema.CheckTenant(tenant), "", "")
 		return
@@ -120,7 +159,7 @@ func (g *Gateway) serveTenant(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	st := &reqState{ke: ke, rt: rt, tenant: tenant, method: r.Method, entry: entry, replayable: true}
+	st := &reqState{ke: ke, rt: rt, tenant: tenant, method: r.Method, entry: entry, replayable: true, subject: subject}
 	if err := g.readBody(w, r, st); err != nil {
 		g.reject(w, r, km, err, tenant, rt.kind)
 		return
@@ -226,6 +265,9 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 		h.Set(tmhttp.HeaderRequestID, st.reqID)
 	}
 	h.Set(tmhttp.HeaderKind, st.ke.name)
+	if st.subject != nil {
+		h[tmhttp.HeaderSubject] = st.subject
+	}
 	pr.Out.URL.Scheme = "http"
 }
 
@@ -339,7 +381,7 @@ func (g *Gateway) forward(req *http.Request, st *reqState) (*http.Response, erro
 
 // send makes one attempt with the gateway's HTTP/1.1 client, or net/http.Transport for upgrades.
 func (g *Gateway) send(req *http.Request) (*http.Response, error) {
-	if g.cfg.StdTransport {
+	if g.cfg.StdTransport || req.URL.Scheme == "https" {
 		return g.transport.RoundTrip(req)
 	}
 	if _, up := req.Header["Upgrade"]; up {

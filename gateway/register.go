@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"hash/fnv"
@@ -31,9 +32,35 @@ func (g *Gateway) registerServerRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
 		tmhttp.WriteJSON(w, http.StatusOK, map[string]bool{"ready": true})
 	})
-	mux.HandleFunc("POST /prerender-servers", g.handleRegister)
-	mux.HandleFunc("DELETE /prerender-servers", g.handleUnregister)
-	mux.HandleFunc("DELETE /prerender-servers/realms/{realm}", g.handleReleaseRealm)
+	// A registered server receives tenants' traffic: registering needs the registration token
+	// or the admin token; a gateway with neither refuses it.
+	reg := tmhttp.RequireBearer("", "--registration-token (TM_REGISTRATION_TOKEN) or --admin-token")
+	if g.cfg.RegistrationToken != "" || g.cfg.AdminToken != "" {
+		reg = eitherBearer(g.cfg.RegistrationToken, g.cfg.AdminToken)
+	}
+	mux.Handle("POST /prerender-servers", reg(http.HandlerFunc(g.handleRegister)))
+	mux.Handle("DELETE /prerender-servers", reg(http.HandlerFunc(g.handleUnregister)))
+	mux.Handle("DELETE /prerender-servers/realms/{realm}", reg(http.HandlerFunc(g.handleReleaseRealm)))
+}
+
+// eitherBearer lets through requests whose bearer token is one of tokens (empty ones never
+// match) and answers 401 problem+json to the others.
+func eitherBearer(tokens ...string) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+				for _, t := range tokens {
+					if t != "" && subtle.ConstantTimeCompare([]byte(got), []byte(t)) == 1 {
+						next.ServeHTTP(w, r)
+						return
+					}
+				}
+			}
+			w.Header().Set("WWW-Authenticate", `Bearer realm="tenantmesh registration"`)
+			tmhttp.WriteProblem(w, r, tmhttp.Problem{Type: tmhttp.TypeBase + "unauthorized", Title: "Unauthorized", Status: http.StatusUnauthorized,
+				Detail: "registering a server needs Authorization: Bearer <the gateway's --registration-token or --admin-token>"})
+		})
+	}
 }
 
 // registration is the JSON:API body of POST /prerender-servers.

@@ -232,7 +232,7 @@ func (c config) processes(sec *security, natsURL string, log *slog.Logger) ([]*p
 			if i > 0 {
 				name = fmt.Sprintf("gateway-%d", i+1)
 			}
-			out = append(out, &proc{name: name, args: append([]string{p, "--addr", addr(port)}, as(natsperm.DefaultGateway())...),
+			out = append(out, &proc{name: name, args: append([]string{p, "--addr", addr(port), "--admin-token", c.adminToken}, as(natsperm.DefaultGateway())...),
 				ready: url(port, "/readyz")})
 		}
 	}

@@ -29,6 +29,10 @@ const (
 	// service saw it (the value says why: not_owner, handoff, closing, ...). Such a request is
 	// always safe to send again; the gateway does, and never passes the header on.
 	HeaderRefused = "X-Tm-Refused"
+	// HeaderSubject is the subject (sub) of the bearer token the gateway verified, when it
+	// checks tenant identity at the edge (gateway --jwt-*): a shard can trust it, since the
+	// gateway strips every x-tm-* header a client sends.
+	HeaderSubject = "X-Tm-Subject"
 	// HeaderPrefixTM is the prefix of headers only tenantmesh may set.
 	HeaderPrefixTM = "X-Tm-"
 )

@@ -4,14 +4,18 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/gateway"
+	"github.com/tenantmesh/tenantmesh/gateway/edgeauth"
+	"github.com/tenantmesh/tenantmesh/internal/certfile"
 	"github.com/tenantmesh/tenantmesh/internal/envflag"
 	"github.com/tenantmesh/tenantmesh/internal/natsconn"
 	"github.com/tenantmesh/tenantmesh/internal/tmlog"
@@ -32,6 +36,10 @@ func run() error {
 		addr, id, logLevel, logFormat             string
 		retries, maxHeader, idlePerHost, replicas int
 		pprof, stdTransport, lean                 bool
+		adminToken, registrationToken             string
+		tlsCert, tlsKey, upstreamCA               string
+		jwt                                       edgeauth.Config
+		jwtMethods                                string
 		maxBody, replayBody                       int
 		readHeader, shutdown, connect             time.Duration
 	)
@@ -51,7 +59,19 @@ func run() error {
 	envflag.Duration(fs, &connect, "connect-timeout", time.Second, "time allowed to connect to an instance")
 	envflag.Bool(fs, &stdTransport, "std-transport", false, "send to instances with net/http.Transport instead of the synchronous HTTP/1.1 client")
 	envflag.Bool(fs, &lean, "lean-proxy", false, "experimental: proxy plain HTTP/1.1 exchanges without httputil.ReverseProxy")
-	envflag.Bool(fs, &pprof, "pprof", false, "serve /debug/pprof/ to requests without x-tenant-id")
+	envflag.Bool(fs, &pprof, "pprof", false, "serve /debug/pprof/ to requests without x-tenant-id (needs the admin token)")
+	envflag.Secret(fs, &adminToken, "admin-token", "bearer token for /admin/* and /debug/pprof/ (unset: they are refused)")
+	envflag.Secret(fs, &registrationToken, "registration-token", "bearer token affinity servers register with at /prerender-servers (the admin token works too; neither set: registration is refused)")
+	envflag.String(fs, &tlsCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; a renewed file is picked up without a restart)")
+	envflag.String(fs, &tlsKey, "tls-key", "", "key (PEM) of --tls-cert")
+	envflag.String(fs, &upstreamCA, "upstream-ca", "", "PEM CAs that sign the certificates of instances registered with https:// URLs (default: the system's)")
+	envflag.String(fs, &jwt.JWKSURL, "jwt-jwks-url", "", "check a bearer JWT on every tenant request, with keys from this JWK Set URL (cached, refreshed)")
+	envflag.String(fs, &jwt.KeyFile, "jwt-key-file", "", "check a bearer JWT on every tenant request, with this PEM public key or JWK Set file")
+	envflag.String(fs, &jwt.Issuer, "jwt-issuer", "", "with --jwt-*: the iss tokens must carry")
+	envflag.String(fs, &jwt.Audience, "jwt-audience", "", "with --jwt-*: an aud tokens must carry")
+	envflag.String(fs, &jwt.TenantClaim, "jwt-tenant-claim", "tenant_id", "with --jwt-*: the claim naming the tenant; it must equal x-tenant-id, or fills it")
+	envflag.Duration(fs, &jwt.Leeway, "jwt-leeway", 30*time.Second, "with --jwt-*: clock skew allowed on exp and nbf")
+	envflag.String(fs, &jwtMethods, "jwt-algorithms", "RS256,RS384,RS512,PS256,ES256,ES384,EdDSA", "with --jwt-*: accepted signing algorithms (public-key ones only)")
 	if err := envflag.Check(fs); err != nil {
 		return err
 	}
@@ -66,6 +86,36 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	cfg := gateway.Config{
+		ID: id, Addr: addr, Logger: log, Retries: retries,
+		MaxHeaderBytes: maxHeader, MaxBodyBytes: int64(maxBody), MaxReplayBody: int64(replayBody),
+		MaxIdleConnsPerHost: idlePerHost, ReadHeaderTimeout: readHeader, ShutdownTimeout: shutdown,
+		ConnectTimeout: connect, Pprof: pprof, StdTransport: stdTransport, Lean: lean,
+		AdminToken: adminToken, RegistrationToken: registrationToken,
+	}
+	if (tlsCert == "") != (tlsKey == "") {
+		return errors.New("--tls-cert and --tls-key go together")
+	}
+	if tlsCert != "" {
+		rl, err := certfile.New(tlsCert, tlsKey, log)
+		if err != nil {
+			return fmt.Errorf("--tls-cert/--tls-key: %w", err)
+		}
+		cfg.TLS = rl.ServerConfig()
+	}
+	if upstreamCA != "" {
+		if cfg.UpstreamCAs, err = certfile.Pool(upstreamCA); err != nil {
+			return fmt.Errorf("--upstream-ca: %w", err)
+		}
+	}
+	if jwt.JWKSURL != "" || jwt.KeyFile != "" {
+		jwt.Methods = strings.Split(jwtMethods, ",")
+		jwt.Logger = log
+		if cfg.Auth, err = edgeauth.New(ctx, jwt); err != nil {
+			return err
+		}
+		log.Info("tenant requests need a bearer JWT", "jwks", jwt.JWKSURL, "key_file", jwt.KeyFile, "tenant_claim", jwt.TenantClaim)
+	}
 	nc, err := natsconn.Connect(nats, "tm-gateway", log)
 	if err != nil {
 		return err
@@ -75,12 +125,8 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	g, err := gateway.New(gateway.Config{
-		Store: store, ID: id, Addr: addr, Logger: log, Retries: retries,
-		MaxHeaderBytes: maxHeader, MaxBodyBytes: int64(maxBody), MaxReplayBody: int64(replayBody),
-		MaxIdleConnsPerHost: idlePerHost, ReadHeaderTimeout: readHeader, ShutdownTimeout: shutdown,
-		ConnectTimeout: connect, Pprof: pprof, StdTransport: stdTransport, Lean: lean,
-	})
+	cfg.Store = store
+	g, err := gateway.New(cfg)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ package svcmain
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -24,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/tenantmesh/tenantmesh/internal/certfile"
 	"github.com/tenantmesh/tenantmesh/internal/envflag"
 	"github.com/tenantmesh/tenantmesh/internal/natsconn"
 	"github.com/tenantmesh/tenantmesh/internal/tmlog"
@@ -67,6 +69,7 @@ type Main struct {
 
 	Addr, URL               string
 	NATS                    natsconn.Options
+	TLSCert, TLSKey         string
 	Shard, Instance         string
 	AdminToken, Labels      string
 	LogLevel, LogFormat     string
@@ -94,6 +97,8 @@ func (m *Main) ParseFlags(kind string, args []string) error {
 	envflag.String(fs, &m.Addr, "addr", "127.0.0.1:0", "listen address")
 	envflag.String(fs, &m.URL, "url", "", "URL other processes reach this instance at (default: http://<listen address>)")
 	m.NATS.AddFlags(fs)
+	envflag.String(fs, &m.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; renewed files are picked up); the gateway then needs --upstream-ca")
+	envflag.String(fs, &m.TLSKey, "tls-key", "", "key (PEM) of --tls-cert")
 	envflag.String(fs, &m.Shard, "shard", kind+"-1", "shard this instance belongs to")
 	envflag.String(fs, &m.Instance, "instance", sanitize(host)+"-"+strconv.Itoa(os.Getpid()), "instance name, unique within the shard")
 	envflag.Secret(fs, &m.AdminToken, "admin-token", "bearer token for /admin/* (unset: admin routes are refused)")
@@ -199,6 +204,21 @@ func (m *Main) Run(ctx context.Context, build Builder) error {
 	url := m.URL
 	if url == "" {
 		url = "http://" + ln.Addr().String()
+	}
+	if (m.TLSCert == "") != (m.TLSKey == "") {
+		ln.Close()
+		return errors.New("--tls-cert and --tls-key go together")
+	}
+	if m.TLSCert != "" {
+		rl, err := certfile.New(m.TLSCert, m.TLSKey, log)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("--tls-cert/--tls-key: %w", err)
+		}
+		ln = tls.NewListener(ln, rl.ServerConfig())
+		if m.URL == "" {
+			url = "https://" + ln.Addr().String()
+		}
 	}
 	sk, err := shardkit.New(shardkit.Config{
 		Store: st, ID: id, URL: url, Capacity: m.Capacity, Labels: labels, Version: m.Version,
