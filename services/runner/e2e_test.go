@@ -2,6 +2,7 @@ package runner
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,8 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tenantmesh/tenantmesh/internal/certfile"
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/internal/natsauth"
 	"github.com/tenantmesh/tenantmesh/internal/natsperm"
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/services/internal/svcmain"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
@@ -20,10 +24,13 @@ import (
 
 // binary runs one runner instance the way cmd/runner does (svcmain: shardkit gate,
 // registration, heartbeats, moves), in process.
-func binary(t *testing.T, natsURL, shard, instance string) string {
+func binary(t *testing.T, natsURL, shard, instance string, opts ...func(*svcmain.Main)) string {
 	t.Helper()
 	m := &svcmain.Main{Kind: Kind, Addr: "127.0.0.1:0", NATS: natstest.Options(t, natsURL, natsperm.Shard(Kind, shard, natsperm.KindAssets(Kind))), Shard: shard, Instance: instance, AdminToken: "secret",
 		LogLevel: "error", LogFormat: "json", Stderr: io.Discard, Heartbeat: 100 * time.Millisecond, DrainTimeout: 5 * time.Second}
+	for _, o := range opts {
+		o(m)
+	}
 	ready := m.Listening()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -218,4 +225,38 @@ func TestBinaryMove(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// --tls-cert/--tls-key: the instance serves HTTPS and registers an https:// URL.
+func TestBinaryServesTLS(t *testing.T) {
+	srv := natstest.Server(t)
+	st := tmtest.StoreAt(t, srv.URL())
+	if err := st.Provision(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	files, err := natsauth.LoadOrCreateTLS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := binary(t, srv.URL(), "runner-1", "a", func(m *svcmain.Main) { m.TLSCert, m.TLSKey = files.Cert, files.Key })
+	if !strings.HasPrefix(url, "https://") {
+		t.Fatalf("instance URL %s", url)
+	}
+	in, err := st.Instance(context.Background(), schema.InstanceID{Kind: Kind, Shard: "runner-1", Instance: "a"})
+	if err != nil || in.URL != url {
+		t.Fatalf("directory has %q (%v), want %s", in.URL, err, url)
+	}
+	cas, err := certfile.Pool(files.CA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: cas}}}
+	resp, err := c.Get(url + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.TLS == nil {
+		t.Fatalf("GET /healthz over TLS: %d", resp.StatusCode)
+	}
 }
