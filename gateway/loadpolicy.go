@@ -24,12 +24,16 @@ func breakerConfig(base breaker.Config, kc schema.KindConfig) breaker.Config {
 	return base
 }
 
-// pickFor chooses the instance of the tenant's shard for one attempt: by the load policy for
-// load kinds (soft affinity, seed 001's decision table, the power-of-two pick as the "local"
-// choice), else by power of two choices.
+// pickFor chooses the instance of the tenant's shard for one attempt: the tenant's writer for
+// single-writer kinds (writer.go), by the load policy for load kinds (soft affinity, seed 001's
+// decision table, the power-of-two pick as the "local" choice), else by power of two choices.
 func (g *Gateway) pickFor(st *reqState, tried []*instance) *instance {
 	insts := st.rt.byShard[st.entry.Shard]
-	if c := st.ke.config(); c == nil || c.Policy != schema.PolicyLoad {
+	c := st.ke.config()
+	if c != nil && c.SingleWriter {
+		return pickWriter(insts, tried, st.tenant)
+	}
+	if c == nil || c.Policy != schema.PolicyLoad {
 		return pick(insts, tried)
 	}
 	var candArr [16]string

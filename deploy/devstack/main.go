@@ -57,6 +57,7 @@ type config struct {
 	noSeed                    bool
 
 	instances, gateways    int
+	kindCounts             string
 	natsCluster, keepGoing bool
 	natsInsecure, natsTLS  bool
 	restartDelay           time.Duration
@@ -87,6 +88,7 @@ func main() {
 	envflag.Duration(fs, &c.readyTimeout, "ready-timeout", 60*time.Second, "how long to wait for every process to be ready")
 	envflag.Bool(fs, &c.noSeed, "no-seed", false, "do not create demo tenants")
 	envflag.Int(fs, &c.instances, "instances", 1, "instances of every shard (named a, b, c...)")
+	envflag.String(fs, &c.kindCounts, "kind-instances", "", "instances per shard of some kinds, overriding --instances: aggregate=3,runner=2")
 	envflag.Int(fs, &c.gateways, "gateways", 1, "gateways (the first on --gateway-port, the others on free ports)")
 	envflag.Bool(fs, &c.natsCluster, "nats-cluster", false, "run a 3-node embedded NATS cluster (replicas 3) instead of one server; --nats-port is then unused")
 	envflag.Bool(fs, &c.natsInsecure, "nats-insecure", false, "run NATS without authentication (every process connects as anyone); by default it trusts a chain kept in <data>/auth and each process gets its role's credentials in <data>/creds")
@@ -240,9 +242,13 @@ func (c config) processes(sec *security, natsURL string, log *slog.Logger) ([]*p
 		out = append(out, &proc{name: "rebalancer", args: append([]string{p, "serve", "--addr", addr(c.rebalancerPort),
 			"--holder", "devstack-rebalancer", "--sweep-every", "5s", "--lease-ttl", c.leaseTTL.String(), "--admin-token", c.adminToken}, as(natsperm.Rebalancer())...), ready: url(c.rebalancerPort, "/readyz")})
 	}
-	instances := max(c.instances, 1)
-	next := c.shardPorts(3 * c.shards * instances)
+	perKind, err := c.kindInstances()
+	if err != nil {
+		return nil, err
+	}
+	next := c.shardPorts(c.shards * (perKind["aggregate"] + perKind["projection"] + perKind["runner"]))
 	for _, kind := range []string{"aggregate", "projection", "runner"} {
+		instances := perKind[kind]
 		bin := c.binary(kind)
 		if bin == "" {
 			log.Warn("no binary; skipping its shards", "kind", kind, "bin", filepath.Join(c.bin, kind))
@@ -263,6 +269,27 @@ func (c config) processes(sec *security, natsURL string, log *slog.Logger) ([]*p
 		}
 	}
 	return out, nil
+}
+
+// kindInstances is how many instances each shard of each kind runs: --instances, or the kind's
+// entry in --kind-instances.
+func (c config) kindInstances() (map[string]int, error) {
+	m := map[string]int{}
+	for _, k := range []string{"aggregate", "projection", "runner"} {
+		m[k] = max(c.instances, 1)
+	}
+	for _, kv := range strings.Split(c.kindCounts, ",") {
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
+		}
+		k, v, _ := strings.Cut(kv, "=")
+		n, err := strconv.Atoi(v)
+		if _, known := m[k]; !known || err != nil || n < 1 || n > 26 {
+			return nil, fmt.Errorf("--kind-instances %q: write kind=N (aggregate, projection or runner; 1 to 26)", kv)
+		}
+		m[k] = n
+	}
+	return m, nil
 }
 
 // shardPorts hands out n ports: consecutive from --shard-base-port, or free ones picked now

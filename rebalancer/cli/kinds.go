@@ -14,12 +14,12 @@ import (
 type KindsCommand struct {
 	m *Main
 	common
-	policy, unplaced     string
-	capacity, multiplex  int
-	holdBudget, upstream time.Duration
-	overlap              bool
-	rateLimit            float64
-	rateBurst            int
+	policy, unplaced      string
+	capacity, multiplex   int
+	holdBudget, upstream  time.Duration
+	overlap, singleWriter bool
+	rateLimit             float64
+	rateBurst             int
 }
 
 const kindsAbout = `Lists the registered kinds and their config, or with 'set <kind>' registers a kind or changes
@@ -43,6 +43,7 @@ func (c *KindsCommand) Run(ctx context.Context, args []string) error {
 	fs.DurationVar(&c.holdBudget, "hold-budget", 0, "set: how long gateways hold a tenant's requests during a handoff")
 	fs.DurationVar(&c.upstream, "upstream-timeout", 0, "set: bound on one proxied request")
 	fs.BoolVar(&c.overlap, "overlap", false, "set: the kind only reads; moves skip the hold")
+	fs.BoolVar(&c.singleWriter, "single-writer", false, "set: send each tenant's requests to one instance of its shard (--single-writer=false: any instance)")
 	fs.Float64Var(&c.rateLimit, "rate-limit", 0, "set: per-tenant requests per second (0: unchanged, -1: remove)")
 	fs.IntVar(&c.rateBurst, "rate-burst", 0, "set: per-tenant burst with --rate-limit (default: the rate, at least 1)")
 	pos, err := parse(fs, args)
@@ -116,6 +117,9 @@ func (c *KindsCommand) set(ctx context.Context, st *schema.Store, kind string, s
 	}
 	if set["overlap"] {
 		kc.Overlap = c.overlap
+	}
+	if set["single-writer"] {
+		kc.SingleWriter = c.singleWriter
 	}
 	if set["multiplex"] {
 		if kc.Policy != schema.PolicyAffinity {

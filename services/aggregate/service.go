@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"regexp"
 	"sync"
 	"time"
@@ -43,7 +44,11 @@ type Config struct {
 	Strategy Strategy
 	// CommandTimeout bounds one command's NATS calls. Default 5s.
 	CommandTimeout time.Duration
-	// MaxAttempts bounds decide-append rounds when another writer got in first. Default 5.
+	// MaxAttempts bounds the catch-ups before a command is rejected on state a sibling instance
+	// may have moved on from. Default 5. A command that lost an append to another writer is
+	// decided again until CommandTimeout runs out, not a fixed number of times: a client gets
+	// no failure it did nothing to cause (the gateway sends a tenant's commands to one
+	// instance, so such races are rare: clients that bypass it, a change of writer).
 	MaxAttempts int
 	Logger      *slog.Logger
 	Registerer  prometheus.Registerer
@@ -197,9 +202,6 @@ func (s *Service) Handle(ctx context.Context, tenant string, cmd Command) (Resul
 			s.m.commands.WithLabelValues(cmd.Command, "error").Inc()
 			return Result{}, err
 		}
-		if attempt >= s.cfg.MaxAttempts {
-			return Result{}, fmt.Errorf("%w: account %s kept changing underneath after %d attempts; retry the command", ErrVersionConflict, cmd.AggregateID, attempt)
-		}
 		if dup {
 			// This command is already stored (an earlier attempt whose answer was lost, or a
 			// sibling instance's): read the tenant's events so the window knows its outcome.
@@ -211,11 +213,34 @@ func (s *Service) Handle(ctx context.Context, tenant string, cmd Command) (Resul
 			}
 			continue
 		}
-		// Another writer appended to this account first: learn what it wrote, decide again.
+		// Another writer appended to this account first: learn what it wrote, decide again,
+		// after a short random pause once it keeps happening (writers in lockstep).
 		s.m.conflicts.Inc()
+		if attempt > 2 && !sleepCtx(ctx, conflictPause(attempt)) {
+			return Result{}, fmt.Errorf("%w: account %s kept changing underneath for %s (%d attempts); retry the command", ErrVersionConflict, cmd.AggregateID, s.cfg.CommandTimeout, attempt)
+		}
 		if err := ts.catchUpAggregate(ctx, s.es, cmd.AggregateID); err != nil {
 			return Result{}, err
 		}
+	}
+}
+
+// conflictPause is a random pause before deciding again after the attempt-th lost append:
+// up to 1 ms, doubling to 32 ms.
+func conflictPause(attempt int) time.Duration {
+	limit := time.Millisecond << min(attempt-3, 5)
+	return time.Duration(rand.Int64N(int64(limit)) + 1)
+}
+
+// sleepCtx waits d or until ctx ends; it reports whether d passed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 

@@ -46,6 +46,10 @@ type KindConfig struct {
 	HoldBudget Duration `json:"hold_budget,omitempty"`
 	// Overlap marks a kind that only reads: moves skip the hold (warm then cut over).
 	Overlap bool `json:"overlap,omitempty"`
+	// SingleWriter sends each tenant's requests to one instance of its shard (rendezvous hashing
+	// over the live instances: a tenant changes instance only when its instance leaves), so
+	// sibling instances do not race on the same state. Default: on for aggregate.
+	SingleWriter bool `json:"single_writer,omitempty"`
 	// UpstreamTimeout bounds one proxied request. Default 30s.
 	UpstreamTimeout Duration `json:"upstream_timeout,omitempty"`
 	// RateLimit, if set, limits each tenant's requests to this kind (429 beyond it).
@@ -91,7 +95,7 @@ type LoadConfig struct {
 
 // DefaultKindConfig is the configuration a kind gets when it is first registered.
 func DefaultKindConfig(kind string) KindConfig {
-	return KindConfig{Kind: kind}.WithDefaults()
+	return KindConfig{Kind: kind, SingleWriter: kind == "aggregate"}.WithDefaults()
 }
 
 // WithDefaults fills zero fields with their documented defaults.
