@@ -64,9 +64,11 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 ## e2e: the whole platform as processes under load: 1,000 tenant moves across all three kinds
-## (TM_E2E_MOVES changes it) with zero failed requests, then the long chaos run.
+## (TM_E2E_MOVES changes it) with zero failed requests, the long chaos run, and 20 starts on a
+## fresh 3-node NATS cluster (TM_CLUSTER_STARTS).
 e2e: tools
-	TM_E2E_MOVES=$${TM_E2E_MOVES:-1000} TM_CHAOS_LONG=1 $(GO) test -count=1 -timeout 90m -run 'MovesUnderLoad|Chaos' -v ./test/
+	TM_E2E_MOVES=$${TM_E2E_MOVES:-1000} TM_CHAOS_LONG=1 TM_CLUSTER_STARTS=$${TM_CLUSTER_STARTS:-20} \
+		$(GO) test -count=1 -timeout 90m -run 'MovesUnderLoad|Chaos|FreshClusterStarts|Contention' -v ./test/
 
 ## bench: the benchmark suite (test/benchreport/suite.go): the gateway vs HAProxy vs nginx vs
 ## direct, the placement watcher's lookup and 1M cold start, placement change -> routed on 1/3

@@ -40,7 +40,7 @@ func openEventStore(ctx context.Context, st *schema.Store) (*eventStore, error) 
 		return nil, err
 	}
 	js := st.JetStream()
-	stream, err := js.Stream(ctx, schema.StreamEvents)
+	stream, err := st.Stream(ctx, schema.StreamEvents)
 	if err != nil {
 		return nil, fmt.Errorf("aggregate: open %s: %w", schema.StreamEvents, err)
 	}

@@ -40,21 +40,12 @@ func openEventStore(ctx context.Context, st *schema.Store) (*store, error) {
 		return nil, err
 	}
 	js := st.JetStream()
-	stream, err := js.Stream(ctx, schema.StreamEvents)
+	stream, err := st.Stream(ctx, schema.StreamEvents)
 	if err != nil {
 		return nil, fmt.Errorf("projection: open %s: %w", schema.StreamEvents, err)
 	}
 	bucket := schema.ServiceBucket("projection", "views")
-	views, err := js.ObjectStore(ctx, bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		views, err = js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
-			Bucket:      bucket,
-			Description: "projection service: per-tenant views with the sequence they cover",
-			Replicas:    st.Options().Replicas,
-			Storage:     st.Options().Storage,
-			Compression: true,
-		})
-	}
+	views, err := st.ObjectStore(ctx, bucket, "projection service: per-tenant views with the sequence they cover")
 	if err != nil {
 		return nil, fmt.Errorf("projection: open %s: %w", bucket, err)
 	}

@@ -207,10 +207,10 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	s := &Service{cfg: cfg, st: st, js: st.JetStream(), tenants: map[string]*tenantQ{}, changed: map[string]struct{}{},
 		wake: make(chan struct{}, 1), recon: make(chan struct{}, 1), sagaWake: make(chan struct{}, 1), wakeCh: make(chan *nats.Msg, 8192), flushWake: make(chan struct{}, 1), started: time.Now().UTC()}
 	var err error
-	if s.jobs, err = s.js.Stream(ctx, schema.StreamJobs); err != nil {
+	if s.jobs, err = st.Stream(ctx, schema.StreamJobs); err != nil {
 		return nil, fmt.Errorf("runner: open %s: %w", schema.StreamJobs, err)
 	}
-	if s.events, err = s.js.Stream(ctx, schema.StreamEvents); err != nil {
+	if s.events, err = st.Stream(ctx, schema.StreamEvents); err != nil {
 		return nil, fmt.Errorf("runner: open %s: %w", schema.StreamEvents, err)
 	}
 	buckets := []struct {

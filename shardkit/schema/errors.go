@@ -90,6 +90,8 @@ const (
 	jsErrClusterNotAvail  jetstream.ErrorCode = 10008 // JetStream system temporarily unavailable
 	jsErrClusterNotLeader jetstream.ErrorCode = 10009 // not the JetStream leader
 	jsErrStreamOffline    jetstream.ErrorCode = 10118 // stream is offline
+	jsErrNoPeers          jetstream.ErrorCode = 10005 // no suitable peers for placement (a cluster still forming)
+	jsErrStreamNotFound   jetstream.ErrorCode = 10059 // stream not found
 )
 
 // unavailable marks a transient err as ErrUnavailable; other errors are returned as they are.
@@ -104,4 +106,19 @@ func unavailable(err error) error {
 // twice (the one failure a write is retried on).
 func noResponders(err error) bool {
 	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)
+}
+
+// creating reports whether creating or updating a bucket or stream that failed with err is
+// worth another try: transient failures, a bounded attempt that went unanswered (concurrent
+// creates on a cluster), no peers yet for its replicas, or a stream created a moment ago by
+// another process not yet visible here.
+func creating(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return false
+	}
+	if transient(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrStreamNotFound) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jsErrNoPeers || apiErr.ErrorCode == jsErrStreamNotFound)
 }

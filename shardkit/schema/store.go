@@ -187,6 +187,22 @@ func (s *Store) EnsureStream(ctx context.Context, cfg jetstream.StreamConfig) er
 	return s.ensureStream(ctx, cfg)
 }
 
+// Stream opens an existing stream, trying again while NATS is unavailable or the stream is
+// not visible yet (a new cluster), within ctx (default: the creation timeout).
+func (s *Store) Stream(ctx context.Context, name string) (jetstream.Stream, error) {
+	ctx, cancel := s.boundCreate(ctx)
+	defer cancel()
+	var st jetstream.Stream
+	err := s.tryCreate(ctx, "stream "+name, func(actx context.Context) (err error) {
+		st, err = s.js.Stream(actx, name)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("schema: open stream %s: %w", name, err)
+	}
+	return st, nil
+}
+
 // KVSpec describes a service's own bucket for EnsureKV.
 type KVSpec struct {
 	Bucket, Description string
@@ -216,23 +232,44 @@ func (s *Store) EnsureKV(ctx context.Context, spec KVSpec) (jetstream.KeyValue, 
 func (s *Store) allowMsgTTL(ctx context.Context, stream string) error {
 	ctx, cancel := s.boundCreate(ctx)
 	defer cancel()
-	for {
-		actx, acancel := context.WithTimeout(ctx, streamAttempt)
-		err := func() error {
-			st, err := s.js.Stream(actx, stream)
-			if err != nil {
-				return err
-			}
-			cfg := st.CachedInfo().Config
-			if cfg.AllowMsgTTL {
-				return nil
-			}
-			cfg.AllowMsgTTL = true
-			_, err = s.js.UpdateStream(actx, cfg)
+	return s.tryCreate(ctx, "stream "+stream, func(actx context.Context) error {
+		st, err := s.js.Stream(actx, stream)
+		if err != nil {
 			return err
-		}()
-		acancel()
-		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+		}
+		cfg := st.CachedInfo().Config
+		if cfg.AllowMsgTTL {
+			return nil
+		}
+		cfg.AllowMsgTTL = true
+		_, err = s.js.UpdateStream(actx, cfg)
+		return err
+	})
+}
+
+// tryCreate runs op, each attempt bounded to streamAttempt, until it succeeds, fails for good
+// or ctx ends: on a cluster that is still forming (or placing what every process creates at
+// start) creates go unanswered, find no peers, or find a stream not visible yet. It says what it
+// waits for every 10 s.
+func (s *Store) tryCreate(ctx context.Context, what string, op func(context.Context) error) error {
+	var logged time.Time
+	started := time.Now()
+	for {
+		actx, cancel := context.WithTimeout(ctx, streamAttempt)
+		err := op(actx)
+		cancel()
+		if err == nil || ctx.Err() != nil || !creating(err) {
+			return err
+		}
+		if time.Since(logged) >= 10*time.Second && time.Since(started) >= time.Second {
+			s.opts.Logger.Info("waiting for NATS to create", "what", what, "err", err, "waited", time.Since(started).Round(time.Second))
+			logged = time.Now()
+		}
+		t := time.NewTimer(100 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
 			return err
 		}
 	}
@@ -295,17 +332,11 @@ func (s *Store) ensureStream(ctx context.Context, cfg jetstream.StreamConfig) er
 	// opening the schema at once) can go unanswered until the callers time out. So a stream
 	// that already is as wanted is left alone, and each attempt is bounded and retried: a
 	// retry finds the stream another process created.
-	for {
-		actx, acancel := context.WithTimeout(ctx, streamAttempt)
-		err := s.ensureStreamOnce(actx, cfg)
-		acancel()
-		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
-			if err != nil {
-				return fmt.Errorf("schema: ensure stream %s: %w", cfg.Name, err)
-			}
-			return nil
-		}
+	err := s.tryCreate(ctx, "stream "+cfg.Name, func(actx context.Context) error { return s.ensureStreamOnce(actx, cfg) })
+	if err != nil {
+		return fmt.Errorf("schema: ensure stream %s: %w", cfg.Name, err)
 	}
+	return nil
 }
 
 // streamAttempt bounds one attempt at creating or updating a stream.
@@ -363,14 +394,12 @@ func (s *Store) ensureKV(ctx context.Context, spec KVSpec) (jetstream.KeyValue, 
 func (s *Store) createKV(ctx context.Context, spec KVSpec) (jetstream.KeyValue, error) {
 	// Bounded attempts, retried, as in ensureStream: concurrent creates of one replicated
 	// bucket on a cluster can go unanswered.
-	for {
-		actx, acancel := context.WithTimeout(ctx, streamAttempt)
-		kv, err := s.ensureKVOnce(actx, spec)
-		acancel()
-		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
-			return kv, err
-		}
-	}
+	var kv jetstream.KeyValue
+	err := s.tryCreate(ctx, "bucket "+spec.Bucket, func(actx context.Context) (err error) {
+		kv, err = s.ensureKVOnce(actx, spec)
+		return err
+	})
+	return kv, err
 }
 
 func (s *Store) ensureKVOnce(ctx context.Context, spec KVSpec) (jetstream.KeyValue, error) {
@@ -820,15 +849,13 @@ func (s *Store) Snapshots(ctx context.Context) (jetstream.ObjectStore, error) {
 
 // ObjectStore opens the object store bucket, creating it (compressed, with the store's
 // replicas and storage) if missing. On a new cluster a creation racing others (every process
-// opening it at start) can go unanswered: each attempt is bounded to 2s and a transient
-// failure is tried again within ctx (default: the creation timeout).
+// opening it at start) can go unanswered: attempts are bounded and tried again within ctx
+// (default: the creation timeout), as for buckets and streams.
 func (s *Store) ObjectStore(ctx context.Context, bucket, desc string) (jetstream.ObjectStore, error) {
 	ctx, cancel := s.boundCreate(ctx)
 	defer cancel()
 	var os jetstream.ObjectStore
-	err := retry(ctx, transient, func(ctx context.Context) (err error) {
-		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
-		defer acancel()
+	err := s.tryCreate(ctx, "object store "+bucket, func(actx context.Context) (err error) {
 		os, err = s.js.ObjectStore(actx, bucket)
 		if errors.Is(err, jetstream.ErrBucketNotFound) {
 			os, err = s.js.CreateOrUpdateObjectStore(actx, jetstream.ObjectStoreConfig{
