@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/gateway/policy/affinity"
+	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
@@ -197,7 +198,7 @@ func (g *Gateway) sendAffinity(req *http.Request, st *reqState, in *instance, pa
 		}
 		resp.Body.Close()
 		cancel()
-		if !sleepCtx(ctx, backoff) {
+		if !ctxtime.Sleep(ctx, backoff) {
 			return nil, ctx.Err()
 		}
 		backoff *= 2
@@ -252,17 +253,6 @@ func (g *Gateway) sendAttempt(req *http.Request, st *reqState, in *instance, pat
 	in.observe(time.Since(t0))
 	in.breaker.Success()
 	return resp, nil
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 // affinityKindOf returns the affinity kind whose default route (/<kind>) path falls under, for
@@ -436,7 +426,7 @@ func (g *Gateway) affinityHealth() {
 			}
 		default:
 		}
-		if !sleepCtx(g.bgCtx, wake) {
+		if !ctxtime.Sleep(g.bgCtx, wake) {
 			return
 		}
 	}

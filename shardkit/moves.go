@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -96,7 +97,7 @@ func (s *Shard) warmTask(ctx context.Context, ts *tenantState, e placement.Entry
 		}
 		s.metrics.setLag(ts.tenant, lag)
 		s.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalWarming, Epoch: e.Epoch, Applied: applied, Fence: fence, Lag: lag})
-		if !sleepCtx(ctx, s.cfg.WarmRetry) {
+		if !ctxtime.Sleep(ctx, s.cfg.WarmRetry) {
 			return
 		}
 	}
@@ -113,7 +114,7 @@ func (s *Shard) awaitFence(ctx context.Context, tenant, source string, epoch uin
 		}
 		if ctx.Err() == nil {
 			s.cfg.Logger.Warn("waiting for the source's fence", "tenant", tenant, "source", source, "err", err)
-			sleepCtx(ctx, s.cfg.WarmRetry)
+			ctxtime.Sleep(ctx, s.cfg.WarmRetry)
 		}
 	}
 	return 0, false
@@ -286,7 +287,7 @@ func (s *Shard) putSignal(ctx context.Context, ts *tenantState, sig schema.Tenan
 			return
 		}
 		s.cfg.Logger.Warn("writing tenant signal", "tenant", ts.tenant, "phase", sig.Phase, "attempt", attempt+1, "err", err)
-		if !sleepCtx(ctx, time.Duration(attempt+1)*200*time.Millisecond) {
+		if !ctxtime.Sleep(ctx, time.Duration(attempt+1)*200*time.Millisecond) {
 			return
 		}
 	}
@@ -397,16 +398,4 @@ func (s *Shard) releaseOnce(ctx context.Context, tenant string) error {
 	next.UpdatedBy = s.self
 	_, err = s.st.UpdatePlacement(ctx, p, next)
 	return err
-}
-
-// sleepCtx waits d or until ctx ends; it reports whether d passed.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
@@ -282,7 +283,7 @@ func (s *Shard) shutdown(ctx context.Context) error {
 		}
 	}
 	if s.cfg.ShutdownGrace > 0 {
-		sleepCtx(ctx, s.cfg.ShutdownGrace) // routers notice "draining" while we still serve
+		ctxtime.Sleep(ctx, s.cfg.ShutdownGrace) // routers notice "draining" while we still serve
 	}
 	s.closing.Store(true)
 	if n := s.waitIdle(ctx, s.cfg.DrainTimeout); n > 0 {

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -122,7 +123,7 @@ func (s *Server) watchRecords(ctx context.Context) {
 	for ctx.Err() == nil {
 		w, err := s.st.RebalanceKV().WatchAll(ctx, jetstream.UpdatesOnly(), jetstream.IgnoreDeletes())
 		if err != nil {
-			sleep(ctx, time.Second)
+			ctxtime.Sleep(ctx, time.Second)
 			continue
 		}
 		for en := range w.Updates() {
@@ -141,7 +142,7 @@ func (s *Server) watchRecords(ctx context.Context) {
 		}
 		_ = w.Stop()
 		if ctx.Err() == nil {
-			sleep(ctx, time.Second)
+			ctxtime.Sleep(ctx, time.Second)
 		}
 	}
 }

@@ -41,6 +41,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/rebalancer/dashboard"
 	"github.com/tenantmesh/tenantmesh/rebalancer/sweeper"
@@ -221,7 +222,7 @@ func (s *Server) leadLoop(ctx context.Context) {
 			if !errors.Is(err, schema.ErrLeaseHeld) && ctx.Err() == nil {
 				s.log.Warn("leader lease", "err", err)
 			}
-			sleep(ctx, retry)
+			ctxtime.Sleep(ctx, retry)
 			continue
 		}
 		s.lead(ctx, l)
@@ -296,7 +297,7 @@ func (s *Server) resumeApplying(ctx context.Context) {
 			if !errors.Is(err, errBusy) || ctx.Err() != nil {
 				return
 			}
-			sleep(ctx, 200*time.Millisecond) // an operator's apply runs; resume after it
+			ctxtime.Sleep(ctx, 200*time.Millisecond) // an operator's apply runs; resume after it
 		}
 		s.mu.Lock()
 		done := s.busyDone
@@ -315,7 +316,7 @@ func (s *Server) compact(ctx context.Context) {
 	for ctx.Err() == nil {
 		kcs, err := s.st.Kinds(ctx)
 		if err != nil || len(kcs) == 0 {
-			sleep(ctx, 5*time.Second)
+			ctxtime.Sleep(ctx, 5*time.Second)
 			continue
 		}
 		var kinds []string
@@ -333,7 +334,7 @@ func (s *Server) compact(ctx context.Context) {
 		done := make(chan struct{})
 		go func() { defer close(done); _ = w.Run(wctx) }()
 		for wctx.Err() == nil {
-			sleep(wctx, 30*time.Second)
+			ctxtime.Sleep(wctx, 30*time.Second)
 			if now, err := s.st.Kinds(wctx); err == nil && len(now) != len(kinds) {
 				cancel()
 			}
@@ -423,14 +424,5 @@ func writesNeedToken(token string) func(http.Handler) http.Handler {
 			}
 			guarded.ServeHTTP(w, r)
 		})
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
 	}
 }

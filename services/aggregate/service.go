@@ -30,6 +30,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -216,7 +217,7 @@ func (s *Service) Handle(ctx context.Context, tenant string, cmd Command) (Resul
 		// Another writer appended to this account first: learn what it wrote, decide again,
 		// after a short random pause once it keeps happening (writers in lockstep).
 		s.m.conflicts.Inc()
-		if attempt > 2 && !sleepCtx(ctx, conflictPause(attempt)) {
+		if attempt > 2 && !ctxtime.Sleep(ctx, conflictPause(attempt)) {
 			return Result{}, fmt.Errorf("%w: account %s kept changing underneath for %s (%d attempts); retry the command", ErrVersionConflict, cmd.AggregateID, s.cfg.CommandTimeout, attempt)
 		}
 		if err := ts.catchUpAggregate(ctx, s.es, cmd.AggregateID); err != nil {
@@ -230,18 +231,6 @@ func (s *Service) Handle(ctx context.Context, tenant string, cmd Command) (Resul
 func conflictPause(attempt int) time.Duration {
 	limit := time.Millisecond << min(attempt-3, 5)
 	return time.Duration(rand.Int64N(int64(limit)) + 1)
-}
-
-// sleepCtx waits d or until ctx ends; it reports whether d passed.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 func (s *Service) afterAppend(ts *tenantState) {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/services/aggregate"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -100,7 +101,7 @@ func (s *Service) catchUpBatch(ctx context.Context, batch []*tenantState) {
 			return
 		}
 		s.cfg.Logger.Warn("catch-up failed; retrying", "tenants", len(batch), "attempt", attempt+1, "err", err)
-		if !sleepCtx(ctx, min(time.Duration(attempt+1)*500*time.Millisecond, 5*time.Second)) {
+		if !ctxtime.Sleep(ctx, min(time.Duration(attempt+1)*500*time.Millisecond, 5*time.Second)) {
 			return
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -98,7 +99,7 @@ func (t *tail) run(ctx context.Context) {
 		if changed || t.remode || (t.cur == nil && len(t.live) > 0) {
 			if err := t.rebuild(ctx); err != nil {
 				t.s.cfg.Logger.Warn("tail consumer rebuild failed; retrying", "err", err)
-				if !sleepCtx(ctx, time.Second) {
+				if !ctxtime.Sleep(ctx, time.Second) {
 					return
 				}
 				continue
@@ -274,7 +275,7 @@ func (t *tail) consume(ctx context.Context) {
 					t.s.cfg.Logger.Warn("tail consumer failed; rebuilding", "pos", t.pos, "err", f.err)
 				}
 				t.closeFeed()
-				sleepCtx(ctx, 100*time.Millisecond)
+				ctxtime.Sleep(ctx, 100*time.Millisecond)
 				return
 			}
 			if h := t.s.hold.Load(); h != nil { // test hook: benchmarks build a backlog
@@ -334,14 +335,3 @@ func (t *tail) handle(m jetstream.Msg) {
 
 // filterResume is how close to the stream's end a tail reading events.> goes back to filters.
 const filterResume = 64
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-tm.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}

@@ -13,6 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 )
 
 // Options configure how a Store creates buckets and streams. The zero value suits one embedded
@@ -163,11 +165,7 @@ func (s *Store) awaitProvisioned(ctx context.Context, op func(context.Context) e
 			s.opts.Logger.Info("waiting for NATS state", "what", np.what, "why", "the rebalancer (rebalance serve) provisions it")
 			logged = time.Now()
 		}
-		t := time.NewTimer(250 * time.Millisecond)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if !ctxtime.Sleep(ctx, 250*time.Millisecond) {
 			return fmt.Errorf("schema: %w (waited until %v)", err, ctx.Err())
 		}
 	}
@@ -265,11 +263,7 @@ func (s *Store) tryCreate(ctx context.Context, what string, op func(context.Cont
 			s.opts.Logger.Info("waiting for NATS to create", "what", what, "err", err, "waited", time.Since(started).Round(time.Second))
 			logged = time.Now()
 		}
-		t := time.NewTimer(100 * time.Millisecond)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if !ctxtime.Sleep(ctx, 100*time.Millisecond) {
 			return err
 		}
 	}
