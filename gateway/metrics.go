@@ -1,13 +1,13 @@
 package gateway
 
 import (
-	"errors"
 	"strconv"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tenantmesh/tenantmesh/gateway/breaker"
+	"github.com/tenantmesh/tenantmesh/internal/promreg"
 )
 
 // gwMetrics are the gateway's Prometheus metrics. No metric has a tenant label; instance labels
@@ -56,28 +56,21 @@ func newMetrics(g *Gateway, reg prometheus.Registerer) *gwMetrics {
 			Name: "tm_gateway_corrupt_total", Help: "Registry, directory or kind values skipped because they could not be decoded.",
 		}, []string{"bucket"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.holds, m.holdWait, m.holdQueued, m.retries, m.assigned, m.loadDecisions, m.corrupt,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "tm_gateway_snapshot_staleness_seconds",
-			Help: "How long the gateway's routing state has been cut off from NATS (0 while following). It keeps routing from it.",
-		}, func() float64 { return g.Staleness().Seconds() }),
-		&breakerCollector{g: g},
-	} {
-		register(reg, c)
-	}
+	m.requests = promreg.Register(reg, m.requests)
+	m.duration = promreg.Register(reg, m.duration)
+	m.holds = promreg.Register(reg, m.holds)
+	m.holdWait = promreg.Register(reg, m.holdWait)
+	m.holdQueued = promreg.Register(reg, m.holdQueued)
+	m.retries = promreg.Register(reg, m.retries)
+	m.assigned = promreg.Register(reg, m.assigned)
+	m.loadDecisions = promreg.Register(reg, m.loadDecisions)
+	m.corrupt = promreg.Register(reg, m.corrupt)
+	promreg.Register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tm_gateway_snapshot_staleness_seconds",
+		Help: "How long the gateway's routing state has been cut off from NATS (0 while following). It keeps routing from it.",
+	}, func() float64 { return g.Staleness().Seconds() }))
+	promreg.Register[prometheus.Collector](reg, &breakerCollector{g: g})
 	return m
-}
-
-func register(reg prometheus.Registerer, c prometheus.Collector) {
-	if reg == nil {
-		return
-	}
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			panic(err)
-		}
-	}
 }
 
 // kindMetrics caches one kind's children so the request path does no label lookups.

@@ -1,12 +1,13 @@
 package shardkit
 
 import (
-	"errors"
 	"slices"
 	"strings"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tenantmesh/tenantmesh/internal/promreg"
 )
 
 // otherTenant is the label of every tenant outside the top N.
@@ -65,12 +66,12 @@ func newMetrics(reg prometheus.Registerer, s *Shard) *metrics {
 		top:      map[string]*tenantSeries{},
 		lagNames: map[string]bool{},
 	}
-	m.requests = registerAs(reg, m.requests)
-	m.latency = registerAs(reg, m.latency)
-	m.refused = registerAs(reg, m.refused)
-	m.forwards = registerAs(reg, m.forwards)
-	m.drains = registerAs(reg, m.drains)
-	m.lag = registerAs(reg, m.lag)
+	m.requests = promreg.Register(reg, m.requests)
+	m.latency = promreg.Register(reg, m.latency)
+	m.refused = promreg.Register(reg, m.refused)
+	m.forwards = promreg.Register(reg, m.forwards)
+	m.drains = promreg.Register(reg, m.drains)
+	m.lag = promreg.Register(reg, m.lag)
 	m.other = m.series(otherTenant)
 	for _, c := range []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -85,34 +86,9 @@ func newMetrics(reg prometheus.Registerer, s *Shard) *metrics {
 			return 0
 		}),
 	} {
-		register(reg, c)
+		promreg.Register(reg, c)
 	}
 	return m
-}
-
-// registerAs registers c, or returns the equal collector registered before (two shards on one
-// registry share their counters).
-func registerAs[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-		panic(err)
-	}
-	return c
-}
-
-// register tolerates a collector registered before (a shard rebuilt on the same registry).
-func register(reg prometheus.Registerer, c prometheus.Collector) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			panic(err)
-		}
-	}
 }
 
 func (m *metrics) series(label string) *tenantSeries {

@@ -27,6 +27,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tenantmesh/tenantmesh/internal/promreg"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -141,14 +142,11 @@ func New(cfg Config) (*Sweeper, error) {
 		sweeps: prometheus.NewCounter(prometheus.CounterOpts{Name: "tm_sweeper_sweeps_total", Help: "Sweeps run."}),
 	}
 	if cfg.Registerer != nil {
-		for _, c := range []prometheus.Collector{s.m.marked, s.m.routes, s.m.owners, s.m.alerts, s.m.sweeps} {
-			if err := cfg.Registerer.Register(c); err != nil {
-				var are prometheus.AlreadyRegisteredError
-				if !errors.As(err, &are) {
-					return nil, err
-				}
-			}
-		}
+		s.m.marked = promreg.Register(cfg.Registerer, s.m.marked)
+		s.m.routes = promreg.Register(cfg.Registerer, s.m.routes)
+		s.m.owners = promreg.Register(cfg.Registerer, s.m.owners)
+		s.m.alerts = promreg.Register(cfg.Registerer, s.m.alerts)
+		s.m.sweeps = promreg.Register(cfg.Registerer, s.m.sweeps)
 	}
 	return s, nil
 }

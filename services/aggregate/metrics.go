@@ -2,10 +2,11 @@ package aggregate
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tenantmesh/tenantmesh/internal/promreg"
 )
 
 type metrics struct {
@@ -51,14 +52,13 @@ func newMetrics(reg prometheus.Registerer, es *eventStore) *metrics {
 		return float64(info.State.Bytes)
 	})
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.commands, m.conflicts, m.appendRetries, m.rehydrate, m.snapshotHits, m.snapshotBytes, storage} {
-			if err := reg.Register(c); err != nil {
-				var are prometheus.AlreadyRegisteredError
-				if !errors.As(err, &are) {
-					panic(err)
-				}
-			}
-		}
+		m.commands = promreg.Register(reg, m.commands)
+		m.conflicts = promreg.Register(reg, m.conflicts)
+		m.appendRetries = promreg.Register(reg, m.appendRetries)
+		m.rehydrate = promreg.Register(reg, m.rehydrate)
+		m.snapshotHits = promreg.Register(reg, m.snapshotHits)
+		m.snapshotBytes = promreg.Register(reg, m.snapshotBytes)
+		promreg.Register(reg, storage)
 	}
 	return m
 }

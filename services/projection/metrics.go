@@ -1,9 +1,9 @@
 package projection
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tenantmesh/tenantmesh/internal/promreg"
 )
 
 type metrics struct {
@@ -56,14 +56,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"view", "result"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.applied, m.received, m.corrupt, m.flushes, m.flushBytes, m.catchUps, m.rebuilds, m.hosted, m.liveTenants, m.queries} {
-			if err := reg.Register(c); err != nil {
-				var are prometheus.AlreadyRegisteredError
-				if !errors.As(err, &are) {
-					panic(err)
-				}
-			}
-		}
+		m.applied = promreg.Register(reg, m.applied)
+		m.received = promreg.Register(reg, m.received)
+		m.corrupt = promreg.Register(reg, m.corrupt)
+		m.flushes = promreg.Register(reg, m.flushes)
+		m.flushBytes = promreg.Register(reg, m.flushBytes)
+		m.catchUps = promreg.Register(reg, m.catchUps)
+		m.rebuilds = promreg.Register(reg, m.rebuilds)
+		m.hosted = promreg.Register(reg, m.hosted)
+		m.liveTenants = promreg.Register(reg, m.liveTenants)
+		m.queries = promreg.Register(reg, m.queries)
 	}
 	return m
 }

@@ -1,9 +1,9 @@
 package runner
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tenantmesh/tenantmesh/internal/promreg"
 )
 
 // metrics have bounded labels: status, effect provider and outcome. Per-tenant figures are in
@@ -36,13 +36,12 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 		Help: "Jobs running on this instance now."}, func() float64 { return float64(s.Status().Running) })
 	tenants := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tm_runner_tenants",
 		Help: "Tenants this instance acquires jobs for."}, func() float64 { return float64(s.Status().Tenants) })
-	for _, c := range []prometheus.Collector{m.created, m.rejected, m.finished, m.effects, m.runSeconds, running, tenants} {
-		if err := reg.Register(c); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if !errors.As(err, &are) {
-				panic(err)
-			}
-		}
-	}
+	m.created = promreg.Register(reg, m.created)
+	m.rejected = promreg.Register(reg, m.rejected)
+	m.finished = promreg.Register(reg, m.finished)
+	m.effects = promreg.Register(reg, m.effects)
+	m.runSeconds = promreg.Register(reg, m.runSeconds)
+	promreg.Register(reg, running)
+	promreg.Register(reg, tenants)
 	return m
 }
