@@ -171,8 +171,24 @@ func (s *Shard) Run(ctx context.Context) error {
 
 // start waits for placement, reads the kind and registers the instance and its routes.
 func (s *Shard) start(ctx context.Context) error {
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	// On a new cluster the placement buckets can take a while to answer: wait up to two
+	// minutes, saying so, rather than exit.
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
+	go func() {
+		t := time.NewTicker(10 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				s.cfg.Logger.Info("waiting for the placement of the kind to load", "kind", s.kind)
+			case <-s.watcher.Ready():
+				return
+			case <-wctx.Done():
+				return
+			}
+		}
+	}()
 	if err := s.watcher.WaitReady(wctx); err != nil {
 		return fmt.Errorf("shardkit: %w", err)
 	}

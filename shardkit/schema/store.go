@@ -824,8 +824,10 @@ func (s *Store) Snapshots(ctx context.Context) (jetstream.ObjectStore, error) {
 		return s.snaps, nil
 	}
 	if s.opts.Attach {
-		// Readers go on without snapshots until the rebalancer makes the bucket.
-		ctx, cancel := s.bound(ctx)
+		// Readers go on without snapshots until the rebalancer makes the bucket, so this never
+		// waits long: on a cluster still forming a request can go unanswered for as long as the
+		// caller would let it, and the caller then has no time left for the placements.
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 		os, err := s.js.ObjectStore(ctx, BucketSnapshots)
 		if err != nil {
