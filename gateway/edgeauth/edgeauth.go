@@ -48,7 +48,7 @@ type Config struct {
 	// FetchTimeout bounds one JWKS fetch. Default 5s. Refresh is how often it is fetched again
 	// (default 10m); an unknown kid fetches it at most once a minute.
 	FetchTimeout, Refresh time.Duration
-	// CacheSize bounds remembered tokens (default 100,000); CacheTTL how long one is remembered
+	// CacheSize bounds remembered tokens (default 10,000: about 10 MB of tokens); CacheTTL how long one is remembered
 	// at most (default 5m), so a key withdrawn from the JWKS stops working within it.
 	CacheSize int
 	CacheTTL  time.Duration
@@ -121,7 +121,7 @@ func New(ctx context.Context, cfg Config) (*Verifier, error) {
 		cfg.Refresh = 10 * time.Minute
 	}
 	if cfg.CacheSize <= 0 {
-		cfg.CacheSize = 100_000
+		cfg.CacheSize = 10_000
 	}
 	if cfg.CacheTTL <= 0 {
 		cfg.CacheTTL = 5 * time.Minute
