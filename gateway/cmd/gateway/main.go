@@ -71,6 +71,7 @@ func run() error {
 	envflag.String(fs, &jwt.Audience, "jwt-audience", "", "with --jwt-*: an aud tokens must carry")
 	envflag.String(fs, &jwt.TenantClaim, "jwt-tenant-claim", "tenant_id", "with --jwt-*: the claim naming the tenant; it must equal x-tenant-id, or fills it")
 	envflag.Duration(fs, &jwt.Leeway, "jwt-leeway", 30*time.Second, "with --jwt-*: clock skew allowed on exp and nbf")
+	envflag.Int(fs, &jwt.CacheSize, "jwt-cache-size", 10000, "with --jwt-*: verified tokens remembered (about 1 KB each); more active users than this verify signatures more often")
 	envflag.String(fs, &jwtMethods, "jwt-algorithms", "RS256,RS384,RS512,PS256,ES256,ES384,EdDSA", "with --jwt-*: accepted signing algorithms (public-key ones only)")
 	if err := envflag.Check(fs); err != nil {
 		return err
