@@ -1,9 +1,6 @@
 # tenantmesh: `make run` starts the platform, `make test` runs what CI runs.
 SHELL := /bin/bash
 GO ?= go
-GOBIN ?= $(shell $(GO) env GOPATH)/bin
-STATICCHECK_VERSION := v0.8.2
-STATICCHECK := $(GOBIN)/staticcheck
 PKG ?= ./...
 T ?=
 TESTFLAGS ?=
@@ -11,23 +8,24 @@ BENCH ?=
 BENCHTIME ?=
 COUNT ?=
 
-.PHONY: all bins run e2e test test-short test-norace vet lint staticcheck fmt fmt-check bench bench-smoke tools build bench-gateway bench-tools
+.PHONY: all help bins run e2e test test-short test-norace vet lint staticcheck fmt fmt-check bench bench-smoke tools build bench-gateway bench-tools
 
 all: build
+
+## help: this list.
+help:
+	@awk '/^## /{sub(/^## /, ""); if (match($$0, /^[a-z0-9-]+:/)) printf "\n"; print}' $(MAKEFILE_LIST)
 
 build:
 	$(GO) build ./...
 
 # Binaries: name=package. Those whose package does not exist yet are skipped.
-BINARIES := gateway=./gateway/cmd/gateway rebalance=./rebalancer/cmd/rebalance \
-	aggregate=./services/aggregate/cmd/aggregate projection=./services/projection/cmd/projection \
-	runner=./services/runner/cmd/runner devstack=./deploy/devstack
+BINARIES := ./gateway/cmd/gateway ./rebalancer/cmd/rebalance ./services/aggregate/cmd/aggregate \
+	./services/projection/cmd/projection ./services/runner/cmd/runner ./services/render/cmd/render ./deploy/devstack
 
-## bins: build every binary into bin/.
+## bins: build every binary into bin/ (each named after its directory).
 bins:
-	@mkdir -p bin
-	@for b in $(BINARIES); do name=$${b%%=*}; pkg=$${b#*=}; \
-		if ls $$pkg/*.go >/dev/null 2>&1; then echo "go build -o bin/$$name $$pkg"; $(GO) build -o bin/$$name $$pkg || exit 1; fi; done
+	$(GO) build -o bin/ $(BINARIES)
 
 ## run: the whole platform on an embedded NATS (data in .data/); Ctrl-C stops it.
 run: bins
@@ -47,13 +45,12 @@ test-norace:
 vet:
 	$(GO) vet ./...
 
-$(STATICCHECK):
-	GOBIN=$(GOBIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+## tools: builds the pinned Go tools (staticcheck: a `tool` line in go.mod, run with `go tool`).
+tools:
+	$(GO) build -o /dev/null honnef.co/go/tools/cmd/staticcheck
 
-tools: $(STATICCHECK)
-
-staticcheck: $(STATICCHECK)
-	$(STATICCHECK) ./...
+staticcheck:
+	$(GO) tool staticcheck ./...
 
 lint: fmt-check vet staticcheck
 
