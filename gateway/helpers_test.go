@@ -15,6 +15,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats"
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -257,19 +258,10 @@ func problem(t testing.TB, resp *http.Response, body string) tmhttp.Problem {
 	return p
 }
 
-// eventually polls cond until it holds or the deadline passes. It is for state the gateway
-// exposes no event for (snapshots of NATS state); every call has a deadline.
+// eventually waits until cond holds (tmtest.WaitFor), for state no event announces.
 func eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		<-tick.C
-	}
+	tmtest.WaitFor(t, within, tmtest.Until(what, cond))
 }
 
 // servedBy sends GETs until one is served by want (placement changes propagate asynchronously).

@@ -12,6 +12,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/internal/natsauth"
 	"github.com/tenantmesh/tenantmesh/internal/natsconn"
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 )
 
 func gateway() natsauth.Role {
@@ -146,11 +147,6 @@ func TestServerLaterIsRetried(t *testing.T) {
 	}
 	defer nc.Close()
 	natstest.Restart(t, cfg)
-	deadline := time.Now().Add(10 * time.Second)
-	for !nc.IsConnected() {
-		if time.Now().After(deadline) {
-			t.Fatal("not connected 10 s after the server started")
-		}
-		time.Sleep(20 * time.Millisecond) // the connection's status; nats.go has no event for a first connect after a retry
-	}
+	// nats.go has no event for a first connect after a retry: poll the status.
+	tmtest.WaitFor(t, 10*time.Second, tmtest.Until("connected after the server started", nc.IsConnected))
 }

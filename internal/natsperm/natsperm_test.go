@@ -2,6 +2,7 @@ package natsperm_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -25,19 +26,17 @@ type role struct {
 
 func (r *role) refused(t *testing.T, subject string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
+	// The server reports a violation asynchronously.
+	tmtest.WaitFor(t, 5*time.Second, func() error {
 		r.mu.Lock()
+		defer r.mu.Unlock()
 		for _, v := range r.vs {
 			if strings.Contains(v, subject) {
-				r.mu.Unlock()
-				return
+				return nil
 			}
 		}
-		r.mu.Unlock()
-		time.Sleep(10 * time.Millisecond) // the violation arrives asynchronously
-	}
-	t.Errorf("no permission violation for %s; saw %q", subject, r.vs)
+		return fmt.Errorf("no permission violation for %s; saw %q", subject, r.vs)
+	})
 }
 
 func open(t *testing.T, url string, p natsperm.Role) *role {

@@ -4,6 +4,7 @@ package tmtest
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -63,4 +64,36 @@ func Shard(t testing.TB, cfg shardkit.Config) *shardkit.Shard {
 		t.Fatal("shard did not start")
 	}
 	return sk
+}
+
+// WaitFor polls cond until it returns nil or within passes, then fails the test with cond's
+// last error, so a timeout says what was still missing. It is for state no event announces
+// (snapshots of NATS state, a process's view); every wait has its deadline. The poll starts at
+// 5 ms and backs off to 100 ms.
+func WaitFor(t testing.TB, within time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	wait := 5 * time.Millisecond
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still waiting after %v: %v", within, err)
+			return
+		}
+		time.Sleep(wait) // polling: the condition has no event to await
+		wait = min(2*wait, 100*time.Millisecond)
+	}
+}
+
+// Until is WaitFor's condition for a bool: what names the state waited for.
+func Until(what string, cond func() bool) func() error {
+	return func() error {
+		if cond() {
+			return nil
+		}
+		return errors.New(what + ": not yet")
+	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/gateway"
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/services/render"
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -189,16 +190,7 @@ func call(t *testing.T, base, tenant string) (int, string, string) {
 
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	// Polls NATS state, for which there is no event to wait on; bounded.
-	deadline := time.Now().Add(10 * time.Second)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tick.C
-	}
+	tmtest.WaitFor(t, 10*time.Second, tmtest.Until(what, cond))
 }
 
 // The affinity policy end to end over real render instances: registration with capacity

@@ -60,18 +60,10 @@ func place(t testing.TB, st *schema.Store, tenant, shard string) schema.Placemen
 	return p
 }
 
-// waitUntil polls cond until it holds or d passes (for conditions no event announces).
+// waitUntil waits until cond holds (tmtest.WaitFor), for state no event announces.
 func waitUntil(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		<-tick.C
-	}
+	tmtest.WaitFor(t, d, tmtest.Until(what, cond))
 }
 
 // owning waits until s acquires tenant.
