@@ -110,9 +110,9 @@ func (g *Gateway) handleReady(w http.ResponseWriter, _ *http.Request) {
 	tmhttp.WriteJSON(w, code, rd)
 }
 
-// Balance is /admin/balance's body (seed 001's balance endpoint).
+// Balance is /admin/balance's body (the Queen coordinator's balance endpoint).
 type Balance struct {
-	// Balanced, ImbalanceScore and Servers are seed 001's view: load scores from telemetry.
+	// Balanced, ImbalanceScore and Servers are the Queen coordinator's view: load scores from telemetry.
 	Balanced       bool                   `json:"balanced"`
 	ImbalanceScore float64                `json:"imbalance_score"`
 	Servers        []ServerLoad           `json:"servers"`

@@ -17,14 +17,14 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
-// Response headers of the affinity policy (seed 000's x-boxel-prerender-target / -realm).
+// Response headers of the affinity policy (the prerender manager's x-boxel-prerender-target / -realm).
 const (
 	HeaderTarget       = "X-Tm-Target"
 	HeaderTargetTenant = "X-Tm-Tenant"
 )
 
 // labelRegisteredBy marks directory entries the gateway registered on a server's behalf (the
-// seed's HTTP registration API); the gateway heartbeats them while their health checks pass.
+// prerender manager's HTTP registration API); the gateway heartbeats them while their health checks pass.
 const (
 	labelRegisteredBy = "registered-by"
 	registeredByGW    = "gateway"
@@ -32,7 +32,7 @@ const (
 
 // requestTimeout bounds one proxied request: the kind's UpstreamTimeout, and for affinity kinds
 // room for every attempt of the plan at ServerTimeout each (the multiplex owners and the
-// fallback), so that a timed-out attempt can fail over (seed 000: "5xx/timeout: try next").
+// fallback), so that a timed-out attempt can fail over (the prerender manager: "5xx/timeout: try next").
 func requestTimeout(cfg *schema.KindConfig) time.Duration {
 	d := cfg.UpstreamTimeout.D()
 	if a := cfg.Affinity; cfg.Policy == schema.PolicyAffinity && a != nil {
@@ -63,12 +63,12 @@ func affinityServers(rt *route, defCap int) ([]affinity.Server, map[string]*inst
 	return servers, byKey
 }
 
-// forwardAffinity is the request path of an affinity kind (seed 000): the selector's plan, in
+// forwardAffinity is the request path of an affinity kind (the prerender manager): the selector's plan, in
 // order (the tenant's owners rotating, organic growth, round-robin with room, pressure mode),
 // failing over to the next attempt on a transport failure or a 5xx, with assignments written
 // to the placement by CAS. A new owner chosen with room is recorded before the request (so
 // every gateway counts it against the instance's capacity at once); one chosen in pressure
-// mode or as the fallback only after the request succeeded (seed 000), except on instances
+// mode or as the fallback only after the request succeeded (the prerender manager), except on instances
 // that embed shardkit, whose gate serves only tenants placed on them: there it is recorded
 // first and undone if the request fails.
 func (g *Gateway) forwardAffinity(req *http.Request, st *reqState) (*http.Response, error) {
@@ -256,7 +256,7 @@ func (g *Gateway) sendAttempt(req *http.Request, st *reqState, in *instance, pat
 }
 
 // affinityKindOf returns the affinity kind whose default route (/<kind>) path falls under, for
-// a path no route matches: with no server registered, seed 000 answers 503, not 404.
+// a path no route matches: with no server registered, the prerender manager answers 503, not 404.
 func affinityKindOf(snap *snapshot, path string) string {
 	name, _, _ := strings.Cut(strings.TrimPrefix(path, "/"), "/")
 	if ke := snap.kinds[name]; ke != nil {
@@ -397,7 +397,7 @@ func (g *Gateway) dropServer(ke *kindEntry, key string) {
 	}
 }
 
-// affinityHealth polls the servers the gateway registered (seed 000's health polling), every
+// affinityHealth polls the servers the gateway registered (the prerender manager's health polling), every
 // affinity kind's HealthInterval: a server that answers GET / keeps its directory entry fresh
 // (the gateway heartbeats on its behalf), one that does not is unregistered. Owners that left
 // the directory or stopped being live are dropped from every tenant's mapping.
@@ -486,7 +486,7 @@ func (g *Gateway) healthTick(due map[string]time.Duration) {
 	}
 }
 
-// probe checks a server with GET / (seed 000's health check and registration validation).
+// probe checks a server with GET / (the prerender manager's health check and registration validation).
 func (g *Gateway) probe(base string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(g.bgCtx, timeout)
 	defer cancel()

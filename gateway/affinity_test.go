@@ -20,7 +20,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
-// Seed 000's tests ("Tests": manager unit and integration tests) run here against a real
+// The prerender manager's tests ("Tests": manager unit and integration tests) run here against a real
 // gateway, a real embedded nats-server and fake prerender servers (real HTTP servers) that
 // register through the gateway's HTTP registration API.
 

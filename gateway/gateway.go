@@ -5,7 +5,7 @@
 // A [Gateway] follows the route registry, the instance directory and the kind configs (KV
 // followers from package kvwatch) and every kind's placement (package placement), and keeps
 // them as immutable snapshots swapped by pointer, so the request path takes no lock. For each
-// request it (DESIGN.md "The request path"):
+// request it (docs/design.md "The request path"):
 //
 //  1. validates x-tenant-id (400);
 //  2. matches method and the longest path prefix in the route registry (404);
@@ -20,7 +20,7 @@
 //     x-request-id, stripping every x-tm-* header the client sent; on 421 it refreshes the
 //     placement and retries on the owner, on a refused connection it retries another instance.
 //
-// Errors are problem+json with the status table of DESIGN.md; the client never sees 421. With
+// Errors are problem+json with the status table of docs/design.md; the client never sees 421. With
 // NATS unreachable the gateway keeps routing from its snapshots and reports their age.
 package gateway
 
@@ -61,7 +61,7 @@ type Config struct {
 	Addr string
 	// Listener, if set, is served instead of listening on Addr (tests, socket activation).
 	Listener net.Listener
-	// Auth, if set, checks a bearer JWT on every tenant request (seed 004's tenant validation at
+	// Auth, if set, checks a bearer JWT on every tenant request (the Cloudlysis PRD's tenant validation at
 	// the edge): 401 without a valid one, 403 when x-tenant-id names another tenant, and the
 	// token's tenant fills x-tenant-id when the client sent none. Its sub reaches the shard as
 	// x-tm-subject.
@@ -100,7 +100,7 @@ type Config struct {
 	IdleTimeout time.Duration
 	// ShutdownTimeout bounds the wait for in-flight requests at shutdown. Default 30s.
 	ShutdownTimeout time.Duration
-	// ConnectTimeout bounds dialing an instance (seed 001's connect timeout). Default 1s.
+	// ConnectTimeout bounds dialing an instance (the Queen coordinator's connect timeout). Default 1s.
 	ConnectTimeout time.Duration
 	// MaxIdleConnsPerHost is the idle connection pool per instance. Default 256.
 	MaxIdleConnsPerHost int
@@ -108,7 +108,7 @@ type Config struct {
 	MaxIdleConns int
 	// Hold bounds the hold buffer.
 	Hold HoldLimits
-	// Breaker sets the circuit breakers' numbers (default seed 001's: 3 failures, 5s, 5m).
+	// Breaker sets the circuit breakers' numbers (default the Queen coordinator's: 3 failures, 5s, 5m).
 	Breaker breaker.Config
 	// Thresholds turn heartbeat age into instance status (schema defaults).
 	Thresholds schema.Thresholds

@@ -15,7 +15,7 @@ func loadConfig(c *schema.LoadConfig) load.Config {
 }
 
 // breakerConfig is the breaker of an instance of a kind: the gateway's, or for load kinds the
-// circuit numbers of the kind's LoadConfig (seed 001's; fixed when the instance first appears).
+// circuit numbers of the kind's LoadConfig (the Queen coordinator's; fixed when the instance first appears).
 func breakerConfig(base breaker.Config, kc schema.KindConfig) breaker.Config {
 	if kc.Policy != schema.PolicyLoad || kc.Load == nil {
 		return base
@@ -25,7 +25,7 @@ func breakerConfig(base breaker.Config, kc schema.KindConfig) breaker.Config {
 }
 
 // pickFor chooses the instance of the tenant's shard for one attempt: the tenant's writer for
-// single-writer kinds (writer.go), by the load policy for load kinds (soft affinity, seed 001's
+// single-writer kinds (writer.go), by the load policy for load kinds (soft affinity, the Queen coordinator's
 // decision table, the power-of-two pick as the "local" choice), else by power of two choices.
 func (g *Gateway) pickFor(st *reqState, tried []*instance) *instance {
 	insts := st.rt.byShard[st.entry.Shard]
@@ -87,7 +87,7 @@ func localPick(insts []*instance, tried []*instance) *instance {
 	return cand[i]
 }
 
-// ServerLoad is one instance in /admin/balance's seed 001 view.
+// ServerLoad is one instance in /admin/balance's view from the Queen coordinator.
 type ServerLoad struct {
 	ServerID  string           `json:"server_id"`
 	Kind      string           `json:"kind"`
@@ -97,7 +97,7 @@ type ServerLoad struct {
 	Circuit   breaker.Snapshot `json:"circuit"`
 }
 
-// loadBalance fills seed 001's fields of /admin/balance: every live instance's smoothed load
+// loadBalance fills the Queen coordinator's fields of /admin/balance: every live instance's smoothed load
 // score, and per kind the spread (max - min) of the scores; the worst kind's is the imbalance
 // score, balanced when no kind's spread exceeds its minimum migration gain.
 func (g *Gateway) loadBalance(b *Balance) {

@@ -18,7 +18,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
-// The seed's HTTP registration API (seed 000, "Manager APIs"), for servers that do not embed
+// The prerender manager's HTTP registration API ("Manager APIs"), for servers that do not embed
 // shardkit. A registered server is an instance of an affinity kind (?kind=, default "render")
 // in its own shard; a realm is a tenant.
 const (

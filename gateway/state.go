@@ -38,7 +38,7 @@ type instance struct {
 	external atomic.Bool  // registered through the gateway's HTTP API (no shardkit gate)
 }
 
-// ewmaAlpha weighs a new latency sample (seed 001 smooths with 0.3).
+// ewmaAlpha weighs a new latency sample (the Queen coordinator smooths with 0.3).
 const ewmaAlpha = 0.3
 
 func (in *instance) observe(d time.Duration) {

@@ -1,5 +1,5 @@
 // Package rebalancer moves tenants between shards: it records plans made by the planner and
-// drives each move through DESIGN.md's workflow (active -> warming -> handoff -> draining ->
+// drives each move through docs/design.md's workflow (active -> warming -> handoff -> draining ->
 // active) over the placement KV, resumably and under a leader lease.
 //
 // # Overview

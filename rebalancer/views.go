@@ -12,7 +12,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
-// Health derives an instance's status for operators (seed 003's host view): the directory's
+// Health derives an instance's status for operators (the multi-host design's host view): the directory's
 // heartbeat rule (schema.Thresholds), and degraded when the instance's last reported error
 // rate is at least DegradedErrorRate. The zero value uses the defaults.
 type Health struct {

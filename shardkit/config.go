@@ -31,7 +31,7 @@ type Config struct {
 	// Labels and Version are published in the instance directory.
 	Labels  map[string]string
 	Version string
-	// Routes this instance serves, published in the route registry (seed 002) while it runs and
+	// Routes this instance serves, published in the route registry (Aether routing) while it runs and
 	// removed on shutdown. An empty Kind means ID.Kind.
 	Routes []schema.Route
 
@@ -39,7 +39,7 @@ type Config struct {
 	Hooks Hooks
 
 	// Forward makes the gate proxy requests for tenants this shard does not own to the owner's
-	// live instances instead of answering 421 (seed 001: clients may call any instance).
+	// live instances instead of answering 421 (the Queen coordinator: clients may call any instance).
 	Forward bool
 	// ForwardRetries is how many other instances of the owner a forwarded request may try after
 	// the first, when that is safe. Default 2.

@@ -33,7 +33,7 @@
 //   - the tenant is in handoff: 503 with Retry-After (the gateway holds requests meanwhile);
 //   - the tenant is draining here, or the instance is shutting down: 503 with Retry-After.
 //
-// Forward mode (Config.Forward, seed 001) proxies to the owner's live instances, read from the
+// Forward mode (Config.Forward, the Queen coordinator) proxies to the owner's live instances, read from the
 // instance directory, and retries on another instance only when the request never reached the
 // first (dial failure) or the method is idempotent and the body was buffered. It adds
 // x-forwarded-by; a request that already carries it is never forwarded again (421, or 508 if it
@@ -41,7 +41,7 @@
 //
 // # Moves
 //
-// shardkit follows the move workflow (DESIGN.md "Moving a tenant") from placement changes and
+// shardkit follows the move workflow (docs/design.md "Moving a tenant") from placement changes and
 // reports through tenant signals (tm_tenant_state, one key per instance):
 //
 //   - warming(A->B): each instance of B reports warming, calls Hooks.Warm(tenant, 0) and

@@ -351,7 +351,7 @@ func (s *Shard) Undrain(ctx context.Context, tenant string) error {
 // ErrNotAffinity is returned by Release for kinds whose placement is not the affinity policy's.
 var ErrNotAffinity = errors.New("shardkit: Release is for affinity kinds; managed and load tenants move through the rebalancer")
 
-// Release gives up this instance's hold on an affinity tenant (seed 000: a server disposing a
+// Release gives up this instance's hold on an affinity tenant (the prerender manager: a server disposing a
 // realm): it removes the instance from the placement's owners by compare-and-set, deleting the
 // placement when no owner is left, and forgets the tenant here. Releasing a tenant this
 // instance does not hold is not an error.

@@ -14,7 +14,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
-// Release (seed 000: a server disposing a realm) removes the instance from an affinity tenant's
+// Release (the prerender manager: a server disposing a realm) removes the instance from an affinity tenant's
 // owners, and deletes the placement with the last owner; managed kinds refuse it.
 func TestReleaseAffinityTenant(t *testing.T) {
 	srv := natstest.Server(t)

@@ -45,7 +45,7 @@ func (s *Shard) heartbeatLoop(ctx context.Context) {
 const routeEvery = 10
 
 // republish re-adds the instance to its routes, in case a sweeper removed it while it was
-// cut off (seed 002's stale-route cleanup must not unpublish a live instance for good).
+// cut off (Aether routing's stale-route cleanup must not unpublish a live instance for good).
 func (s *Shard) republish(ctx context.Context) {
 	for _, r := range s.routes() {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)

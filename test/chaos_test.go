@@ -57,7 +57,7 @@ func readState(t *testing.T, control string) devState {
 }
 
 // chaosLoad is load.run's traffic spread over several gateways, by a client that retries
-// only what DESIGN.md allows: a 503 with Retry-After (the same request again, with the same
+// only what docs/design.md allows: a 503 with Retry-After (the same request again, with the same
 // idempotency key) and a connection error to a gateway (the same request on another gateway).
 type chaosLoad struct {
 	gws      []string
@@ -76,7 +76,7 @@ type chaosLoad struct {
 }
 
 // killedUpstream reports whether a 502 body names an instance the test killed: the request
-// reached it and it died, so the gateway could not replay it (DESIGN.md, the request path);
+// reached it and it died, so the gateway could not replay it (docs/design.md, the request path);
 // the command may or may not have been applied, and the client retries it with the same
 // idempotency key.
 func (l *chaosLoad) killedUpstream(body []byte) bool {
@@ -310,7 +310,7 @@ func postRetry(t testing.TB, url string, body any) []byte {
 }
 
 // awaitSettled waits until a plan finishes and requires it consistent: done, or partial with
-// every move done or aborted (an abort puts the tenant back on its source: DESIGN.md, moving
+// every move done or aborted (an abort puts the tenant back on its source: docs/design.md, moving
 // a tenant). It returns how many moves were aborted.
 func awaitSettled(t *testing.T, base, id string) int {
 	t.Helper()
@@ -343,7 +343,7 @@ func awaitSettled(t *testing.T, base, id string) int {
 // TestChaosUnderLoad runs the load of TestMovesUnderLoad over two gateways of a stack with two
 // instances per shard and a 3-node NATS cluster, and meanwhile, with moves running, kills -9 a
 // shard instance, a gateway, the rebalancer during an apply, and stops the NATS meta leader.
-// The client retries only what DESIGN.md allows (503 with Retry-After; another gateway when
+// The client retries only what docs/design.md allows (503 with Retry-After; another gateway when
 // one is unreachable); every other error fails. Afterwards the ledger equals the acknowledged
 // deposits, every job's effect arrived exactly once, the views converge, and every placement
 // has one owner.

@@ -1,4 +1,4 @@
-// Package breaker is the gateway's per-instance circuit breaker (seed 001): closed, open after a
+// Package breaker is the gateway's per-instance circuit breaker (the Queen coordinator): closed, open after a
 // number of consecutive failures, half-open after a wait that doubles with every failed probe up
 // to a maximum, closed again by a successful probe.
 //
@@ -32,7 +32,7 @@ func (s State) String() string {
 	return "unknown"
 }
 
-// Config sets a breaker's numbers. The zero value uses seed 001's: open after 3 consecutive
+// Config sets a breaker's numbers. The zero value uses the Queen coordinator's: open after 3 consecutive
 // failures, half-open after 5s, the wait doubling up to 5 minutes.
 type Config struct {
 	Failures int           // consecutive failures that open the circuit; default 3

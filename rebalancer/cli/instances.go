@@ -18,7 +18,7 @@ type InstancesCommand struct {
 	errorRate               float64
 }
 
-const instancesAbout = `Shows the instance directory (seed 003's host view): every instance's status (online,
+const instancesAbout = `Shows the instance directory (the multi-host design's host view): every instance's status (online,
 degraded, draining, offline), the age of its last heartbeat, its capacity, last metrics,
 version and labels. Statuses are derived now: no heartbeat for --degraded-after is degraded,
 for --offline-after offline; an error rate of at least --degraded-error-rate is degraded.`

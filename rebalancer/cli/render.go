@@ -101,7 +101,7 @@ func renderPlanDetail(w io.Writer, rec rebalancer.PlanRecord, moves []rebalancer
 	return tw.Flush()
 }
 
-// renderInstances is `rebalance instances`: seed 003's host view.
+// renderInstances is `rebalance instances`: the multi-host design's host view.
 func renderInstances(w io.Writer, insts []rebalancer.InstanceView) error {
 	if len(insts) == 0 {
 		_, err := fmt.Fprintln(w, "no instances registered")

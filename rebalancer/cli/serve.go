@@ -20,7 +20,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
-// ServeCommand is `rebalance serve` (DESIGN.md's `rebalancer serve`): the rebalancer service.
+// ServeCommand is `rebalance serve` (docs/design.md's `rebalancer serve`): the rebalancer service.
 // It has the Main shape (ParseFlags, Start/Run, Close) so tests can run it in-process.
 type ServeCommand struct {
 	m *Main
@@ -77,7 +77,7 @@ func (c *ServeCommand) ParseFlags(args []string) error {
 	envflag.Duration(fs, &c.WebhookTimeout, "alert-timeout", 5*time.Second, "bound on one alert POST")
 	envflag.Duration(fs, &c.LeaseTTL, "lease-ttl", 10*time.Second, "leader lease lifetime; a dead leader is replaced within it")
 	envflag.Duration(fs, &c.SweepEvery, "sweep-every", 15*time.Second, "how often the leader sweeps the directory")
-	envflag.Duration(fs, &c.OfflineAfter, "offline-after", 2*time.Minute, "no heartbeat for this long: offline (seed 003)")
+	envflag.Duration(fs, &c.OfflineAfter, "offline-after", 2*time.Minute, "no heartbeat for this long: offline (the multi-host design)")
 	envflag.Duration(fs, &c.Degraded, "degraded-after", 3*time.Second, "no heartbeat for this long: degraded")
 	fs.Float64Var(&c.ErrorRate, "degraded-error-rate", 0.5, "an instance reporting this error rate is degraded (negative: never)")
 	envflag.Duration(fs, &c.Warm, "warm-timeout", 2*time.Minute, "abort a move whose target is not ready within this")

@@ -1,6 +1,6 @@
 // Package dashboard is the rebalancer's live web dashboard: plain HTML, CSS and JavaScript
 // embedded in the binary, reading the rebalancer API (/api/instances, /api/plans, /api/audit,
-// /api/leader) and its server-sent events (/api/events) for live updates. It shows seed 003's
+// /api/leader) and its server-sent events (/api/events) for live updates. It shows the multi-host design's
 // host view (status, last heartbeat, last metrics, labels), tenants per shard, plans with each
 // move's phase and pause, and the audit journal.
 package dashboard

@@ -1,12 +1,12 @@
-// Package sweeper finds dead instances and cleans up after them (seeds 002 and 003): an
+// Package sweeper finds dead instances and cleans up after them (Aether routing and the multi-host design): an
 // instance whose heartbeat is older than the offline threshold is marked offline in the
 // directory, announced with an AGENT_OFFLINE alert to a webhook, removed from every route of
 // the route registry and, for affinity kinds, from the owners of its tenants.
 //
 // # Overview
 //
-// Only the rebalancer leader sweeps. [Sweeper.Run] first does a full stale-route cleanup (seed
-// 002's cleanup on leader activation: every route loses the instances that are absent from the
+// Only the rebalancer leader sweeps. [Sweeper.Run] first does a full stale-route cleanup (Aether
+// routing's cleanup on leader activation: every route loses the instances that are absent from the
 // directory or offline), then sweeps every Interval. Marking offline is a compare-and-set on
 // the entry as read, so a heartbeat that lands meanwhile wins and the instance stays online;
 // the sweep that wins the compare-and-set is the only one that alerts, so an instance going
@@ -85,7 +85,7 @@ type Alert struct {
 	Content       string    `json:"content"`
 }
 
-// AlertAgentOffline is the alert type of an instance gone offline (seed 003).
+// AlertAgentOffline is the alert type of an instance gone offline (the multi-host design).
 const AlertAgentOffline = "AGENT_OFFLINE"
 
 // Sweeper marks dead instances offline and removes them from routes.
@@ -299,7 +299,7 @@ func (s *Sweeper) removeOwner(ctx context.Context, id schema.InstanceID) (int, e
 }
 
 // CleanupRoutes removes from every route the instances that are absent from the directory or
-// offline (seed 002's cleanup on leader start). Routes are read before the directory, so an
+// offline (Aether routing's cleanup on leader start). Routes are read before the directory, so an
 // instance that registers meanwhile (directory first, routes second) is never removed.
 func (s *Sweeper) CleanupRoutes(ctx context.Context) (int, error) {
 	routes, err := s.cfg.Store.Routes(ctx)

@@ -160,7 +160,7 @@ func TestSweepMarksOfflineAlertsOnceAndCleansUp(t *testing.T) {
 }
 
 // TestCleanupRoutesOnLeaderStart removes instances absent from the directory or offline from
-// every route, and keeps live ones (seed 002's cleanup on leader activation).
+// every route, and keeps live ones (Aether routing's cleanup on leader activation).
 func TestCleanupRoutesOnLeaderStart(t *testing.T) {
 	st := openStore(t)
 	ctx := context.Background()

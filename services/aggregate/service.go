@@ -1,6 +1,6 @@
 // Package aggregate is the aggregate shard service: a tenant-scoped command API whose state is
 // event-sourced on JetStream, with single-writer safety, snapshots and both warm-up strategies
-// of seed 004 (snapshot migration and cold replay).
+// of the Cloudlysis PRD (snapshot migration and cold replay).
 //
 // # Overview
 //

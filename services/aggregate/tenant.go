@@ -157,7 +157,7 @@ func (ts *tenantState) snapshot() *snapshot {
 	return &snapshot{Tenant: ts.tenant, Applied: ts.contig, Accounts: accs, Totals: ts.totals, Recent: ts.idem.entries()}
 }
 
-// Strategy is how a tenant's state is rebuilt when a shard takes it over (seed 004 section 4).
+// Strategy is how a tenant's state is rebuilt when a shard takes it over (the Cloudlysis PRD section 4).
 type Strategy string
 
 const (

@@ -1,7 +1,7 @@
 // Package projection is the projection shard service: per-tenant read models (views) built
 // from the ledger events the aggregate service writes to TM_EVENTS, served by a small query API
 // (POST /query/{view_type}), with exact per-tenant lag and the warm-up, drain and release hooks
-// shardkit needs to move tenants between shards (seed 004, "Projection").
+// shardkit needs to move tenants between shards (the Cloudlysis PRD, "Projection").
 //
 // # Overview
 //

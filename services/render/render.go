@@ -1,4 +1,4 @@
-// Package render is an example service of the affinity policy (seed 000's prerender server): a
+// Package render is an example service of the affinity policy (the prerender manager's prerender server): a
 // stateless renderer that keeps a pool of warm "pages", one per tenant, of fixed capacity with
 // LRU disposal. Rendering for a tenant whose page is warm is fast (a cache hit); a cold tenant
 // costs a page load and, when the pool is full, the least-recently-used tenant's page is
@@ -6,7 +6,7 @@
 // the instance's capacity is free again.
 //
 //	POST /render   (x-tenant-id; body {"path": "..."})  -> {"tenant","path","html","warm"}
-//	GET  /         -> {"ready": true} (the seed's health check)
+//	GET  /         -> {"ready": true} (the source design's health check)
 //	GET  /pages    -> the warm tenants, most recently used first
 //
 // The kind is registered with the affinity policy (see [KindConfig]); the gateway assigns
@@ -41,7 +41,7 @@ const HeaderCache = "X-Render-Cache"
 // RouteTable is what the service publishes in the route registry.
 var RouteTable = []schema.Route{{Method: http.MethodPost, Prefix: "/render", Kind: Kind}}
 
-// KindConfig is the kind's registration: the affinity policy with the seed's defaults
+// KindConfig is the kind's registration: the affinity policy with the source design's defaults
 // (multiplex 1, health every 10s, 30s server timeout, capacity 4).
 func KindConfig() schema.KindConfig {
 	return schema.KindConfig{Kind: Kind, Policy: schema.PolicyAffinity}.WithDefaults()
@@ -54,7 +54,7 @@ type Releaser interface {
 
 // Config configures a Service; zero fields take the defaults named.
 type Config struct {
-	// Capacity is the page pool size (seed 000's PRERENDER_PAGE_POOL_SIZE). Default 4.
+	// Capacity is the page pool size (the prerender manager's PRERENDER_PAGE_POOL_SIZE). Default 4.
 	Capacity int
 	// LoadTime is what loading a cold page costs. Default 20ms.
 	LoadTime time.Duration

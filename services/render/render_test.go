@@ -46,8 +46,8 @@ func post(t testing.TB, h http.Handler, tenant string) *httptest.ResponseRecorde
 	return w
 }
 
-// The page pool: fixed capacity, LRU disposal, Release called for the disposed tenant (seed
-// 000: "on disposeRealm, calls the manager's DELETE").
+// The page pool: fixed capacity, LRU disposal, Release called for the disposed tenant (the
+// prerender manager: "on disposeRealm, calls the manager's DELETE").
 func TestPagePoolLRU(t *testing.T) {
 	s := render.New(render.Config{Capacity: 2, LoadTime: time.Microsecond, RenderTime: time.Microsecond})
 	rel := &fakeReleaser{done: make(chan string, 4)}

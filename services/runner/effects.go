@@ -201,7 +201,7 @@ func (w *Webhook) post(ctx context.Context, client *http.Client, timeout time.Du
 	}
 }
 
-// SMTP sends transactional email (seed 004 section 5: reset links, verification links,
+// SMTP sends transactional email (the Cloudlysis PRD section 5: reset links, verification links,
 // security alerts) through an SMTP relay with net/smtp. The message carries the dedupe key as
 // its Message-ID, so a relay or mailbox that drops repeated Message-IDs sees one email.
 type SMTP struct {

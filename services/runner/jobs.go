@@ -47,7 +47,7 @@ var (
 type NewJob struct {
 	Type    string          `json:"type"`
 	Payload json.RawMessage `json:"payload,omitempty"`
-	// Instance pins the job to one instance of the owning shard (seed 003's hostId): only that
+	// Instance pins the job to one instance of the owning shard (the multi-host design's hostId): only that
 	// instance runs it. Empty: any instance of the shard.
 	Instance string `json:"instance,omitempty"`
 	// IdempotencyKey makes a retried create return the first job (also the Idempotency-Key
@@ -139,7 +139,7 @@ func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bo
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
 	defer cancel()
 	if nj.Instance != "" && !s.knownInstance(ctx, nj.Instance) {
-		return Run{}, false, fmt.Errorf("%w: %q is not an instance of shard %s (seed 003: the host must exist; an offline one still gets the job)",
+		return Run{}, false, fmt.Errorf("%w: %q is not an instance of shard %s (the multi-host design: the host must exist; an offline one still gets the job)",
 			ErrBadJob, nj.Instance, s.cfg.ID.Shard)
 	}
 	id := newID(tenant, nj.IdempotencyKey)

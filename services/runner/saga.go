@@ -27,7 +27,7 @@ type Saga interface {
 	Step(ev aggregate.Event) []Request
 }
 
-// Welcome sends a welcome message when an account is opened (seed 004 section 5's
+// Welcome sends a welcome message when an account is opened (the Cloudlysis PRD section 5's
 // transactional email): event "opened" -> one effect to the account's owner.
 type Welcome struct {
 	// Effect is the provider: "email" (default; To is the owner, which must be an address)

@@ -1,14 +1,14 @@
 // Package runner is the runner shard service: per-tenant job queues on JetStream with
 // per-instance and per-tenant limits, side effects (log, HTTP webhook, SMTP email) delivered
 // through an outbox with dedupe keys, sagas triggered by events, and a per-tenant drain that
-// hands a tenant to another shard without repeating an effect (seeds 003 and 004).
+// hands a tenant to another shard without repeating an effect (the multi-host design and the Cloudlysis PRD).
 //
 // # Overview
 //
 // A job is a run record in KV tm_runner_runs (key <tenant>.<id>: status, attempts, result,
 // timestamps, pinned instance) and an entry on the tenant's queue in TM_JOBS: jobs.<tenant>.any
 // for any instance of the owning shard, jobs.<tenant>.pin.<instance> for a job pinned to one
-// instance (seed 003's hostId). An entry leaves the queue when its job finishes, so the queue
+// instance (the multi-host design's hostId). An entry leaves the queue when its job finishes, so the queue
 // holds exactly the unfinished jobs and its message count is the tenant's depth.
 //
 // Each instance follows the runner placement and acquires only the tenants its shard owns
@@ -54,7 +54,7 @@ type Config struct {
 	// ID is this instance (kind runner); its Shard decides which tenants it acquires and its
 	// Instance which pinned jobs it runs. Required.
 	ID schema.InstanceID
-	// MaxConcurrent is the per-instance cap on running jobs (seed 003 section 8). Default 8.
+	// MaxConcurrent is the per-instance cap on running jobs (the multi-host design section 8). Default 8.
 	MaxConcurrent int
 	// InstanceJobsPerMinute caps job starts per instance; 0: no cap.
 	InstanceJobsPerMinute int

@@ -11,7 +11,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
-// InstanceStatus is the runner's own view of an instance (seed 003's host): its running count
+// InstanceStatus is the runner's own view of an instance (the multi-host design's host): its running count
 // against its limits, the tenants it acquires and its totals. Each instance writes it to KV
 // tm_runner_status every StatusEvery, key <kind>.<shard>.<instance>.
 type InstanceStatus struct {
@@ -125,7 +125,7 @@ func (s *Service) tenantRate() int {
 	return max(s.cfg.TenantJobsPerMinute/max(s.siblings, 1), 1)
 }
 
-// InstanceView is one runner instance as seed 003's host health dashboard shows it: the
+// InstanceView is one runner instance as the multi-host design's host health dashboard shows it: the
 // directory entry (status derived from the heartbeat's age, last metrics, labels, version)
 // joined with the runner's status (running count, limits, totals).
 type InstanceView struct {

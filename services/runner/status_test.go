@@ -9,7 +9,7 @@ import (
 )
 
 // The instance view joins the directory entry (status, last metrics, labels) with the
-// runner's running count and limits: seed 003's host dashboard.
+// runner's running count and limits: the multi-host design's host dashboard.
 func TestInstanceView(t *testing.T) {
 	st := openStore(t)
 	release := make(chan struct{})

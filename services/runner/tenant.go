@@ -12,7 +12,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
-// TenantStats are one tenant's figures for placement decisions (seed 004 Runner 4): queue and
+// TenantStats are one tenant's figures for placement decisions (the Cloudlysis PRD Runner 4): queue and
 // outbox depth, and how far its sagas are behind its events. Per-tenant figures are served
 // here, per request, rather than as metric labels.
 type TenantStats struct {

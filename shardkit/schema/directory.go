@@ -31,7 +31,7 @@ type Instance struct {
 	// Reported is the status the instance reports of itself (online, degraded, draining); the
 	// status a reader sees also ages with Heartbeat (see Thresholds.Status).
 	Reported Status `json:"status"`
-	// Metrics are the instance's last figures (seed 003's lastMetrics).
+	// Metrics are the instance's last figures (the multi-host design's lastMetrics).
 	Metrics *InstanceMetrics `json:"metrics,omitempty"`
 
 	Revision uint64 `json:"-"`
@@ -67,7 +67,7 @@ func (i Instance) Validate() error {
 type Thresholds struct {
 	// DegradedAfter: no heartbeat for this long marks the instance degraded. Default 3s.
 	DegradedAfter time.Duration
-	// OfflineAfter: no heartbeat for this long marks it offline (seed 003). Default 2m.
+	// OfflineAfter: no heartbeat for this long marks it offline (the multi-host design). Default 2m.
 	OfflineAfter time.Duration
 }
 

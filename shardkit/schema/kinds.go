@@ -9,16 +9,16 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Policy is how a kind places tenants (DESIGN.md "Policies").
+// Policy is how a kind places tenants (docs/design.md "Policies").
 type Policy string
 
 const (
 	// PolicyManaged: placement is written by the rebalancer; tenants move only through moves.
 	PolicyManaged Policy = "managed"
 	// PolicyAffinity: the gateway assigns tenants to instances with room, up to Multiplex owners
-	// (seed 000, the prerender manager).
+	// (the prerender manager, the prerender manager).
 	PolicyAffinity Policy = "affinity"
-	// PolicyLoad: soft affinity with a TTL driven by load scores (seed 001, the Queen coordinator).
+	// PolicyLoad: soft affinity with a TTL driven by load scores (the Queen coordinator, the Queen coordinator).
 	PolicyLoad Policy = "load"
 )
 
@@ -40,7 +40,7 @@ type KindConfig struct {
 	// Unplaced is the rule for tenants without placement. Default assign.
 	Unplaced Unplaced `json:"unplaced,omitempty"`
 	// Capacity is the default number of tenants an instance hosts when it registers none.
-	// Default 1000 (affinity: 4, seed 000's page pool).
+	// Default 1000 (affinity: 4, the prerender manager's page pool).
 	Capacity int `json:"capacity,omitempty"`
 	// HoldBudget is how long the gateway holds a tenant's requests during a handoff. Default 2s.
 	HoldBudget Duration `json:"hold_budget,omitempty"`
@@ -66,7 +66,7 @@ type RateLimit struct {
 	Burst     int     `json:"burst"`
 }
 
-// AffinityConfig holds seed 000's settings.
+// AffinityConfig holds the prerender manager's settings.
 type AffinityConfig struct {
 	// Multiplex is M, the most instances that serve one tenant at once. Default 1.
 	Multiplex int `json:"multiplex"`
@@ -78,7 +78,7 @@ type AffinityConfig struct {
 	DefaultPort int `json:"default_port"`
 }
 
-// LoadConfig holds seed 001's settings.
+// LoadConfig holds the Queen coordinator's settings.
 type LoadConfig struct {
 	AffinityTTL      Duration `json:"affinity_ttl"`      // default 5m
 	MigrateThreshold float64  `json:"migrate_threshold"` // default 0.70

@@ -2,7 +2,7 @@
 //
 // # Overview
 //
-// Every bucket, stream and subject of DESIGN.md's "State in NATS" table is spelled here and
+// Every bucket, stream and subject of docs/design.md's "State in NATS" table is spelled here and
 // nowhere else. Gateway, rebalancer and services open a [Store] and use its typed API:
 //
 //   - kind config ([KindConfig]) in KV tm_kinds;

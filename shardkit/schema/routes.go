@@ -8,7 +8,7 @@ import (
 	"strings"
 )
 
-// Route is one entry of the route registry (seed 002's HttpRouteValue): requests whose method
+// Route is one entry of the route registry (Aether routing's HttpRouteValue): requests whose method
 // and longest matching path prefix are these go to kind, served by Instances.
 type Route struct {
 	Method    string   `json:"method"` // "*" matches any method
@@ -36,7 +36,7 @@ func (r Route) Validate() error {
 // maxCASAttempts bounds read-modify-write retries on contended keys.
 const maxCASAttempts = 32
 
-// AddRouteInstance adds id to the route (creating it), by CAS: seed 002's publish.
+// AddRouteInstance adds id to the route (creating it), by CAS: Aether routing's publish.
 func (s *Store) AddRouteInstance(ctx context.Context, r Route, id InstanceID) (Route, error) {
 	return s.editRoute(ctx, r, func(cur *Route) bool {
 		if cur.Kind != r.Kind {
@@ -52,7 +52,7 @@ func (s *Store) AddRouteInstance(ctx context.Context, r Route, id InstanceID) (R
 }
 
 // RemoveRouteInstance removes id from the route, deleting the route when it becomes empty:
-// seed 002's unpublish.
+// Aether routing's unpublish.
 func (s *Store) RemoveRouteInstance(ctx context.Context, r Route, id InstanceID) (Route, error) {
 	return s.editRoute(ctx, r, func(cur *Route) bool {
 		k := id.Key()
@@ -133,7 +133,7 @@ func (s *Store) Routes(ctx context.Context) ([]Route, error) {
 }
 
 // RemoveInstanceFromRoutes removes id from every route (the sweeper's cleanup of a dead
-// instance, seed 002). It returns how many routes changed.
+// instance, Aether routing). It returns how many routes changed.
 func (s *Store) RemoveInstanceFromRoutes(ctx context.Context, id InstanceID) (int, error) {
 	routes, err := s.Routes(ctx)
 	if err != nil {

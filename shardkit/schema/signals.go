@@ -18,7 +18,7 @@ const (
 )
 
 // TenantSignal is what one instance reports about one tenant, key
-// <kind>.<tenant>.<shard>.<instance> in tm_tenant_state. (DESIGN.md keys it per shard; a shard
+// <kind>.<tenant>.<shard>.<instance> in tm_tenant_state. (docs/design.md keys it per shard; a shard
 // with several instances needs every live instance's word, so the key names the instance.)
 type TenantSignal struct {
 	Kind     string      `json:"kind"`

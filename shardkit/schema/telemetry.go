@@ -13,9 +13,9 @@ import (
 type LoadReport struct {
 	InstanceID
 	Time time.Time `json:"time"`
-	// InFlight is requests being served now (seed 001's outstanding).
+	// InFlight is requests being served now (the Queen coordinator's outstanding).
 	InFlight int `json:"in_flight"`
-	// Queued is work waiting (seed 001's poll intentions; runner: queued jobs).
+	// Queued is work waiting (the Queen coordinator's poll intentions; runner: queued jobs).
 	Queued     int     `json:"queued"`
 	RatePerSec float64 `json:"rate_per_sec"`
 	// LatencyMS is the mean request latency over the last interval.

@@ -1,4 +1,4 @@
-// Package affinity is the selection algorithm of the gateway's affinity policy (seed 000, the
+// Package affinity is the selection algorithm of the gateway's affinity policy (the prerender manager, the
 // prerender manager): tenants stick to the instances that hold them warm, up to multiplex M
 // owners per tenant, new tenants go round-robin to instances with room, and when every instance
 // is full (pressure mode) a new tenant goes to the owner of the globally least-recently-used
@@ -21,7 +21,7 @@ import (
 type Server struct {
 	// Key is the instance key (<kind>.<shard>.<instance>).
 	Key string
-	// Capacity is the number of tenants the instance takes (seed 000's page pool size).
+	// Capacity is the number of tenants the instance takes (the prerender manager's page pool size).
 	Capacity int
 }
 

@@ -29,7 +29,7 @@ func serve(s *Selector, tenant string, servers []Server, m int) Attempt {
 	return a
 }
 
-// Seed 000: selection with M=1 is sticky; new tenants go round-robin.
+// The prerender manager: selection with M=1 is sticky; new tenants go round-robin.
 func TestSelectionMultiplex1(t *testing.T) {
 	s := New(nil)
 	servers := []Server{{"a", 4}, {"b", 4}}
@@ -44,7 +44,7 @@ func TestSelectionMultiplex1(t *testing.T) {
 	}
 }
 
-// Seed 000: M=2 grows organically to two owners and alternates between them.
+// The prerender manager: M=2 grows organically to two owners and alternates between them.
 func TestSelectionMultiplex2(t *testing.T) {
 	s := New(nil)
 	servers := []Server{{"a", 1}, {"b", 1}}
@@ -62,7 +62,7 @@ func TestSelectionMultiplex2(t *testing.T) {
 	}
 }
 
-// Seed 000: eviction shrinks the deque and frees the capacity.
+// The prerender manager: eviction shrinks the deque and frees the capacity.
 func TestSelectionEviction(t *testing.T) {
 	s := New(nil)
 	servers := []Server{{"a", 1}, {"b", 1}}
@@ -79,7 +79,7 @@ func TestSelectionEviction(t *testing.T) {
 	}
 }
 
-// Seed 000: the round-robin fallback prefers servers with room.
+// The prerender manager: the round-robin fallback prefers servers with room.
 func TestSelectionCapacity(t *testing.T) {
 	s := New(nil)
 	servers := []Server{{"a", 2}, {"b", 4}}
@@ -97,7 +97,7 @@ func TestSelectionCapacity(t *testing.T) {
 	}
 }
 
-// Seed 000: all full -> pressure mode, to the owner of the globally least-recently-used tenant.
+// The prerender manager: all full -> pressure mode, to the owner of the globally least-recently-used tenant.
 func TestSelectionPressure(t *testing.T) {
 	now := time.Unix(0, 0)
 	s := New(func() time.Time { return now })

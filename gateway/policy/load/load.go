@@ -1,6 +1,6 @@
-// Package load is the decision logic of the gateway's load policy (seed 001, the Queen
+// Package load is the decision logic of the gateway's load policy (the Queen coordinator, the Queen
 // coordinator): a soft affinity cache per tenant with a TTL, load scores smoothed by an EMA
-// from the instances' telemetry, and the seed's decision table for an existing affinity:
+// from the instances' telemetry, and the source design's decision table for an existing affinity:
 //
 //	target load < migrate (0.70)          respect the affinity
 //	migrate <= load < break (0.90)        migrate to the least-loaded instance with probability
@@ -21,7 +21,7 @@ import (
 	"time"
 )
 
-// Config holds the policy's numbers; zero fields take seed 001's defaults.
+// Config holds the policy's numbers; zero fields take the Queen coordinator's defaults.
 type Config struct {
 	TTL              time.Duration // affinity cache entry lifetime without use; default 5m
 	MigrateThreshold float64       // default 0.70
@@ -60,7 +60,7 @@ const (
 	Break   Decision = "break"   // existing affinity broken (>= 90%)
 )
 
-// Score is seed 001's load score: 0.4*(outstanding/100) + 0.3*(queued/200) + 0.3*(cpu/100).
+// Score is the Queen coordinator's load score: 0.4*(outstanding/100) + 0.3*(queued/200) + 0.3*(cpu/100).
 func Score(outstanding, queued int, cpu float64) float64 {
 	return 0.4*float64(outstanding)/100 + 0.3*float64(queued)/200 + 0.3*cpu/100
 }

@@ -33,7 +33,7 @@ func TestScoreAndEMA(t *testing.T) {
 	}
 }
 
-// TestDecisionTable is seed 001's "Affinity vs Load Thresholds" table, row by row, with a fixed
+// TestDecisionTable is the Queen coordinator's "Affinity vs Load Thresholds" table, row by row, with a fixed
 // random draw and a fake clock.
 func TestDecisionTable(t *testing.T) {
 	tests := []struct {
@@ -153,7 +153,7 @@ func TestBalance(t *testing.T) {
 	}
 }
 
-// Seed 001's rows "70-90%, 15-30% better: 15-30% chance" and "> 30% better: 30-50% chance":
+// The Queen coordinator's rows "70-90%, 15-30% better: 15-30% chance" and "> 30% better: 30-50% chance":
 // with a fixed random source, the share of migrations matches the gain.
 func TestMigrationProbability(t *testing.T) {
 	for _, tc := range []struct{ target, alt float64 }{{0.80, 0.60}, {0.75, 0.50}, {0.85, 0.50}, {0.89, 0.40}} {

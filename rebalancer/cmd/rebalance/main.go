@@ -1,5 +1,5 @@
 // Command rebalance plans, applies and rolls back tenant moves, shows the directory and the
-// audit journal, and with `rebalance serve` runs the rebalancer service (DESIGN.md's
+// audit journal, and with `rebalance serve` runs the rebalancer service (docs/design.md's
 // `rebalancer serve`). See `rebalance help`.
 package main
 
