@@ -68,12 +68,11 @@ func Shard(t testing.TB, cfg shardkit.Config) *shardkit.Shard {
 
 // WaitFor polls cond until it returns nil or within passes, then fails the test with cond's
 // last error, so a timeout says what was still missing. It is for state no event announces
-// (snapshots of NATS state, a process's view); every wait has its deadline. The poll starts at
-// 5 ms and backs off to 100 ms.
+// (snapshots of NATS state, a process's view); every wait has its deadline. It polls every
+// 5 ms (a condition may count consecutive observations).
 func WaitFor(t testing.TB, within time.Duration, cond func() error) {
 	t.Helper()
 	deadline := time.Now().Add(within)
-	wait := 5 * time.Millisecond
 	for {
 		err := cond()
 		if err == nil {
@@ -83,8 +82,7 @@ func WaitFor(t testing.TB, within time.Duration, cond func() error) {
 			t.Fatalf("still waiting after %v: %v", within, err)
 			return
 		}
-		time.Sleep(wait) // polling: the condition has no event to await
-		wait = min(2*wait, 100*time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // polling: the condition has no event to await
 	}
 }
 

@@ -4,15 +4,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
+
+	"github.com/tenantmesh/tenantmesh/services/ledger"
 )
 
 // The ledger is the aggregate service's domain: accounts that are opened, credited, debited
 // (never below zero) and closed (only when empty). It makes loss visible: for every tenant,
 // the sum of deposits minus the sum of withdrawals equals the sum of the balances.
 
-// AccountType is the only aggregate type of the ledger.
-const AccountType = "account"
+// AccountType is the only aggregate type of the ledger (package ledger holds the event
+// contract the projection and runner read).
+const AccountType = ledger.AccountType
 
 // Commands.
 const (
@@ -24,10 +26,10 @@ const (
 
 // Events (the "event" field of an Event).
 const (
-	EvOpened    = "opened"
-	EvDeposited = "deposited"
-	EvWithdrawn = "withdrawn"
-	EvClosed    = "closed"
+	EvOpened    = ledger.EvOpened
+	EvDeposited = ledger.EvDeposited
+	EvWithdrawn = ledger.EvWithdrawn
+	EvClosed    = ledger.EvClosed
 )
 
 // MaxAmount bounds one deposit or withdrawal (in minor units).
@@ -56,19 +58,8 @@ type Command struct {
 	IdempotencyKey  string          `json:"idempotency_key"`
 }
 
-// Event is one stored fact, the JSON body of a message on events.<tenant>.<type>.<id>.
-type Event struct {
-	Tenant        string          `json:"tenant"`
-	AggregateType string          `json:"aggregate_type"`
-	AggregateID   string          `json:"aggregate_id"`
-	Version       uint64          `json:"version"`
-	Event         string          `json:"event"`
-	Data          json.RawMessage `json:"data,omitempty"`
-	CommandKey    string          `json:"command_key"`
-	At            time.Time       `json:"at"`
-	// Seq is the event's stream sequence (set when read, not stored).
-	Seq uint64 `json:"-"`
-}
+// Event is one stored fact (ledger.Event).
+type Event = ledger.Event
 
 type amountPayload struct {
 	Amount int64 `json:"amount"`

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
-	"github.com/tenantmesh/tenantmesh/services/aggregate"
+	"github.com/tenantmesh/tenantmesh/services/ledger"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -148,7 +148,7 @@ func (s *Service) catchUpOnce(ctx context.Context, batch []*tenantState, first b
 
 // replayInto replays filters into the tenants of byName.
 func (s *Service) replayInto(ctx context.Context, filters []string, after, until uint64, maxPending int, byName map[string]*tenantState) (int, error) {
-	return s.st.replay(ctx, filters, after, until, maxPending, func(subject string, ev aggregate.Event, derr error) error {
+	return s.st.replay(ctx, filters, after, until, maxPending, func(subject string, ev ledger.Event, derr error) error {
 		ts := byName[tenantOfSubject(subject)]
 		if ts == nil {
 			return nil

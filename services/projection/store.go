@@ -10,7 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tenantmesh/tenantmesh/services/aggregate"
+	"github.com/tenantmesh/tenantmesh/services/ledger"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -57,14 +57,14 @@ func openEventStore(ctx context.Context, st *schema.Store) (*store, error) {
 }
 
 // decode turns a message into an event; ok is false for a corrupt one.
-func decodeEvent(m jetstream.Msg) (aggregate.Event, error) {
+func decodeEvent(m jetstream.Msg) (ledger.Event, error) {
 	md, err := m.Metadata()
 	if err != nil {
-		return aggregate.Event{}, err
+		return ledger.Event{}, err
 	}
-	var ev aggregate.Event
+	var ev ledger.Event
 	if err := json.Unmarshal(m.Data(), &ev); err != nil {
-		return aggregate.Event{Seq: md.Sequence.Stream}, fmt.Errorf("projection: event %d on %s is corrupt: %w", md.Sequence.Stream, m.Subject(), err)
+		return ledger.Event{Seq: md.Sequence.Stream}, fmt.Errorf("projection: event %d on %s is corrupt: %w", md.Sequence.Stream, m.Subject(), err)
 	}
 	ev.Seq = md.Sequence.Stream
 	return ev, nil
@@ -85,7 +85,7 @@ func tenantOfSubject(subj string) string {
 // sequence read before), and returns how many it delivered.
 // With several filters and maxPending > 0, it returns errTooFar, having delivered nothing, if
 // more than maxPending events match (JetStream serves many filters slowly from far behind).
-func (s *store) replay(ctx context.Context, filters []string, after, until uint64, maxPending int, fn func(subject string, ev aggregate.Event, err error) error) (int, error) {
+func (s *store) replay(ctx context.Context, filters []string, after, until uint64, maxPending int, fn func(subject string, ev ledger.Event, err error) error) (int, error) {
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: filters, InactiveThreshold: 30 * time.Second}
 	if after > 0 {
 		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy

@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tenantmesh/tenantmesh/services/aggregate"
+	"github.com/tenantmesh/tenantmesh/services/ledger"
 )
 
 // AccountRow is one row of the "accounts" view.
@@ -73,8 +73,8 @@ func newTenantState(tenant string) *tenantState {
 }
 
 // apply applies ev (with ev.Seq > ts.applied) to the views. The caller holds ts.mu.
-func (ts *tenantState) apply(ev aggregate.Event) {
-	if ev.AggregateType == aggregate.AccountType {
+func (ts *tenantState) apply(ev ledger.Event) {
+	if ev.AggregateType == ledger.AccountType {
 		ts.applyAccount(ev)
 	}
 	ts.advance(ev.Seq)
@@ -101,7 +101,7 @@ func (ts *tenantState) advance(seq uint64) {
 	ts.waiters = kept
 }
 
-func (ts *tenantState) applyAccount(ev aggregate.Event) {
+func (ts *tenantState) applyAccount(ev ledger.Event) {
 	acc := ts.accounts[ev.AggregateID]
 	if acc == nil {
 		acc = &AccountRow{ID: ev.AggregateID, OpenedAt: ev.At}
@@ -115,15 +115,15 @@ func (ts *tenantState) applyAccount(ev aggregate.Event) {
 		_ = json.Unmarshal(ev.Data, &p) // events are facts: a field that does not parse is zero
 	}
 	switch ev.Event {
-	case aggregate.EvOpened:
+	case ledger.EvOpened:
 		acc.Owner, acc.OpenedAt = p.Owner, ev.At
-	case aggregate.EvDeposited:
+	case ledger.EvDeposited:
 		acc.Balance += p.Amount
 		ts.txs = append(ts.txs, TxRow{Seq: ev.Seq, Account: ev.AggregateID, Kind: TxDeposit, Amount: p.Amount, At: ev.At})
-	case aggregate.EvWithdrawn:
+	case ledger.EvWithdrawn:
 		acc.Balance -= p.Amount
 		ts.txs = append(ts.txs, TxRow{Seq: ev.Seq, Account: ev.AggregateID, Kind: TxWithdraw, Amount: p.Amount, At: ev.At})
-	case aggregate.EvClosed:
+	case ledger.EvClosed:
 		acc.Closed = true
 	}
 	acc.Version, acc.LastSeq, acc.UpdatedAt = ev.Version, ev.Seq, ev.At

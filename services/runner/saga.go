@@ -11,7 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tenantmesh/tenantmesh/services/aggregate"
+	"github.com/tenantmesh/tenantmesh/services/ledger"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -24,7 +24,7 @@ type Saga interface {
 	Name() string
 	// Step returns the effects for ev, none if the saga ignores it. It must be deterministic:
 	// a replayed event must give the same effects.
-	Step(ev aggregate.Event) []Request
+	Step(ev ledger.Event) []Request
 }
 
 // Welcome sends a welcome message when an account is opened (the Cloudlysis PRD section 5's
@@ -43,8 +43,8 @@ type Welcome struct {
 func (Welcome) Name() string { return "welcome" }
 
 // Step implements Saga.
-func (w Welcome) Step(ev aggregate.Event) []Request {
-	if ev.AggregateType != aggregate.AccountType || ev.Event != aggregate.EvOpened {
+func (w Welcome) Step(ev ledger.Event) []Request {
+	if ev.AggregateType != ledger.AccountType || ev.Event != ledger.EvOpened {
 		return nil
 	}
 	var d struct {
@@ -211,7 +211,7 @@ func (s *Service) sagaBatch(ctx context.Context, tq *tenantQ) (more bool, err er
 		if gerr != nil {
 			return false, gerr
 		}
-		var ev aggregate.Event
+		var ev ledger.Event
 		if json.Unmarshal(m.Data, &ev) == nil {
 			ev.Seq = m.Sequence
 			for _, sg := range s.cfg.Sagas {

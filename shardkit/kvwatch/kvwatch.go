@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
 // Op is what happened to a key.
@@ -119,7 +118,8 @@ func New(cfg Config, h Handler) (*Follower, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	f := &Follower{cfg: cfg, h: h, prefix: schema.KVSubject(cfg.Bucket, "")}
+	// JetStream's KV naming: a bucket's stream is KV_<bucket>, a key's subject $KV.<bucket>.<key>.
+	f := &Follower{cfg: cfg, h: h, prefix: "$KV." + cfg.Bucket + "."}
 	f.rev.Store(cfg.After)
 	return f, nil
 }
@@ -179,7 +179,7 @@ var errGap = errors.New("sequence gap")
 // session runs one consumer until it fails.
 func (f *Follower) session(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	stream, err := f.cfg.JS.Stream(cctx, schema.KVStream(f.cfg.Bucket))
+	stream, err := f.cfg.JS.Stream(cctx, "KV_"+f.cfg.Bucket)
 	if err != nil {
 		cancel()
 		return fmt.Errorf("open stream: %w", err)
