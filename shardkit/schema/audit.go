@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 )
 
 // AuditEvent records one placement change or workflow step in TM_AUDIT.
@@ -48,8 +49,15 @@ func (s *Store) Audit(ctx context.Context, ev AuditEvent) error {
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	if _, err := s.js.Publish(ctx, AuditSubject(ev.Kind, ev.Tenant), b); err != nil {
-		return fmt.Errorf("schema: publish audit %s: %w", ev.Action, unavailable(err))
+	// An unanswered publish is made again with the same message id, which the stream's
+	// duplicate window drops if the first one was stored.
+	id := nuid.Next()
+	err = retry(ctx, transient, tryFor(writeTry, func(ctx context.Context) error {
+		_, err := s.js.Publish(ctx, AuditSubject(ev.Kind, ev.Tenant), b, jetstream.WithMsgID(id))
+		return err
+	}))
+	if err != nil {
+		return fmt.Errorf("schema: publish audit %s: %w", ev.Action, err)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package schema
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -299,7 +300,7 @@ func (s *Store) LeaderGet(ctx context.Context, bucket, key string) ([]byte, uint
 		data []byte
 		rev  uint64
 	)
-	err := retry(ctx, transient, attempt(func(ctx context.Context) (err error) {
+	err := retry(ctx, transient, tryFor(readAttempt, func(ctx context.Context) (err error) {
 		data, rev, err = s.leaderGet(ctx, bucket, key)
 		return err
 	}))
@@ -311,7 +312,7 @@ func (s *Store) ensureStream(ctx context.Context, cfg jetstream.StreamConfig) er
 	defer cancel()
 	if s.opts.Attach {
 		return s.awaitProvisioned(ctx, func(ctx context.Context) error {
-			return retry(ctx, transient, attempt(func(ctx context.Context) error {
+			return retry(ctx, transient, tryFor(readAttempt, func(ctx context.Context) error {
 				_, err := s.js.Stream(ctx, cfg.Name)
 				if errors.Is(err, jetstream.ErrStreamNotFound) {
 					return errNotProvisioned{"stream " + cfg.Name}
@@ -368,7 +369,7 @@ func (s *Store) ensureKV(ctx context.Context, spec KVSpec) (jetstream.KeyValue, 
 	if s.opts.Attach {
 		var kv jetstream.KeyValue
 		err := s.awaitProvisioned(ctx, func(ctx context.Context) error {
-			return retry(ctx, transient, attempt(func(ctx context.Context) (err error) {
+			return retry(ctx, transient, tryFor(readAttempt, func(ctx context.Context) (err error) {
 				kv, err = s.js.KeyValue(ctx, spec.Bucket)
 				if errors.Is(err, jetstream.ErrBucketNotFound) {
 					return errNotProvisioned{"bucket " + spec.Bucket}
@@ -478,20 +479,11 @@ func retry(ctx context.Context, retryIf func(error) bool, op func(context.Contex
 	}
 }
 
-// readAttempt bounds one attempt of a single-key read: a request whose server went away (a
-// stream leader stopped) gets no answer, and the next attempt, after the election, should not
-// wait the whole store timeout for it.
+// readAttempt bounds one attempt of a single-key read (tryFor): a request whose server went
+// away (a stream leader stopped) gets no answer, and the next attempt, after the election,
+// should not wait the whole store timeout for it. A read is idempotent, so an attempt that
+// timed out is simply made again.
 const readAttempt = time.Second
-
-// attempt is op with each call bounded to readAttempt (single-key reads only: a read is
-// idempotent, so an attempt that timed out is simply tried again).
-func attempt(op func(context.Context) error) func(context.Context) error {
-	return func(ctx context.Context) error {
-		actx, cancel := context.WithTimeout(ctx, readAttempt)
-		defer cancel()
-		return op(actx)
-	}
-}
 
 // getJSON reads key into v and returns its revision. It reads with a direct get, which any
 // replica of the bucket may answer, so on a cluster it can miss a write acknowledged just
@@ -501,7 +493,7 @@ func (s *Store) getJSON(ctx context.Context, kv jetstream.KeyValue, key string, 
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	var e jetstream.KeyValueEntry
-	err := retry(ctx, transient, attempt(func(ctx context.Context) (err error) {
+	err := retry(ctx, transient, tryFor(readAttempt, func(ctx context.Context) (err error) {
 		e, err = kv.Get(ctx, key)
 		return err
 	}))
@@ -602,7 +594,7 @@ func (s *Store) LastSeq(ctx context.Context, stream, subject string) (uint64, er
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	var seq uint64
-	err := retry(ctx, transient, attempt(func(ctx context.Context) error {
+	err := retry(ctx, transient, tryFor(readAttempt, func(ctx context.Context) error {
 		m, err := s.leaderLast(ctx, stream, subject)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			seq = 0
@@ -622,6 +614,12 @@ func (s *Store) LastSeq(ctx context.Context, stream, subject string) (uint64, er
 
 // casJSON writes v to key if its revision is still rev (0: only if absent) and returns the
 // new revision. A lost race is a *ConflictError.
+//
+// Each attempt is bounded to writeTry, and an attempt that went unanswered is made again: after
+// a stream leader dies, the next leader answers in about two seconds, and waiting out the
+// store's whole timeout would hold a move's handoff that long. An unanswered attempt may have
+// been stored, so a conflict after one is checked against the key's newest value: if it is
+// what this call wrote, the write was ours and succeeded.
 func (s *Store) casJSON(ctx context.Context, kv jetstream.KeyValue, key string, rev uint64, v any) (uint64, error) {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -630,14 +628,20 @@ func (s *Store) casJSON(ctx context.Context, kv jetstream.KeyValue, key string, 
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	var newRev uint64
-	err = retry(ctx, noResponders, func(ctx context.Context) (err error) {
+	var doubt inDoubt
+	err = retry(ctx, doubt.note, tryFor(writeTry, func(ctx context.Context) (err error) {
 		if rev == 0 {
 			newRev, err = kv.Create(ctx, key, b)
 		} else {
 			newRev, err = kv.Update(ctx, key, b, rev)
 		}
 		return err
-	})
+	}))
+	if err != nil && IsConflict(err) && doubt.was {
+		if got, ok := s.recognise(ctx, kv.Bucket(), key, b); ok {
+			return got, nil
+		}
+	}
 	if err != nil {
 		if IsConflict(err) {
 			return 0, &ConflictError{Bucket: kv.Bucket(), Key: key, Expected: rev, Err: err}
@@ -647,7 +651,50 @@ func (s *Store) casJSON(ctx context.Context, kv jetstream.KeyValue, key string, 
 	return newRev, nil
 }
 
-// putJSON writes v to key unconditionally.
+// writeTry bounds one attempt of a write (see casJSON). A healthy write takes milliseconds,
+// under load tens of them.
+const writeTry = 1500 * time.Millisecond
+
+// tryFor is op with each call bounded to d.
+func tryFor(d time.Duration, op func(context.Context) error) func(context.Context) error {
+	return func(ctx context.Context) error {
+		actx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		return op(actx)
+	}
+}
+
+// inDoubt is a write's retry rule that remembers whether an attempt may have been stored: any
+// transient failure but "reached nobody" leaves the outcome unknown.
+type inDoubt struct{ was bool }
+
+func (d *inDoubt) note(err error) bool {
+	if !transient(err) {
+		return false
+	}
+	if !noResponders(err) {
+		d.was = true
+	}
+	return true
+}
+
+// recognise reports whether key's newest value, read from the stream leader, is exactly b (a
+// write whose answer was lost landed), and its revision. Values written through the store
+// carry their write time, so another writer's value does not match by accident.
+func (s *Store) recognise(ctx context.Context, bucket, key string, b []byte) (uint64, bool) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTry)
+	defer cancel()
+	var data []byte
+	var rev uint64
+	err := retry(rctx, transient, func(ctx context.Context) (err error) {
+		data, rev, err = s.leaderGet(ctx, bucket, key)
+		return err
+	})
+	return rev, err == nil && bytes.Equal(data, b)
+}
+
+// putJSON writes v to key unconditionally. An unanswered attempt is simply made again (see
+// casJSON): writing the same value twice leaves the same value.
 func (s *Store) putJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -656,17 +703,18 @@ func (s *Store) putJSON(ctx context.Context, kv jetstream.KeyValue, key string, 
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	var rev uint64
-	err = retry(ctx, noResponders, func(ctx context.Context) (err error) {
+	err = retry(ctx, transient, tryFor(writeTry, func(ctx context.Context) (err error) {
 		rev, err = kv.Put(ctx, key, b)
 		return err
-	})
+	}))
 	if err != nil {
 		return 0, fmt.Errorf("schema: put %s/%s: %w", kv.Bucket(), key, err)
 	}
 	return rev, nil
 }
 
-// deleteKey deletes key; with rev > 0 only if its revision is still rev.
+// deleteKey deletes key; with rev > 0 only if its revision is still rev. An unanswered
+// attempt is made again; a conflict after one, with the key gone, was our delete.
 func (s *Store) deleteKey(ctx context.Context, kv jetstream.KeyValue, key string, rev uint64) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
@@ -674,7 +722,16 @@ func (s *Store) deleteKey(ctx context.Context, kv jetstream.KeyValue, key string
 	if rev > 0 {
 		opts = append(opts, jetstream.LastRevision(rev))
 	}
-	err := retry(ctx, noResponders, func(ctx context.Context) error { return kv.Delete(ctx, key, opts...) })
+	var doubt inDoubt
+	err := retry(ctx, doubt.note, tryFor(writeTry, func(ctx context.Context) error { return kv.Delete(ctx, key, opts...) }))
+	if err != nil && IsConflict(err) && doubt.was {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTry)
+		_, _, gerr := s.leaderGet(rctx, kv.Bucket(), key)
+		cancel()
+		if errors.Is(gerr, jetstream.ErrKeyNotFound) {
+			return nil
+		}
+	}
 	if err != nil {
 		if IsConflict(err) {
 			return &ConflictError{Bucket: kv.Bucket(), Key: key, Expected: rev, Err: err}
