@@ -5,10 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/internal/natsperm"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 
 	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
@@ -182,6 +186,49 @@ func TestApplyMovesTenantsAndAudits(t *testing.T) {
 	if fmt.Sprint(actions) != "[move.warming move.handoff move.commit move.done]" {
 		t.Fatalf("audit of t0: %v", actions)
 	}
+	if evs[2].Actor != "shard/aggregate.s-2.i1" {
+		t.Errorf("move.commit by %s, want the target (shard/aggregate.s-2.i1)", evs[2].Actor)
+	}
+	h.check(t, st)
+}
+
+// A target that cannot commit (here: credentials without placement writes; in life, a target
+// that died after reporting ready) is committed for by the rebalancer after its grace.
+func TestRebalancerCommitsWhenTheTargetCannot(t *testing.T) {
+	st, url := tmtest.Store(t)
+	startShard(t, st, "s-1")
+	role := natsperm.Shard("aggregate", "s-2", natsperm.Assets{})
+	role.Pub = slices.DeleteFunc(role.Pub, func(s string) bool {
+		return strings.HasPrefix(s, schema.KVSubject(schema.PlacementBucket("aggregate"), ""))
+	})
+	ctx := context.Background()
+	limited, err := schema.Open(ctx, natstest.ConnectAs(t, url, role), schema.Options{Attach: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmtest.Shard(t, shardkit.Config{Store: limited, ID: schema.InstanceID{Kind: "aggregate", Shard: "s-2"}})
+	h := watchHistory(t, st)
+	e := newEngine(t, st, Config{})
+	rec, err := e.CreatePlan(ctx, planOf(place(t, st, "acme", "s-1")), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, err = e.Apply(ctx, rec.ID); err != nil || rec.Status != PlanDone {
+		t.Fatalf("apply: %v (%+v)", err, rec)
+	}
+	evs, err := st.ReadAudit(ctx, schema.AuditQuery{Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var commits []string
+	for _, ev := range evs {
+		if ev.Action == "move.commit" {
+			commits = append(commits, ev.Actor)
+		}
+	}
+	if fmt.Sprint(commits) != "[rebalancer/r1]" {
+		t.Fatalf("move.commit by %v, want [rebalancer/r1]", commits)
+	}
 	h.check(t, st)
 }
 
@@ -195,7 +242,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 	startShard(t, st, "s-2")
 	h := watchHistory(t, st)
 	ctx := context.Background()
-	steps := []string{"move.warming", "record.warming", "move.handoff", "record.handoff", "move.commit", "record.committed", "move.done", "record.done"}
+	steps := []string{"move.warming", "record.warming", "move.handoff", "record.handoff", "record.committed", "move.done", "record.done"}
 	for i, step := range steps {
 		t.Run(step, func(t *testing.T) {
 			p := place(t, st, fmt.Sprintf("crash%d", i), "s-1")

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/shardkit/kvwatch"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -63,9 +64,10 @@ func (e *Engine) round(ctx context.Context, m *MoveRecord, p schema.Placement, w
 		}
 		return e.saveMove(ctx, m)
 	case m.ours(p) && p.Phase == schema.PhaseDraining && m.State != MoveCommitted:
+		// Committed by the target (or by this engine before a crash): the commit's own time.
 		m.State, m.Epoch = MoveCommitted, p.Epoch-1
 		if m.Commit.IsZero() {
-			m.Commit = time.Now().UTC()
+			m.Commit = p.UpdatedAt
 		}
 		return e.saveMove(ctx, m)
 	case !m.ours(p) && m.State != MovePending && m.Epoch > 0:
@@ -164,6 +166,12 @@ func (e *Engine) handoff(ctx context.Context, m *MoveRecord, p schema.Placement,
 	if err != nil {
 		return err
 	}
+	m.Fence = fence
+	// The target commits itself once it is at the fence (shardkit). Commit here only if it has
+	// not within commitGrace: a target that died after reporting ready.
+	if committed, err := e.awaitTargetCommit(ctx, m, p, w); committed || err != nil {
+		return err
+	}
 	next := schema.Placement{Kind: p.Kind, Tenant: p.Tenant, Shard: m.To, Epoch: p.Epoch + 1, Phase: schema.PhaseDraining,
 		Source: m.From, Move: m.Key(), Pinned: p.Pinned}
 	if _, err := e.transition(ctx, m, "move.commit", p, next); err != nil {
@@ -171,6 +179,43 @@ func (e *Engine) handoff(ctx context.Context, m *MoveRecord, p schema.Placement,
 	}
 	m.State, m.Fence, m.Commit = MoveCommitted, fence, time.Now().UTC()
 	return e.saveMove(ctx, m)
+}
+
+// commitGrace is how long the rebalancer leaves a ready target to commit a handoff itself.
+const commitGrace = 2 * time.Second
+
+// awaitTargetCommit waits up to commitGrace for the target to commit the handoff p. The sign
+// of a commit is the former owner reporting drained at the next epoch (it releases the tenant
+// when it sees the commit), or no former owner left to report; the placement, read again, is
+// the proof. committed means the placement changed: the drive loop reads it and goes on.
+func (e *Engine) awaitTargetCommit(ctx context.Context, m *MoveRecord, p schema.Placement, w *signalWatch) (committed bool, err error) {
+	graceEnd := time.Now().Add(commitGrace)
+	for {
+		werr := w.wait(ctx, graceEnd, func(v signalView) bool {
+			if v.live != nil && len(v.live[m.From]) == 0 {
+				return true
+			}
+			for _, k := range v.live[m.From] {
+				if s, ok := v.sigs[k]; ok && s.Phase == schema.SignalDrained && s.Epoch == m.Epoch+1 {
+					return true
+				}
+			}
+			return false
+		})
+		if werr != nil && !errors.Is(werr, errTimeout) {
+			return false, werr
+		}
+		cur, err := e.st.LatestPlacement(ctx, m.Kind, m.Tenant)
+		if err != nil {
+			return false, err
+		}
+		if cur.Revision != p.Revision {
+			return true, nil
+		}
+		if werr != nil || !ctxtime.Sleep(ctx, 50*time.Millisecond) {
+			return false, ctx.Err() // grace over (nil): commit here
+		}
+	}
 }
 
 // finish waits (bounded) for the former owner to report drained, then makes the new owner

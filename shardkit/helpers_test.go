@@ -3,6 +3,7 @@ package shardkit_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
@@ -212,6 +214,23 @@ func synced(t testing.TB, rev uint64, shards ...*testShard) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// awaitPlacement waits until the tenant's placement satisfies ok and returns it.
+func awaitPlacement(t testing.TB, st *schema.Store, kind, tenant string, ok func(schema.Placement) bool) schema.Placement {
+	t.Helper()
+	var p schema.Placement
+	tmtest.WaitFor(t, 10*time.Second, func() error {
+		var err error
+		if p, err = st.LatestPlacement(context.Background(), kind, tenant); err != nil {
+			return err
+		}
+		if !ok(p) {
+			return fmt.Errorf("placement of %s/%s is %s@%d %s", kind, tenant, p.Shard, p.Epoch, p.Phase)
+		}
+		return nil
+	})
+	return p
 }
 
 // signalWatch follows one instance's signal for a tenant.

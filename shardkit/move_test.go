@@ -126,17 +126,19 @@ func TestMoveTargetAcceptsOnlyAfterCommit(t *testing.T) {
 	if s := sigB.next(t, "warming short of the fence", func(s *schema.TenantSignal) bool { return s != nil && s.Fence > 0 }); s.Phase != schema.SignalWarming || s.Fence != 7 || s.Applied != 3 || s.Lag != 4 {
 		t.Fatalf("target short of the fence: %+v", s)
 	}
+	if src.released.Load() != 0 {
+		t.Fatal("the source released before the commit")
+	}
 	dst.pass(t) // the retry reaches it
 	if s := sigB.next(t, "ready at the fence", func(s *schema.TenantSignal) bool { return s != nil && s.Fence > 0 && s.Phase == schema.SignalReady }); s.Fence != 7 || s.Applied < 7 {
 		t.Fatalf("target at handoff: %+v", s)
 	}
-	if src.released.Load() != 0 {
-		t.Fatal("the source released before the commit")
-	}
 
-	// commit: B serves at epoch 2, refuses epoch 1; A refuses, naming B, and releases.
-	p.Phase, p.Shard, p.Source, p.Target, p.Epoch = schema.PhaseDraining, "aggregate-2", "aggregate-1", "", 2
-	p = place(t, st, p)
+	// commit, by B itself at the fence: B serves at epoch 2, refuses epoch 1; A refuses, naming
+	// B, and releases.
+	p = awaitPlacement(t, st, "aggregate", "t1", func(p schema.Placement) bool {
+		return p.Phase == schema.PhaseDraining && p.Shard == "aggregate-2" && p.Source == "aggregate-1" && p.Epoch == 2
+	})
 	synced(t, p.Revision, a, b)
 	expect(b, "2", http.StatusOK, "")
 	expect(b, "", http.StatusOK, "")
@@ -171,7 +173,8 @@ func TestMoveTargetAcceptsOnlyAfterCommit(t *testing.T) {
 func TestMoveAbort(t *testing.T) {
 	srv := natstest.Server(t)
 	st := openStore(t, srv.URL())
-	src, dst := &fakeService{}, &fakeService{}
+	src, dst := &fakeService{}, &fakeService{gate: make(chan struct{})}
+	src.applied.Store(5)
 	p := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"})
 	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), Hooks: src.hooks()})
 	b := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-2", "b"), Hooks: dst.hooks()})
@@ -179,7 +182,9 @@ func TestMoveAbort(t *testing.T) {
 	sigB := watchSignal(t, st, "aggregate", "t1", b.ID())
 	p.Phase, p.Target = schema.PhaseWarming, "aggregate-2"
 	p = place(t, st, p)
+	dst.pass(t)
 	sigB.next(t, "ready", phaseIs(schema.SignalReady))
+	// At handoff B's warm-up to the fence is held (never passed), so B never commits.
 	p.Phase = schema.PhaseHandoff
 	p = place(t, st, p)
 	sigA.next(t, "drained", phaseIs(schema.SignalDrained))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
@@ -89,7 +90,12 @@ func (s *Shard) warmTask(ctx context.Context, ts *tenantState, e placement.Entry
 		lag := s.cfg.Hooks.lag(ts.tenant, fence, applied)
 		if err == nil && applied >= fence {
 			s.metrics.clearLag(ts.tenant)
-			s.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalReady, Epoch: e.Epoch, Applied: applied, Fence: fence, Lag: lag})
+			ready := schema.TenantSignal{Phase: schema.SignalReady, Epoch: e.Epoch, Applied: applied, Fence: fence, Lag: lag}
+			if e.Phase == schema.PhaseHandoff {
+				s.commit(ctx, ts, e, ready)
+			} else {
+				s.putSignal(ctx, ts, ready)
+			}
 			return
 		}
 		if err != nil {
@@ -101,6 +107,92 @@ func (s *Shard) warmTask(ctx context.Context, ts *tenantState, e placement.Entry
 			return
 		}
 	}
+}
+
+// commit ends a handoff on its target: once every live instance of this shard is at the fence
+// (ready at the move's epoch), the placement passes to this shard at the next epoch, by
+// compare-and-set on the handoff revision, so a sibling, the rebalancer or an abort writing
+// first simply wins. The rebalancer commits only if no target did within its grace (a target
+// that died after reporting ready). With no sibling to wait for, the ready signal and the
+// commit are written at once: the handoff pause is the source's drain and two writes.
+func (s *Shard) commit(ctx context.Context, ts *tenantState, e placement.Entry, ready schema.TenantSignal) {
+	me := s.cfg.ID.Instance
+	live, _ := s.peers.liveNames(s.cfg.ID.Shard)
+	alone := !slices.ContainsFunc(live, func(n string) bool { return n != me })
+	if !alone {
+		s.putSignal(ctx, ts, ready)
+		if !s.awaitSiblings(ctx, ts.tenant, ready) {
+			return
+		}
+	} else {
+		written := make(chan struct{})
+		go func() {
+			defer close(written)
+			s.putSignal(ctx, ts, ready)
+		}()
+		defer func() { <-written }()
+	}
+	s.commitPlacement(ctx, ts.tenant, e)
+}
+
+// awaitSiblings waits until every live instance of this shard reports ready at the fence and
+// epoch of ready (this one counts as ready), or ctx ends (the placement moved on).
+func (s *Shard) awaitSiblings(ctx context.Context, tenant string, ready schema.TenantSignal) bool {
+	tick := time.NewTicker(time.Second) // heartbeats age without a change to wake on
+	defer tick.Stop()
+	for {
+		live, dirChanged := s.peers.liveNames(s.cfg.ID.Shard)
+		sigs, sigChanged := s.signals.shard(tenant, s.cfg.ID.Shard)
+		all := true
+		for _, n := range live {
+			if n == s.cfg.ID.Instance {
+				continue
+			}
+			sig, ok := sigs[n]
+			if !ok || sig.Phase != schema.SignalReady || sig.Epoch != ready.Epoch || sig.Fence != ready.Fence || sig.Applied < ready.Fence {
+				all = false
+				break
+			}
+		}
+		if all {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		case <-dirChanged:
+		case <-sigChanged:
+		}
+	}
+}
+
+// commitPlacement writes handoff(source -> this shard) -> draining(this shard, epoch + 1) by
+// compare-and-set and audits it as move.commit. Any other outcome (already committed by a
+// sibling or the rebalancer, aborted, rolled back) is left to whoever wrote it.
+func (s *Shard) commitPlacement(ctx context.Context, tenant string, e placement.Entry) {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	p, err := s.st.LatestPlacement(cctx, s.kind, tenant)
+	if err != nil || p.Phase != schema.PhaseHandoff || p.Target != s.cfg.ID.Shard || p.Epoch != e.Epoch {
+		return // moved on meanwhile, or unreadable: the rebalancer commits after its grace
+	}
+	next := schema.Placement{Kind: p.Kind, Tenant: p.Tenant, Shard: p.Target, Epoch: p.Epoch + 1, Phase: schema.PhaseDraining,
+		Source: p.Shard, Move: p.Move, Pinned: p.Pinned, UpdatedBy: "shard/" + s.cfg.ID.Key()}
+	got, err := s.st.UpdatePlacement(cctx, p, next)
+	if err != nil {
+		if !schema.IsConflict(err) && !errors.As(err, new(*schema.ConflictError)) {
+			s.cfg.Logger.Warn("committing the move; the rebalancer will", "tenant", tenant, "err", err)
+		}
+		return
+	}
+	plan, move, _ := strings.Cut(p.Move, "/")
+	ev := schema.AuditEvent{Actor: next.UpdatedBy, Action: "move.commit", Kind: p.Kind, Tenant: tenant, Plan: plan, Move: move,
+		Before: p, After: got, Revision: got.Revision}
+	if err := s.st.Audit(cctx, ev); err != nil {
+		s.cfg.Logger.Warn("audit failed", "action", ev.Action, "tenant", tenant, "err", err)
+	}
+	s.cfg.Logger.Info("move.commit", "tenant", tenant, "from", p.Shard, "to", got.Shard, "epoch", got.Epoch)
 }
 
 // awaitFence watches the source shard's signals for the tenant until every live source

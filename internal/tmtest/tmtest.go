@@ -66,6 +66,33 @@ func Shard(t testing.TB, cfg shardkit.Config) *shardkit.Shard {
 	return sk
 }
 
+// Commit ends the handoff prev (a placement in handoff to shard to) as a test driving the move
+// protocol by hand: it writes the commit, draining on to at the next epoch, unless the target
+// committed first (shardkit commits once the target is at the fence), and returns the
+// committed placement.
+func Commit(t testing.TB, st *schema.Store, prev schema.Placement, to string) schema.Placement {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	next := schema.Placement{Kind: prev.Kind, Tenant: prev.Tenant, Shard: to, Epoch: prev.Epoch + 1,
+		Phase: schema.PhaseDraining, Source: prev.Shard, Move: prev.Move, Pinned: prev.Pinned}
+	got, err := st.UpdatePlacement(ctx, prev, next)
+	if err == nil {
+		return got
+	}
+	if !errors.As(err, new(*schema.ConflictError)) {
+		t.Fatal(err)
+	}
+	got, err = st.LatestPlacement(ctx, prev.Kind, prev.Tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Phase != schema.PhaseDraining || got.Shard != to || got.Source != prev.Shard || got.Epoch != prev.Epoch+1 {
+		t.Fatalf("committing %s/%s to %s: the placement changed to %s@%d %s", prev.Kind, prev.Tenant, to, got.Shard, got.Epoch, got.Phase)
+	}
+	return got
+}
+
 // WaitFor polls cond until it returns nil or within passes, then fails the test with cond's
 // last error, so a timeout says what was still missing. It is for state no event announces
 // (snapshots of NATS state, a process's view); every wait has its deadline. It polls every

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -82,9 +83,7 @@ func testMove(t *testing.T, late bool) {
 		release()
 	}
 	_, atHandoff := rc.snapshot()
-	p = step(t, st, p, func(p *schema.Placement) {
-		p.Phase, p.Shard, p.Epoch, p.Source, p.Target = schema.PhaseDraining, "runner-2", p.Epoch+1, "runner-1", ""
-	})
+	p = tmtest.Commit(t, st, p, "runner-2")
 	owning(t, b1, tenant, true)
 	if late {
 		release()
@@ -151,9 +150,7 @@ func TestReleaseBound(t *testing.T) {
 	if err := a.Release(context.Background(), tenant); err != nil {
 		t.Fatal(err)
 	}
-	step(t, st, p, func(p *schema.Placement) {
-		p.Phase, p.Shard, p.Epoch, p.Source, p.Target = schema.PhaseDraining, "runner-2", p.Epoch+1, "runner-1", ""
-	})
+	tmtest.Commit(t, st, p, "runner-2")
 	runs := waitDone(t, b, tenant, ids, 20*time.Second)
 	r := runs[ids[0]]
 	if r.Status != StatusSucceeded || r.RanOn != "b" || r.Attempts != 2 {

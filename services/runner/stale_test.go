@@ -111,9 +111,7 @@ func TestClaimReadsTheLatestRun(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	p = step(t, admin, p, func(p *schema.Placement) {
-		p.Phase, p.Shard, p.Epoch, p.Source, p.Target = schema.PhaseDraining, "runner-2", p.Epoch+1, "runner-1", ""
-	})
+	p = tmtest.Commit(t, admin, p, "runner-2")
 	owning(t, b1, tenant, true)
 	ids = append(ids, create(t, b1, tenant, 40, job)...)
 	step(t, admin, p, func(p *schema.Placement) { p.Phase, p.Source = schema.PhaseActive, "" })

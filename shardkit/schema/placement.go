@@ -177,6 +177,26 @@ func (s *Store) Placement(ctx context.Context, kind, tenant string) (Placement, 
 	return p, nil
 }
 
+// LatestPlacement is Placement answered by the bucket's stream leader, so it sees every write
+// acknowledged before the call (Placement may be answered by a replica that is behind): for a
+// writer about to compare-and-set on what it read.
+func (s *Store) LatestPlacement(ctx context.Context, kind, tenant string) (Placement, error) {
+	if err := CheckTenant(tenant); err != nil {
+		return Placement{}, err
+	}
+	kv, err := s.placementKV(ctx, kind)
+	if err != nil {
+		return Placement{}, err
+	}
+	var p Placement
+	rev, err := s.getLeaderJSON(ctx, kv, tenant, &p)
+	if err != nil {
+		return Placement{}, err
+	}
+	p.Revision = rev
+	return p, nil
+}
+
 // CreatePlacement writes p only if the tenant has no placement. It returns p with its revision;
 // if the tenant is already placed, a *ConflictError.
 func (s *Store) CreatePlacement(ctx context.Context, p Placement) (Placement, error) {
