@@ -64,12 +64,11 @@ func (e *Engine) round(ctx context.Context, m *MoveRecord, p schema.Placement, w
 		}
 		return e.saveMove(ctx, m)
 	case m.ours(p) && p.Phase == schema.PhaseDraining && m.State != MoveCommitted:
-		// Committed by the target (or by this engine before a crash): the commit's own time.
-		m.State, m.Epoch = MoveCommitted, p.Epoch-1
-		if m.Commit.IsZero() {
-			m.Commit = p.UpdatedAt
-		}
-		return e.saveMove(ctx, m)
+		// Committed (by the target, or by this engine) before a crash recorded it: record it
+		// now, with the handoff it ended as the move defines it.
+		handoff := schema.Placement{Kind: m.Kind, Tenant: m.Tenant, Shard: m.From, Epoch: p.Epoch - 1, Phase: schema.PhaseHandoff,
+			Target: m.To, Move: m.Key(), Pinned: p.Pinned}
+		return e.committed(ctx, m, handoff, p)
 	case !m.ours(p) && m.State != MovePending && m.Epoch > 0:
 		// The move's phases are over: it finished (new owner, next epoch) or was aborted.
 		switch {
@@ -174,10 +173,11 @@ func (e *Engine) handoff(ctx context.Context, m *MoveRecord, p schema.Placement,
 	}
 	next := schema.Placement{Kind: p.Kind, Tenant: p.Tenant, Shard: m.To, Epoch: p.Epoch + 1, Phase: schema.PhaseDraining,
 		Source: m.From, Move: m.Key(), Pinned: p.Pinned}
-	if _, err := e.transition(ctx, m, "move.commit", p, next); err != nil {
+	got, err := e.transition(ctx, m, "move.commit", p, next)
+	if err != nil {
 		return err
 	}
-	m.State, m.Fence, m.Commit = MoveCommitted, fence, time.Now().UTC()
+	m.State, m.Commit = MoveCommitted, got.UpdatedAt
 	return e.saveMove(ctx, m)
 }
 
@@ -205,12 +205,15 @@ func (e *Engine) awaitTargetCommit(ctx context.Context, m *MoveRecord, p schema.
 		if werr != nil && !errors.Is(werr, errTimeout) {
 			return false, werr
 		}
-		cur, err := e.st.LatestPlacement(ctx, m.Kind, m.Tenant)
+		cur, err := e.st.Placement(ctx, m.Kind, m.Tenant)
 		if err != nil {
 			return false, err
 		}
 		if cur.Revision != p.Revision {
-			return true, nil
+			if m.ours(cur) && cur.Phase == schema.PhaseDraining && cur.Epoch == p.Epoch+1 {
+				return true, e.committed(ctx, m, p, cur)
+			}
+			return true, nil // aborted or changed: the drive loop reads it again
 		}
 		if werr != nil || !ctxtime.Sleep(ctx, 50*time.Millisecond) {
 			return false, ctx.Err() // grace over (nil): commit here
@@ -260,13 +263,30 @@ func (e *Engine) transition(ctx context.Context, m *MoveRecord, action string, p
 	if err != nil {
 		return got, err
 	}
-	ev := schema.AuditEvent{Actor: next.UpdatedBy, Action: action, Kind: m.Kind, Tenant: m.Tenant, Plan: m.Plan, Move: m.ID,
+	e.audit(ctx, m, action, prev, got)
+	return got, e.step(action)
+}
+
+// audit journals the placement change prev -> got of move m, and logs it. A commit has one
+// name (the target writes it, and the rebalancer that sees it, or sees it again after a
+// restart, records it): the journal keeps it once.
+func (e *Engine) audit(ctx context.Context, m *MoveRecord, action string, prev, got schema.Placement) {
+	ev := schema.AuditEvent{Actor: got.UpdatedBy, Action: action, Kind: m.Kind, Tenant: m.Tenant, Plan: m.Plan, Move: m.ID,
 		Before: prev, After: got, Revision: got.Revision}
+	if action == "move.commit" {
+		ev.ID = "move.commit." + m.Plan + "." + m.ID
+	}
 	if err := e.st.Audit(ctx, ev); err != nil {
 		e.cfg.Logger.Warn("audit failed", "action", action, "err", err)
 	}
-	e.cfg.Logger.Info(action, "move", m.Key(), "kind", m.Kind, "tenant", m.Tenant, "from", m.From, "to", m.To, "epoch", got.Epoch)
-	return got, e.step(action)
+	e.cfg.Logger.Info(action, "move", m.Key(), "kind", m.Kind, "tenant", m.Tenant, "from", m.From, "to", m.To, "epoch", got.Epoch, "by", got.UpdatedBy)
+}
+
+// committed records that the move's target committed handoff -> draining (audit, record).
+func (e *Engine) committed(ctx context.Context, m *MoveRecord, handoff, draining schema.Placement) error {
+	e.audit(ctx, m, "move.commit", handoff, draining)
+	m.State, m.Epoch, m.Commit = MoveCommitted, draining.Epoch-1, draining.UpdatedAt
+	return e.saveMove(ctx, m)
 }
 
 var errTimeout = errors.New("timed out")

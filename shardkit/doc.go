@@ -51,8 +51,9 @@
 //     Fence = Applied = Hooks.Fence (default Hooks.Applied). Each instance of B waits until every
 //     live instance of A reported drained at E (at least one), takes the highest fence, calls
 //     Hooks.Warm(tenant, fence) and reports ready with that Fence once Applied >= fence (warming
-//     with Lag meanwhile). The rebalancer commits when B's instances are ready with Fence equal
-//     to A's.
+//     with Lag meanwhile). B commits itself: the instance that sees every live sibling ready
+//     with that Fence (a lone instance at once) writes draining(B, E+1) by compare-and-set (the
+//     rebalancer audits it). The rebalancer commits only for a B that has not within 2s.
 //   - commit, draining(B, E+1, from A): B serves. Each instance of A makes sure nothing is in
 //     flight, calls Hooks.Release and reports drained at epoch E+1; the rebalancer then writes
 //     active(B).

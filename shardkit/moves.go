@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
@@ -112,7 +111,8 @@ func (s *Shard) warmTask(ctx context.Context, ts *tenantState, e placement.Entry
 // commit ends a handoff on its target: once every live instance of this shard is at the fence
 // (ready at the move's epoch), the placement passes to this shard at the next epoch, by
 // compare-and-set on the handoff revision, so a sibling, the rebalancer or an abort writing
-// first simply wins. The rebalancer commits only if no target did within its grace (a target
+// first simply wins. The rebalancer, which sees the commit, audits it in order with the
+// move's other steps. The rebalancer commits only if no target did within its grace (a target
 // that died after reporting ready). With no sibling to wait for, the ready signal and the
 // commit are written at once: the handoff pause is the source's drain and two writes.
 func (s *Shard) commit(ctx context.Context, ts *tenantState, e placement.Entry, ready schema.TenantSignal) {
@@ -168,12 +168,17 @@ func (s *Shard) awaitSiblings(ctx context.Context, tenant string, ready schema.T
 }
 
 // commitPlacement writes handoff(source -> this shard) -> draining(this shard, epoch + 1) by
-// compare-and-set and audits it as move.commit. Any other outcome (already committed by a
+// compare-and-set (the rebalancer audits it as move.commit). Any other outcome (already committed by a
 // sibling or the rebalancer, aborted, rolled back) is left to whoever wrote it.
 func (s *Shard) commitPlacement(ctx context.Context, tenant string, e placement.Entry) {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	p, err := s.st.LatestPlacement(cctx, s.kind, tenant)
+	// A direct get (any replica, no JetStream API queue: the fast read under load), from the
+	// leader only if it answered older than what the watcher already saw.
+	p, err := s.st.Placement(cctx, s.kind, tenant)
+	if err == nil && p.Revision < e.Revision {
+		p, err = s.st.LatestPlacement(cctx, s.kind, tenant)
+	}
 	if err != nil || p.Phase != schema.PhaseHandoff || p.Target != s.cfg.ID.Shard || p.Epoch != e.Epoch {
 		return // moved on meanwhile, or unreadable: the rebalancer commits after its grace
 	}
@@ -181,16 +186,10 @@ func (s *Shard) commitPlacement(ctx context.Context, tenant string, e placement.
 		Source: p.Shard, Move: p.Move, Pinned: p.Pinned, UpdatedBy: "shard/" + s.cfg.ID.Key()}
 	got, err := s.st.UpdatePlacement(cctx, p, next)
 	if err != nil {
-		if !schema.IsConflict(err) && !errors.As(err, new(*schema.ConflictError)) {
+		if !errors.As(err, new(*schema.ConflictError)) {
 			s.cfg.Logger.Warn("committing the move; the rebalancer will", "tenant", tenant, "err", err)
 		}
 		return
-	}
-	plan, move, _ := strings.Cut(p.Move, "/")
-	ev := schema.AuditEvent{Actor: next.UpdatedBy, Action: "move.commit", Kind: p.Kind, Tenant: tenant, Plan: plan, Move: move,
-		Before: p, After: got, Revision: got.Revision}
-	if err := s.st.Audit(cctx, ev); err != nil {
-		s.cfg.Logger.Warn("audit failed", "action", ev.Action, "tenant", tenant, "err", err)
 	}
 	s.cfg.Logger.Info("move.commit", "tenant", tenant, "from", p.Shard, "to", got.Shard, "epoch", got.Epoch)
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,6 +43,52 @@ type load struct {
 	jobs      map[string]string // job id -> tenant
 	requests  atomic.Int64
 	commandsN atomic.Int64
+	samples   []sample // every request's latency, for latencyAround
+}
+
+// sample is one request's start and latency.
+type sample struct {
+	tenant string
+	at     time.Time
+	took   time.Duration
+}
+
+// window is the time a move of tenant was in flight (plan applied to plan done).
+type window struct {
+	tenant     string
+	start, end time.Time
+}
+
+// moveWindow runs fn (moves of tenant) and returns its window.
+func moveWindow(tenant string, fn func()) window {
+	w := window{tenant: tenant, start: time.Now()}
+	fn()
+	w.end = time.Now()
+	return w
+}
+
+// latencyAround splits the moved tenants' request latencies into those that started while one
+// of the tenant's moves was in flight and the rest: what a client feels from a move.
+func (l *load) latencyAround(ws []window) (in, out []time.Duration) {
+	byTenant := map[string][]window{}
+	for _, w := range ws {
+		byTenant[w.tenant] = append(byTenant[w.tenant], w)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, s := range l.samples {
+		tw, moved := byTenant[s.tenant]
+		if !moved {
+			continue
+		}
+		during := slices.ContainsFunc(tw, func(w window) bool { return !s.at.Before(w.start) && s.at.Before(w.end) })
+		if during {
+			in = append(in, s.took)
+		} else {
+			out = append(out, s.took)
+		}
+	}
+	return in, out
 }
 
 func (l *load) do(tenant, method, path string, body any) (int, []byte) {
@@ -54,7 +101,13 @@ func (l *load) do(tenant, method, path string, body any) (int, []byte) {
 	req.Header.Set("x-tenant-id", tenant)
 	req.Header.Set("content-type", "application/json")
 	l.requests.Add(1)
+	start := time.Now()
 	resp, err := l.hc.Do(req)
+	defer func() {
+		l.mu.Lock()
+		l.samples = append(l.samples, sample{tenant: tenant, at: start, took: time.Since(start)})
+		l.mu.Unlock()
+	}()
 	if err != nil {
 		l.fail(fmt.Sprintf("%s %s %s: %v", tenant, method, path, err))
 		return 0, nil
@@ -182,12 +235,17 @@ func TestMovesUnderLoad(t *testing.T) {
 
 	// Moves: each tenant in turn goes to the other shard of every kind, through the API.
 	moves, pauses := e2eMoves(), []time.Duration{}
+	var windows []window
 	start := time.Now()
 	for i := range moves {
-		pauses = append(pauses, moveAcross(t, st, s.rebalancer, loadTenants[i%len(loadTenants)])...)
+		tenant := loadTenants[i%len(loadTenants)]
+		windows = append(windows, moveWindow(tenant, func() {
+			pauses = append(pauses, moveAcross(t, st, s.rebalancer, tenant)...)
+		}))
 	}
 	elapsed := time.Since(start)
 	stopLoad()
+	in, out := l.latencyAround(windows)
 
 	if len(l.failures) > 0 {
 		t.Errorf("%d of %d requests failed during %d moves:\n%s", len(l.failures), l.requests.Load(), moves, strings.Join(first(l.failures, 20), "\n"))
@@ -212,9 +270,11 @@ func TestMovesUnderLoad(t *testing.T) {
 	// Every job ran, and each effect reached the receiver exactly once.
 	awaitJobs(t, l)
 	rcv.checkOnce(t, len(l.jobs))
-	t.Logf("%d moves (x3 kinds) in %s under load: %d requests, %d commands, %d jobs, %d failed; handoff pause p50 %s p99 %s max %s",
+	t.Logf("%d moves (x3 kinds) in %s under load: %d requests, %d commands, %d jobs, %d failed; handoff pause p50 %s p99 %s max %s; "+
+		"moved tenants' requests during a move p50 %s p99 %s (%d), outside p50 %s p99 %s (%d)",
 		moves, elapsed.Round(time.Millisecond), l.requests.Load(), l.commandsN.Load(), len(l.jobs), len(l.failures),
-		pct(pauses, 0.5), pct(pauses, 0.99), pct(pauses, 1))
+		pct(pauses, 0.5), pct(pauses, 0.99), pct(pauses, 1),
+		pct(in, 0.5), pct(in, 0.99), len(in), pct(out, 0.5), pct(out, 0.99), len(out))
 	s.stop(t)
 }
 
@@ -366,11 +426,7 @@ func pct(d []time.Duration, p float64) time.Duration {
 	if len(d) == 0 {
 		return 0
 	}
-	s := append([]time.Duration(nil), d...)
-	for i := 1; i < len(s); i++ {
-		for j := i; j > 0 && s[j] < s[j-1]; j-- {
-			s[j], s[j-1] = s[j-1], s[j]
-		}
-	}
+	s := slices.Clone(d)
+	slices.Sort(s)
 	return s[int(float64(len(s)-1)*p)]
 }

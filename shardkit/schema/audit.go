@@ -26,6 +26,10 @@ type AuditEvent struct {
 	Revision uint64 `json:"revision,omitempty"`
 	Detail   string `json:"detail,omitempty"`
 
+	// ID, if set, names the event for the journal's duplicate window (2 minutes): an event
+	// recorded twice under one ID is kept once (an observer and a resumed observer of one step).
+	ID string `json:"-"`
+
 	// Seq is the event's sequence in TM_AUDIT (set when read).
 	Seq uint64 `json:"-"`
 }
@@ -51,7 +55,10 @@ func (s *Store) Audit(ctx context.Context, ev AuditEvent) error {
 	defer cancel()
 	// An unanswered publish is made again with the same message id, which the stream's
 	// duplicate window drops if the first one was stored.
-	id := nuid.Next()
+	id := ev.ID
+	if id == "" {
+		id = nuid.Next()
+	}
 	err = retry(ctx, transient, tryFor(writeTry, func(ctx context.Context) error {
 		_, err := s.js.Publish(ctx, AuditSubject(ev.Kind, ev.Tenant), b, jetstream.WithMsgID(id))
 		return err
