@@ -11,6 +11,9 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -239,7 +242,9 @@ func (e *Engine) Apply(ctx context.Context, id string) (PlanRecord, error) {
 	return e.apply(lctx, id)
 }
 
-func (e *Engine) apply(ctx context.Context, id string) (PlanRecord, error) {
+func (e *Engine) apply(ctx context.Context, id string) (rec PlanRecord, err error) {
+	ctx, span := tracer.Start(ctx, "plan.apply", trace.WithAttributes(attribute.String("tm.plan", id)))
+	defer func() { endSpan(span, err, attribute.String("tm.plan.status", string(rec.Status))) }()
 	rec, moves, err := e.Plan(ctx, id)
 	if err != nil {
 		return rec, err

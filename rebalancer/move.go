@@ -9,6 +9,11 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/shardkit/kvwatch"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -16,7 +21,11 @@ import (
 
 // drive runs one move to a terminal state. Each round reads the placement, works out where the
 // move really stands (the placement names the move while it runs) and takes the next step.
-func (e *Engine) drive(ctx context.Context, m *MoveRecord) error {
+func (e *Engine) drive(ctx context.Context, m *MoveRecord) (err error) {
+	ctx, span := tracer.Start(ctx, "move", trace.WithAttributes(attribute.String("tm.kind", m.Kind),
+		attribute.String("tm.tenant", m.Tenant), attribute.String("tm.from", m.From), attribute.String("tm.to", m.To),
+		attribute.String("tm.move", m.Key())))
+	defer func() { endSpan(span, err, attribute.String("tm.move.state", string(m.State))) }()
 	w := e.newSignalWatch(m)
 	defer w.stop()
 	for !m.State.Terminal() {
@@ -86,17 +95,46 @@ func (e *Engine) round(ctx context.Context, m *MoveRecord, p schema.Placement, w
 		return e.saveMove(ctx, m)
 	}
 
-	switch m.State {
-	case MovePending:
-		return e.start(ctx, m, p)
-	case MoveWarming:
-		return e.warm(ctx, m, p, w)
-	case MoveHandoff:
-		return e.handoff(ctx, m, p, w)
-	case MoveCommitted:
-		return e.finish(ctx, m, p, w)
+	for {
+		// A step that wrote the placement the next step starts from hands it on (next), so
+		// the handoff goes straight to its wait without reading back what warm-up wrote.
+		var next *schema.Placement
+		var step func(context.Context) error
+		switch m.State {
+		case MovePending:
+			step = func(ctx context.Context) error { return e.start(ctx, m, p) }
+		case MoveWarming:
+			step = func(ctx context.Context) (err error) { next, err = e.warm(ctx, m, p, w); return err }
+		case MoveHandoff:
+			step = func(ctx context.Context) error { return e.handoff(ctx, m, p, w) }
+		case MoveCommitted:
+			step = func(ctx context.Context) error { return e.finish(ctx, m, p, w) }
+		default:
+			return nil
+		}
+		sctx, span := tracer.Start(ctx, "move."+string(m.State))
+		err := step(sctx)
+		endSpan(span, err, attribute.String("tm.move.state", string(m.State)))
+		if err != nil || next == nil {
+			return err
+		}
+		p = *next
 	}
-	return nil
+}
+
+// tracer makes the rebalancer's spans: plan.apply, one move span per move, and a span per
+// step of it (move.pending, move.warming, move.handoff, move.committed).
+var tracer = otel.Tracer("github.com/tenantmesh/tenantmesh/rebalancer")
+
+// endSpan ends span with the outcome err (a conflict that makes the move read again is not an
+// error) and attrs.
+func endSpan(span trace.Span, err error, attrs ...attribute.KeyValue) {
+	span.SetAttributes(attrs...)
+	if err != nil && !errors.Is(err, schema.ErrConflict) {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
 }
 
 // start puts the placement in warming(from -> to), if it is still what the plan saw.
@@ -118,30 +156,30 @@ func (e *Engine) start(ctx context.Context, m *MoveRecord, p schema.Placement) e
 }
 
 // warm waits for every live instance of the target to be ready, then starts the handoff.
-func (e *Engine) warm(ctx context.Context, m *MoveRecord, p schema.Placement, w *signalWatch) error {
+func (e *Engine) warm(ctx context.Context, m *MoveRecord, p schema.Placement, w *signalWatch) (*schema.Placement, error) {
 	deadline := m.Started.Add(e.cfg.WarmTimeout)
 	err := w.wait(ctx, deadline, func(v signalView) bool {
 		return v.all(m.To, func(s schema.TenantSignal) bool { return s.Phase == schema.SignalReady && s.Epoch == m.Epoch })
 	})
 	if errors.Is(err, errTimeout) {
-		return e.abort(ctx, m, p, fmt.Sprintf("the target %s was not ready within %s", m.To, e.cfg.WarmTimeout))
+		return nil, e.abort(ctx, m, p, fmt.Sprintf("the target %s was not ready within %s", m.To, e.cfg.WarmTimeout))
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	next := p
 	next.Phase = schema.PhaseHandoff
 	got, err := e.transition(ctx, m, "move.handoff", p, next)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	m.State, m.Handoff = MoveHandoff, time.Now().UTC()
 	if err := e.saveMove(ctx, m); err != nil {
-		return err
+		return nil, err
 	}
-	// The tenant's requests are held from now on: go straight to the wait for the fence,
-	// without reading back the placement this step just wrote.
-	return e.handoff(ctx, m, got, w)
+	// The tenant's requests are held from now on: the handoff step goes straight to the wait
+	// for the fence, without reading back the placement this step just wrote.
+	return &got, nil
 }
 
 // handoff waits for the source to drain (its fence) and the target to reach the fence, then

@@ -14,6 +14,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/envflag"
 	"github.com/tenantmesh/tenantmesh/internal/natsconn"
 	"github.com/tenantmesh/tenantmesh/internal/tmlog"
+	"github.com/tenantmesh/tenantmesh/internal/tracing"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/rebalancer/server"
 	"github.com/tenantmesh/tenantmesh/rebalancer/sweeper"
@@ -108,6 +109,11 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		return err
 	}
 	defer c.Close()
+	flush, err := tracing.Main(ctx, "tenantmesh-rebalancer")
+	if err != nil {
+		return err
+	}
+	defer flush()
 	return c.Serve(ctx)
 }
 

@@ -29,8 +29,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
+	"github.com/tenantmesh/tenantmesh/internal/tracing"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -157,6 +161,12 @@ func (s *Service) Handle(ctx context.Context, tenant string, cmd Command) (Resul
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.CommandTimeout)
 	defer cancel()
+	if tracing.On() {
+		var span trace.Span
+		ctx, span = tracer.Start(ctx, "command", trace.WithAttributes(attribute.String("tm.tenant", tenant),
+			attribute.String("tm.command", cmd.Command), attribute.String("tm.aggregate", cmd.AggregateID)))
+		defer span.End()
+	}
 	ts, err := s.tenant(ctx, tenant, "")
 	if err != nil {
 		return Result{}, err
@@ -492,3 +502,7 @@ func (s *Service) Hosted() []string {
 	}
 	return out
 }
+
+// tracer makes the aggregate's spans: a command and its append (the event carries the trace
+// on to the projection and to anyone reading the stream).
+var tracer = otel.Tracer("github.com/tenantmesh/tenantmesh/services/aggregate")

@@ -10,7 +10,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tenantmesh/tenantmesh/internal/tracing"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -62,6 +65,15 @@ func (es *eventStore) append(ctx context.Context, ev Event, expectLast uint64) (
 		Subject: schema.EventSubject(ev.Tenant, ev.AggregateType, ev.AggregateID),
 		Data:    b,
 		Header:  nats.Header{},
+	}
+	if tracing.On() {
+		var span trace.Span
+		ctx, span = tracer.Start(ctx, "command.append", trace.WithAttributes(attribute.String("tm.subject", msg.Subject)))
+		defer func() {
+			span.SetAttributes(attribute.Int64("tm.seq", int64(seq)), attribute.Bool("tm.duplicate", dup))
+			span.End()
+		}()
+		tracing.Inject(ctx, msg.Header)
 	}
 	opts := []jetstream.PublishOpt{jetstream.WithExpectLastSequencePerSubject(expectLast)}
 	if ev.CommandKey != "" {

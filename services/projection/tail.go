@@ -9,8 +9,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
+	"github.com/tenantmesh/tenantmesh/internal/tracing"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -324,6 +328,11 @@ func (t *tail) handle(m jetstream.Msg) {
 		t.s.corrupt(ts.tenant, err)
 		return
 	}
+	if h := m.Headers(); tracing.Traced(h) {
+		_, span := tracer.Start(tracing.Extract(context.Background(), h), "projection.apply", trace.WithAttributes(
+			attribute.String("tm.tenant", ts.tenant), attribute.Int64("tm.seq", int64(seq))))
+		defer span.End()
+	}
 	ts.apply(ev)
 	due := ts.since >= t.s.cfg.CheckpointEvery
 	ts.mu.Unlock()
@@ -335,3 +344,6 @@ func (t *tail) handle(m jetstream.Msg) {
 
 // filterResume is how close to the stream's end a tail reading events.> goes back to filters.
 const filterResume = 64
+
+// tracer makes the projection's spans: projection.apply for each event of a sampled trace.
+var tracer = otel.Tracer("github.com/tenantmesh/tenantmesh/services/projection")

@@ -18,6 +18,11 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/tenantmesh/tenantmesh/internal/tracing"
 )
 
 // Effect is one kind of side effect the runner executes for jobs and sagas: a log line, an
@@ -46,6 +51,9 @@ type Request struct {
 	Subject string `json:"subject,omitempty"`
 	// Body is the webhook's JSON body or the email's text.
 	Body json.RawMessage `json:"body,omitempty"`
+	// Trace is the W3C traceparent of the job run that asked for the effect, when it was
+	// traced: the delivery continues its trace.
+	Trace string `json:"trace,omitempty"`
 }
 
 // Result is what a provider reports about a delivery.
@@ -185,6 +193,9 @@ func (w *Webhook) post(ctx context.Context, client *http.Client, timeout time.Du
 	hr.Header.Set("Content-Type", "application/json")
 	hr.Header.Set("Idempotency-Key", req.Key)
 	hr.Header.Set("X-Tenant-Id", req.Tenant)
+	if tracing.On() {
+		otel.GetTextMapPropagator().Inject(ctx, propagation.HeaderCarrier(hr.Header))
+	}
 	resp, err := client.Do(hr)
 	if err != nil {
 		return fmt.Errorf("post %s: %w", req.To, err)

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tenantmesh/tenantmesh/internal/tracing"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -202,9 +203,11 @@ func (s *Service) enqueue(ctx context.Context, r Run) (uint64, error) {
 		subj = pinSubject(r.Tenant, r.Instance)
 	}
 	qb, _ := json.Marshal(queueEntry{ID: r.ID})
+	msg := &nats.Msg{Subject: subj, Data: qb, Header: nats.Header{}}
+	tracing.Inject(ctx, msg.Header)
 	var ack *jetstream.PubAck
 	err := s.whileUnavailable(ctx, func(octx context.Context) (err error) {
-		ack, err = s.js.PublishMsg(octx, &nats.Msg{Subject: subj, Data: qb}, jetstream.WithMsgID(r.Tenant+":"+r.ID))
+		ack, err = s.js.PublishMsg(octx, msg, jetstream.WithMsgID(r.Tenant+":"+r.ID))
 		return err
 	}, "enqueueing a job", "tenant", r.Tenant, "job", r.ID)
 	if err != nil {

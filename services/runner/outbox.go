@@ -9,6 +9,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tenantmesh/tenantmesh/internal/tracing"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -54,8 +58,15 @@ type marker struct {
 // removed: the effects are abandoned with the job, which is marked failed.
 func (s *Service) deliverAll(ctx context.Context, reqs []Request, last bool) (err error) {
 	seqs := make([]uint64, len(reqs))
-	for i, req := range reqs {
-		seq, err := s.record(ctx, req)
+	var trace string
+	if tracing.On() {
+		h := nats.Header{}
+		tracing.Inject(ctx, h)
+		trace = h.Get("traceparent")
+	}
+	for i := range reqs {
+		reqs[i].Trace = trace
+		seq, err := s.record(ctx, reqs[i])
 		if err != nil {
 			return err
 		}
@@ -119,6 +130,12 @@ func (s *Service) deliverOnce(ctx context.Context, req Request) error {
 	eff := s.effects[req.Effect]
 	if eff == nil {
 		return fmt.Errorf("%w: no effect provider %q", ErrPermanent, req.Effect)
+	}
+	if h := (nats.Header{"traceparent": {req.Trace}}); req.Trace != "" && tracing.Traced(h) {
+		var span trace.Span
+		ctx, span = tracer.Start(tracing.Extract(ctx, h), "effect.deliver", trace.WithAttributes(
+			attribute.String("tm.tenant", req.Tenant), attribute.String("tm.effect", req.Effect), attribute.String("tm.effect.key", req.Key)))
+		defer span.End()
 	}
 	h, err := s.takeMarker(ctx, req.Key, newID("", ""))
 	if errors.Is(err, errDelivered) {

@@ -7,7 +7,13 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tenantmesh/tenantmesh/internal/tracing"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -42,8 +48,18 @@ func (s *Service) claimAndRun(ctx context.Context, tq *tenantQ, msg *jetstream.R
 		s.done(tq)
 		return
 	}
+	if h := nats.Header(msg.Header); tracing.Traced(h) {
+		var span trace.Span
+		ctx, span = tracer.Start(tracing.Extract(ctx, h), "job.run", trace.WithAttributes(
+			attribute.String("tm.tenant", r.Tenant), attribute.String("tm.job", r.ID), attribute.String("tm.job.type", r.Type)))
+		defer span.End()
+	}
 	s.execute(ctx, tq, r, msg.Sequence)
 }
+
+// tracer makes the runner's spans: job.run for a job created in a sampled trace, and
+// effect.deliver for each of its effects.
+var tracer = otel.Tracer("github.com/tenantmesh/tenantmesh/services/runner")
 
 // done frees a slot of tenant tq.
 func (s *Service) done(tq *tenantQ) {

@@ -19,6 +19,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/envflag"
 	"github.com/tenantmesh/tenantmesh/internal/natsconn"
 	"github.com/tenantmesh/tenantmesh/internal/tmlog"
+	"github.com/tenantmesh/tenantmesh/internal/tracing"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -86,6 +87,11 @@ func run() error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	flush, err := tracing.Main(ctx, "tenantmesh-gateway")
+	if err != nil {
+		return err
+	}
+	defer flush()
 
 	cfg := gateway.Config{
 		ID: id, Addr: addr, Logger: log, Retries: retries,

@@ -29,6 +29,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/envflag"
 	"github.com/tenantmesh/tenantmesh/internal/natsconn"
 	"github.com/tenantmesh/tenantmesh/internal/tmlog"
+	"github.com/tenantmesh/tenantmesh/internal/tracing"
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -236,7 +237,7 @@ func (m *Main) Run(ctx context.Context, build Builder) error {
 	r := chi.NewRouter()
 	sk.Mount(r)
 	app.Mount(r, sk.Gate, sk.RequireAdmin)
-	srv := &http.Server{Handler: r, ReadHeaderTimeout: m.ReadHeaderTimeout, MaxHeaderBytes: 64 << 10,
+	srv := &http.Server{Handler: tracing.Handler(id.Kind, r), ReadHeaderTimeout: m.ReadHeaderTimeout, MaxHeaderBytes: 64 << 10,
 		IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -296,7 +297,13 @@ func Exit(kind string, setup func(m *Main) (Builder, error)) {
 	if err != nil {
 		fail(2, err)
 	}
+	flush, err := tracing.Main(ctx, "tenantmesh-"+kind)
+	if err != nil {
+		fail(2, err)
+	}
+	defer flush()
 	if err := m.Run(ctx, build); err != nil {
+		flush()
 		fail(1, err)
 	}
 }
