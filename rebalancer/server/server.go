@@ -97,6 +97,7 @@ type Server struct {
 	work     sync.WaitGroup  // background applies
 	leaderG  prometheus.Gauge
 	applying prometheus.Gauge
+	moves    moveTracker // moves in progress, from the watch of tm_rebalance
 }
 
 // New makes a server; it does nothing until Run.
@@ -140,7 +141,10 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.leaderG = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tm_rebalancer_leader", Help: "1 while this process holds the leader lease."})
 	s.applying = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tm_rebalancer_applying", Help: "1 while this process applies or rolls back a plan."})
-	for _, c := range []prometheus.Collector{s.leaderG, s.applying, s.hub.dropped} {
+	stalled := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tm_rebalancer_move_stalled_seconds",
+		Help: "How long the move in progress (warming, handoff or committed) that stepped longest ago has gone without a step; 0 when none. Every process reports it from tm_rebalance."},
+		func() float64 { return s.moves.stalled(time.Now()).Seconds() })
+	for _, c := range []prometheus.Collector{s.leaderG, s.applying, s.hub.dropped, stalled} {
 		if err := s.reg.Register(c); err != nil {
 			return nil, err
 		}
