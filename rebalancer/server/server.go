@@ -17,6 +17,7 @@
 //	GET  /api/leader                the leader lease and whether this process holds it
 //	GET  /api/events                server-sent events: plan, move, audit, instance
 //	GET  /healthz /readyz /metrics
+//	GET  /openapi.json              this API as an OpenAPI 3.1 document (openapi.json)
 //
 // Every request that is not a GET or HEAD (the POST and PUT routes above) changes state and
 // needs Authorization: Bearer <Config.AdminToken>: 401 without it, and 403 for all of them when
@@ -411,6 +412,7 @@ func (s *Server) Handler() http.Handler {
 	r.Get("/healthz", s.handleHealthz)
 	r.Get("/readyz", s.handleReadyz)
 	r.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
+	r.Get("/openapi.json", handleOpenAPI)
 	r.Handle("/*", dashboard.Handler()) // the dashboard: /, /app.js, /style.css
 	return r
 }
