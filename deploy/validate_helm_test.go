@@ -45,17 +45,33 @@ var helmCases = []helmCase{
 // helmRun runs helm with a deadline and returns its standard output.
 func helmRun(t *testing.T, helm string, args ...string) []byte {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, helm, args...)
-	cmd.Stderr = &stderr
-	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
-	out, err := cmd.Output()
+	out, stderr, err := helmExec(t, helm, args...)
 	if err != nil {
-		t.Fatalf("helm %s: %v\n%s%s", strings.Join(args, " "), err, out, stderr.Bytes())
+		t.Fatalf("helm %s: %v\n%s%s", strings.Join(args, " "), err, out, stderr)
 	}
 	return out
+}
+
+func helmExec(t *testing.T, helm string, args ...string) (stdout, stderr []byte, err error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var errb bytes.Buffer
+	cmd := exec.CommandContext(ctx, helm, args...)
+	cmd.Stderr = &errb
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
+	out, err := cmd.Output()
+	return out, errb.Bytes(), err
+}
+
+// helmRefuses: values the chart must refuse, and what its error says.
+var helmRefuses = []struct{ set, says string }{
+	{"shard.kinds.aggregate.count=3", "additional properties 'shard' not allowed"},    // values.schema.json: a misspelt key
+	{"shards.kinds.aggregat.count=1", "additional properties 'aggregat' not allowed"}, // not a kind
+	{"shards.kinds.runner.replicas=0", "minimum"},                                     // a shard without instances
+	{"nats.enabled=false", "nats.url is required"},                                    // no NATS at all
+	{"secrets.create=true,secrets.adminToken=x", "secrets.natsAuthConf"},              // create needs every file
+	{"gateway.env.LOG_LEVEL=debug", "does not match pattern"},                         // env is TM_* settings
 }
 
 // TestHelmChart lints the chart and renders it with each helmCases values file; the rendered
@@ -68,6 +84,12 @@ func TestHelmChart(t *testing.T) {
 		filepath.Join(repoRoot, ".tools", "helm-v3.22.0", "helm"))
 	flags := allFlags(t)
 	checkChartRulesCopy(t)
+	for _, r := range helmRefuses {
+		_, stderr, err := helmExec(t, helm, "template", "tenantmesh", helmChart, "--kube-version", helmKubeVersion, "--set", r.set)
+		if err == nil || !bytes.Contains(stderr, []byte(r.says)) {
+			t.Errorf("helm template --set %s: %v, want an error saying %q:\n%s", r.set, err, r.says, stderr)
+		}
+	}
 	for _, hc := range helmCases {
 		t.Run(hc.name, func(t *testing.T) {
 			args := []string{"--kube-version", helmKubeVersion, "--namespace", namespace}
