@@ -171,10 +171,13 @@ func TestAlertRules(t *testing.T) {
 }
 
 // TestPromtoolRules runs promtool check rules and promtool test rules (Debian's prometheus
-// package; make tools installs it).
+// package; make tools installs it), and promtool check config on the compose config, which
+// loads the rules. (Debian's promtool is built without Kubernetes discovery, so it cannot read
+// prometheus-k8s.yml.)
 func TestPromtoolRules(t *testing.T) {
 	promtool := externalTool(t, "promtool", "make tools (apt-get install prometheus)")
-	for _, args := range [][]string{{"check", "rules", alertRulesFile}, {"test", "rules", alertRulesTestFile}} {
+	for _, args := range [][]string{{"check", "rules", alertRulesFile}, {"test", "rules", alertRulesTestFile},
+		{"check", "config", "prometheus.yml"}} {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		cmd := exec.CommandContext(ctx, promtool, args...)
 		cmd.Dir = "prometheus"
