@@ -32,9 +32,10 @@ run: bins
 	exec bin/devstack
 
 ## test: everything CI runs: gofmt check, go vet, staticcheck, and all tests with -race
-## (integration tests run against a real embedded nats-server).
+## (integration tests run against a real embedded nats-server). The deploy tests run promtool
+## and helm (make tools installs them); here a missing one fails instead of skipping.
 test: fmt-check vet staticcheck
-	$(GO) test -race -count=1 -timeout 12m $(TESTFLAGS) $(if $(T),-run '$(T)') $(PKG)
+	TM_REQUIRE_TOOLS=1 TM_HELM=$(HELM) $(GO) test -race -count=1 -timeout 12m $(TESTFLAGS) $(if $(T),-run '$(T)') $(PKG)
 
 test-short:
 	$(GO) test -race -short -count=1 $(if $(T),-run '$(T)') $(PKG)
@@ -45,9 +46,17 @@ test-norace:
 vet:
 	$(GO) vet ./...
 
-## tools: builds the pinned Go tools (staticcheck: a `tool` line in go.mod, run with `go tool`).
+## tools: builds the pinned Go tools (staticcheck: a `tool` line in go.mod, run with `go tool`),
+## installs promtool from Debian (package prometheus) if missing, and builds helm $(HELM_VERSION)
+## from its Go module into $(HELM) if missing (not a go.mod tool: it would add Kubernetes'
+## client libraries to go.mod). Idempotent.
+HELM_VERSION := v3.22.0
+HELM ?= $(CURDIR)/.tools/helm-$(HELM_VERSION)/helm
 tools:
 	$(GO) build -o /dev/null honnef.co/go/tools/cmd/staticcheck
+	@command -v promtool >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends prometheus >/dev/null && promtool --version)
+	@test -x '$(HELM)' || GOBIN='$(dir $(HELM))' GOFLAGS=-mod=mod $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 
 staticcheck:
 	$(GO) tool staticcheck ./...

@@ -66,12 +66,13 @@ type k8sResources struct {
 }
 
 type k8sContainer struct {
-	Name    string      `yaml:"name"`
-	Image   string      `yaml:"image"`
-	Command []string    `yaml:"command"`
-	Args    []string    `yaml:"args"`
-	Env     []k8sEnvVar `yaml:"env"`
-	Ports   []struct {
+	Name            string      `yaml:"name"`
+	Image           string      `yaml:"image"`
+	ImagePullPolicy string      `yaml:"imagePullPolicy"`
+	Command         []string    `yaml:"command"`
+	Args            []string    `yaml:"args"`
+	Env             []k8sEnvVar `yaml:"env"`
+	Ports           []struct {
 		Name          string `yaml:"name"`
 		ContainerPort int    `yaml:"containerPort"`
 		Protocol      string `yaml:"protocol"`
@@ -113,7 +114,18 @@ type k8sAffinityTerm struct {
 type k8sPodTemplate struct {
 	Metadata k8sMeta `yaml:"metadata"`
 	Spec     struct {
-		AutomountServiceAccountToken  *bool  `yaml:"automountServiceAccountToken"`
+		AutomountServiceAccountToken *bool `yaml:"automountServiceAccountToken"`
+		ImagePullSecrets             []struct {
+			Name string `yaml:"name"`
+		} `yaml:"imagePullSecrets"`
+		NodeSelector map[string]string `yaml:"nodeSelector"`
+		Tolerations  []struct {
+			Key               string `yaml:"key"`
+			Operator          string `yaml:"operator"`
+			Value             string `yaml:"value"`
+			Effect            string `yaml:"effect"`
+			TolerationSeconds *int   `yaml:"tolerationSeconds"`
+		} `yaml:"tolerations"`
 		ServiceAccountName            string `yaml:"serviceAccountName"`
 		TerminationGracePeriodSeconds *int   `yaml:"terminationGracePeriodSeconds"`
 		SecurityContext               *struct {
@@ -276,6 +288,50 @@ type k8sNamespace struct {
 	Metadata   k8sMeta `yaml:"metadata"`
 }
 
+type k8sSecret struct {
+	APIVersion string            `yaml:"apiVersion"`
+	Kind       string            `yaml:"kind"`
+	Metadata   k8sMeta           `yaml:"metadata"`
+	Type       string            `yaml:"type"`
+	Data       map[string]string `yaml:"data"`
+	StringData map[string]string `yaml:"stringData"`
+}
+
+// k8sServiceMonitor is the Prometheus Operator's ServiceMonitor (monitoring.coreos.com/v1).
+type k8sServiceMonitor struct {
+	APIVersion string  `yaml:"apiVersion"`
+	Kind       string  `yaml:"kind"`
+	Metadata   k8sMeta `yaml:"metadata"`
+	Spec       struct {
+		JobLabel          string           `yaml:"jobLabel"`
+		Selector          k8sLabelSelector `yaml:"selector"`
+		NamespaceSelector struct {
+			MatchNames []string `yaml:"matchNames"`
+			Any        bool     `yaml:"any"`
+		} `yaml:"namespaceSelector"`
+		Endpoints []struct {
+			Port        string `yaml:"port"`
+			Path        string `yaml:"path"`
+			Interval    string `yaml:"interval"`
+			Relabelings []struct {
+				SourceLabels []string `yaml:"sourceLabels"`
+				TargetLabel  string   `yaml:"targetLabel"`
+				Regex        string   `yaml:"regex"`
+				Replacement  string   `yaml:"replacement"`
+				Action       string   `yaml:"action"`
+			} `yaml:"relabelings"`
+		} `yaml:"endpoints"`
+	} `yaml:"spec"`
+}
+
+// k8sPrometheusRule is the Prometheus Operator's PrometheusRule: Prometheus' rule groups.
+type k8sPrometheusRule struct {
+	APIVersion string     `yaml:"apiVersion"`
+	Kind       string     `yaml:"kind"`
+	Metadata   k8sMeta    `yaml:"metadata"`
+	Spec       alertRules `yaml:"spec"`
+}
+
 // k8sSchemas maps a kind to a new value of its schema type.
 var k8sSchemas = map[string]func() any{
 	"Deployment":              func() any { return new(k8sDeployment) },
@@ -285,12 +341,21 @@ var k8sSchemas = map[string]func() any{
 	"HorizontalPodAutoscaler": func() any { return new(k8sHPA) },
 	"ConfigMap":               func() any { return new(k8sConfigMap) },
 	"Namespace":               func() any { return new(k8sNamespace) },
+	"Secret":                  func() any { return new(k8sSecret) },
+	"ServiceMonitor":          func() any { return new(k8sServiceMonitor) },
+	"PrometheusRule":          func() any { return new(k8sPrometheusRule) },
 }
 
 // TestKubernetesSchema decodes every object strictly into its schema type.
 func TestKubernetesSchema(t *testing.T) {
+	checkK8sSchema(t, loadK8s(t))
+}
+
+// checkK8sSchema decodes every object strictly into its schema type.
+func checkK8sSchema(t *testing.T, objs []k8sObject) {
+	t.Helper()
 	n := 0
-	for _, k := range loadK8s(t) {
+	for _, k := range objs {
 		mk, ok := k8sSchemas[k.kind()]
 		if !ok {
 			t.Errorf("%v: no schema for kind %s", k, k.kind())

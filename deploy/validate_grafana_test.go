@@ -25,7 +25,10 @@ type grafanaPanel struct {
 		RefID string `json:"refId"`
 		Expr  string `json:"expr"`
 	} `json:"targets"`
-	Panels []grafanaPanel `json:"panels"`
+	Panels  []grafanaPanel `json:"panels"`
+	Options struct {
+		AlertInstanceLabelFilter string `json:"alertInstanceLabelFilter"`
+	} `json:"options"`
 }
 
 type grafanaDashboard struct {
@@ -39,6 +42,11 @@ type grafanaDashboard struct {
 		} `json:"list"`
 	} `json:"templating"`
 	Panels []grafanaPanel `json:"panels"`
+	Links  []struct {
+		Title string `json:"title"`
+		Type  string `json:"type"`
+		URL   string `json:"url"`
+	} `json:"links"`
 }
 
 var (
@@ -53,7 +61,7 @@ var dashboardMetrics = []string{
 	"tm_placement_entries", "tm_placement_watch_resumes_total", "tm_shard_in_flight",
 	"tm_shard_requests_total", "tm_aggregate_commands_total", "tm_aggregate_append_conflicts_total",
 	"tm_aggregate_rehydrate_seconds", "tm_aggregate_snapshot_loads_total", "tm_shard_tenant_lag",
-	"tm_runner_jobs_created_total", "tm_runner_effects_total",
+	"tm_runner_jobs_created_total", "tm_runner_effects_total", "tm_rebalancer_move_stalled_seconds",
 }
 
 func TestGrafanaDashboard(t *testing.T) {
@@ -77,6 +85,7 @@ func TestGrafanaDashboard(t *testing.T) {
 		t.Fatalf("found only %d metric names in the Go code; is the walk broken?", len(defs))
 	}
 	used := map[string]bool{}
+	alertList := false
 	ids := map[int]bool{}
 	type rect struct {
 		title      string
@@ -102,6 +111,14 @@ func TestGrafanaDashboard(t *testing.T) {
 			rects = append(rects, rect{p.Title, g.X, g.Y, g.W, g.H})
 			walk(p.Panels)
 			if p.Type == "row" {
+				continue
+			}
+			if p.Type == "alertlist" {
+				// Lists the alerting rules' alerts (Grafana's alerting API, no query).
+				if p.Options.AlertInstanceLabelFilter != `{platform="tenantmesh"}` {
+					t.Errorf("panel %q: alert list filter %q, want the rules' label {platform=\"tenantmesh\"}", p.Title, p.Options.AlertInstanceLabelFilter)
+				}
+				alertList = true
 				continue
 			}
 			if len(p.Datasource) == 0 || len(p.Targets) == 0 {
@@ -136,6 +153,20 @@ func TestGrafanaDashboard(t *testing.T) {
 		}
 	}
 	walk(d.Panels)
+	// The alerting rules (deploy/prometheus) are on the dashboard: a list of those firing, and
+	// a link to Grafana's rule list filtered to them.
+	if !alertList {
+		t.Error("the dashboard has no alert list panel for the tenantmesh alerting rules")
+	}
+	linked := false
+	for _, l := range d.Links {
+		if l.Type == "link" && strings.HasPrefix(l.URL, "/alerting/list") && strings.Contains(l.URL, "platform%3Dtenantmesh") {
+			linked = true
+		}
+	}
+	if !linked {
+		t.Errorf("the dashboard does not link to the alert rules (/alerting/list filtered on platform=tenantmesh): %+v", d.Links)
+	}
 	for _, m := range dashboardMetrics {
 		if !used[m] {
 			t.Errorf("the dashboard does not show %s", m)

@@ -37,6 +37,9 @@ var apiVersions = map[string]string{
 	"StatefulSet":             "apps/v1",
 	"PodDisruptionBudget":     "policy/v1",
 	"HorizontalPodAutoscaler": "autoscaling/v2",
+	"Secret":                  "v1",
+	"ServiceMonitor":          "monitoring.coreos.com/v1",
+	"PrometheusRule":          "monitoring.coreos.com/v1",
 }
 
 func loadK8s(t *testing.T) []k8sObject {
@@ -103,35 +106,45 @@ func loadK8s(t *testing.T) []k8sObject {
 	var objs []k8sObject
 	seen := map[string]bool{}
 	for _, f := range files {
-		for _, o := range yamlDocs(t, filepath.Join("k8s", f)) {
-			k := k8sObject{file: "k8s/" + f, o: o}
-			if k.kind() == "" || getStr(o, "apiVersion") == "" || k.name() == "" {
-				t.Errorf("%s: object without apiVersion, kind or metadata.name", k.file)
-				continue
-			}
-			want, ok := apiVersions[k.kind()]
-			switch {
-			case !ok:
-				t.Errorf("%v: kind not expected here (add it to apiVersions)", k)
-			case getStr(o, "apiVersion") != want:
-				t.Errorf("%v: apiVersion %q, want %q", k, getStr(o, "apiVersion"), want)
-			}
-			if ns := getStr(o, "metadata", "namespace"); k.kind() != "Namespace" && ns != namespace {
-				t.Errorf("%v: namespace %q, want %q", k, ns, namespace)
-			}
-			if getMap(o, "spec") == nil && getMap(o, "data") == nil && k.kind() != "Namespace" {
-				t.Errorf("%v: no spec", k)
-			}
-			id := k.kind() + "/" + k.name()
-			if seen[id] {
-				t.Errorf("%v: defined twice", k)
-			}
-			seen[id] = true
-			objs = append(objs, k)
-		}
+		objs = append(objs, k8sObjectsOf(t, "k8s/"+f, yamlDocs(t, filepath.Join("k8s", f)), seen)...)
 	}
 	if !seen["Namespace/"+namespace] {
 		t.Errorf("no Namespace %s", namespace)
+	}
+	return objs
+}
+
+// k8sObjectsOf checks each document's header (the apiVersion of its kind, a name, the
+// tenantmesh namespace, a spec or data) and that no kind/name is in seen yet, and returns the
+// documents as objects of file.
+func k8sObjectsOf(t *testing.T, file string, docs []obj, seen map[string]bool) []k8sObject {
+	t.Helper()
+	var objs []k8sObject
+	for _, o := range docs {
+		k := k8sObject{file: file, o: o}
+		if k.kind() == "" || getStr(o, "apiVersion") == "" || k.name() == "" {
+			t.Errorf("%s: object without apiVersion, kind or metadata.name", k.file)
+			continue
+		}
+		want, ok := apiVersions[k.kind()]
+		switch {
+		case !ok:
+			t.Errorf("%v: kind not expected here (add it to apiVersions)", k)
+		case getStr(o, "apiVersion") != want:
+			t.Errorf("%v: apiVersion %q, want %q", k, getStr(o, "apiVersion"), want)
+		}
+		if ns := getStr(o, "metadata", "namespace"); k.kind() != "Namespace" && ns != namespace {
+			t.Errorf("%v: namespace %q, want %q", k, ns, namespace)
+		}
+		if getMap(o, "spec") == nil && getMap(o, "data") == nil && k.kind() != "Namespace" {
+			t.Errorf("%v: no spec", k)
+		}
+		id := k.kind() + "/" + k.name()
+		if seen[id] {
+			t.Errorf("%v: defined twice", k)
+		}
+		seen[id] = true
+		objs = append(objs, k)
 	}
 	return objs
 }
@@ -194,7 +207,15 @@ var envRefRe = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
 
 func TestKubernetes(t *testing.T) {
 	objs := loadK8s(t)
-	flags := allFlags(t)
+	checkK8sObjects(t, objs, allFlags(t))
+	checkK8sPlatform(t, objs)
+}
+
+// checkK8sObjects checks a set of objects for consistency with each other and with the
+// binaries' flags: workloads (pods, probes, security, environment), Services, PDBs and HPAs.
+// The Kubernetes manifests and the Helm chart's rendered output both go through it.
+func checkK8sObjects(t *testing.T, objs []k8sObject, flags flagSets) {
+	t.Helper()
 	workloads := byKind(objs, "Deployment", "StatefulSet")
 	if len(workloads) == 0 {
 		t.Fatal("no workloads")
@@ -322,8 +343,6 @@ func TestKubernetes(t *testing.T) {
 			t.Errorf("%v: minReplicas %d maxReplicas %d", h, minR, maxR)
 		}
 	}
-
-	checkK8sPlatform(t, objs)
 }
 
 // checkPod checks one pod template: security context, resources, probes on container ports,

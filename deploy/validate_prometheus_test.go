@@ -18,6 +18,7 @@ type promConfig struct {
 		EvaluationInterval string            `yaml:"evaluation_interval"`
 		ExternalLabels     map[string]string `yaml:"external_labels"`
 	} `yaml:"global"`
+	RuleFiles     []string `yaml:"rule_files"`
 	ScrapeConfigs []struct {
 		JobName       string `yaml:"job_name"`
 		MetricsPath   string `yaml:"metrics_path"`
@@ -133,6 +134,13 @@ func TestPrometheusCompose(t *testing.T) {
 	if !slices.Contains(prom.Volumes, "../prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro") {
 		t.Errorf("compose prometheus does not mount deploy/prometheus/prometheus.yml: %v", prom.Volumes)
 	}
+	// The alert rules are loaded (rule_files, relative to the config) and mounted beside it.
+	if !slices.Equal(p.RuleFiles, []string{alertRulesFile}) {
+		t.Errorf("prometheus.yml rule_files %v, want [%s]", p.RuleFiles, alertRulesFile)
+	}
+	if !slices.Contains(prom.Volumes, "../prometheus/"+alertRulesFile+":/etc/prometheus/"+alertRulesFile+":ro") {
+		t.Errorf("compose prometheus does not mount deploy/prometheus/%s beside its config: %v", alertRulesFile, prom.Volumes)
+	}
 }
 
 func TestPrometheusKubernetes(t *testing.T) {
@@ -140,6 +148,9 @@ func TestPrometheusKubernetes(t *testing.T) {
 	p := loadProm(t, "prometheus/prometheus-k8s.yml")
 	if len(p.ScrapeConfigs) == 0 {
 		t.Fatal("no scrape configs")
+	}
+	if !slices.Equal(p.RuleFiles, []string{alertRulesFile}) {
+		t.Errorf("prometheus-k8s.yml rule_files %v, want [%s]", p.RuleFiles, alertRulesFile)
 	}
 	usedLabels := map[string]bool{}
 	for _, sc := range p.ScrapeConfigs {

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	_ "embed"
 	"net/http"
 	"net/http/pprof"
 	"slices"
@@ -13,8 +14,20 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
+// openAPI is the admin API's OpenAPI 3.1 document, served at /admin/openapi.json: under the
+// gateway's reserved /admin/ prefix, since a request elsewhere without x-tenant-id can be
+// tenant traffic (a bearer token names the tenant) to the tenant's own /openapi.json.
+// openapi_test.go checks it against the routes below, its examples and real answers.
+//
+//go:embed openapi.json
+var openAPI []byte
+
+// OpenAPI returns the admin API's OpenAPI 3.1 document (JSON).
+func OpenAPI() []byte { return slices.Clone(openAPI) }
+
 // adminMux registers the gateway's own endpoints. They are reached with requests that carry no
-// x-tenant-id header; tenant traffic to the same paths is routed like any other.
+// x-tenant-id header; tenant traffic to the same paths is routed like any other. Every route is
+// in openapi.json.
 func (g *Gateway) adminMux() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -28,6 +41,12 @@ func (g *Gateway) adminMux() *http.ServeMux {
 	admin := tmhttp.RequireBearer(g.cfg.AdminToken, "--admin-token (TM_ADMIN_TOKEN)")
 	mux.Handle("GET /admin/balance", admin(http.HandlerFunc(g.handleBalance)))
 	mux.Handle("GET /admin/placement/{kind}/{tenant}", admin(http.HandlerFunc(g.handlePlacement)))
+	// The API's description is open, as /healthz and /metrics are.
+	mux.HandleFunc("GET /admin/openapi.json", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-cache")
+		_, _ = w.Write(openAPI)
+	})
 	g.registerServerRoutes(mux)
 	if g.cfg.Pprof {
 		mux.Handle("GET /debug/pprof/", admin(http.HandlerFunc(pprof.Index)))

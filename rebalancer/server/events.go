@@ -118,25 +118,40 @@ func (s *Server) startEvents(ctx context.Context) error {
 }
 
 // watchRecords turns changes of plan and move records into events, re-watching if the watch
-// ends.
+// ends, and keeps the moves in progress for tm_rebalancer_move_stalled_seconds. The first watch
+// reads the records already stored (the moves running when this process started) without
+// streaming them; a re-watch streams only what changed since the last record it saw.
 func (s *Server) watchRecords(ctx context.Context) {
+	var last uint64    // the last revision seen
+	streaming := false // the first watch has delivered the stored records
 	for ctx.Err() == nil {
-		w, err := s.st.RebalanceKV().WatchAll(ctx, jetstream.UpdatesOnly(), jetstream.IgnoreDeletes())
+		w, err := s.st.RebalanceKV().WatchAll(ctx)
 		if err != nil {
 			ctxtime.Sleep(ctx, time.Second)
 			continue
 		}
 		for en := range w.Updates() {
 			if en == nil {
+				streaming = true
+				continue
+			}
+			fresh := streaming && en.Revision() > last
+			last = max(last, en.Revision())
+			if en.Operation() != jetstream.KeyValuePut {
+				s.moves.forget(en.Key())
 				continue
 			}
 			switch {
 			case strings.HasPrefix(en.Key(), "move."):
 				var m rebalancer.MoveRecord
-				if json.Unmarshal(en.Value(), &m) == nil {
+				if json.Unmarshal(en.Value(), &m) != nil {
+					continue
+				}
+				s.moves.track(en.Key(), m)
+				if fresh {
 					s.hub.publish("move", moveEvent{MoveRecord: m, PauseMS: m.Pause().Milliseconds()})
 				}
-			case strings.HasPrefix(en.Key(), "plan."):
+			case strings.HasPrefix(en.Key(), "plan.") && fresh:
 				s.hub.send(Event{Type: "plan", Data: en.Value()})
 			}
 		}
@@ -145,6 +160,45 @@ func (s *Server) watchRecords(ctx context.Context) {
 			ctxtime.Sleep(ctx, time.Second)
 		}
 	}
+}
+
+// moveTracker holds when each move in progress (warming, handoff, committed) last took a step.
+// Pending and finished moves are not held, so it stays as small as the moves running now.
+type moveTracker struct {
+	mu    sync.Mutex
+	steps map[string]time.Time // record key -> the record's Updated
+}
+
+func (t *moveTracker) track(key string, m rebalancer.MoveRecord) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch m.State {
+	case rebalancer.MoveWarming, rebalancer.MoveHandoff, rebalancer.MoveCommitted:
+		if t.steps == nil {
+			t.steps = map[string]time.Time{}
+		}
+		t.steps[key] = m.Updated
+	default:
+		delete(t.steps, key)
+	}
+}
+
+func (t *moveTracker) forget(key string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.steps, key)
+}
+
+// stalled is how long ago the move in progress that stepped longest ago took its last step (0
+// when no move is in progress).
+func (t *moveTracker) stalled(now time.Time) time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var worst time.Duration
+	for _, at := range t.steps {
+		worst = max(worst, now.Sub(at))
+	}
+	return worst
 }
 
 // moveEvent is a move record with its pause in milliseconds.

@@ -17,6 +17,7 @@
 //	GET  /api/leader                the leader lease and whether this process holds it
 //	GET  /api/events                server-sent events: plan, move, audit, instance
 //	GET  /healthz /readyz /metrics
+//	GET  /openapi.json              this API as an OpenAPI 3.1 document (openapi.json)
 //
 // Every request that is not a GET or HEAD (the POST and PUT routes above) changes state and
 // needs Authorization: Bearer <Config.AdminToken>: 401 without it, and 403 for all of them when
@@ -97,6 +98,7 @@ type Server struct {
 	work     sync.WaitGroup  // background applies
 	leaderG  prometheus.Gauge
 	applying prometheus.Gauge
+	moves    moveTracker // moves in progress, from the watch of tm_rebalance
 }
 
 // New makes a server; it does nothing until Run.
@@ -140,7 +142,10 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.leaderG = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tm_rebalancer_leader", Help: "1 while this process holds the leader lease."})
 	s.applying = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tm_rebalancer_applying", Help: "1 while this process applies or rolls back a plan."})
-	for _, c := range []prometheus.Collector{s.leaderG, s.applying, s.hub.dropped} {
+	stalled := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tm_rebalancer_move_stalled_seconds",
+		Help: "How long the move in progress (warming, handoff or committed) that stepped longest ago has gone without a step; 0 when none. Every process reports it from tm_rebalance."},
+		func() float64 { return s.moves.stalled(time.Now()).Seconds() })
+	for _, c := range []prometheus.Collector{s.leaderG, s.applying, s.hub.dropped, stalled} {
 		if err := s.reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -407,6 +412,7 @@ func (s *Server) Handler() http.Handler {
 	r.Get("/healthz", s.handleHealthz)
 	r.Get("/readyz", s.handleReadyz)
 	r.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
+	r.Get("/openapi.json", handleOpenAPI)
 	r.Handle("/*", dashboard.Handler()) // the dashboard: /, /app.js, /style.css
 	return r
 }

@@ -444,3 +444,52 @@ func TestLeaderResumesApplyingPlans(t *testing.T) {
 		t.Fatalf("acme on %s after the resumed plan", got.Shard)
 	}
 }
+
+// TestMoveStalledGauge: tm_rebalancer_move_stalled_seconds (the "move stuck" alert's input)
+// counts moves in progress from tm_rebalance, those stored before the process started included,
+// and drops them once they finish or are deleted.
+func TestMoveStalledGauge(t *testing.T) {
+	srv := natstest.Server(t)
+	st := openStore(t, srv.URL())
+	ctx := context.Background()
+	put := func(id string, state rebalancer.MoveState, updated time.Time) {
+		t.Helper()
+		m := rebalancer.MoveRecord{Plan: "p1", ID: id, State: state, Updated: updated}
+		key := schema.MoveKey(m.Plan, m.ID)
+		raw, _ := json.Marshal(m)
+		if _, err := st.RebalanceKV().Put(ctx, key, raw); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("m00001", rebalancer.MoveWarming, time.Now().Add(-time.Hour))
+	put("m00002", rebalancer.MovePending, time.Now().Add(-2*time.Hour)) // not started: not stalled
+	r := start(t, st, "r1", sweeper.Config{})
+	stalled := func() float64 { return r.s.moves.stalled(time.Now()).Seconds() }
+	tmtest.WaitFor(t, 10*time.Second, tmtest.Until("the stored warming move to count", func() bool { return stalled() >= 3600 }))
+	if s := stalled(); s > 3700 {
+		t.Fatalf("stalled %.0fs: the pending move counted", s)
+	}
+	put("m00001", rebalancer.MoveDone, time.Now())
+	tmtest.WaitFor(t, 10*time.Second, tmtest.Until("the finished move to be dropped", func() bool { return stalled() == 0 }))
+	put("m00003", rebalancer.MoveHandoff, time.Now().Add(-10*time.Minute))
+	tmtest.WaitFor(t, 10*time.Second, tmtest.Until("a handoff to count", func() bool { return stalled() >= 600 }))
+	if err := st.RebalanceKV().Delete(ctx, schema.MoveKey("p1", "m00003")); err != nil {
+		t.Fatal(err)
+	}
+	tmtest.WaitFor(t, 10*time.Second, tmtest.Until("the deleted move to be dropped", func() bool { return stalled() == 0 }))
+	body := get(t, r.ts.URL+"/metrics")
+	if !strings.Contains(body, "tm_rebalancer_move_stalled_seconds 0") {
+		t.Fatalf("/metrics lacks tm_rebalancer_move_stalled_seconds 0:\n%s", body)
+	}
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return string(b)
+}
