@@ -66,7 +66,7 @@ func (s *Service) tail(ctx context.Context, ts *tenantState, from uint64) error 
 		return err
 	}
 	defer done()
-	it, err := cons.Messages()
+	it, err := cons.Messages(schema.QuickHeartbeat)
 	if err != nil {
 		return err
 	}

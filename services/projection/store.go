@@ -109,7 +109,7 @@ func (s *store) replay(ctx context.Context, filters []string, after, until uint6
 	if maxPending > 0 && len(filters) > 1 && pending > uint64(maxPending) {
 		return 0, errTooFar
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(s.batch))
+	it, err := cons.Messages(jetstream.PullMaxMessages(s.batch), schema.QuickHeartbeat)
 	if err != nil {
 		return 0, fmt.Errorf("projection: replay %d subjects: %w", len(filters), err)
 	}

@@ -200,7 +200,7 @@ func (t *tail) rebuild(ctx context.Context) error {
 		}
 	}
 	all := len(filters) == 1 && filters[0] == schema.SubjectEventsAll
-	it, err := cons.Messages(jetstream.PullMaxMessages(t.s.cfg.TailBatch))
+	it, err := cons.Messages(jetstream.PullMaxMessages(t.s.cfg.TailBatch), schema.QuickHeartbeat)
 	if err != nil {
 		return fmt.Errorf("projection: tail consumer over %d tenants: %w", len(t.live), err)
 	}
