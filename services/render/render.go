@@ -64,7 +64,7 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Service is the renderer. It implements svcmain.App.
+// Service is the renderer. It implements shardmain.App.
 type Service struct {
 	cfg Config
 	rel atomic.Pointer[releaserBox]
@@ -106,9 +106,14 @@ func New(cfg Config) *Service {
 	return s
 }
 
-// AttachShard gives the service the shard it runs in, whose Release it calls when it disposes
-// a tenant's page (svcmain calls it after making the shard).
-func (s *Service) AttachShard(sk *shardkit.Shard) { s.SetReleaser(sk) }
+// Handler serves the service's routes on their own router and makes sk, the shard it runs in,
+// what disposing a tenant's page releases.
+func (s *Service) Handler(sk *shardkit.Shard) http.Handler {
+	s.SetReleaser(sk)
+	r := chi.NewRouter()
+	s.Mount(r, sk.Gate, sk.RequireAdmin)
+	return r
+}
 
 // SetReleaser sets what disposal calls (tests may pass a fake).
 func (s *Service) SetReleaser(r Releaser) { s.rel.Store(&releaserBox{r}) }
