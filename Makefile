@@ -31,10 +31,16 @@ bins:
 run: bins
 	exec bin/devstack
 
+# Modules of their own under examples/ (go ./... at the root does not enter them): make test,
+# vet and staticcheck run in each.
+EXAMPLES := examples/notes
+
 ## test: everything CI runs: gofmt check, go vet, staticcheck, and all tests with -race
-## (integration tests run against a real embedded nats-server).
+## (integration tests run against a real embedded nats-server), the examples' modules included
+## (examples/notes runs the README's "Make your service a shard" guide word for word).
 test: fmt-check vet staticcheck
 	$(GO) test -race -count=1 -timeout 12m $(TESTFLAGS) $(if $(T),-run '$(T)') $(PKG)
+	@$(if $(filter ./...,$(PKG)),for d in $(EXAMPLES); do (cd $$d && $(GO) test -race -count=1 -timeout 5m $(TESTFLAGS) $(if $(T),-run '$(T)') ./...) || exit 1; done)
 
 test-short:
 	$(GO) test -race -short -count=1 $(if $(T),-run '$(T)') $(PKG)
@@ -44,6 +50,7 @@ test-norace:
 
 vet:
 	$(GO) vet ./...
+	@for d in $(EXAMPLES); do (cd $$d && $(GO) vet ./...) || exit 1; done
 
 ## tools: builds the pinned Go tools (staticcheck: a `tool` line in go.mod, run with `go tool`).
 tools:
@@ -51,6 +58,7 @@ tools:
 
 staticcheck:
 	$(GO) tool staticcheck ./...
+	@sc=$$($(GO) tool -n staticcheck) && for d in $(EXAMPLES); do (cd $$d && $$sc ./...) || exit 1; done
 
 lint: fmt-check vet staticcheck
 
