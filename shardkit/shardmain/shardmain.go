@@ -127,18 +127,36 @@ type Main struct {
 	ReadHeaderTimeout time.Duration
 	// Stderr receives the logs (default os.Stderr).
 	Stderr io.Writer
-	ready  chan string
+	// Extra, if set, defines a binary's own flags on the flag set ParseFlags reads.
+	Extra func(fs *flag.FlagSet)
+	ready chan string
 }
 
-// ParseFlags reads flags (defaults from TM_* variables) for a service of kind.
+// ParseFlags reads flags (defaults from TM_* variables) for a service of kind. With kind ""
+// (a binary that serves any kind, like the sidecar) the kind is the --kind flag. Extra, if
+// set, defines the binary's own flags on the same set.
 func (m *Main) ParseFlags(kind string, args []string) error {
 	m.Kind = kind
-	fs := flag.NewFlagSet(kind, flag.ContinueOnError)
+	name, shardDefault := kind, kind+"-1"
+	if kind == "" {
+		name, shardDefault = "shard", ""
+	}
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.Usage = func() {
+		k := kind
+		if k == "" {
+			k = "--kind"
+		}
 		fmt.Fprintf(fs.Output(), "Usage: %s [flags]\n\nRuns one instance of a shard of kind %s: it registers in the instance directory,\n"+
 			"publishes its routes, serves the tenants placed on its shard and takes part in moves.\n\n"+
-			"Example:\n  %s --shard %s-1 --instance a --addr 127.0.0.1:9101\n\nFlags (each also read from its TM_* variable):\n", kind, kind, kind, kind)
+			"Example:\n  %s --shard %s-1 --instance a --addr 127.0.0.1:9101\n\nFlags (each also read from its TM_* variable):\n", name, k, name, strings.TrimPrefix(k, "--"))
 		fs.PrintDefaults()
+	}
+	if kind == "" {
+		envflag.String(fs, &m.Kind, "kind", "", "the service kind this instance serves (required)")
+	}
+	if m.Extra != nil {
+		m.Extra(fs)
 	}
 	host, _ := os.Hostname()
 	envflag.String(fs, &m.Addr, "addr", "127.0.0.1:0", "listen address")
@@ -146,7 +164,7 @@ func (m *Main) ParseFlags(kind string, args []string) error {
 	m.NATS.AddFlags(fs)
 	envflag.String(fs, &m.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; renewed files are picked up); the gateway then needs --upstream-ca")
 	envflag.String(fs, &m.TLSKey, "tls-key", "", "key (PEM) of --tls-cert")
-	envflag.String(fs, &m.Shard, "shard", kind+"-1", "shard this instance belongs to")
+	envflag.String(fs, &m.Shard, "shard", shardDefault, "shard this instance belongs to (default <kind>-1)")
 	envflag.String(fs, &m.Instance, "instance", sanitize(host)+"-"+strconv.Itoa(os.Getpid()), "instance name, unique within the shard")
 	envflag.Secret(fs, &m.AdminToken, "admin-token", "bearer token for /admin/* (unset: admin routes are refused)")
 	envflag.String(fs, &m.Labels, "labels", "", "instance labels, k=v,k=v (e.g. region=eu)")
@@ -168,6 +186,12 @@ func (m *Main) ParseFlags(kind string, args []string) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q; see --help", fs.Args())
+	}
+	if m.Kind == "" {
+		return errors.New("--kind (TM_KIND) is required: the service kind this instance serves")
+	}
+	if m.Shard == "" {
+		m.Shard = m.Kind + "-1"
 	}
 	return nil
 }
