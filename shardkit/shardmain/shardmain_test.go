@@ -3,6 +3,8 @@ package shardmain_test
 import (
 	"context"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -151,4 +153,28 @@ func TestParseFlags(t *testing.T) {
 	if err := new(shardmain.Main).ParseFlags("notes", nil); err == nil || !strings.Contains(err.Error(), "TM_HEARTBEAT") {
 		t.Errorf("bad TM_HEARTBEAT: %v", err)
 	}
+}
+
+// A binary that serves any kind (the sidecar) reads --kind, its shard defaulting to
+// <kind>-1, and defines its own flags through Extra; without a kind it is a usage error.
+func TestParseFlagsAnyKind(t *testing.T) {
+	var upstream string
+	m := shardmain.Main{Extra: func(fs *flag.FlagSet) { fs.StringVar(&upstream, "upstream", "", "") }}
+	if err := m.ParseFlags("", []string{"--kind", "notes", "--upstream", "http://127.0.0.1:8000"}); err != nil {
+		t.Fatal(err)
+	}
+	if m.Kind != "notes" || m.Shard != "notes-1" || upstream != "http://127.0.0.1:8000" {
+		t.Errorf("kind %q shard %q upstream %q", m.Kind, m.Shard, upstream)
+	}
+	if err := new(shardmain.Main).ParseFlags("", nil); err == nil || !strings.Contains(err.Error(), "--kind") {
+		t.Errorf("no kind: %v", err)
+	}
+}
+
+// The standard flags come from the command line or their TM_* variables.
+func ExampleMain_ParseFlags() {
+	var m shardmain.Main
+	err := m.ParseFlags("notes", []string{"--shard", "notes-2", "--instance", "a", "--nats-url", "nats://10.0.0.1:4222"})
+	fmt.Println(err, m.Kind, m.Shard, m.Instance, m.NATS.URL, m.DrainTimeout)
+	// Output: <nil> notes notes-2 a nats://10.0.0.1:4222 10s
 }
