@@ -106,10 +106,13 @@ func New(cfg Config) *Service {
 	return s
 }
 
-// Handler serves the service's routes on their own router and makes sk, the shard it runs in,
-// what disposing a tenant's page releases.
+// AttachShard makes sk, the shard the service runs in, what disposing a tenant's page
+// releases (Handler does it; a test that mounts the routes itself calls it).
+func (s *Service) AttachShard(sk *shardkit.Shard) { s.SetReleaser(sk) }
+
+// Handler serves the service's routes on their own router and attaches sk (AttachShard).
 func (s *Service) Handler(sk *shardkit.Shard) http.Handler {
-	s.SetReleaser(sk)
+	s.AttachShard(sk)
 	r := chi.NewRouter()
 	s.Mount(r, sk.Gate, sk.RequireAdmin)
 	return r
