@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -25,8 +25,7 @@ func TestCommandAppendsAfterNATSComesBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg := prometheus.NewRegistry()
-	s := newService(t, st, Config{CommandTimeout: 30 * time.Second, Registerer: reg})
+	s := newService(t, st, Config{CommandTimeout: 30 * time.Second})
 	do(t, s, "acme", cmd("acc1", CmdOpen, 0, "open"))
 	cfg := srv.Config()
 	srv.Stop()
@@ -36,7 +35,7 @@ func TestCommandAppendsAfterNATSComesBack(t *testing.T) {
 		done <- err
 	}()
 	deadline := time.Now().Add(10 * time.Second)
-	for appendRetries(t, reg) == 0 {
+	for testutil.ToFloat64(s.m.log.AppendRetries) == 0 {
 		select {
 		case err := <-done:
 			t.Fatalf("the command ended while NATS was away, without a retry: %v", err)
@@ -59,19 +58,4 @@ func TestCommandAppendsAfterNATSComesBack(t *testing.T) {
 	if n, bal := checkHistory(t, s, "acme", "acc1"); n != 2 || bal != 10 {
 		t.Fatalf("history %d events, balance %d; want 2 and 10", n, bal)
 	}
-}
-
-// appendRetries reads tm_aggregate_append_retries_total (shardkit/events counts it) from reg.
-func appendRetries(t *testing.T, reg *prometheus.Registry) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == "tm_aggregate_append_retries_total" {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	return 0
 }

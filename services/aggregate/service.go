@@ -123,17 +123,18 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("aggregate: open %s: %w", schema.StreamEvents, err)
 	}
+	m := newMetrics(cfg.Registerer, stream)
 	log, err := events.New(ctx, events.Config[*ledgerState]{
 		Store: cfg.Store, Kind: "aggregate", Stream: schema.StreamEvents,
 		Prefix: func(tenant string) string { return strings.TrimSuffix(schema.TenantEvents(tenant), ">") },
 		New:    newLedgerState, Apply: applyEvent, Snapshots: schema.ServiceBucket("aggregate", "snapshots"),
 		SnapshotEvery: cfg.SnapshotEvery, Window: cfg.IdempotencyWindow, Strategy: cfg.Strategy,
-		Timeout: cfg.CommandTimeout, MaxAttempts: cfg.MaxAttempts, Logger: cfg.Logger, Registerer: cfg.Registerer,
+		Timeout: cfg.CommandTimeout, MaxAttempts: cfg.MaxAttempts, Logger: cfg.Logger, Metrics: m.log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("aggregate: %w", err)
 	}
-	return &Service{cfg: cfg, log: log, m: newMetrics(cfg.Registerer, stream)}, nil
+	return &Service{cfg: cfg, log: log, m: m}, nil
 }
 
 // Run writes snapshots queued by commands and owns the warmed targets' follows, until ctx ends.

@@ -59,6 +59,9 @@ type Config[S any] struct {
 	// Logger default: discard. Registerer: where the tm_<kind>_* metrics go (nil: nowhere).
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
+	// Metrics, if set, are used instead of NewMetrics(Registerer, Kind) (the caller registers
+	// them).
+	Metrics *Metrics
 }
 
 func (c Config[S]) withDefaults() (Config[S], error) {
@@ -91,7 +94,7 @@ func (c Config[S]) withDefaults() (Config[S], error) {
 type Log[S any] struct {
 	cfg Config[S]
 	es  *store
-	m   *metrics
+	m   *Metrics
 
 	mu      sync.Mutex
 	tenants map[string]*slot[S]
@@ -124,8 +127,11 @@ func New[S any](ctx context.Context, cfg Config[S]) (*Log[S], error) {
 			return nil, fmt.Errorf("events: %w", err)
 		}
 	}
-	m := newMetrics(cfg.Registerer, cfg.Kind)
-	es.retries = m.appendRetries
+	m := cfg.Metrics
+	if m == nil {
+		m = NewMetrics(cfg.Registerer, cfg.Kind)
+	}
+	es.retries = m.AppendRetries
 	return &Log[S]{cfg: cfg, es: es, m: m, tenants: map[string]*slot[S]{}, snapq: make(chan string, 1024)}, nil
 }
 
@@ -228,7 +234,7 @@ func (l *Log[S]) Execute(ctx context.Context, tenant, subject, key string, decid
 		}
 		// Another writer appended to this subject first: learn what it wrote, decide again,
 		// after a short random pause once it keeps happening (writers in lockstep).
-		l.m.conflicts.Inc()
+		l.m.Conflicts.Inc()
 		if attempt > 2 && !ctxtime.Sleep(ctx, conflictPause(attempt)) {
 			return Result{}, fmt.Errorf("%w: %s kept changing for %s (%d attempts); retry the command", ErrConflict, subject, l.cfg.Timeout, attempt)
 		}
@@ -359,7 +365,7 @@ func (l *Log[S]) writeSnapshot(ctx context.Context, tenant string) {
 		l.cfg.Logger.Warn("snapshot failed", "tenant", tenant, "err", err)
 		return
 	}
-	l.m.snapshotBytes.Set(float64(len(b)))
+	l.m.SnapshotBytes.Set(float64(len(b)))
 	l.cfg.Logger.Debug("snapshot written", "tenant", tenant, "applied", snap.Applied, "bytes", len(b))
 }
 
