@@ -21,7 +21,8 @@ build:
 
 # Binaries: name=package. Those whose package does not exist yet are skipped.
 BINARIES := ./gateway/cmd/gateway ./rebalancer/cmd/rebalance ./services/aggregate/cmd/aggregate \
-	./services/projection/cmd/projection ./services/runner/cmd/runner ./services/render/cmd/render ./deploy/devstack
+	./services/projection/cmd/projection ./services/runner/cmd/runner ./services/render/cmd/render ./deploy/devstack \
+	./shardkit/cmd/shardkit-sidecar
 
 ## bins: build every binary into bin/ (each named after its directory).
 bins:
@@ -31,11 +32,18 @@ bins:
 run: bins
 	exec bin/devstack
 
+# Modules of their own under examples/ (go ./... at the root does not enter them): make test,
+# vet and staticcheck run in each.
+EXAMPLES := examples/notes
+
 ## test: everything CI runs: gofmt check, go vet, staticcheck, and all tests with -race
-## (integration tests run against a real embedded nats-server). The deploy tests run promtool
-## and helm (make tools installs them); here a missing one fails instead of skipping.
+## (integration tests run against a real embedded nats-server), the examples' modules included
+## (examples/notes runs the README's "Make your service a shard" guide word for word). The
+## deploy tests run promtool and helm (make tools installs them); here a missing one fails
+## instead of skipping.
 test: fmt-check vet staticcheck
 	TM_REQUIRE_TOOLS=1 TM_HELM=$(HELM) $(GO) test -race -count=1 -timeout 12m $(TESTFLAGS) $(if $(T),-run '$(T)') $(PKG)
+	@$(if $(filter ./...,$(PKG)),for d in $(EXAMPLES); do (cd $$d && $(GO) test -race -count=1 -timeout 5m $(TESTFLAGS) $(if $(T),-run '$(T)') ./...) || exit 1; done)
 
 test-short:
 	$(GO) test -race -short -count=1 $(if $(T),-run '$(T)') $(PKG)
@@ -45,6 +53,7 @@ test-norace:
 
 vet:
 	$(GO) vet ./...
+	@for d in $(EXAMPLES); do (cd $$d && $(GO) vet ./...) || exit 1; done
 
 ## tools: builds the pinned Go tools (staticcheck: a `tool` line in go.mod, run with `go tool`),
 ## installs promtool from Debian (package prometheus) if missing, and builds helm $(HELM_VERSION)
@@ -60,6 +69,7 @@ tools:
 
 staticcheck:
 	$(GO) tool staticcheck ./...
+	@sc=$$($(GO) tool -n staticcheck) && for d in $(EXAMPLES); do (cd $$d && $$sc ./...) || exit 1; done
 
 lint: fmt-check vet staticcheck
 

@@ -212,11 +212,11 @@ func binaryFlags(t *testing.T, binary string) (map[string]bool, bool) {
 	case "rebalance":
 		globs = []string{"rebalancer/cmd/rebalance/*.go", "rebalancer/cli/*.go"}
 	case "aggregate", "projection", "runner":
-		globs = []string{"services/" + binary + "/cmd/" + binary + "/*.go", "services/internal/svcmain/*.go"}
+		globs = []string{"services/" + binary + "/cmd/" + binary + "/*.go", "shardkit/shardmain/*.go"}
 	default:
 		t.Fatalf("unknown binary %q", binary)
 	}
-	globs = append(globs, "internal/natsconn/*.go") // every binary's --nats-* flags
+	globs = append(globs, "shardkit/natsconn/*.go") // every binary's --nats-* flags
 	vars := map[string]bool{}
 	found := false
 	for _, g := range globs {

@@ -15,19 +15,54 @@ import (
 )
 
 // Mount registers the admin routes (/admin/*, behind the bearer token) and /healthz, /readyz
-// and /metrics (open) on the service's router. Mount them outside the Gate.
+// and /metrics (open) on the service's chi router. Mount them outside the Gate. A service on
+// another router uses [Shard.MountMux] or [Shard.Handler].
 func (s *Shard) Mount(r chi.Router) {
-	r.Get("/healthz", s.handleHealthz)
-	r.Get("/readyz", s.handleReadyz)
-	r.Handle("/metrics", promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{}))
-	r.Route("/admin", func(r chi.Router) {
-		r.Use(s.requireToken)
-		r.Post("/drain", s.handleDrain)
-		r.Get("/drain", s.handleDrainStatus)
-		r.Delete("/drain", s.handleUndrain)
-		r.Post("/reload", s.handleReload)
-		r.Get("/tenants", s.handleTenants)
+	for _, rt := range s.ownRoutes() {
+		r.Method(rt.method, rt.path, rt.h)
+	}
+}
+
+// MountMux registers the same routes as [Shard.Mount] on a net/http ServeMux, each with its
+// method ("GET /healthz", "POST /admin/drain", ...), so the service's own patterns, "/"
+// included, and its other /admin/... routes stay its own.
+func (s *Shard) MountMux(mux *http.ServeMux) {
+	for _, rt := range s.ownRoutes() {
+		mux.Handle(rt.method+" "+rt.path, rt.h)
+	}
+}
+
+// Handler serves the routes of [Shard.Mount] and answers 404 (problem+json) to anything
+// else: for a router that can delegate a path, e.g. /healthz, /readyz, /metrics and /admin/.
+func (s *Shard) Handler() http.Handler {
+	mux := http.NewServeMux()
+	s.MountMux(mux)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		tmhttp.WriteError(w, r, tmhttp.Errorf(http.StatusNotFound, "not-found", "Not found",
+			r.Method+" "+r.URL.Path+" is not a shard route: the shard serves GET /healthz, /readyz, /metrics, /admin/tenants and /admin/drain, POST /admin/drain and /admin/reload, DELETE /admin/drain"), "", "")
 	})
+	return mux
+}
+
+// ownRoute is one of the shard's own routes.
+type ownRoute struct {
+	method, path string
+	h            http.Handler
+}
+
+// ownRoutes are the shard's routes: health and metrics open, /admin/* behind the admin token.
+func (s *Shard) ownRoutes() []ownRoute {
+	admin := func(f http.HandlerFunc) http.Handler { return s.requireToken(f) }
+	return []ownRoute{
+		{"GET", "/healthz", http.HandlerFunc(s.handleHealthz)},
+		{"GET", "/readyz", http.HandlerFunc(s.handleReadyz)},
+		{"GET", "/metrics", promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{})},
+		{"POST", "/admin/drain", admin(s.handleDrain)},
+		{"GET", "/admin/drain", admin(s.handleDrainStatus)},
+		{"DELETE", "/admin/drain", admin(s.handleUndrain)},
+		{"POST", "/admin/reload", admin(s.handleReload)},
+		{"GET", "/admin/tenants", admin(s.handleTenants)},
+	}
 }
 
 // requireToken admits requests bearing the admin token; without a configured token every

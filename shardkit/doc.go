@@ -16,6 +16,10 @@
 //	err = sk.Run(ctx)                            // returns after a clean shutdown when ctx ends
 //	srv.Shutdown(...)
 //
+// A service on net/http's ServeMux calls [Shard.MountMux] instead of Mount; any other router can
+// delegate the shard's paths to [Shard.Handler]. Package shardmain (shardkit/shardmain) writes
+// a shard binary's whole main: flags, NATS, the HTTP server, signals and all of the above.
+//
 // Run(ctx) with ctx from signal.NotifyContext(SIGTERM) gives the whole-instance drain: not
 // ready first (readyz 503, directory status "draining"), then refuse new requests and wait for
 // those in flight (DrainTimeout), then remove the routes, the signals and the directory entry.

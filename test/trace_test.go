@@ -70,7 +70,7 @@ func TestTraces(t *testing.T) {
 	cmd := traced("/commands", map[string]any{"aggregate_type": "account", "aggregate_id": "traced",
 		"command": "open", "idempotency_key": "traced-open"})
 	awaitPath("a command, trace "+cmd, func() []otlptest.Span { return rcv.Trace(cmd) },
-		"tenantmesh-aggregate: aggregate POST", "tenantmesh-aggregate: command", "tenantmesh-aggregate: command.append",
+		"tenantmesh-aggregate: aggregate POST", "tenantmesh-aggregate: command", "tenantmesh-aggregate: events.append",
 		"tenantmesh-projection: projection.apply")
 
 	job := traced("/jobs", map[string]any{"type": "webhook", "idempotency_key": "traced-job",

@@ -41,9 +41,9 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/embednats"
 	"github.com/tenantmesh/tenantmesh/internal/envflag"
 	"github.com/tenantmesh/tenantmesh/internal/natsauth"
-	"github.com/tenantmesh/tenantmesh/internal/natsconn"
 	"github.com/tenantmesh/tenantmesh/internal/natsperm"
 	"github.com/tenantmesh/tenantmesh/internal/tmlog"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -57,7 +57,7 @@ type config struct {
 	noSeed                    bool
 
 	instances, gateways    int
-	kindCounts             string
+	kindCounts, moreKinds  string
 	natsCluster, keepGoing bool
 	natsInsecure, natsTLS  bool
 	restartDelay           time.Duration
@@ -89,6 +89,7 @@ func main() {
 	envflag.Bool(fs, &c.noSeed, "no-seed", false, "do not create demo tenants")
 	envflag.Int(fs, &c.instances, "instances", 1, "instances of every shard (named a, b, c...)")
 	envflag.String(fs, &c.kindCounts, "kind-instances", "", "instances per shard of some kinds, overriding --instances: aggregate=3,runner=2")
+	envflag.String(fs, &c.moreKinds, "more-kinds", "", "kinds beyond the built-in ones whose shards run outside the stack (your own services, e.g. notes): the gateway's credentials cover their placements")
 	envflag.Int(fs, &c.gateways, "gateways", 1, "gateways (the first on --gateway-port, the others on free ports)")
 	envflag.Bool(fs, &c.natsCluster, "nats-cluster", false, "run a 3-node embedded NATS cluster (replicas 3) instead of one server; --nats-port is then unused")
 	envflag.Bool(fs, &c.natsInsecure, "nats-insecure", false, "run NATS without authentication (every process connects as anyone); by default it trusts a chain kept in <data>/auth and each process gets its role's credentials in <data>/creds")
@@ -234,7 +235,7 @@ func (c config) processes(sec *security, natsURL string, log *slog.Logger) ([]*p
 			if i > 0 {
 				name = fmt.Sprintf("gateway-%d", i+1)
 			}
-			out = append(out, &proc{name: name, args: append([]string{p, "--addr", addr(port), "--admin-token", c.adminToken}, as(natsperm.DefaultGateway())...),
+			out = append(out, &proc{name: name, args: append([]string{p, "--addr", addr(port), "--admin-token", c.adminToken}, as(c.gatewayRole())...),
 				ready: url(port, "/readyz")})
 		}
 	}
@@ -269,6 +270,17 @@ func (c config) processes(sec *security, natsURL string, log *slog.Logger) ([]*p
 		}
 	}
 	return out, nil
+}
+
+// gatewayRole is the gateway's: the built-in kinds and --more-kinds.
+func (c config) gatewayRole() natsperm.Role {
+	var more []string
+	for _, k := range strings.Split(c.moreKinds, ",") {
+		if k = strings.TrimSpace(k); k != "" {
+			more = append(more, k)
+		}
+	}
+	return natsperm.DefaultGateway(more...)
 }
 
 // kindInstances is how many instances each shard of each kind runs: --instances, or the kind's

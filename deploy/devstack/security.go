@@ -6,8 +6,8 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats"
 	"github.com/tenantmesh/tenantmesh/internal/natsauth"
-	"github.com/tenantmesh/tenantmesh/internal/natsconn"
 	"github.com/tenantmesh/tenantmesh/internal/natsperm"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
 )
 
 // security is how the stack's NATS is secured: the trust chain kept under <data>/auth (made on

@@ -20,7 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats"
-	"github.com/tenantmesh/tenantmesh/internal/natsconn"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
 )
 
 // natsNodes are the embedded NATS servers: one, or three with --nats-cluster. A node can be

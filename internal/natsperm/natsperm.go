@@ -43,9 +43,13 @@ func Gateway(kinds, affinityKinds []string) Role {
 	return p.Role
 }
 
-// DefaultGateway is the gateway for the built-in kinds, with render as its affinity kind.
-func DefaultGateway() Role {
-	return Gateway([]string{"aggregate", "projection", "runner", "render"}, []string{"render"})
+// BuiltinKinds are the kinds of the platform's own services.
+func BuiltinKinds() []string { return []string{"aggregate", "projection", "runner", "render"} }
+
+// DefaultGateway is the gateway for the built-in kinds and more (kinds of services beyond the
+// platform's own), with render as its affinity kind.
+func DefaultGateway(more ...string) Role {
+	return Gateway(append(BuiltinKinds(), more...), []string{"render"})
 }
 
 // Assets are a kind's application data: what its instances create, write and read.

@@ -19,7 +19,7 @@ type AuthCommand struct {
 	m *Main
 	common
 	dir, kinds, affinity, shards, out string
-	kind, shard                       string
+	kind, shard, kv                   string
 }
 
 const authAbout = `Makes and keeps the NATS trust chain tenantmesh runs on (NATS decentralized JWT auth: an
@@ -36,6 +36,7 @@ allowed only the subjects that role needs (see 'auth permissions' and docs/secur
 
 const authExamples = `  rebalance auth init --dir ./nats-auth --shards aggregate:aggregate-1,aggregate:aggregate-2
   rebalance auth creds shard --dir ./nats-auth --kind runner --shard runner-3 --out runner-3.creds
+  rebalance auth creds shard --dir ./nats-auth --kind notes --shard notes-1 --kv notes --out notes-1.creds
   rebalance auth permissions --kind aggregate --shard aggregate-1 --output json
 `
 
@@ -49,6 +50,7 @@ func (c *AuthCommand) Run(ctx context.Context, args []string) error {
 	fs.StringVar(&c.shards, "shards", "", "init: shards to mint credentials for, kind:shard,...")
 	fs.StringVar(&c.kind, "kind", "aggregate", "creds shard, permissions: the shard's kind")
 	fs.StringVar(&c.shard, "shard", "aggregate-1", "creds shard, permissions: the shard")
+	fs.StringVar(&c.kv, "kv", "", "creds shard, permissions: KV buckets the shard's kind owns beyond the built-in kinds' (name,...: bucket tm_<kind>_<name>)")
 	fs.StringVar(&c.out, "out", "", "creds: write here instead of --dir/creds/<role>.creds")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -101,7 +103,15 @@ func (c *AuthCommand) role(name, kind, shard string) (natsperm.Role, error) {
 		if err := schema.CheckName("shard", shard); err != nil {
 			return natsperm.Role{}, usagef("%v", err)
 		}
-		return natsperm.Shard(kind, shard, natsperm.KindAssets(kind)), nil
+		assets := natsperm.KindAssets(kind)
+		for _, name := range list(c.kv) {
+			b := schema.ServiceBucket(kind, name)
+			if err := schema.CheckName("kv", b); err != nil {
+				return natsperm.Role{}, usagef("--kv %q: %v", name, err)
+			}
+			assets.KV = append(assets.KV, b)
+		}
+		return natsperm.Shard(kind, shard, assets), nil
 	}
 	return natsperm.Role{}, usagef("role %q: use rebalancer, gateway or shard", name)
 }

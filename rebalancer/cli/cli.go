@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/internal/envflag"
-	"github.com/tenantmesh/tenantmesh/internal/natsconn"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 

@@ -21,9 +21,9 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/embednats"
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/internal/natsauth"
-	"github.com/tenantmesh/tenantmesh/internal/natsconn"
 	"github.com/tenantmesh/tenantmesh/internal/natsperm"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
 
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/rebalancer/server"
@@ -543,5 +543,27 @@ func TestAuthInit(t *testing.T) {
 	again, _ := natsauth.LoadOrCreate(dir)
 	if again.AccountJWT != chain.AccountJWT {
 		t.Error("auth init made a new chain over the kept one")
+	}
+}
+
+// A kind beyond the built-in ones owns the KV buckets --kv names: its shards may create and
+// write tm_<kind>_<name>, and a name that is not a token is a usage error.
+func TestAuthPermissionsKV(t *testing.T) {
+	var out, errb bytes.Buffer
+	m := &Main{Stdout: &out, Stderr: &errb, Terminal: func(any) bool { return false }}
+	if code := m.Exit(context.Background(), []string{"auth", "permissions", "--kind", "notes", "--shard", "notes-1", "--kv", "notes", "--output", "json"}); code != 0 {
+		t.Fatalf("auth permissions: %d %s", code, errb.String())
+	}
+	for _, want := range []string{`"$KV.tm_notes_notes.\u003e"`, "$JS.API.STREAM.CREATE.KV_tm_notes_notes"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the notes shard may not %s:\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	if code := m.Exit(context.Background(), []string{"auth", "permissions", "--kind", "notes", "--shard", "notes-1"}); code != 0 || strings.Contains(out.String(), "tm_notes_notes") {
+		t.Errorf("without --kv: %d, buckets %s", code, out.String())
+	}
+	if code := m.Exit(context.Background(), []string{"auth", "permissions", "--kind", "notes", "--kv", "a.b"}); code != 2 {
+		t.Errorf("--kv a.b: exit %d, want 2 (%s)", code, errb.String())
 	}
 }

@@ -12,12 +12,12 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tenantmesh/tenantmesh/internal/envflag"
-	"github.com/tenantmesh/tenantmesh/internal/natsconn"
 	"github.com/tenantmesh/tenantmesh/internal/tmlog"
 	"github.com/tenantmesh/tenantmesh/internal/tracing"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/rebalancer/server"
 	"github.com/tenantmesh/tenantmesh/rebalancer/sweeper"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+	"github.com/tenantmesh/tenantmesh/shardkit/events"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -90,7 +91,7 @@ func checkHistory(t *testing.T, s *Service, tenant, id string) (events int, bala
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err := s.es.replay(ctx, schema.EventSubject(tenant, AccountType, id), 0, func(ev Event) error {
+	err := s.replay(ctx, tenant, id, func(ev Event) error {
 		events++
 		if ev.Version != uint64(events) {
 			return fmt.Errorf("event %d of %s has version %d: history forked or has a gap", events, id, ev.Version)
@@ -126,8 +127,9 @@ func TestStaleOwnerCannotFork(t *testing.T) {
 		t.Fatal(err)
 	}
 	ev.Tenant, ev.Version = "acme", 2
-	if _, _, err := a.es.append(ctx, ev, 1); !errors.Is(err, errStale) {
-		t.Fatalf("append by a stale writer: %v, want errStale", err)
+	data, _ := json.Marshal(ev)
+	if _, _, err := a.log.Append(ctx, "acme", events.Event{Subject: subject("acc1"), Type: ev.Event, Key: "raw", Data: data}, 1); !errors.Is(err, events.ErrStale) {
+		t.Fatalf("append by a stale writer: %v, want events.ErrStale", err)
 	}
 	r := do(t, a, "acme", cmd("acc1", CmdWithdraw, 30, "a-1"))
 	if r.Version != 3 {
@@ -253,20 +255,13 @@ func TestWarmedTargetFollowsTheStream(t *testing.T) {
 		do(t, src, "acme", cmd("acc1", CmdDeposit, 10, fmt.Sprintf("dep-%d", i)))
 	}
 	fence := src.Fence("acme")
-	deadline := time.Now().Add(10 * time.Second)
-	for tgt.Applied("acme") < fence { // nothing but the follow moves it
-		if time.Now().After(deadline) {
-			t.Fatalf("the warmed target applied %d of the source's %d within 10s", tgt.Applied("acme"), fence)
+	// Nothing but the follow moves the target's applied sequence (Applied only reads it).
+	tmtest.WaitFor(t, 10*time.Second, func() error {
+		if got := tgt.Applied("acme"); got < fence {
+			return fmt.Errorf("the warmed target applied %d of the source's %d", got, fence)
 		}
-		ts := tgt.loaded("acme")
-		ts.mu.Lock()
-		advanced := ts.advanced
-		ts.mu.Unlock()
-		select {
-		case <-advanced:
-		case <-time.After(time.Until(deadline)):
-		}
-	}
+		return nil
+	})
 	acc, err := tgt.Account(ctx, "acme", "acc1")
 	if err != nil || acc.Balance != 250 {
 		t.Fatalf("target's account %+v %v, want balance 250", acc, err)
@@ -275,11 +270,7 @@ func TestWarmedTargetFollowsTheStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	do(t, tgt, "acme", cmd("acc1", CmdDeposit, 1, "first-on-target"))
-	ts := tgt.loaded("acme")
-	ts.mu.Lock()
-	following := ts.unfollow != nil
-	ts.mu.Unlock()
-	if following {
+	if tgt.log.Following("acme") {
 		t.Fatal("the new owner still follows the stream after its first command")
 	}
 }

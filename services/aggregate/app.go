@@ -1,15 +1,25 @@
 package aggregate
 
 import (
+	"net/http"
+
+	"github.com/go-chi/chi/v5"
+
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
-// Hooks connect the ledger to shardkit's move protocol: warm-up to a fence, the applied
-// sequence, the fence a drained source reports, and release after a drain.
-func (s *Service) Hooks() shardkit.Hooks {
-	return shardkit.Hooks{Warm: s.Warm, Applied: s.Applied, Fence: s.Fence, Release: s.Release}
-}
+// Hooks connect the ledger to shardkit's move protocol (shardkit/events): warm-up to a fence,
+// the applied sequence, the fence a drained source reports, and release after a drain.
+func (s *Service) Hooks() shardkit.Hooks { return s.log.Hooks() }
 
 // Routes are the routes the service publishes in the registry.
 func (s *Service) Routes() []schema.Route { return RouteTable }
+
+// Handler serves the service's routes on their own router: the tenant routes behind sk's gate,
+// the admin ones behind its token check.
+func (s *Service) Handler(sk *shardkit.Shard) http.Handler {
+	r := chi.NewRouter()
+	s.Mount(r, sk.Gate, sk.RequireAdmin)
+	return r
+}

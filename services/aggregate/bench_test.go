@@ -77,10 +77,7 @@ func BenchmarkWarm(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		fence, err := src.es.lastSeq(ctx, schema.TenantEvents(tenant))
-		if err != nil {
-			b.Fatal(err)
-		}
+		fence := src.Fence(tenant)
 		for _, strategy := range []Strategy{StrategyReplay, StrategySnapshot} {
 			b.Run(fmt.Sprintf("events=%d/%s", n, strategy), func(b *testing.B) {
 				for b.Loop() {

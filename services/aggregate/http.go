@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/tenantmesh/tenantmesh/shardkit/events"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -119,7 +120,7 @@ func writeErr(w http.ResponseWriter, r *http.Request, err error, tenant string) 
 	case errors.Is(err, ErrInsufficient), errors.Is(err, ErrAccountClosed), errors.Is(err, ErrNotEmpty):
 		status, typ, title = http.StatusConflict, "rejected", "Command rejected by the ledger"
 	}
-	if status == 0 && (errors.Is(err, errStore) || schema.IsUnavailable(err)) {
+	if status == 0 && (errors.Is(err, events.ErrStore) || schema.IsUnavailable(err)) {
 		tmhttp.WriteError(w, r, &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "store-unavailable", Title: "Event store unavailable",
 			Detail:     "the event store did not answer in time; the command may or may not have been applied: retry it with the same idempotency key",
 			RetryAfter: time.Second}, tenant, "aggregate")

@@ -35,7 +35,7 @@ func TestCommandAppendsAfterNATSComesBack(t *testing.T) {
 		done <- err
 	}()
 	deadline := time.Now().Add(10 * time.Second)
-	for testutil.ToFloat64(s.m.appendRetries) == 0 {
+	for testutil.ToFloat64(s.m.log.AppendRetries) == 0 {
 		select {
 		case err := <-done:
 			t.Fatalf("the command ended while NATS was away, without a retry: %v", err)

@@ -1,6 +1,10 @@
 package projection
 
 import (
+	"net/http"
+
+	"github.com/go-chi/chi/v5"
+
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -14,3 +18,11 @@ func (s *Service) Hooks() shardkit.Hooks {
 
 // Routes are the routes the service publishes in the registry.
 func (s *Service) Routes() []schema.Route { return RouteTable }
+
+// Handler serves the service's routes on their own router: the tenant routes behind sk's gate,
+// the admin ones behind its token check.
+func (s *Service) Handler(sk *shardkit.Shard) http.Handler {
+	r := chi.NewRouter()
+	s.Mount(r, sk.Gate, sk.RequireAdmin)
+	return r
+}

@@ -64,7 +64,7 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Service is the renderer. It implements svcmain.App.
+// Service is the renderer. It implements shardmain.App.
 type Service struct {
 	cfg Config
 	rel atomic.Pointer[releaserBox]
@@ -106,9 +106,17 @@ func New(cfg Config) *Service {
 	return s
 }
 
-// AttachShard gives the service the shard it runs in, whose Release it calls when it disposes
-// a tenant's page (svcmain calls it after making the shard).
+// AttachShard makes sk, the shard the service runs in, what disposing a tenant's page
+// releases (Handler does it; a test that mounts the routes itself calls it).
 func (s *Service) AttachShard(sk *shardkit.Shard) { s.SetReleaser(sk) }
+
+// Handler serves the service's routes on their own router and attaches sk (AttachShard).
+func (s *Service) Handler(sk *shardkit.Shard) http.Handler {
+	s.AttachShard(sk)
+	r := chi.NewRouter()
+	s.Mount(r, sk.Gate, sk.RequireAdmin)
+	return r
+}
 
 // SetReleaser sets what disposal calls (tests may pass a fake).
 func (s *Service) SetReleaser(r Releaser) { s.rel.Store(&releaserBox{r}) }

@@ -91,7 +91,7 @@ type instance struct {
 	key string
 }
 
-// startInstance runs one render instance (its own shard) with shardkit, as svcmain would.
+// startInstance runs one render instance (its own shard) with shardkit, as shardmain would.
 func startInstance(t *testing.T, st *schema.Store, name string, capacity int) *instance {
 	t.Helper()
 	r := chi.NewRouter()
@@ -103,9 +103,8 @@ func startInstance(t *testing.T, st *schema.Store, name string, capacity int) *i
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc.AttachShard(sk)
 	sk.Mount(r)
-	svc.Mount(r, sk.Gate, sk.RequireAdmin)
+	r.Mount("/", svc.Handler(sk))
 	srv.Start()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 2)

@@ -17,16 +17,16 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/natsauth"
 	"github.com/tenantmesh/tenantmesh/internal/natsperm"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
-	"github.com/tenantmesh/tenantmesh/services/internal/svcmain"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/shardmain"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
-// binary runs one runner instance the way cmd/runner does (svcmain: shardkit gate,
+// binary runs one runner instance the way cmd/runner does (shardmain: shardkit gate,
 // registration, heartbeats, moves), in process.
-func binary(t *testing.T, natsURL, shard, instance string, opts ...func(*svcmain.Main)) string {
+func binary(t *testing.T, natsURL, shard, instance string, opts ...func(*shardmain.Main)) string {
 	t.Helper()
-	m := &svcmain.Main{Kind: Kind, Addr: "127.0.0.1:0", NATS: natstest.Options(t, natsURL, natsperm.Shard(Kind, shard, natsperm.KindAssets(Kind))), Shard: shard, Instance: instance, AdminToken: "secret",
+	m := &shardmain.Main{Kind: Kind, Addr: "127.0.0.1:0", NATS: natstest.Options(t, natsURL, natsperm.Shard(Kind, shard, natsperm.KindAssets(Kind))), Shard: shard, Instance: instance, AdminToken: "secret",
 		LogLevel: "error", LogFormat: "json", Stderr: io.Discard, Heartbeat: 100 * time.Millisecond, DrainTimeout: 5 * time.Second}
 	for _, o := range opts {
 		o(m)
@@ -36,7 +36,7 @@ func binary(t *testing.T, natsURL, shard, instance string, opts ...func(*svcmain
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		err := m.Run(ctx, func(ctx context.Context, env svcmain.Env) (svcmain.App, error) {
+		err := m.Run(ctx, func(ctx context.Context, env shardmain.Env) (shardmain.App, error) {
 			return New(ctx, Config{Store: env.Store, ID: env.ID, Logger: env.Logger, Registerer: env.Registerer, MaxConcurrent: 8})
 		})
 		if err != nil {
@@ -238,7 +238,7 @@ func TestBinaryServesTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	url := binary(t, srv.URL(), "runner-1", "a", func(m *svcmain.Main) { m.TLSCert, m.TLSKey = files.Cert, files.Key })
+	url := binary(t, srv.URL(), "runner-1", "a", func(m *shardmain.Main) { m.TLSCert, m.TLSKey = files.Cert, files.Key })
 	if !strings.HasPrefix(url, "https://") {
 		t.Fatalf("instance URL %s", url)
 	}

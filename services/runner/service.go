@@ -32,10 +32,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/go-chi/chi/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -332,6 +334,14 @@ func (s *Service) Reload(context.Context) error {
 
 // Routes are the routes the service publishes in the registry.
 func (s *Service) Routes() []schema.Route { return RouteTable }
+
+// Handler serves the service's routes on their own router: the tenant routes behind sk's gate,
+// the admin ones behind its token check.
+func (s *Service) Handler(sk *shardkit.Shard) http.Handler {
+	r := chi.NewRouter()
+	s.Mount(r, sk.Gate, sk.RequireAdmin)
+	return r
+}
 
 // Owned lists the tenants this instance acquires now, sorted.
 func (s *Service) Owned() []string {

@@ -89,6 +89,14 @@ var suite = []entry{
 		benchtime: "1s", count: 3, benchmem: true,
 	},
 	{
+		title:     "Sidecar: added latency per request",
+		pkg:       "./shardkit/cmd/shardkit-sidecar/",
+		bench:     "^BenchmarkSidecarLatency$",
+		benchtime: "5000x", count: 5, benchmem: true,
+		ratios: []ratio{same("p50-µs", "SidecarLatency/sidecar", "SidecarLatency/embedded")},
+		note:   "One request at a time over loopback to the same Go handler: behind shardkit's gate in its own server (embedded) and behind shardkit-sidecar's gate and proxy (sidecar); the added latency is the difference of the p50s.",
+	},
+	{
 		title:     "Aggregate: warm-up, snapshot vs cold replay",
 		pkg:       "./services/aggregate/",
 		bench:     "^BenchmarkWarm$",

@@ -26,7 +26,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/tenantmesh/tenantmesh/internal/natsconn"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )

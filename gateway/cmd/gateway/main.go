@@ -17,9 +17,9 @@ import (
 	"github.com/tenantmesh/tenantmesh/gateway/edgeauth"
 	"github.com/tenantmesh/tenantmesh/internal/certfile"
 	"github.com/tenantmesh/tenantmesh/internal/envflag"
-	"github.com/tenantmesh/tenantmesh/internal/natsconn"
 	"github.com/tenantmesh/tenantmesh/internal/tmlog"
 	"github.com/tenantmesh/tenantmesh/internal/tracing"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 

@@ -22,7 +22,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats"
 	"github.com/tenantmesh/tenantmesh/internal/natsauth"
-	"github.com/tenantmesh/tenantmesh/internal/natsconn"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
 )
 
 var chain = sync.OnceValues(natsauth.New)

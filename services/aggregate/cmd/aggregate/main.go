@@ -6,12 +6,12 @@ import (
 	"context"
 
 	"github.com/tenantmesh/tenantmesh/services/aggregate"
-	"github.com/tenantmesh/tenantmesh/services/internal/svcmain"
+	"github.com/tenantmesh/tenantmesh/shardkit/shardmain"
 )
 
 func main() {
-	svcmain.Exit("aggregate", func(*svcmain.Main) (svcmain.Builder, error) {
-		return func(ctx context.Context, env svcmain.Env) (svcmain.App, error) {
+	shardmain.Exit("aggregate", func(*shardmain.Main) (shardmain.Builder, error) {
+		return func(ctx context.Context, env shardmain.Env) (shardmain.App, error) {
 			return aggregate.New(ctx, aggregate.Config{Store: env.Store, Logger: env.Logger, Registerer: env.Registerer})
 		}, nil
 	})

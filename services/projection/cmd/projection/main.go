@@ -5,13 +5,13 @@ package main
 import (
 	"context"
 
-	"github.com/tenantmesh/tenantmesh/services/internal/svcmain"
 	"github.com/tenantmesh/tenantmesh/services/projection"
+	"github.com/tenantmesh/tenantmesh/shardkit/shardmain"
 )
 
 func main() {
-	svcmain.Exit(projection.Kind, func(*svcmain.Main) (svcmain.Builder, error) {
-		return func(ctx context.Context, env svcmain.Env) (svcmain.App, error) {
+	shardmain.Exit(projection.Kind, func(*shardmain.Main) (shardmain.Builder, error) {
+		return func(ctx context.Context, env shardmain.Env) (shardmain.App, error) {
 			return projection.New(ctx, projection.Config{Store: env.Store, Shard: env.ID.Shard, Logger: env.Logger, Registerer: env.Registerer})
 		}, nil
 	})

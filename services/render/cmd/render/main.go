@@ -6,13 +6,13 @@ package main
 import (
 	"context"
 
-	"github.com/tenantmesh/tenantmesh/services/internal/svcmain"
 	"github.com/tenantmesh/tenantmesh/services/render"
+	"github.com/tenantmesh/tenantmesh/shardkit/shardmain"
 )
 
 func main() {
-	svcmain.Exit(render.Kind, func(m *svcmain.Main) (svcmain.Builder, error) {
-		return func(ctx context.Context, env svcmain.Env) (svcmain.App, error) {
+	shardmain.Exit(render.Kind, func(m *shardmain.Main) (shardmain.Builder, error) {
+		return func(ctx context.Context, env shardmain.Env) (shardmain.App, error) {
 			if _, err := env.Store.EnsureKind(ctx, render.KindConfig()); err != nil {
 				return nil, err
 			}

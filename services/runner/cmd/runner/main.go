@@ -10,17 +10,17 @@ import (
 	"context"
 	"os"
 
-	"github.com/tenantmesh/tenantmesh/services/internal/svcmain"
 	"github.com/tenantmesh/tenantmesh/services/runner"
+	"github.com/tenantmesh/tenantmesh/shardkit/shardmain"
 )
 
 func main() {
-	svcmain.Exit("runner", func(*svcmain.Main) (svcmain.Builder, error) {
+	shardmain.Exit("runner", func(*shardmain.Main) (shardmain.Builder, error) {
 		cfg, err := runner.ConfigFromEnv(os.Getenv)
 		if err != nil {
 			return nil, err
 		}
-		return func(ctx context.Context, env svcmain.Env) (svcmain.App, error) {
+		return func(ctx context.Context, env shardmain.Env) (shardmain.App, error) {
 			cfg.Store, cfg.ID, cfg.Logger, cfg.Registerer = env.Store, env.ID, env.Logger, env.Registerer
 			return runner.New(ctx, cfg)
 		}, nil

@@ -11,8 +11,8 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/embednats"
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/internal/natsauth"
-	"github.com/tenantmesh/tenantmesh/internal/natsconn"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
 )
 
 func gateway() natsauth.Role {

@@ -25,7 +25,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tenantmesh/tenantmesh/internal/envflag"
-	"github.com/tenantmesh/tenantmesh/internal/natsauth"
 )
 
 // Options say where NATS is and how to prove who we are. Files are paths; at most one of
@@ -189,8 +188,9 @@ func (o Options) options() ([]nats.Option, error) {
 	return opts, nil
 }
 
-// InboxPrefix is the reply prefix of user name: the only inbox its permissions let it read.
-func InboxPrefix(name string) string { return natsauth.Role{Name: name}.Inbox() }
+// InboxPrefix is the reply prefix of user name: the only inbox tenantmesh's roles let it read
+// (internal/natsauth grants it).
+func InboxPrefix(name string) string { return "_INBOX_" + name }
 
 // credsUser reads the user name from a creds file's JWT.
 func credsUser(path string) (string, error) {

@@ -1,7 +1,31 @@
-// Package svcmain runs a shard service binary: flags and TM_* environment, logging, NATS, the
-// schema store, shardkit (gate, registration, heartbeats, moves, admin routes), the HTTP
-// server and a clean shutdown on SIGTERM. Each service's main is a few lines around it.
-package svcmain
+// Package shardmain is a shard binary's whole main: the standard flags and their TM_* variables,
+// logging, the NATS connection (credentials, nkey, user/password or token, TLS: see
+// [natsconn.Options]), the schema store, a [shardkit.Shard] (gate, registration, heartbeats,
+// moves, admin routes), the HTTP server with its timeouts, and a clean shutdown on SIGINT or
+// SIGTERM: not ready, drain, unregister, stop serving.
+//
+// # Overview
+//
+// A service implements [App] (its hooks, its routes and its HTTP handler) and its main is:
+//
+//	func main() {
+//		shardmain.Exit("notes", func(m *shardmain.Main) (shardmain.Builder, error) {
+//			return func(ctx context.Context, env shardmain.Env) (shardmain.App, error) {
+//				return notes.New(env.Logger), nil
+//			}, nil
+//		})
+//	}
+//
+// Run it with --shard notes-1 --instance a --addr 127.0.0.1:9301 and --nats-creds (or the
+// TM_SHARD, TM_INSTANCE, TM_ADDR and TM_NATS_CREDS variables); --help lists every flag. Tests
+// build a [Main] themselves and call [Main.Run] with their own context; [Main.Listening] says
+// where it serves.
+//
+// The HTTP handler is any http.Handler: shardmain serves the shard's own routes (/healthz,
+// /readyz, /metrics, /admin/drain, /admin/reload, /admin/tenants) beside it, and the App puts its
+// tenant routes behind [shardkit.Shard.Gate] and its own admin routes behind
+// [shardkit.Shard.RequireAdmin].
+package shardmain
 
 import (
 	"context"
@@ -21,78 +45,119 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/tenantmesh/tenantmesh/internal/certfile"
 	"github.com/tenantmesh/tenantmesh/internal/envflag"
-	"github.com/tenantmesh/tenantmesh/internal/natsconn"
 	"github.com/tenantmesh/tenantmesh/internal/tmlog"
 	"github.com/tenantmesh/tenantmesh/internal/tracing"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
 // App is a shard service built on shardkit.
 type App interface {
-	// Hooks connect the service's state to moves.
+	// Hooks connect the service's state to moves (all optional: a stateless service returns
+	// the zero Hooks).
 	Hooks() shardkit.Hooks
-	// Routes the service serves, published in the route registry.
+	// Routes the service serves (method and path prefix), published in the route registry: the
+	// gateway sends a tenant's requests for them to the shard that owns the tenant.
 	Routes() []schema.Route
-	// Mount registers the service's handlers; tenant routes go behind gate, admin ones
-	// behind admin.
-	Mount(r chi.Router, gate, admin func(http.Handler) http.Handler)
-	// Run does the service's background work until ctx ends.
-	Run(ctx context.Context) error
+	// Handler serves the service's routes, called once the shard is made: tenant routes behind
+	// sk.Gate, the service's own /admin/... routes behind sk.RequireAdmin. Any router works.
+	Handler(sk *shardkit.Shard) http.Handler
 }
 
-// ShardAttacher is an App that needs its shard (e.g. to call Release when it disposes an
-// affinity tenant); Run calls AttachShard once the shard is made, before serving.
-type ShardAttacher interface {
-	AttachShard(sk *shardkit.Shard)
+// Runner is an App with background work: Run is called when serving starts, and its ctx ends
+// after the shard has shut down cleanly.
+type Runner interface {
+	Run(ctx context.Context) error
 }
 
 // Env is what a service gets to build itself.
 type Env struct {
-	Store      *schema.Store
-	ID         schema.InstanceID
-	Logger     *slog.Logger
+	// Store is the schema store on the instance's NATS connection: placements, kinds, and
+	// Store.JetStream() for the service's own streams and buckets.
+	Store *schema.Store
+	// ID is the instance's kind, shard and instance name.
+	ID schema.InstanceID
+	// Logger logs with the instance's name attached.
+	Logger *slog.Logger
+	// Registerer is the registry /metrics serves; register the service's collectors here.
 	Registerer prometheus.Registerer
 }
 
 // Builder makes the App once NATS and the store are up.
 type Builder func(ctx context.Context, env Env) (App, error)
 
-// Main is one shard binary's configuration.
+// Main is one shard binary's configuration: what [Main.ParseFlags] reads from the flags and
+// TM_* variables (--help describes each), or what a test sets.
 type Main struct {
+	// Kind is the service kind, e.g. "notes".
 	Kind string
 
-	Addr, URL               string
-	NATS                    natsconn.Options
-	TLSCert, TLSKey         string
-	Shard, Instance         string
-	AdminToken, Labels      string
-	LogLevel, LogFormat     string
-	Version                 string
-	Capacity, Replicas      int
-	Forward                 bool
+	// Addr is the listen address (default 127.0.0.1:0); URL where others reach this instance
+	// (default http(s)://<listen address>).
+	Addr, URL string
+	// NATS says where NATS is and which credentials and TLS to use.
+	NATS natsconn.Options
+	// TLSCert and TLSKey, when set, serve HTTPS (renewed files are picked up).
+	TLSCert, TLSKey string
+	// Shard and Instance name this instance (default <kind>-1 and <host>-<pid>).
+	Shard, Instance string
+	// AdminToken guards /admin/*; Labels are k=v,k=v instance labels.
+	AdminToken, Labels string
+	// LogLevel (debug, info, warn, error) and LogFormat (auto, text, json).
+	LogLevel, LogFormat string
+	// Version is published in the instance directory.
+	Version string
+	// Capacity is how many tenants this instance hosts (0: the kind's default); Replicas the
+	// replicas of buckets and streams this process creates.
+	Capacity, Replicas int
+	// Forward proxies other shards' tenants to their owner instead of answering 421.
+	Forward bool
+	// DrainTimeout bounds a drain's wait for in-flight requests; Heartbeat is the directory
+	// heartbeat and telemetry interval.
 	DrainTimeout, Heartbeat time.Duration
-	ShutdownGrace           time.Duration
-	ReadHeaderTimeout       time.Duration
-	Stderr                  io.Writer
-	ready                   chan string
+	// ShutdownGrace is how long a stopping instance keeps serving after it reports not ready.
+	ShutdownGrace time.Duration
+	// ReadHeaderTimeout bounds reading a request's headers. The server also bounds headers to
+	// 64 KiB and idle connections to 2 minutes.
+	ReadHeaderTimeout time.Duration
+	// Stderr receives the logs (default os.Stderr).
+	Stderr io.Writer
+	// Extra, if set, defines a binary's own flags on the flag set ParseFlags reads.
+	Extra func(fs *flag.FlagSet)
+	ready chan string
 }
 
-// ParseFlags reads flags (defaults from TM_* variables) for a service of kind.
+// ParseFlags reads flags (defaults from TM_* variables) for a service of kind. With kind ""
+// (a binary that serves any kind, like the sidecar) the kind is the --kind flag. Extra, if
+// set, defines the binary's own flags on the same set.
 func (m *Main) ParseFlags(kind string, args []string) error {
 	m.Kind = kind
-	fs := flag.NewFlagSet(kind, flag.ContinueOnError)
+	name, shardDefault := kind, kind+"-1"
+	if kind == "" {
+		name, shardDefault = "shard", ""
+	}
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.Usage = func() {
+		k := kind
+		if k == "" {
+			k = "--kind"
+		}
 		fmt.Fprintf(fs.Output(), "Usage: %s [flags]\n\nRuns one instance of a shard of kind %s: it registers in the instance directory,\n"+
 			"publishes its routes, serves the tenants placed on its shard and takes part in moves.\n\n"+
-			"Example:\n  %s --shard %s-1 --instance a --addr 127.0.0.1:9101\n\nFlags (each also read from its TM_* variable):\n", kind, kind, kind, kind)
+			"Example:\n  %s --shard %s-1 --instance a --addr 127.0.0.1:9101\n\nFlags (each also read from its TM_* variable):\n", name, k, name, strings.TrimPrefix(k, "--"))
 		fs.PrintDefaults()
+	}
+	if kind == "" {
+		envflag.String(fs, &m.Kind, "kind", "", "the service kind this instance serves (required)")
+	}
+	if m.Extra != nil {
+		m.Extra(fs)
 	}
 	host, _ := os.Hostname()
 	envflag.String(fs, &m.Addr, "addr", "127.0.0.1:0", "listen address")
@@ -100,7 +165,7 @@ func (m *Main) ParseFlags(kind string, args []string) error {
 	m.NATS.AddFlags(fs)
 	envflag.String(fs, &m.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; renewed files are picked up); the gateway then needs --upstream-ca")
 	envflag.String(fs, &m.TLSKey, "tls-key", "", "key (PEM) of --tls-cert")
-	envflag.String(fs, &m.Shard, "shard", kind+"-1", "shard this instance belongs to")
+	envflag.String(fs, &m.Shard, "shard", shardDefault, "shard this instance belongs to (default <kind>-1)")
 	envflag.String(fs, &m.Instance, "instance", sanitize(host)+"-"+strconv.Itoa(os.Getpid()), "instance name, unique within the shard")
 	envflag.Secret(fs, &m.AdminToken, "admin-token", "bearer token for /admin/* (unset: admin routes are refused)")
 	envflag.String(fs, &m.Labels, "labels", "", "instance labels, k=v,k=v (e.g. region=eu)")
@@ -122,6 +187,12 @@ func (m *Main) ParseFlags(kind string, args []string) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q; see --help", fs.Args())
+	}
+	if m.Kind == "" {
+		return errors.New("--kind (TM_KIND) is required: the service kind this instance serves")
+	}
+	if m.Shard == "" {
+		m.Shard = m.Kind + "-1"
 	}
 	return nil
 }
@@ -231,13 +302,10 @@ func (m *Main) Run(ctx context.Context, build Builder) error {
 		ln.Close()
 		return err
 	}
-	if a, ok := app.(ShardAttacher); ok {
-		a.AttachShard(sk)
-	}
-	r := chi.NewRouter()
-	sk.Mount(r)
-	app.Mount(r, sk.Gate, sk.RequireAdmin)
-	srv := &http.Server{Handler: tracing.Handler(id.Kind, r), ReadHeaderTimeout: m.ReadHeaderTimeout, MaxHeaderBytes: 64 << 10,
+	mux := http.NewServeMux()
+	sk.MountMux(mux)
+	mux.Handle("/", app.Handler(sk))
+	srv := &http.Server{Handler: tracing.Handler(id.Kind, mux), ReadHeaderTimeout: m.ReadHeaderTimeout, MaxHeaderBytes: 64 << 10,
 		IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -246,11 +314,13 @@ func (m *Main) Run(ctx context.Context, build Builder) error {
 		}
 	})
 	appCtx, stopApp := context.WithCancel(context.WithoutCancel(ctx))
-	wg.Go(func() {
-		if err := app.Run(appCtx); err != nil {
-			log.Error("service stopped", "err", err)
-		}
-	})
+	if rn, ok := app.(Runner); ok {
+		wg.Go(func() {
+			if err := rn.Run(appCtx); err != nil {
+				log.Error("service stopped", "err", err)
+			}
+		})
+	}
 	go func() {
 		select {
 		case <-sk.Running():

@@ -1,8 +1,7 @@
-package aggregate
+package events
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -17,16 +16,16 @@ const followFor = 5 * time.Minute
 // warm until it takes its first command (or is released, or followFor passes): at handoff the
 // source's fence is then usually applied already, so the target reports ready without a
 // replay on the cutover's critical path. Caller holds ts.mu.
-func (s *Service) follow(ts *tenantState) {
+func (l *Log[S]) follow(ts *tenant[S]) {
 	if ts.unfollow != nil {
 		return
 	}
-	s.mu.Lock()
-	base := s.base
+	l.mu.Lock()
+	base := l.base
 	if base != nil {
-		s.follows.Add(1)
+		l.follows.Add(1)
 	}
-	s.mu.Unlock()
+	l.mu.Unlock()
 	if base == nil {
 		return // Run is not running: Warm catches up by polling instead
 	}
@@ -35,22 +34,22 @@ func (s *Service) follow(ts *tenantState) {
 	ts.unfollow, ts.followToken = cancel, token
 	from := ts.contig
 	go func() {
-		defer s.follows.Done()
+		defer l.follows.Done()
 		defer cancel()
-		err := s.tail(ctx, ts, from)
+		err := l.tail(ctx, ts, from)
 		ts.mu.Lock()
 		if ts.followToken == token {
 			ts.unfollow, ts.followToken = nil, nil
 		}
 		ts.mu.Unlock()
 		if err != nil && ctx.Err() == nil {
-			s.cfg.Logger.Warn("following a warmed tenant stopped; warm-up polls instead", "tenant", ts.tenant, "err", err)
+			l.cfg.Logger.Warn("following a warmed tenant stopped; warm-up polls instead", "tenant", ts.name, "err", err)
 		}
 	}()
 }
 
 // stopFollow stops ts's follow, if any. Caller holds ts.mu.
-func (ts *tenantState) stopFollow() {
+func (ts *tenant[S]) stopFollow() {
 	if ts.unfollow != nil {
 		ts.unfollow()
 		ts.unfollow, ts.followToken = nil, nil
@@ -58,10 +57,10 @@ func (ts *tenantState) stopFollow() {
 }
 
 // tail applies the tenant's events after sequence from as they are stored, until ctx ends.
-func (s *Service) tail(ctx context.Context, ts *tenantState, from uint64) error {
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{schema.TenantEvents(ts.tenant)},
+func (l *Log[S]) tail(ctx context.Context, ts *tenant[S], from uint64) error {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{l.es.tenantFilter(ts.name)},
 		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from + 1}
-	cons, done, err := schema.OrderedRead(ctx, s.es.js, schema.StreamEvents, cfg)
+	cons, done, err := schema.OrderedRead(ctx, l.es.js, l.es.name, cfg)
 	if err != nil {
 		return err
 	}
@@ -81,17 +80,16 @@ func (s *Service) tail(ctx context.Context, ts *tenantState, from uint64) error 
 		if err != nil {
 			return err
 		}
-		var ev Event
-		if err := json.Unmarshal(m.Data(), &ev); err != nil {
-			return err
-		}
-		ev.Seq = md.Sequence.Stream
+		ev := l.es.decode(ts.name, m, md.Sequence.Stream)
 		ts.mu.Lock()
-		ts.apply(ev)
+		err = ts.add(ev)
 		// The consumer delivers every event of the tenant after from, in order.
 		ts.contig = max(ts.contig, ev.Seq)
 		close(ts.advanced)
 		ts.advanced = make(chan struct{})
 		ts.mu.Unlock()
+		if err != nil {
+			return err
+		}
 	}
 }

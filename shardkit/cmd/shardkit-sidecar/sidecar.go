@@ -1,0 +1,229 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/tenantmesh/tenantmesh/internal/envflag"
+
+	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/shardmain"
+	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
+)
+
+// options are the sidecar's own flags.
+type options struct {
+	upstream    string
+	routes      routeList
+	hooks       string
+	hooksPath   string
+	hookTimeout time.Duration
+	warmTimeout time.Duration
+}
+
+// routeList is the repeatable --route flag: "METHOD /prefix".
+type routeList []schema.Route
+
+func (r *routeList) String() string {
+	var s []string
+	for _, rt := range *r {
+		s = append(s, rt.Method+" "+rt.Prefix)
+	}
+	return strings.Join(s, ",")
+}
+
+func (r *routeList) Set(v string) error {
+	for _, one := range strings.Split(v, ",") {
+		method, prefix, ok := strings.Cut(strings.TrimSpace(one), " ")
+		prefix = strings.TrimSpace(prefix)
+		if !ok || method == "" || !strings.HasPrefix(prefix, "/") {
+			return fmt.Errorf("route %q: write METHOD /prefix, e.g. 'POST /notes'", one)
+		}
+		*r = append(*r, schema.Route{Method: strings.ToUpper(method), Prefix: prefix})
+	}
+	return nil
+}
+
+func (o *options) addFlags(fs *flag.FlagSet) {
+	envflag.String(fs, &o.upstream, "upstream", "", "URL of the service this sidecar fronts, e.g. http://127.0.0.1:8000")
+	fs.Var(&o.routes, "route", "a route the service serves, 'METHOD /prefix' (repeat, or comma-separate) (env "+envflag.Var("routes")+")")
+	if v, ok := os.LookupEnv(envflag.Var("routes")); ok {
+		_ = o.routes.Set(v) // checked again by newSidecar: no routes is an error
+	}
+	envflag.String(fs, &o.hooks, "hooks", "", "hooks the service implements: warm,applied,fence,release (none: a stateless service)")
+	envflag.String(fs, &o.hooksPath, "hooks-path", "/tenantmesh", "path prefix of the hooks on the upstream")
+	envflag.Duration(fs, &o.hookTimeout, "hook-timeout", 5*time.Second, "bound on the applied, fence and release calls")
+	envflag.Duration(fs, &o.warmTimeout, "warm-timeout", 60*time.Second, "bound on one warm call")
+}
+
+// sidecar is the shardmain.App that fronts the upstream.
+type sidecar struct {
+	o        options
+	upstream *url.URL
+	hooks    map[string]bool
+	hc       *http.Client // hooks
+	proxy    *httputil.ReverseProxy
+	log      *slog.Logger
+}
+
+func newSidecar(o options) (*sidecar, error) {
+	u, err := url.Parse(o.upstream)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("--upstream %q: want the service's base URL, e.g. http://127.0.0.1:8000", o.upstream)
+	}
+	if len(o.routes) == 0 {
+		return nil, errors.New("--route: name at least one route the service serves, e.g. --route 'POST /notes'")
+	}
+	hooks := map[string]bool{}
+	for _, h := range strings.Split(o.hooks, ",") {
+		switch h = strings.TrimSpace(h); h {
+		case "":
+		case "warm", "applied", "fence", "release":
+			hooks[h] = true
+		default:
+			return nil, fmt.Errorf("--hooks %q: %q is not a hook; use warm, applied, fence, release", o.hooks, h)
+		}
+	}
+	tr := &http.Transport{
+		DialContext:           (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          512,
+		MaxIdleConnsPerHost:   512,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: 60 * time.Second,
+		TLSHandshakeTimeout:   5 * time.Second,
+	}
+	s := &sidecar{o: o, upstream: u, hooks: hooks, hc: &http.Client{Transport: tr}}
+	s.proxy = &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.SetURL(u)
+			r.Out.Host = r.In.Host
+		},
+		Transport: tr, // FlushInterval 0: a response is sent whole, a stream (unknown length, SSE) as it comes
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			s.log.Warn("upstream failed", "path", r.URL.Path, "err", err)
+			tmhttp.WriteError(w, r, tmhttp.Errorf(http.StatusBadGateway, "upstream-failed", "Service unavailable",
+				"the service behind the sidecar did not answer; check that it runs at --upstream"), shardkit.Tenant(r), "")
+		},
+	}
+	return s, nil
+}
+
+// build is the shardmain.Builder.
+func (s *sidecar) build(_ context.Context, env shardmain.Env) (shardmain.App, error) {
+	s.log = env.Logger.With("upstream", s.upstream.Redacted())
+	return s, nil
+}
+
+// Routes are the service's routes, for the gateway.
+func (s *sidecar) Routes() []schema.Route {
+	out := make([]schema.Route, len(s.o.routes))
+	copy(out, s.o.routes)
+	return out
+}
+
+// Handler sends every request behind the gate to the upstream.
+func (s *sidecar) Handler(sk *shardkit.Shard) http.Handler { return sk.Gate(s.proxy) }
+
+// Hooks are HTTP calls to the service, those it implements.
+func (s *sidecar) Hooks() shardkit.Hooks {
+	var h shardkit.Hooks
+	if s.hooks["warm"] {
+		h.Warm = s.warm
+	}
+	if s.hooks["applied"] {
+		h.Applied = func(tenant string) uint64 { return s.number("applied", tenant) }
+	}
+	if s.hooks["fence"] {
+		h.Fence = func(tenant string) uint64 { return s.number("fence", tenant) }
+	}
+	if s.hooks["release"] {
+		h.Release = s.release
+	}
+	return h
+}
+
+func (s *sidecar) warm(ctx context.Context, tenant string, fence uint64) error {
+	ctx, cancel := context.WithTimeout(ctx, s.o.warmTimeout)
+	defer cancel()
+	return s.post(ctx, "warm", map[string]any{"tenant": tenant, "fence": fence})
+}
+
+func (s *sidecar) release(ctx context.Context, tenant string) error {
+	ctx, cancel := context.WithTimeout(ctx, s.o.hookTimeout)
+	defer cancel()
+	return s.post(ctx, "release", map[string]any{"tenant": tenant})
+}
+
+// post calls hook with body and wants a 2xx.
+func (s *sidecar) post(ctx context.Context, hook string, body any) error {
+	b, _ := json.Marshal(body)
+	req, err := http.NewRequestWithContext(ctx, "POST", s.hookURL(hook, ""), bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := s.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("hook %s: %w", hook, err)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("hook %s: %s %s", hook, resp.Status, bytes.TrimSpace(msg))
+	}
+	return nil
+}
+
+// number calls GET hook?tenant= and reads {"<hook>": N}; a failure is logged and counts as 0.
+func (s *sidecar) number(hook, tenant string) uint64 {
+	ctx, cancel := context.WithTimeout(context.Background(), s.o.hookTimeout)
+	defer cancel()
+	n, err := s.get(ctx, hook, tenant)
+	if err != nil {
+		s.log.Warn("hook failed; counting 0", "hook", hook, "tenant", tenant, "err", err)
+	}
+	return n
+}
+
+func (s *sidecar) get(ctx context.Context, hook, tenant string) (uint64, error) {
+	req, err := http.NewRequestWithContext(ctx, "GET", s.hookURL(hook, tenant), nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := s.hc.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return 0, fmt.Errorf("%s", resp.Status)
+	}
+	var out map[string]uint64
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 4096)).Decode(&out); err != nil {
+		return 0, fmt.Errorf("want {%q: number}: %w", hook, err)
+	}
+	return out[hook], nil
+}
+
+func (s *sidecar) hookURL(hook, tenant string) string {
+	u := *s.upstream
+	u.Path = strings.TrimSuffix(u.Path, "/") + s.o.hooksPath + "/" + hook
+	if tenant != "" {
+		u.RawQuery = url.Values{"tenant": {tenant}}.Encode()
+	}
+	return u.String()
+}

@@ -1,0 +1,285 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tenantmesh/tenantmesh/gateway"
+	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/internal/natsperm"
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+	"github.com/tenantmesh/tenantmesh/rebalancer"
+	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/shardmain"
+)
+
+// python starts testdata/notes.py (state files in dir) and returns its URL; it is killed when
+// the test ends.
+func python(t *testing.T, dir string) string {
+	t.Helper()
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 is not installed")
+	}
+	cmd := exec.Command(py, "testdata/notes.py", dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &syncWriter{w: &stderr}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+		if t.Failed() && stderr.Len() > 0 {
+			t.Logf("notes.py said:\n%s", stderr.String())
+		}
+	})
+	port := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		if sc.Scan() {
+			port <- sc.Text()
+		}
+		_, _ = io.Copy(io.Discard, out)
+	}()
+	select {
+	case p := <-port:
+		return "http://127.0.0.1:" + strings.TrimSpace(p)
+	case <-done:
+		t.Fatal("notes.py exited before listening")
+	case <-time.After(20 * time.Second):
+		t.Fatal("notes.py did not listen within 20s")
+	}
+	return ""
+}
+
+// startSidecar runs one sidecar instance in process (what main does, on the shard role's
+// credentials) in front of upstream, until the test ends; it returns its URL.
+func startSidecar(t testing.TB, natsURL, kind, shard, instance, upstream, hooks string) string {
+	t.Helper()
+	sc, err := newSidecar(options{upstream: upstream, routes: routeList{{Method: "POST", Prefix: "/notes"}, {Method: "GET", Prefix: "/notes"}},
+		hooks: hooks, hooksPath: "/tenantmesh", hookTimeout: 5 * time.Second, warmTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &shardmain.Main{Kind: kind, Addr: "127.0.0.1:0", Shard: shard, Instance: instance,
+		NATS:     natstest.Options(t, natsURL, natsperm.Shard(kind, shard, natsperm.Assets{})),
+		LogLevel: "error", LogFormat: "json", Stderr: io.Discard, Heartbeat: 200 * time.Millisecond, DrainTimeout: 5 * time.Second}
+	ready := m.Listening()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	var runErr error
+	go func() { defer close(done); runErr = m.Run(ctx, sc.build) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case url := <-ready:
+		return url
+	case <-done:
+		t.Fatalf("sidecar stopped before serving: %v", runErr)
+	case <-time.After(30 * time.Second):
+		t.Fatal("sidecar not serving within 30s")
+	}
+	return ""
+}
+
+func startGateway(t testing.TB, st *schema.Store) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := gateway.New(gateway.Config{Store: st, Listener: ln, ShutdownTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-g.Ready():
+	case <-time.After(20 * time.Second):
+		t.Fatal("gateway not ready")
+	}
+	return "http://" + ln.Addr().String()
+}
+
+func openStore(t testing.TB) (*schema.Store, string) {
+	t.Helper()
+	srv := natstest.Server(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := schema.Open(ctx, natstest.Connect(t, srv.URL()), schema.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, srv.URL()
+}
+
+var client = &http.Client{Timeout: 15 * time.Second}
+
+// note sends one request for tenant and returns its status, X-Served-By and body.
+func note(method, url, tenant, body string) (int, string, string, error) {
+	req, _ := http.NewRequest(method, url+"/notes", strings.NewReader(body))
+	req.Header.Set("x-tenant-id", tenant)
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, "", "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return resp.StatusCode, resp.Header.Get("X-Served-By"), string(b), nil
+}
+
+// TestPythonServiceMovesLive runs a notes service written in Python twice, each behind a
+// sidecar as one shard, with a gateway in front, and moves a tenant from notes-1 to notes-2
+// through the rebalancer's engine while four writers add notes: no request may fail, every
+// acknowledged note must be on the new owner, and the hooks carried the state over (fence on
+// the source, warm on the target, release on the source).
+func TestPythonServiceMovesLive(t *testing.T) {
+	st, natsURL := openStore(t)
+	ctx := context.Background()
+	if _, err := st.EnsureKind(ctx, schema.KindConfig{Kind: "notes"}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	startSidecar(t, natsURL, "notes", "notes-1", "a", python(t, dir), "warm,applied,fence,release")
+	startSidecar(t, natsURL, "notes", "notes-2", "a", python(t, dir), "warm,applied,fence,release")
+	p, err := st.CreatePlacement(ctx, schema.Placement{Kind: "notes", Tenant: "alice", Shard: "notes-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := startGateway(t, st)
+	tmtest.WaitFor(t, 20*time.Second, func() error {
+		code, by, body, err := note("POST", gw, "alice", `{"id":"first","text":"hello"}`)
+		if err != nil || code != http.StatusCreated || by != "notes.notes-1.a" {
+			return fmt.Errorf("first note through the gateway: %d %q %s %v", code, by, body, err)
+		}
+		return nil
+	})
+
+	var mu sync.Mutex
+	acked, failures, requests := []string{"first"}, []string{}, 0
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			tick := time.NewTicker(5 * time.Millisecond)
+			defer tick.Stop()
+			for i := 0; i < 10000; i++ {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+				id := fmt.Sprintf("w%d-%d", w, i)
+				code, _, body, err := note("POST", gw, "alice", `{"id":"`+id+`","text":"under load"}`)
+				mu.Lock()
+				requests++
+				if err != nil || code != http.StatusCreated {
+					failures = append(failures, fmt.Sprintf("%s: %d %s %v", id, code, body, err))
+				} else {
+					acked = append(acked, id)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	tmtest.WaitFor(t, 10*time.Second, func() error { // the move starts under load
+		mu.Lock()
+		defer mu.Unlock()
+		if len(acked) < 20 {
+			return fmt.Errorf("%d notes written before the move", len(acked))
+		}
+		return nil
+	})
+	eng, err := rebalancer.New(rebalancer.Config{Store: st, Holder: "sidecar-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := eng.CreatePlan(ctx, &planner.Plan{Strategy: "manual", Concurrency: 1, Waves: 1,
+		Moves: []planner.Move{{Kind: "notes", Tenant: "alice", From: "notes-1", To: "notes-2", Revision: p.Revision, Wave: 1}}}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	done, err := eng.Apply(actx, rec.ID)
+	close(stop)
+	wg.Wait()
+	if err != nil || done.Status != rebalancer.PlanDone {
+		t.Fatalf("the move: %s %v", done.Status, err)
+	}
+	if len(failures) > 0 {
+		t.Errorf("%d of %d requests failed during the move; first: %s", len(failures), requests, strings.Join(failures[:min(5, len(failures))], "; "))
+	}
+	code, by, body, err := note("GET", gw, "alice", "")
+	if err != nil || code != http.StatusOK || by != "notes.notes-2.a" {
+		t.Fatalf("after the move: %d %q %v", code, by, err)
+	}
+	var got []struct{ ID string }
+	if err := json.Unmarshal([]byte(body), &got); err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, n := range got {
+		have[n.ID] = true
+	}
+	lost := slices.DeleteFunc(slices.Clone(acked), func(id string) bool { return have[id] })
+	if len(lost) > 0 {
+		t.Errorf("%d of %d acknowledged notes are not on the new owner, e.g. %v", len(lost), len(acked), lost[:min(5, len(lost))])
+	}
+	t.Logf("moved under load: %d requests, %d acknowledged, %d failed; notes-2 serves %d notes", requests, len(acked), len(failures), len(got))
+}
+
+// A sidecar that cannot reach its service answers 502 problem+json, and its flags are checked.
+func TestSidecarErrors(t *testing.T) {
+	for _, o := range []options{
+		{upstream: "127.0.0.1:8000", routes: routeList{{Method: "GET", Prefix: "/x"}}},
+		{upstream: "http://127.0.0.1:8000"},
+		{upstream: "http://127.0.0.1:8000", routes: routeList{{Method: "GET", Prefix: "/x"}}, hooks: "warm,snapshot"},
+	} {
+		if _, err := newSidecar(o); err == nil {
+			t.Errorf("newSidecar(%+v) accepted", o)
+		}
+	}
+	var r routeList
+	if err := r.Set("post /a, GET /b"); err != nil || len(r) != 2 || r[0].Method != "POST" || r[1].Prefix != "/b" {
+		t.Errorf("routes %+v %v", r, err)
+	}
+	if err := r.Set("GET"); err == nil {
+		t.Error("a route without a path accepted")
+	}
+}
+
+// syncWriter serialises writes to w.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}

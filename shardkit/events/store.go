@@ -1,0 +1,237 @@
+package events
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tenantmesh/tenantmesh/internal/tracing"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+)
+
+// tracer makes the event store's spans: events.append, whose context the event carries in its
+// headers (with tracing on, see internal/tracing).
+var tracer = otel.Tracer("github.com/tenantmesh/tenantmesh/shardkit/events")
+
+// ErrStore marks a failed call to the event store (NATS unreachable, a cluster failing over, an
+// answer lost): transient, and for an append of unknown outcome. Clients retry with the same
+// idempotency key, which applies the command once either way.
+var ErrStore = errors.New("events: event store")
+
+// ErrStale means the subject has events the appender had not seen: another writer (a sibling
+// instance, or a stale owner's rival) appended first.
+var ErrStale = errors.New("events: subject changed underneath")
+
+// HeaderType carries an event's type; the message id (Nats-Msg-Id) is <tenant>:<key>.
+const HeaderType = "Tm-Event-Type"
+
+// store reads and writes one stream and the snapshot object store.
+type store struct {
+	st     *schema.Store
+	js     jetstream.JetStream
+	name   string
+	stream jetstream.Stream
+	snaps  jetstream.ObjectStore // nil: no snapshots
+	prefix func(tenant string) string
+	// batch is how many events one fetch asks for while replaying.
+	batch int
+	// retries counts append tries made again.
+	retries prometheus.Counter
+}
+
+// subject is where tenant's events about subject are stored.
+func (es *store) subject(tenant, subject string) string { return es.prefix(tenant) + subject }
+
+// tenantFilter matches all of tenant's events.
+func (es *store) tenantFilter(tenant string) string { return es.prefix(tenant) + ">" }
+
+// Append stores ev for tenant if its subject's last event is still expectLast (0: the subject
+// has no events): JetStream's expected-last-subject-sequence, the single-writer fence. The
+// message id <tenant>:<ev.Key> makes a retried command a duplicate JetStream drops; dup
+// reports that. A lost race gives ErrStale; NATS failing gives ErrStore (tries are made again
+// within ctx while NATS is unavailable, when ev has a key).
+func (es *store) append(ctx context.Context, tenant string, ev Event, expectLast uint64) (seq uint64, dup bool, err error) {
+	msg := &nats.Msg{Subject: es.subject(tenant, ev.Subject), Data: ev.Data, Header: nats.Header{}}
+	if ev.Type != "" {
+		msg.Header.Set(HeaderType, ev.Type)
+	}
+	if tracing.On() {
+		var span trace.Span
+		ctx, span = tracer.Start(ctx, "events.append", trace.WithAttributes(attribute.String("tm.subject", msg.Subject)))
+		defer func() {
+			span.SetAttributes(attribute.Int64("tm.seq", int64(seq)), attribute.Bool("tm.duplicate", dup))
+			span.End()
+		}()
+		tracing.Inject(ctx, msg.Header) // the trace goes on with the event, to its readers
+	}
+	opts := []jetstream.PublishOpt{jetstream.WithExpectLastSequencePerSubject(expectLast)}
+	if ev.Key != "" {
+		opts = append(opts, jetstream.WithMsgID(tenant+":"+ev.Key))
+	}
+	wait := 50 * time.Millisecond
+	for {
+		// Each try is bounded on its own and made again while NATS is unavailable: a publish
+		// whose stream leader died before answering would otherwise hold the command for all
+		// of its time and fail it. A try again is safe: the message id makes a stored first
+		// try a duplicate (or its expected sequence makes it stale), and both paths learn
+		// the stored outcome.
+		actx, cancel := context.WithTimeout(ctx, appendAttempt)
+		ack, err := es.js.PublishMsg(actx, msg, opts...)
+		cancel()
+		if err == nil {
+			return ack.Sequence, ack.Duplicate, nil
+		}
+		if schema.IsConflict(err) {
+			return 0, false, fmt.Errorf("%w: %v", ErrStale, err)
+		}
+		if ev.Key == "" || !schema.IsUnavailable(err) || ctx.Err() != nil {
+			return 0, false, fmt.Errorf("%w: append to %s: %w", ErrStore, msg.Subject, err)
+		}
+		if es.retries != nil {
+			es.retries.Inc()
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return 0, false, fmt.Errorf("%w: append to %s: %w", ErrStore, msg.Subject, err)
+		}
+		wait = min(2*wait, 500*time.Millisecond)
+	}
+}
+
+// appendAttempt bounds one try of an append; a command has Config.Timeout (5 s) for all of
+// them. A healthy append takes a few milliseconds, a leader election well under a second.
+const appendAttempt = 1500 * time.Millisecond
+
+// decode makes an Event of a stored message of tenant.
+func (es *store) decode(tenant string, m jetstream.Msg, seq uint64) Event {
+	ev := Event{Subject: strings.TrimPrefix(m.Subject(), es.prefix(tenant)), Data: m.Data(), Seq: seq}
+	if h := m.Headers(); h != nil {
+		ev.Type = h.Get(HeaderType)
+		ev.Key = strings.TrimPrefix(h.Get(jetstream.MsgIDHeader), tenant+":")
+	}
+	return ev
+}
+
+// replay calls fn with every event of tenant on filter after sequence after, in order, up to
+// the last one present when it started, and returns the sequence of the last event it
+// delivered. Versions are left to the caller.
+func (es *store) replay(ctx context.Context, tenant, filter string, after uint64, fn func(Event) error) (uint64, error) {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}}
+	if after > 0 {
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = after + 1
+	}
+	cons, done, err := schema.OrderedRead(ctx, es.js, es.name, cfg)
+	if err != nil {
+		return 0, fmt.Errorf("%w: replay %s: %w", ErrStore, filter, err)
+	}
+	defer done()
+	pending := cons.CachedInfo().NumPending
+	last := after
+	for pending > 0 {
+		batch, err := cons.Fetch(int(min(pending, uint64(es.batch))), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return last, fmt.Errorf("%w: replay %s: %w", ErrStore, filter, err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			md, err := m.Metadata()
+			if err != nil {
+				return last, err
+			}
+			if err := fn(es.decode(tenant, m, md.Sequence.Stream)); err != nil {
+				return last, err
+			}
+			got++
+			last, pending = md.Sequence.Stream, md.NumPending
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			return last, fmt.Errorf("%w: replay %s: %w", ErrStore, filter, err)
+		}
+		if got == 0 {
+			return last, fmt.Errorf("%w: replay %s stalled at %d with %d pending", ErrStore, filter, last, pending)
+		}
+	}
+	return last, nil
+}
+
+// lastSeq is the stream sequence of the newest event matching subject (0 if none), read from
+// the stream leader: it covers every append acknowledged before, which a replica's direct get
+// might not (a catch-up skipped, a rejection decided on old state, a fence too low).
+func (es *store) lastSeq(ctx context.Context, subject string) (uint64, error) {
+	seq, err := es.st.LastSeq(ctx, es.name, subject)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrStore, err)
+	}
+	return seq, nil
+}
+
+// count counts tenant's events in the stream (its size, for choosing a warm-up strategy).
+func (es *store) count(ctx context.Context, tenant string) (uint64, error) {
+	info, err := es.stream.Info(ctx, jetstream.WithSubjectFilter(es.tenantFilter(tenant)))
+	if err != nil {
+		return 0, fmt.Errorf("%w: count events of %s: %w", ErrStore, tenant, err)
+	}
+	var n uint64
+	for _, c := range info.State.Subjects {
+		n += c
+	}
+	return n, nil
+}
+
+// snapshotFormat is written in every snapshot; one of another format is not read (the tenant
+// is rebuilt from its events instead).
+const snapshotFormat = 2
+
+// snapshot is a tenant's state at one applied sequence.
+type snapshot[S any] struct {
+	Format   int                 `json:"format"`
+	Tenant   string              `json:"tenant"`
+	Applied  uint64              `json:"applied"`
+	Subjects map[string]Position `json:"subjects"`
+	Recent   []Event             `json:"recent"`
+	State    S                   `json:"state"`
+}
+
+func (es *store) saveSnapshot(ctx context.Context, tenant string, b []byte) error {
+	if _, err := es.snaps.PutBytes(ctx, tenant, b); err != nil {
+		return fmt.Errorf("events: save snapshot of %s: %w", tenant, err)
+	}
+	return nil
+}
+
+// loadSnapshot returns the tenant's newest snapshot, or nil if it has none (or none of this
+// format).
+func loadSnapshot[S any](ctx context.Context, es *store, tenant string, newState func() S) (*snapshot[S], int, error) {
+	if es.snaps == nil {
+		return nil, 0, nil
+	}
+	b, err := es.snaps.GetBytes(ctx, tenant)
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("%w: load snapshot of %s: %w", ErrStore, tenant, err)
+	}
+	s := snapshot[S]{State: newState()}
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, 0, fmt.Errorf("events: snapshot of %s is corrupt: %w", tenant, err)
+	}
+	if s.Format != snapshotFormat {
+		return nil, 0, nil
+	}
+	return &s, len(b), nil
+}
