@@ -8,6 +8,11 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tenantmesh/tenantmesh/internal/tracing"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
@@ -62,8 +67,22 @@ func (s *Shard) Epoch(tenant string) uint64 {
 // naming the owner, or in forward mode proxies to the owner's live instances. Mount it on the
 // tenant routes only; Mount's admin and health routes must stay outside it.
 func (s *Shard) Gate(next http.Handler) http.Handler {
+	if tracing.On() { // set up before the shard is built (shardmain): off, the gate pays nothing
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.tracedGate(next, w, r) })
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.serveGate(next, w, r) })
 }
+
+// tracedGate is serveGate in a span, shardkit.gate, the parent of the service's own spans.
+func (s *Shard) tracedGate(next http.Handler, w http.ResponseWriter, r *http.Request) {
+	ctx, span := tracer.Start(r.Context(), "shardkit.gate", trace.WithAttributes(
+		attribute.String("tm.tenant", r.Header.Get(tmhttp.HeaderTenant)), attribute.String("tm.instance", s.cfg.ID.Key())))
+	defer span.End()
+	s.serveGate(next, w, r.WithContext(ctx))
+}
+
+// tracer makes shardkit's spans.
+var tracer = otel.Tracer("github.com/tenantmesh/tenantmesh/shardkit")
 
 func (s *Shard) serveGate(next http.Handler, w http.ResponseWriter, r *http.Request) {
 	tenant := r.Header.Get(tmhttp.HeaderTenant)
@@ -202,6 +221,9 @@ func (s *Shard) awaitEpoch(ctx context.Context, tenant string, want uint64) (pla
 func (s *Shard) refuse(w http.ResponseWriter, r *http.Request, tenant string, v verdict, e placement.Entry) {
 	s.metrics.refused.WithLabelValues(refuseReasons[v]).Inc()
 	w.Header()[tmhttp.HeaderRefused] = refusedValues[v]
+	if tracing.On() {
+		trace.SpanFromContext(r.Context()).SetAttributes(attribute.String("tm.refused", refuseReasons[v]))
+	}
 	owner := e.Shard
 	if v == draining && (e.Shard == s.cfg.ID.Shard || e.Phase == schema.PhaseHandoff) {
 		owner = ""

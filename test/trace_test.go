@@ -70,13 +70,13 @@ func TestTraces(t *testing.T) {
 	cmd := traced("/commands", map[string]any{"aggregate_type": "account", "aggregate_id": "traced",
 		"command": "open", "idempotency_key": "traced-open"})
 	awaitPath("a command, trace "+cmd, func() []otlptest.Span { return rcv.Trace(cmd) },
-		"tenantmesh-aggregate: aggregate POST", "tenantmesh-aggregate: command", "tenantmesh-aggregate: events.append",
+		"tenantmesh-aggregate: aggregate POST", "tenantmesh-aggregate: shardkit.gate", "tenantmesh-aggregate: command", "tenantmesh-aggregate: events.append",
 		"tenantmesh-projection: projection.apply")
 
 	job := traced("/jobs", map[string]any{"type": "webhook", "idempotency_key": "traced-job",
 		"payload": map[string]any{"url": hook.URL, "body": map[string]any{"traced": true}}})
 	awaitPath("a job", func() []otlptest.Span { return rcv.Trace(job) },
-		"tenantmesh-runner: runner POST", "tenantmesh-runner: job.run", "tenantmesh-runner: effect.deliver")
+		"tenantmesh-runner: runner POST", "tenantmesh-runner: shardkit.gate", "tenantmesh-runner: job.run", "tenantmesh-runner: effect.deliver")
 
 	nc, err := nats.Connect(s.natsURL, nats.UserCredentials(s.natsCreds))
 	if err != nil {
