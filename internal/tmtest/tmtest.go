@@ -8,14 +8,46 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
-// Store starts an embedded JetStream server and opens a store on it; URL is the server's.
+// ResourceCheck fails the test if it leaves goroutines behind: at the very end of the test
+// (after every other cleanup, which stops what the test started), the goroutines that did not
+// exist when ResourceCheck was called must be gone within a few seconds (go.uber.org/goleak;
+// Tailscale's tstest.ResourceCheck is the same idea). Idle keep-alive connections of HTTP
+// clients are not counted: net/http owns and reaps them.
+func ResourceCheck(t testing.TB) {
+	t.Helper()
+	opts := []goleak.Option{goleak.IgnoreCurrent(),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait")}
+	t.Cleanup(func() {
+		if t.Failed() {
+			return // the failure says more than the goroutines it left
+		}
+		var err error
+		for deadline := time.Now().Add(leakWait); time.Now().Before(deadline); {
+			if err = goleak.Find(opts...); err == nil { // Find itself retries for about 2 s
+				return
+			}
+		}
+		t.Errorf("goroutines left behind by the test:\n%v", err)
+	})
+}
+
+// leakWait is how long ResourceCheck waits for a test's goroutines to end.
+var leakWait = 10 * time.Second
+
+// Store starts an embedded JetStream server and opens a store on it; URL is the server's. The
+// test is checked for goroutines it leaves behind (ResourceCheck).
 func Store(t testing.TB) (st *schema.Store, url string) {
 	t.Helper()
+	ResourceCheck(t)
 	srv := natstest.Server(t)
 	return StoreAt(t, srv.URL()), srv.URL()
 }
