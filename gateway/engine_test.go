@@ -6,7 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strings"
+	"net/url"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -44,26 +44,40 @@ func closingServer(t *testing.T) (addr string, conns *atomic.Int64, closed chan 
 	return ln.Addr().String(), conns, closed
 }
 
-// TestH1ClientRetriesClosedIdleConn: a pooled connection the server closed is replaced by a fresh
-// one, for GET and for a POST whose body can be rebuilt.
-func TestH1ClientRetriesClosedIdleConn(t *testing.T) {
+// engineCase is an exchange and an instance for the engine alone.
+func engineCase(addr, method, body string) (*exchange, *instance) {
+	in := &instance{key: "k.s.i"}
+	in.url.Store(&url.URL{Scheme: "http", Host: addr})
+	x := getExchange()
+	x.method, x.target, x.host, x.path = method, []byte("/x"), []byte(addr), "/x"
+	x.ke, x.inst = &kindEntry{name: "k"}, in
+	x.entry.Epoch, x.entry.Shard = 1, "s"
+	if body != "" {
+		x.bodyBuf = []byte(body)
+	}
+	return x, in
+}
+
+// TestEngineRetriesClosedIdleConn: a pooled connection the server closed is replaced by a fresh
+// one, for GET and for a POST whose body is buffered.
+func TestEngineRetriesClosedIdleConn(t *testing.T) {
 	addr, conns, closed := closingServer(t)
-	c := newH1Client(Config{ConnectTimeout: time.Second, MaxIdleConnsPerHost: 4})
-	defer c.closeIdle(true)
+	e := newEngine(Config{ConnectTimeout: time.Second, MaxIdleConnsPerHost: 4})
+	defer e.closeIdle(true)
 	for i, method := range []string{"GET", "GET", "POST", "GET"} {
-		var body io.Reader
+		body := ""
 		if method == "POST" {
-			body = strings.NewReader("payload")
+			body = "payload"
 		}
-		req, _ := http.NewRequestWithContext(context.Background(), method, "http://"+addr+"/x", body)
-		resp, err := c.RoundTrip(req)
+		x, in := engineCase(addr, method, body)
+		up, err := e.roundTrip(context.Background(), x, in)
 		if err != nil {
 			t.Fatalf("request %d (%s): %v", i, method, err)
 		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 || string(b) != "ok" {
-			t.Fatalf("request %d: %d %q", i, resp.StatusCode, b)
+		b, _ := io.ReadAll(up)
+		up.release(true)
+		if up.resp.Status != 200 || string(b) != "ok" {
+			t.Fatalf("request %d: %d %q", i, up.resp.Status, b)
 		}
 		select {
 		case <-closed:
@@ -76,9 +90,9 @@ func TestH1ClientRetriesClosedIdleConn(t *testing.T) {
 	}
 }
 
-// TestH1ClientContext: a request whose context ends while the instance is silent fails with the
+// TestEngineContext: a request whose context ends while the instance is silent fails with the
 // context's error and its connection is not reused.
-func TestH1ClientContext(t *testing.T) {
+func TestEngineContext(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -90,12 +104,13 @@ func TestH1ClientContext(t *testing.T) {
 			accepted <- c
 		}
 	}()
-	c := newH1Client(Config{ConnectTimeout: time.Second, MaxIdleConnsPerHost: 4})
-	defer c.closeIdle(true)
+	e := newEngine(Config{ConnectTimeout: time.Second, MaxIdleConnsPerHost: 4})
+	defer e.closeIdle(true)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+ln.Addr().String()+"/", nil)
-	_, err = c.RoundTrip(req)
+	x, in := engineCase(ln.Addr().String(), "GET", "")
+	x.cancelable = true
+	_, err = e.roundTrip(ctx, x, in)
 	if err != context.DeadlineExceeded {
 		t.Fatalf("err = %v, want context.DeadlineExceeded", err)
 	}
@@ -105,9 +120,9 @@ func TestH1ClientContext(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no connection accepted")
 	}
-	c.mu.Lock()
-	idle := len(c.idle)
-	c.mu.Unlock()
+	e.mu.Lock()
+	idle := len(e.idle)
+	e.mu.Unlock()
 	if idle != 0 {
 		t.Fatal("a connection whose exchange timed out went back to the pool")
 	}
