@@ -173,12 +173,9 @@ func checkChunkExt(b []byte) error {
 		b = b[i:]
 		return i > 0
 	}
-	for {
-		ws()
-		if len(b) == 0 {
-			return nil
-		}
-		if b[0] != ';' {
+	for len(b) > 0 {
+		ws() // BWS only before ";"
+		if len(b) == 0 || b[0] != ';' {
 			return bad("invalid chunk extension")
 		}
 		b = b[1:]
@@ -199,7 +196,11 @@ func checkChunkExt(b []byte) error {
 		} else if !token() {
 			return bad("invalid chunk extension")
 		}
+		if len(b) > 0 && b[0] != ' ' && b[0] != '\t' && b[0] != ';' {
+			return bad("invalid chunk extension")
+		}
 	}
+	return nil
 }
 
 // quoted consumes a quoted-string at the start of *b.
