@@ -8,7 +8,7 @@ BENCH ?=
 BENCHTIME ?=
 COUNT ?=
 
-.PHONY: all help bins run e2e test test-short test-norace vet lint staticcheck fmt fmt-check bench bench-smoke tools build bench-gateway bench-tools
+.PHONY: all help bins run e2e test test-short test-norace vet lint staticcheck fmt fmt-check bench bench-smoke tools build bench-gateway bench-tools fuzz
 
 all: build
 
@@ -35,6 +35,16 @@ run: bins
 ## (integration tests run against a real embedded nats-server).
 test: fmt-check vet staticcheck
 	$(GO) test -race -count=1 -timeout 12m $(TESTFLAGS) $(if $(T),-run '$(T)') $(PKG)
+	$(MAKE) fuzz FUZZTIME=2s
+
+## fuzz: the gateway's HTTP/1.1 parsers under Go's fuzzer, FUZZTIME each (default 30s; make test
+## runs them 2s each). Crashers land in gateway/h1/testdata/fuzz and fail the tests from then on.
+FUZZTIME ?= 30s
+FUZZ_TARGETS := FuzzParseRequest FuzzParseResponse FuzzChunked FuzzReadHead
+fuzz:
+	@for f in $(FUZZ_TARGETS); do \
+		$(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 0 ./gateway/h1/ || exit 1; \
+	done
 
 test-short:
 	$(GO) test -race -short -count=1 $(if $(T),-run '$(T)') $(PKG)

@@ -275,6 +275,12 @@ func (g *Gateway) Run(ctx context.Context) error {
 		ReadHeaderTimeout: g.cfg.ReadHeaderTimeout,
 		IdleTimeout:       g.cfg.IdleTimeout,
 		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			if _, ok := c.(*replayConn); ok {
+				return context.WithValue(ctx, handedOffKey{}, true)
+			}
+			return ctx
+		},
 	}
 	serveErr := make(chan error, 2)
 	var front *frontEnd

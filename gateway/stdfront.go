@@ -15,6 +15,11 @@ import (
 // and the gateway's own endpoints (requests without x-tenant-id to /healthz, /readyz,
 // /metrics, /admin/, /prerender-servers, /debug/pprof/). Tenant requests run the same stages.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Context().Value(handedOffKey{}) != nil {
+		// One request per handed-over connection: the next one goes back to a fresh
+		// connection, and so to the gateway's own front end.
+		w.Header().Set("Connection", "close")
+	}
 	if _, ok := r.Header[tmhttp.HeaderTenant]; !ok && isAdminPath(r.URL.Path) {
 		g.admin.ServeHTTP(w, r)
 		return
@@ -49,6 +54,9 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	x.out = &stdResponder{w: w, r: r}
 	g.serve(x)
 }
+
+// handedOffKey marks the contexts of connections the gateway's own front end handed over.
+type handedOffKey struct{}
 
 func httpHasToken(vv []string, tok string) bool {
 	for _, v := range vv {
