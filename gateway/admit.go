@@ -20,7 +20,7 @@ func (g *Gateway) admit(x *exchange) error {
 	if n > 1 {
 		return tmhttp.Errorf(http.StatusBadRequest, "invalid-tenant", "Invalid tenant", "x-tenant-id appears more than once; send it once")
 	}
-	tenant := string(tb)
+	tenant := g.tenants.get(tb)
 	if g.cfg.Auth != nil {
 		if err := g.identify(x, &tenant); err != nil {
 			return err
@@ -47,7 +47,7 @@ func (g *Gateway) admit(x *exchange) error {
 	}
 	x.rt, x.ke, x.policy = rt, ke, ke.policy()
 	if id, _ := h1.Get(x.fields, tmhttp.HeaderRequestID); !validRequestID(id) {
-		x.reqID = newRequestID()
+		x.reqID = newRequestID(&x.reqIDb)
 	}
 	if lim := ke.limiter.Load(); lim != nil {
 		if ok, wait := lim.allow(tenant, x.start); !ok {
@@ -121,15 +121,15 @@ func validRequestID(id []byte) bool {
 	return true
 }
 
-func newRequestID() string {
-	var b [16]byte
+// newRequestID writes a random id into b and returns a view of it (valid while b is).
+func newRequestID(b *[16]byte) string {
 	const hex = "0123456789abcdef"
 	v := rand.Uint64()
 	for i := range b {
 		b[i] = hex[v&15]
 		v >>= 4
 	}
-	return string(b[:])
+	return str(b[:])
 }
 
 // isAdminPath: the gateway's own endpoints, for requests without x-tenant-id.

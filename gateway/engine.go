@@ -81,6 +81,7 @@ func (e *engine) get(ctx context.Context, key, scheme, host string, check bool) 
 		uc.c.Close()
 	}
 	e.mu.Unlock()
+	ctx = realContext(ctx)
 	conn, err := e.dialer.DialContext(ctx, "tcp", host)
 	if err != nil {
 		return nil, err
@@ -429,9 +430,8 @@ func writeRequestHead(w *bufio.Writer, x *exchange, base string) {
 	w.WriteString(x.ke.name)
 	w.WriteString("\r\n")
 	if x.entry.Epoch != 0 {
-		var num [20]byte
 		w.WriteString("X-Tm-Epoch: ")
-		w.Write(strconv.AppendUint(num[:0], x.entry.Epoch, 10))
+		w.Write(strconv.AppendUint(x.num[:0], x.entry.Epoch, 10))
 		w.WriteString("\r\nX-Tm-Shard: ")
 		w.WriteString(x.entry.Shard)
 	} else { // an affinity tenant not placed yet: the instance's own shard
@@ -452,14 +452,12 @@ func writeRequestHead(w *bufio.Writer, x *exchange, base string) {
 	}
 	switch {
 	case x.bodyBuf != nil:
-		var num [20]byte
 		w.WriteString("Content-Length: ")
-		w.Write(strconv.AppendInt(num[:0], int64(len(x.bodyBuf)), 10))
+		w.Write(strconv.AppendInt(x.num[:0], int64(len(x.bodyBuf)), 10))
 		w.WriteString("\r\n")
 	case x.body != nil && x.bodyLen >= 0:
-		var num [20]byte
 		w.WriteString("Content-Length: ")
-		w.Write(strconv.AppendInt(num[:0], x.bodyLen, 10))
+		w.Write(strconv.AppendInt(x.num[:0], x.bodyLen, 10))
 		w.WriteString("\r\n")
 	case x.body != nil:
 		w.WriteString("Transfer-Encoding: chunked\r\n")

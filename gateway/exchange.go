@@ -33,6 +33,7 @@ type exchange struct {
 	out        responder
 	ctx        context.Context
 	cancel     context.CancelFunc
+	rctx       reqContext // the context of the own front end's requests
 	start      time.Time
 
 	// What the stages learned.
@@ -62,6 +63,8 @@ type exchange struct {
 	req     h1.Request
 	rfields []h1.Field // the response's fields as sent to the client
 	lim     io.LimitedReader
+	reqIDb  [16]byte
+	num     [20]byte
 	chunked h1.ChunkedReader
 	bodyMem []byte
 }

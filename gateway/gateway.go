@@ -170,6 +170,7 @@ type Gateway struct {
 	store   *schema.Store
 	reg     *registry   // routes, directory and kinds as an immutable snapshot
 	holds   *holdBuffer // the hold stage's per-tenant queues
+	tenants interned    // tenant ids as strings
 	engine  *engine     // the send stage's upstream connections
 	metrics *gwMetrics
 	admin   *http.ServeMux

@@ -29,11 +29,12 @@ func (g *Gateway) serve(x *exchange) {
 		g.answerError(x, err)
 		return
 	}
-	base := x.ctx
-	if base == nil {
-		base = g.reqCtx
+	if x.cancelable { // net/http's front end: the client's going away cancels the request
+		x.ctx, x.cancel = context.WithTimeout(x.ctx, x.policy.timeout(x.ke.config()))
+	} else {
+		x.rctx = reqContext{parent: g.reqCtx, deadline: x.start.Add(x.policy.timeout(x.ke.config()))}
+		x.ctx = &x.rctx
 	}
-	x.ctx, x.cancel = context.WithTimeout(base, x.policy.timeout(x.ke.config()))
 	if err := g.hold(x); err != nil {
 		g.answerError(x, err)
 		return
@@ -51,6 +52,7 @@ func (g *Gateway) done(x *exchange) {
 	if x.cancel != nil {
 		x.cancel()
 	}
+	x.rctx.end()
 	if x.aff.cancel != nil {
 		x.aff.cancel()
 	}

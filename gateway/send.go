@@ -47,7 +47,7 @@ func (g *Gateway) attempt(x *exchange, in *instance) (*upConn, error) {
 		if x.aff.cancel != nil {
 			x.aff.cancel()
 		}
-		ctx, x.aff.cancel = context.WithTimeout(ctx, x.aff.timeout)
+		ctx, x.aff.cancel = context.WithTimeout(realContext(ctx), x.aff.timeout)
 	}
 	x.inst = in
 	in.inflight.Add(1)
