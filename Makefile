@@ -96,8 +96,9 @@ bench-smoke:
 		-benchtime $(or $(BENCHTIME),1x) -benchmem -timeout 20m $(PKG)
 
 ## bench-gateway: the gateway vs HAProxy 2.6 and nginx 1.22 (Debian) vs direct, 10,000 tenants over
-## 4 backends, wrk -c32, interleaved rounds (ROUNDS=5 DURATION=2s); installs haproxy, nginx and wrk
-## with apt-get if missing. PROFILE=/tmp/gw.prof also takes a CPU profile of the gateway under load.
+## 4 backends, wrk at -c32 and -c256 with 64 B and 16 KiB answers, interleaved rounds (ROUNDS=5
+## DURATION=2s), req/s, p99 and CPU per request; installs haproxy, nginx and wrk with apt-get if
+## missing. PROFILE=/tmp/gw.prof also takes a CPU profile of the gateway under load.
 bench-gateway: bench-tools
 	./gateway/bench/run.sh
 

@@ -96,7 +96,7 @@ func (e *engine) get(ctx context.Context, key, scheme, host string, check bool) 
 		}
 		conn = tc
 	}
-	return &upConn{e: e, c: conn, r: h1.NewReader(conn, 16<<10), w: bufio.NewWriterSize(conn, 16<<10), key: key}, nil
+	return &upConn{e: e, c: conn, r: h1.NewReader(conn, 32<<10), w: bufio.NewWriterSize(conn, 8<<10), key: key}, nil
 }
 
 // open reports whether an idle connection is still open: nothing to read and no EOF.
@@ -167,9 +167,8 @@ var aLongTimeAgo = time.Unix(1, 0)
 
 // exchange writes the request and reads the response head (skipping interim answers).
 func (uc *upConn) exchange(ctx context.Context, x *exchange, base string) error {
-	if dl, ok := ctx.Deadline(); ok {
-		_ = uc.c.SetDeadline(dl)
-	}
+	dl, _ := ctx.Deadline() // zero: none (a pooled connection may carry an older one)
+	_ = uc.c.SetDeadline(dl)
 	uc.stop = nil
 	if x.cancelable {
 		uc.stop = context.AfterFunc(ctx, func() { _ = uc.c.SetDeadline(aLongTimeAgo) })
@@ -270,8 +269,7 @@ func (uc *upConn) release(done bool) {
 		ok = uc.stop() // false: the context fired and poisoned the deadline
 	}
 	if done && uc.left == 0 && uc.keep && ok {
-		_ = uc.c.SetDeadline(time.Time{})
-		uc.e.put(uc)
+		uc.e.put(uc) // the next exchange sets its own deadline
 		return
 	}
 	uc.close()

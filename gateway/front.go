@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"io"
@@ -101,7 +100,7 @@ type clientConn struct {
 	f    *frontEnd
 	c    net.Conn
 	r    *h1.Reader
-	w    *bufio.Writer
+	w    *outBuf
 	idle atomic.Bool
 
 	ip     string
@@ -115,7 +114,7 @@ type clientConn struct {
 
 var (
 	readers = sync.Pool{New: func() any { return h1.NewReader(nil, 8<<10) }}
-	writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 16<<10) }}
+	writers = sync.Pool{New: func() any { return &outBuf{} }}
 )
 
 func (cc *clientConn) serve() {
@@ -135,12 +134,12 @@ func (cc *clientConn) serve() {
 	}
 	cc.r = readers.Get().(*h1.Reader)
 	cc.r.Reset(cc.c)
-	cc.w = writers.Get().(*bufio.Writer)
-	cc.w.Reset(cc.c)
+	cc.w = writers.Get().(*outBuf)
+	cc.w.reset(cc.c)
 	defer func() {
 		cc.r.Reset(nil)
 		readers.Put(cc.r)
-		cc.w.Reset(nil)
+		cc.w.reset(nil)
 		writers.Put(cc.w)
 	}()
 	cfg := &f.g.cfg
@@ -165,7 +164,6 @@ func (cc *clientConn) serve() {
 			cc.refuse(err)
 			return
 		}
-		_ = cc.c.SetReadDeadline(time.Time{})
 		x := getExchange()
 		x.head = append(x.head[:0], head...)
 		if err := h1.ParseRequest(x.head, &x.req, maxRequestFields); err != nil {
@@ -222,6 +220,9 @@ func (cc *clientConn) exchange(x *exchange) bool {
 	case r.ContentLength > 0:
 		x.lim = io.LimitedReader{R: cc.r, N: r.ContentLength}
 		x.body, x.bodyLen = &x.lim, r.ContentLength
+	}
+	if x.body != nil {
+		_ = cc.c.SetReadDeadline(time.Time{}) // the head's deadline does not bound the body
 	}
 	if x.body != nil && r.Expect100 {
 		cc.expect = expectReader{cc: cc, r: x.body}

@@ -4,21 +4,28 @@
 //
 // A [Gateway] follows the route registry, the instance directory and the kind configs (KV
 // followers from package kvwatch) and every kind's placement (package placement), and keeps
-// them as immutable snapshots swapped by pointer, so the request path takes no lock. For each
-// request it (docs/design.md "The request path"):
+// them as immutable snapshots swapped by pointer, so the request path takes no lock. Each
+// request goes through the stages of pipeline.go (docs/design.md "The request path"):
 //
-//  1. validates x-tenant-id (400);
-//  2. matches method and the longest path prefix in the route registry (404);
-//  3. applies the kind's per-tenant rate limit, if any (429);
-//  4. looks up the placement, assigning an unplaced tenant to the least-loaded shard with room
-//     by KV create, or answering 404, as the kind says;
-//  5. holds the request while the tenant is in handoff, until the move commits (then it goes to
-//     the new owner, in arrival order) or the kind's hold budget is spent (503 + Retry-After);
-//  6. picks one of the shard's live instances by power of two choices on in-flight requests and
-//     latency, skipping open circuits;
-//  7. proxies it with httputil.ReverseProxy, adding x-tm-epoch, x-tm-shard, x-tm-kind and
-//     x-request-id, stripping every x-tm-* header the client sent; on 421 it refreshes the
-//     placement and retries on the owner, on a refused connection it retries another instance.
+//  1. admit: validates x-tenant-id (400) or takes it from the bearer token, matches method and
+//     the longest path prefix in the route registry (404), applies the kind's per-tenant rate
+//     limit (429);
+//  2. place: looks up the placement, assigning an unplaced tenant to the least-loaded shard with
+//     room by KV create, or answering 404, as the kind says;
+//  3. hold: buffers the body for replay, and holds the request while the tenant is in handoff,
+//     until the move commits (then it goes to the new owner, in arrival order) or the kind's
+//     hold budget is spent (503 + Retry-After);
+//  4. pick: the kind's Policy picks the instance (power of two choices on in-flight requests
+//     and latency, the load policy's decision table, or the affinity plan), skipping open
+//     circuits;
+//  5. send: the upstream engine sends it over a pooled HTTP/1.1 connection, adding x-tm-epoch,
+//     x-tm-shard, x-tm-kind and x-request-id and stripping every x-tm-* header the client sent;
+//     on 421 it refreshes the placement and retries on the owner, on a refused connection it
+//     retries another instance;
+//  6. answer: relays the response, or the problem+json of the one error mapping.
+//
+// Plaintext listeners are served by the gateway's own HTTP/1.1 front end (strict parsing,
+// package h1); TLS listeners, upgrades and the admin endpoints by net/http's server.
 //
 // Errors are problem+json with the status table of docs/design.md; the client never sees 421. With
 // NATS unreachable the gateway keeps routing from its snapshots and reports their age.

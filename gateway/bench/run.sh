@@ -47,7 +47,7 @@ done
 for _ in $(seq 1 600); do grep -q READY "$WORK/benchenv.out" && break; sleep 0.1; done
 grep -q READY "$WORK/benchenv.out" || { echo "benchenv not ready"; cat "$WORK/benchenv.out"; exit 1; }
 
-TM_NATS_URL=nats://127.0.0.1:4333 TM_NATS_CREDS="$WORK/creds/gateway.creds" TM_ADDR=127.0.0.1:9080 TM_LOG_LEVEL=warn TM_PPROF=true env ${GW_ENV:-} "$WORK/bin/gateway" 2> "$WORK/gateway.log" & PIDS+=($!)
+TM_NATS_URL=nats://127.0.0.1:4333 TM_NATS_CREDS="$WORK/creds/gateway.creds" TM_ADDR=127.0.0.1:9080 TM_LOG_LEVEL=warn TM_PPROF=true TM_ADMIN_TOKEN=bench env ${GW_ENV:-} "$WORK/bin/gateway" 2> "$WORK/gateway.log" & PIDS+=($!)
 GW_PID=$!
 for _ in $(seq 1 300); do curl -fs "http://127.0.0.1:9080/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
 curl -fs "http://127.0.0.1:9080/readyz" >/dev/null || { echo "gateway not ready"; cat "$WORK"/gateway.log; exit 1; }
@@ -150,10 +150,10 @@ done
 
 if [ -n "${PROFILE:-}" ]; then
   echo "profiling the gateway under load -> $PROFILE"
-  BENCH_PATH=/bytes/64 wrk -t"$THREADS" -c32 -d12s -s "$ROOT/gateway/bench/tenant.lua" "${URL[gateway]}" >/dev/null &
+  BENCH_PATH=${PROFILE_PATH:-/bytes/64} wrk -t"$THREADS" -c"${PROFILE_CONNS:-32}" -d12s -s "$ROOT/gateway/bench/tenant.lua" "${URL[gateway]}" >/dev/null &
   WRK_PID=$!
   sleep 1
-  curl -fs "http://127.0.0.1:9080/debug/pprof/profile?seconds=10" -o "$PROFILE" || echo "no pprof endpoint"
+  curl -fs -H "Authorization: Bearer bench" "http://127.0.0.1:9080/debug/pprof/profile?seconds=10" -o "$PROFILE" || echo "no pprof endpoint"
   wait "$WRK_PID"
   cp "$WORK/bin/gateway" "$PROFILE.bin"
 fi
@@ -169,6 +169,9 @@ for line in open(sys.argv[1]):
         rows.setdefault(m[2], {}).setdefault(m[3], []).append(
             dict(round=m[1], rps=float(m[4]), p50=int(m[5]), p99=int(m[6]), err=int(m[7]), n=int(m[8]), cpu=int(m[9])))
 med = statistics.median
+print()
+print("| point | target | req/s (median) | p50 | p99 (median) | req/s vs HAProxy | p99 vs HAProxy | per-round req/s ratio | per-round p99 ratio | CPU µs/req | CPU vs HAProxy | errors |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for point, targets in rows.items():
     h = targets.get("haproxy")
     byround = {}
@@ -181,14 +184,9 @@ for point, targets in rows.items():
     def cpu(v):
         c = [x["cpu"] / x["n"] for x in v if x["n"] and x["cpu"]]
         return med(c) if c else float("nan")
-    print()
-    print(f"#### {point} ({len(next(iter(targets.values())))} rounds)")
-    print()
-    print("| target | req/s (median) | p50 | p99 (median) | req/s vs HAProxy | p99 vs HAProxy | per-round req/s ratio | per-round p99 ratio | CPU µs/req | CPU vs HAProxy | errors |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     hr, hp, hc = med(x["rps"] for x in h), med(x["p99"] for x in h), cpu(h)
     for t in [t for t in ["haproxy", "nginx", "gateway"] + sorted(set(targets) - {"haproxy", "nginx", "gateway", "direct"}) + ["direct"] if t in targets]:
         v = targets[t]
         rps, p50, p99, c = med(x["rps"] for x in v), med(x["p50"] for x in v), med(x["p99"] for x in v), cpu(v)
-        print(f"| {t} | {rps:,.0f} | {p50/1000:.2f} ms | {p99/1000:.2f} ms | {rps/hr:.2f} | {p99/hp:.2f} | {rr(t, 'rps'):.2f} | {rr(t, 'p99'):.2f} | {c:.1f} | {c/hc:.2f} | {sum(x['err'] for x in v)} |")
+        print(f"| {point} | {t} | {rps:,.0f} | {p50/1000:.2f} ms | {p99/1000:.2f} ms | {rps/hr:.2f} | {p99/hp:.2f} | {rr(t, 'rps'):.2f} | {rr(t, 'p99'):.2f} | {c:.1f} | {c/hc:.2f} | {sum(x['err'] for x in v)} |")
 PY

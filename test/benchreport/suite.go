@@ -33,7 +33,7 @@ var suite = []entry{
 	{
 		title:  "Gateway vs HAProxy vs nginx vs direct",
 		script: "ROUNDS=5 DURATION=2s ./gateway/bench/run.sh",
-		note:   "10,000 tenants over 4 backends routed by x-tenant-id; wrk -t2 -c32 with a random tenant per request; interleaved rounds (the order rotates), medians, ratios to HAProxy (also per round). gateway-lean, gateway-std and fastproxy are the experiments described in the hand-written section. Needs haproxy, nginx and wrk: `make bench` installs them.",
+		note:   "10,000 tenants over 4 backends routed by x-tenant-id; wrk -t2 at -c32 and -c256 with 64 B and 16 KiB answers and a random tenant per request; interleaved rounds (the order rotates), medians, ratios to HAProxy (also per round), CPU per request from /proc (user+system of the proxy's processes over the same runs). Needs haproxy, nginx and wrk: `make bench` installs them.",
 	},
 	{
 		title:     "Placement watcher: lookup, put -> applied",
