@@ -122,7 +122,7 @@ func (affinityPolicy) pick(g *Gateway, x *exchange, n int) (*instance, error) {
 		gated := !in.external.Load()
 		first := a.New && (gated || !(a.Pressure || a.Fallback))
 		if first {
-			e, err := g.addOwner(x.ke, x.tenant, a.Key, s.m, a.Pressure || a.Fallback)
+			e, err := g.affCtl().addOwner(x.ke, x.tenant, a.Key, s.m, a.Pressure || a.Fallback)
 			if err != nil {
 				in.breaker.Abandon()
 				x.lastErr = err
@@ -173,7 +173,7 @@ func (affinityPolicy) judge(g *Gateway, x *exchange, in *instance, up *upConn, e
 	}
 	if err == nil && up.resp.Status < 500 {
 		if s.cur.New && !s.first {
-			if e, err := g.addOwner(x.ke, x.tenant, s.cur.Key, s.m, true); err == nil {
+			if e, err := g.affCtl().addOwner(x.ke, x.tenant, s.cur.Key, s.m, true); err == nil {
 				x.entry = e
 			} else {
 				g.log.Warn("recording affinity assignment failed", "kind", x.ke.name, "tenant", x.tenant, "err", err)
@@ -184,7 +184,7 @@ func (affinityPolicy) judge(g *Gateway, x *exchange, in *instance, up *upConn, e
 		return deliver, nil
 	}
 	if s.first && (s.cur.Pressure || s.cur.Fallback) {
-		g.removeOwner(x.ke, x.tenant, s.cur.Key)
+		g.affCtl().removeOwner(x.ke, x.tenant, s.cur.Key)
 	}
 	if err != nil {
 		if errors.Is(x.ctx.Err(), context.Canceled) {
@@ -251,7 +251,8 @@ func ownerIn(owners []string, byKey map[string]*instance) *instance {
 // that already has m owners keeps them: this gateway planned from a view another gateway has
 // overtaken, and the caller goes to one of the stored owners instead. The placement's Shard is the shard of its first owner and never
 // changes afterwards (docs/decisions.md), so the epoch stays 1 through owner edits.
-func (g *Gateway) addOwner(ke *kindEntry, tenant, key string, m int, force bool) (placement.Entry, error) {
+func (c affinityControl) addOwner(ke *kindEntry, tenant, key string, m int, force bool) (placement.Entry, error) {
+	g := c.g
 	ctx, cancel := context.WithTimeout(g.bgCtx, assignTimeout)
 	defer cancel()
 	by := "gateway/" + g.cfg.ID
@@ -303,7 +304,8 @@ func assignFailed(err error) error {
 
 // removeOwner takes key out of tenant's owners by CAS, deleting the placement with its last
 // owner (what shardkit's Release does for an instance). Absent: nothing to do.
-func (g *Gateway) removeOwner(ke *kindEntry, tenant, key string) {
+func (c affinityControl) removeOwner(ke *kindEntry, tenant, key string) {
+	g := c.g
 	ctx, cancel := context.WithTimeout(g.bgCtx, assignTimeout)
 	defer cancel()
 	for range 16 {
@@ -345,9 +347,10 @@ func (g *Gateway) removeOwner(ke *kindEntry, tenant, key string) {
 }
 
 // dropServer removes key from every tenant's owners.
-func (g *Gateway) dropServer(ke *kindEntry, key string) {
+func (c affinityControl) dropServer(ke *kindEntry, key string) {
+	g := c.g
 	for _, t := range ke.aff.TenantsOf(key) {
-		g.removeOwner(ke, t, key)
+		g.affCtl().removeOwner(ke, t, key)
 	}
 }
 
@@ -355,7 +358,8 @@ func (g *Gateway) dropServer(ke *kindEntry, key string) {
 // affinity kind's HealthInterval: a server that answers GET / keeps its directory entry fresh
 // (the gateway heartbeats on its behalf), one that does not is unregistered. Owners that left
 // the directory or stopped being live are dropped from every tenant's mapping.
-func (g *Gateway) affinityHealth() {
+func (c affinityControl) affinityHealth() {
+	g := c.g
 	last := map[string]time.Time{}
 	for {
 		wake := time.Second // kinds registered later are noticed within a second
@@ -373,7 +377,7 @@ func (g *Gateway) affinityHealth() {
 		select {
 		case <-g.ready:
 			if len(due) > 0 {
-				g.healthTick(due)
+				g.affCtl().healthTick(due)
 				for name := range due {
 					last[name] = now
 				}
@@ -387,7 +391,8 @@ func (g *Gateway) affinityHealth() {
 }
 
 // healthTick checks the kinds in due (kind -> its health interval).
-func (g *Gateway) healthTick(due map[string]time.Duration) {
+func (c affinityControl) healthTick(due map[string]time.Duration) {
+	g := c.g
 	snap := g.reg.snap.Load()
 	now := time.Now()
 	at := g.reg.liveAt(now)
@@ -415,7 +420,7 @@ func (g *Gateway) healthTick(due map[string]time.Duration) {
 		res := make(chan result, len(checks))
 		timeout := min(interval, 5*time.Second)
 		for _, in := range checks {
-			go func() { res <- result{in, g.probe(in.URL, timeout) == nil} }()
+			go func() { res <- result{in, g.affCtl().probe(in.URL, timeout) == nil} }()
 		}
 		for range checks {
 			r := <-res
@@ -428,20 +433,21 @@ func (g *Gateway) healthTick(due map[string]time.Duration) {
 				continue
 			}
 			g.log.Warn("registered server failed its health check; unregistering", "instance", r.in.Key())
-			g.unregisterServer(ke, r.in.InstanceID)
+			g.affCtl().unregisterServer(ke, r.in.InstanceID)
 			delete(dir, r.in.Key())
 		}
 		for _, key := range ke.aff.Instances() {
 			in, ok := dir[key]
 			if !ok || !g.cfg.Thresholds.Status(in, at).Live() {
-				g.dropServer(ke, key)
+				g.affCtl().dropServer(ke, key)
 			}
 		}
 	}
 }
 
 // probe checks a server with GET / (the prerender manager's health check and registration validation).
-func (g *Gateway) probe(base string, timeout time.Duration) error {
+func (c affinityControl) probe(base string, timeout time.Duration) error {
+	g := c.g
 	ctx, cancel := context.WithTimeout(g.bgCtx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base, "/")+"/", nil)
@@ -461,7 +467,8 @@ func (g *Gateway) probe(base string, timeout time.Duration) error {
 }
 
 // unregisterServer removes a server from the directory, the routes and every mapping.
-func (g *Gateway) unregisterServer(ke *kindEntry, id schema.InstanceID) {
+func (c affinityControl) unregisterServer(ke *kindEntry, id schema.InstanceID) {
+	g := c.g
 	ctx, cancel := context.WithTimeout(g.bgCtx, assignTimeout)
 	defer cancel()
 	if err := g.store.Unregister(ctx, id); err != nil {
@@ -470,5 +477,11 @@ func (g *Gateway) unregisterServer(ke *kindEntry, id schema.InstanceID) {
 	if _, err := g.store.RemoveInstanceFromRoutes(ctx, id); err != nil {
 		g.log.Warn("removing server from routes failed", "instance", id.Key(), "err", err)
 	}
-	g.dropServer(ke, id.Key())
+	g.affCtl().dropServer(ke, id.Key())
 }
+
+// affinityControl is the affinity policy's control plane: owners written by CAS, and the
+// health polling of servers registered through the gateway.
+type affinityControl struct{ g *Gateway }
+
+func (g *Gateway) affCtl() affinityControl { return affinityControl{g} }

@@ -358,7 +358,7 @@ func (g *Gateway) start() error {
 		_ = sub.Unsubscribe()
 	})
 	g.bg.Go(g.housekeeping)
-	g.bg.Go(g.affinityHealth)
+	g.bg.Go(g.affCtl().affinityHealth)
 	g.bg.Go(func() { g.reg.rebuilder(g.bgCtx) })
 	g.bg.Go(g.awaitReady)
 	return nil

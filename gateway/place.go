@@ -70,7 +70,7 @@ func (g *Gateway) assign(ctx context.Context, snap *snapshot, ke *kindEntry, ten
 }
 
 func (g *Gateway) doAssign(snap *snapshot, ke *kindEntry, tenant string) (placement.Entry, error) {
-	shard, err := g.chooseShard(snap, ke)
+	shard, err := chooseShard(snap, ke)
 	if err != nil {
 		return placement.Entry{}, err
 	}
@@ -100,7 +100,7 @@ func (g *Gateway) doAssign(snap *snapshot, ke *kindEntry, tenant string) (placem
 }
 
 // chooseShard returns the live shard with the lowest tenants/capacity that still has room.
-func (g *Gateway) chooseShard(snap *snapshot, ke *kindEntry) (string, error) {
+func chooseShard(snap *snapshot, ke *kindEntry) (string, error) {
 	shards := snap.shards[ke.name]
 	if len(shards) == 0 {
 		return "", &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "no-live-instance", Title: "No live instance",
