@@ -51,6 +51,7 @@ type upConn struct {
 	chunked h1.ChunkedReader
 	stop    func() bool // ends the context watch, nil if none
 	keep    bool
+	done    bool // released: back in the pool or closed
 }
 
 func newEngine(cfg Config) *engine {
@@ -169,7 +170,7 @@ var aLongTimeAgo = time.Unix(1, 0)
 func (uc *upConn) exchange(ctx context.Context, x *exchange, base string) error {
 	dl, _ := ctx.Deadline() // zero: none (a pooled connection may carry an older one)
 	_ = uc.c.SetDeadline(dl)
-	uc.stop = nil
+	uc.stop, uc.done = nil, false
 	if x.cancelable {
 		uc.stop = context.AfterFunc(ctx, func() { _ = uc.c.SetDeadline(aLongTimeAgo) })
 	}
@@ -207,9 +208,6 @@ func (uc *upConn) exchange(ctx context.Context, x *exchange, base string) error 
 		uc.keep = !uc.resp.Close && uc.left != h1.BodyUntilClose
 		if uc.left == h1.BodyChunked {
 			uc.chunked.Reset(uc.r)
-		}
-		if uc.left == 0 {
-			uc.release(true)
 		}
 		return nil
 	}
@@ -259,11 +257,13 @@ func (uc *upConn) trailer() []h1.Field {
 	return nil
 }
 
-// release ends the exchange: a connection whose body was read to the end goes back to the pool.
+// release ends the exchange, once: a connection whose body was read to the end goes back to
+// the pool (the response must not be used afterwards).
 func (uc *upConn) release(done bool) {
-	if uc.c == nil {
+	if uc.done {
 		return
 	}
+	uc.done = true
 	ok := true
 	if uc.stop != nil {
 		ok = uc.stop() // false: the context fired and poisoned the deadline
@@ -276,6 +276,7 @@ func (uc *upConn) release(done bool) {
 }
 
 func (uc *upConn) close() {
+	uc.done = true
 	if uc.stop != nil {
 		uc.stop()
 	}

@@ -6,7 +6,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -125,5 +127,34 @@ func TestEngineContext(t *testing.T) {
 	e.mu.Unlock()
 	if idle != 0 {
 		t.Fatal("a connection whose exchange timed out went back to the pool")
+	}
+}
+
+// TestEngineReleaseOnce: an answer without a body (204) hands its connection back to the pool
+// once, however often the exchange is released; a connection pooled twice would be given to
+// two requests at the same time.
+func TestEngineReleaseOnce(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	defer srv.Close()
+	e := newEngine(Config{ConnectTimeout: time.Second, MaxIdleConnsPerHost: 4})
+	defer e.closeIdle(true)
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	for range 3 {
+		x, in := engineCase(addr, "GET", "")
+		up, err := e.roundTrip(context.Background(), x, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if up.resp.Status != http.StatusNoContent || up.left != 0 {
+			t.Fatalf("status %d, body left %d", up.resp.Status, up.left)
+		}
+		up.release(true)
+		up.release(true)
+		e.mu.Lock()
+		n := len(e.idle[addr])
+		e.mu.Unlock()
+		if n != 1 {
+			t.Fatalf("%d idle connections after one exchange, want 1", n)
+		}
 	}
 }
