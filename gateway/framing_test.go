@@ -47,6 +47,47 @@ func testFraming(t *testing.T, cfg Config) {
 		}
 	})
 
+	t.Run("Expect: 100-continue refused before the body", func(t *testing.T) {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		_, _ = io.WriteString(c, "POST /nowhere HTTP/1.1\r\nHost: g\r\nx-tenant-id: t1\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, &http.Request{Method: "POST"})
+		if err != nil || resp.StatusCode != http.StatusNotFound {
+			t.Fatalf("answer %v %v, want 404 (no 100 Continue)", resp, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		if rest, _ := io.ReadAll(br); strings.Contains(string(rest), "100 Continue") {
+			t.Fatalf("100 Continue after the final answer: %q", rest)
+		}
+	})
+
+	t.Run("HTTP/1.0 keep-alive", func(t *testing.T) {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		br := bufio.NewReader(c)
+		for i := range 2 {
+			_, _ = io.WriteString(c, "GET /agg/x HTTP/1.0\r\nx-tenant-id: t1\r\nConnection: keep-alive\r\n\r\n")
+			resp, err := http.ReadResponse(br, &http.Request{Method: "GET"})
+			if err != nil {
+				t.Fatalf("request %d: %v", i, err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != 200 || string(body) != a.id.Key() || resp.Close {
+				t.Fatalf("request %d: %d %q close %v", i, resp.StatusCode, body, resp.Close)
+			}
+		}
+	})
+
 	t.Run("HEAD, 204 and 304 keep the connection in step", func(t *testing.T) {
 		a.setHandler(func(w http.ResponseWriter, r *http.Request) {
 			switch r.URL.Path {

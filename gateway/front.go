@@ -213,6 +213,7 @@ func (cc *clientConn) exchange(x *exchange) bool {
 	_, nc := h1.Get(r.Fields, "Connection")
 	x.connNames = nc > 0
 	cc.minor, cc.close, cc.broken = r.Minor, r.Close, false
+	cc.expect = expectReader{}
 	switch {
 	case r.Chunked:
 		x.chunked.Reset(cc.r)
@@ -233,6 +234,9 @@ func (cc *clientConn) exchange(x *exchange) bool {
 	cc.f.g.serve(x)
 	if cc.broken {
 		return false
+	}
+	if cc.expect.r != nil && !cc.expect.sent {
+		cc.close = true // answered without the body: the client never sends it
 	}
 	if body != nil && !cc.close {
 		// What the stages did not read of the body is read and dropped, up to a bound.
@@ -289,11 +293,20 @@ func (cc *clientConn) writeHead(status int, fields []h1.Field, n int64, noBody b
 	default:
 		cc.close = true // HTTP/1.0: the body ends with the connection
 	}
-	if cc.close {
-		w.WriteString("Connection: close\r\n")
-	}
+	cc.connection()
 	_, err := w.WriteString("\r\n")
 	return err
+}
+
+// connection says whether the connection stays open: close, or keep-alive to an HTTP/1.0
+// client that asked for it.
+func (cc *clientConn) connection() {
+	switch {
+	case cc.close:
+		cc.w.WriteString("Connection: close\r\n")
+	case cc.minor == 0:
+		cc.w.WriteString("Connection: keep-alive\r\n")
+	}
 }
 
 func (cc *clientConn) statusLine(status int) {
@@ -357,9 +370,7 @@ func (cc *clientConn) problem(status int, body []byte, retryAfter int, extra ...
 		w.Write(f.Value)
 		w.WriteString("\r\n")
 	}
-	if cc.close {
-		w.WriteString("Connection: close\r\n")
-	}
+	cc.connection()
 	w.WriteString("Content-Length: ")
 	w.Write(strconv.AppendInt(cc.num[:0], int64(len(body)), 10))
 	w.WriteString("\r\n\r\n")
