@@ -8,7 +8,7 @@ BENCH ?=
 BENCHTIME ?=
 COUNT ?=
 
-.PHONY: all help bins run e2e test test-short test-norace vet lint staticcheck fmt fmt-check bench bench-smoke tools build bench-gateway bench-tools
+.PHONY: all help bins run e2e test test-short test-norace vet lint staticcheck fmt fmt-check bench bench-smoke tools build bench-gateway bench-tools fuzz
 
 all: build
 
@@ -44,6 +44,16 @@ EXAMPLES := examples/notes
 test: fmt-check vet staticcheck
 	TM_REQUIRE_TOOLS=1 TM_HELM=$(HELM) $(GO) test -race -count=1 -timeout 12m $(TESTFLAGS) $(if $(T),-run '$(T)') $(PKG)
 	@$(if $(filter ./...,$(PKG)),for d in $(EXAMPLES); do (cd $$d && $(GO) test -race -count=1 -timeout 5m $(TESTFLAGS) $(if $(T),-run '$(T)') ./...) || exit 1; done)
+	$(MAKE) fuzz FUZZTIME=2s
+
+## fuzz: the gateway's HTTP/1.1 parsers under Go's fuzzer, FUZZTIME each (default 30s; make test
+## runs them 2s each). Crashers land in gateway/h1/testdata/fuzz and fail the tests from then on.
+FUZZTIME ?= 30s
+FUZZ_TARGETS := FuzzParseRequest FuzzParseResponse FuzzChunked FuzzReadHead
+fuzz:
+	@for f in $(FUZZ_TARGETS); do \
+		$(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 0 ./gateway/h1/ || exit 1; \
+	done
 
 test-short:
 	$(GO) test -race -short -count=1 $(if $(T),-run '$(T)') $(PKG)
@@ -105,8 +115,9 @@ bench-smoke:
 		-benchtime $(or $(BENCHTIME),1x) -benchmem -timeout 20m $(PKG)
 
 ## bench-gateway: the gateway vs HAProxy 2.6 and nginx 1.22 (Debian) vs direct, 10,000 tenants over
-## 4 backends, wrk -c32, interleaved rounds (ROUNDS=5 DURATION=2s); installs haproxy, nginx and wrk
-## with apt-get if missing. PROFILE=/tmp/gw.prof also takes a CPU profile of the gateway under load.
+## 4 backends, wrk at -c32 and -c256 with 64 B and 16 KiB answers, interleaved rounds (ROUNDS=5
+## DURATION=2s), req/s, p99 and CPU per request; installs haproxy, nginx and wrk with apt-get if
+## missing. PROFILE=/tmp/gw.prof also takes a CPU profile of the gateway under load.
 bench-gateway: bench-tools
 	./gateway/bench/run.sh
 

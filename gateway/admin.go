@@ -87,7 +87,7 @@ type KindReadiness struct {
 func (g *Gateway) readiness() Readiness {
 	snap := g.reg.snap.Load()
 	age := g.Staleness()
-	held, _, _ := g.hold.stats()
+	held, _, _ := g.holds.stats()
 	rd := Readiness{
 		NATSConnected:      g.store.Conn().IsConnected(),
 		SnapshotAgeSeconds: age.Seconds(),
@@ -232,6 +232,6 @@ func (g *Gateway) handlePlacement(w http.ResponseWriter, r *http.Request) {
 	tmhttp.WriteJSON(w, http.StatusOK, map[string]any{
 		"kind": kind, "tenant": tenant, "shard": e.Shard, "epoch": e.Epoch, "phase": e.Phase,
 		"target": e.Target, "source": e.Source, "owners": e.Owners, "pinned": e.Pinned, "revision": e.Revision,
-		"held": g.hold.queued(kind, tenant),
+		"held": g.holds.queued(kind, tenant),
 	})
 }

@@ -30,17 +30,6 @@ const (
 	registeredByGW    = "gateway"
 )
 
-// requestTimeout bounds one proxied request: the kind's UpstreamTimeout, and for affinity kinds
-// room for every attempt of the plan at ServerTimeout each (the multiplex owners and the
-// fallback), so that a timed-out attempt can fail over (the prerender manager: "5xx/timeout: try next").
-func requestTimeout(cfg *schema.KindConfig) time.Duration {
-	d := cfg.UpstreamTimeout.D()
-	if a := cfg.Affinity; cfg.Policy == schema.PolicyAffinity && a != nil {
-		d = max(d, a.ServerTimeout.D()*time.Duration(a.Multiplex+2))
-	}
-	return d
-}
-
 // affinityServers lists the route's live instances with an available circuit as selector
 // candidates, by key.
 func affinityServers(rt *route, defCap int) ([]affinity.Server, map[string]*instance) {
@@ -63,196 +52,161 @@ func affinityServers(rt *route, defCap int) ([]affinity.Server, map[string]*inst
 	return servers, byKey
 }
 
-// forwardAffinity is the request path of an affinity kind (the prerender manager): the selector's plan, in
-// order (the tenant's owners rotating, organic growth, round-robin with room, pressure mode),
-// failing over to the next attempt on a transport failure or a 5xx, with assignments written
-// to the placement by CAS. A new owner chosen with room is recorded before the request (so
-// every gateway counts it against the instance's capacity at once); one chosen in pressure
-// mode or as the fallback only after the request succeeded (the prerender manager), except on instances
-// that embed shardkit, whose gate serves only tenants placed on them: there it is recorded
-// first and undone if the request fails.
-func (g *Gateway) forwardAffinity(req *http.Request, st *reqState) (*http.Response, error) {
-	ctx := req.Context()
-	cfg := st.ke.config()
-	m := 1
-	if cfg.Affinity != nil {
-		m = cfg.Affinity.Multiplex
+// affinityPolicy is the affinity policy's request path (the prerender manager): the selector's
+// plan, in order (the tenant's owners rotating, organic growth, round-robin with room, pressure
+// mode), failing over to the next attempt on a transport failure or a 5xx, with assignments
+// written to the placement by CAS. A new owner chosen with room is recorded before the request
+// (so every gateway counts it against the instance's capacity at once); one chosen in pressure
+// mode or as the fallback only after the request succeeded (the prerender manager), except on
+// instances that embed shardkit, whose gate serves only tenants placed on them: there it is
+// recorded first and undone if the request fails. Each attempt is bounded by the kind's
+// ServerTimeout.
+type affinityPolicy struct{}
+
+// affinityAttempts is the affinity policy's state for one request.
+type affinityAttempts struct {
+	plan    []affinity.Attempt
+	byKey   map[string]*instance
+	m       int
+	next    int // the plan's next attempt
+	cur     affinity.Attempt
+	first   bool // cur's owner was recorded before the request
+	gated   bool // cur's instance embeds shardkit (its gate answers 421 until it sees the placement)
+	last    bool
+	same    bool // send cur again (a 421 while the instance catches up)
+	backoff time.Duration
+	until   time.Time // 421s are asked again until then
+	timeout time.Duration
+	cancel  context.CancelFunc
+}
+
+func (affinityPolicy) placesTenants() bool { return true }
+func (affinityPolicy) holds() bool         { return false }
+
+// timeout leaves room for every attempt of the plan at ServerTimeout each (the multiplex owners
+// and the fallback), so that a timed-out attempt can fail over ("5xx/timeout: try next").
+func (affinityPolicy) timeout(cfg *schema.KindConfig) time.Duration {
+	d := cfg.UpstreamTimeout.D()
+	if a := cfg.Affinity; a != nil {
+		d = max(d, a.ServerTimeout.D()*time.Duration(a.Multiplex+2))
 	}
-	servers, byKey := affinityServers(st.rt, cfg.Capacity)
-	plan := st.ke.aff.Plan(st.tenant, servers, m)
-	if len(plan) == 0 {
-		return nil, &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "no-live-instance", Title: "No live instance",
-			Detail: "kind " + st.ke.name + " has no healthy server for this route", RetryAfter: time.Second}
+	return d
+}
+
+func (affinityPolicy) pick(g *Gateway, x *exchange, n int) (*instance, error) {
+	s := &x.aff
+	if n == 0 {
+		cfg := x.ke.config()
+		s.m, s.timeout = 1, 30*time.Second
+		if cfg.Affinity != nil {
+			s.m, s.timeout = cfg.Affinity.Multiplex, cfg.Affinity.ServerTimeout.D()
+		}
+		var servers []affinity.Server
+		servers, s.byKey = affinityServers(x.rt, cfg.Capacity)
+		s.plan = x.ke.aff.Plan(x.tenant, servers, s.m)
+		if len(s.plan) == 0 {
+			return nil, &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "no-live-instance", Title: "No live instance",
+				Detail: "kind " + x.ke.name + " has no healthy server for this route", RetryAfter: time.Second}
+		}
 	}
-	path, rawPath := req.URL.Path, req.URL.RawPath
-	var lastErr error
-	for i, a := range plan {
-		in := byKey[a.Key]
+	if s.same {
+		s.same = false
+		return x.inst, nil
+	}
+	for ; s.next < len(s.plan); s.next++ {
+		a := s.plan[s.next]
+		in := s.byKey[a.Key]
 		if in == nil || !in.breaker.Allow() {
 			continue
 		}
-		last := i == len(plan)-1
 		gated := !in.external.Load()
-		recordFirst := a.New && (gated || !(a.Pressure || a.Fallback))
-		if recordFirst {
-			e, err := g.addOwner(st.ke, st.tenant, a.Key, m, a.Pressure || a.Fallback)
+		first := a.New && (gated || !(a.Pressure || a.Fallback))
+		if first {
+			e, err := g.affCtl().addOwner(x.ke, x.tenant, a.Key, s.m, a.Pressure || a.Fallback)
 			if err != nil {
 				in.breaker.Abandon()
-				lastErr = err
+				x.lastErr = err
 				continue
 			}
-			st.entry = e
+			x.entry = e
 			if !slices.Contains(e.Owners, a.Key) {
 				// Another gateway placed the tenant meanwhile: go to its owner instead.
 				in.breaker.Abandon()
-				if in = ownerIn(e.Owners, byKey); in == nil || !in.breaker.Allow() {
+				if in = ownerIn(e.Owners, s.byKey); in == nil || !in.breaker.Allow() {
 					continue
 				}
 				a = affinity.Attempt{Key: in.key}
-				recordFirst = false
-				gated = !in.external.Load()
+				first, gated = false, !in.external.Load()
 			}
 		}
-		resp, err := g.sendAffinity(req, st, in, path, rawPath, gated)
-		if err == nil && resp.StatusCode < 500 {
-			if a.New && !recordFirst {
-				if e, err := g.addOwner(st.ke, st.tenant, a.Key, m, true); err == nil {
-					st.entry = e
-				} else {
-					g.log.Warn("recording affinity assignment failed", "kind", st.ke.name, "tenant", st.tenant, "err", err)
-				}
-			}
-			st.ke.aff.Served(st.tenant, a.Key)
-			st.inst, st.code = in, resp.StatusCode
-			resp.Header.Set(tmhttp.HeaderServedBy, in.key)
-			resp.Header.Set(HeaderTarget, in.key)
-			resp.Header.Set(HeaderTargetTenant, st.tenant)
-			if st.reqID != "" {
-				resp.Header.Set(tmhttp.HeaderRequestID, st.reqID)
-			}
-			return resp, nil
-		}
-		if recordFirst && (a.Pressure || a.Fallback) {
-			g.removeOwner(st.ke, st.tenant, a.Key)
-		}
-		if err != nil {
-			if errors.Is(ctx.Err(), context.Canceled) {
-				return nil, err
-			}
-			lastErr = &upstreamError{inst: in.key, err: err}
-			if !st.replayable || ctx.Err() != nil {
-				return nil, lastErr
-			}
-			st.ke.metrics.retry("failover")
-			continue
-		}
-		// A 5xx: the next attempt, unless this is the last or the body cannot be sent again.
-		if last || !st.replayable {
-			st.inst, st.code = in, resp.StatusCode
-			resp.Header.Set(tmhttp.HeaderServedBy, in.key)
-			resp.Header.Set(HeaderTarget, in.key)
-			resp.Header.Set(HeaderTargetTenant, st.tenant)
-			return resp, nil
-		}
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		resp.Body.Close()
-		lastErr = &upstreamError{inst: in.key, err: errors.New("answered " + strconv.Itoa(resp.StatusCode))}
-		st.ke.metrics.retry("failover")
+		s.cur, s.first, s.gated, s.last = a, first, gated, s.next == len(s.plan)-1
+		s.backoff, s.until = 5*time.Millisecond, time.Now().Add(g.cfg.RefreshWait)
+		s.next++
+		return in, nil
 	}
-	if lastErr == nil {
-		lastErr = &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "no-live-instance", Title: "No live instance",
-			Detail: "every server of kind " + st.ke.name + " has an open circuit", RetryAfter: time.Second}
+	if x.lastErr == nil {
+		x.lastErr = &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "no-live-instance", Title: "No live instance",
+			Detail: "every server of kind " + x.ke.name + " has an open circuit", RetryAfter: time.Second}
 	}
-	return nil, lastErr
+	return nil, x.lastErr
 }
 
-// sendAffinity makes one attempt on in. A shardkit instance that was just made an owner may
-// not have seen its placement yet (same epoch, so its gate does not wait for it) and answers
-// 421: it is asked again, with a short backoff, for up to RefreshWait.
-func (g *Gateway) sendAffinity(req *http.Request, st *reqState, in *instance, path, rawPath string, gated bool) (*http.Response, error) {
-	ctx := req.Context()
-	deadline := time.Now().Add(g.cfg.RefreshWait)
-	backoff := 5 * time.Millisecond
-	timeout := 30 * time.Second
-	if a := st.ke.config().Affinity; a != nil {
-		timeout = a.ServerTimeout.D()
-	}
-	for {
-		actx, cancel := context.WithTimeout(ctx, timeout)
-		resp, err := g.sendAttempt(req.WithContext(actx), st, in, path, rawPath)
-		if err != nil {
-			cancel()
-			if ctx.Err() == nil && actx.Err() != nil {
-				err = &attemptTimeout{err}
+func (affinityPolicy) judge(g *Gateway, x *exchange, in *instance, up *upConn, err error, _ int) (verdict, error) {
+	s := &x.aff
+	if err == nil && up.resp.Status == http.StatusMisdirectedRequest {
+		// A shardkit instance just made an owner may not have seen its placement yet (same
+		// epoch, so its gate does not wait for it): it is asked again, with a short backoff,
+		// for up to RefreshWait.
+		discard(up)
+		if s.gated && x.replayable && !time.Now().Add(s.backoff).After(s.until) {
+			if !ctxtime.Sleep(x.ctx, s.backoff) {
+				return fail, x.ctx.Err()
 			}
-			return nil, err
-		}
-		if resp.StatusCode != http.StatusMisdirectedRequest || !gated || !st.replayable || time.Now().Add(backoff).After(deadline) {
-			if resp.StatusCode == http.StatusMisdirectedRequest {
-				resp.Body.Close()
-				cancel()
-				return nil, errMisdirected(st)
+			s.backoff *= 2
+			if e, ok := x.ke.lookup(x.tenant); ok {
+				x.entry = e
 			}
-			resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
-			return resp, nil
+			s.same = true
+			return again, nil
 		}
-		resp.Body.Close()
-		cancel()
-		if !ctxtime.Sleep(ctx, backoff) {
-			return nil, ctx.Err()
-		}
-		backoff *= 2
-		if e, ok := st.ke.lookup(st.tenant); ok {
-			st.entry = e
-		}
+		up, err = nil, errMisdirected(x)
 	}
-}
-
-// attemptTimeout is one attempt that ran out of the kind's ServerTimeout (the request has
-// time left, so it fails over); it still reads as a timeout (504) if it was the last.
-type attemptTimeout struct{ err error }
-
-func (e *attemptTimeout) Error() string { return "server timeout: " + e.err.Error() }
-func (e *attemptTimeout) Unwrap() error { return e.err }
-func (e *attemptTimeout) Timeout() bool { return true }
-
-// cancelBody ends the attempt's context when the response body is closed.
-type cancelBody struct {
-	io.ReadCloser
-	cancel context.CancelFunc
-}
-
-func (b *cancelBody) Close() error {
-	err := b.ReadCloser.Close()
-	b.cancel()
-	return err
-}
-
-// sendAttempt sends req to in once, keeping the instance's counters and breaker.
-func (g *Gateway) sendAttempt(req *http.Request, st *reqState, in *instance, path, rawPath string) (*http.Response, error) {
-	ctx := req.Context()
-	g.prepare(req, st, in, path, rawPath)
-	if st.entry.Epoch == 0 {
-		req.Header.Del(tmhttp.HeaderEpoch)
-		req.Header.Set(tmhttp.HeaderShard, in.id.Shard)
+	if err == nil && up.resp.Status < 500 {
+		if s.cur.New && !s.first {
+			if e, err := g.affCtl().addOwner(x.ke, x.tenant, s.cur.Key, s.m, true); err == nil {
+				x.entry = e
+			} else {
+				g.log.Warn("recording affinity assignment failed", "kind", x.ke.name, "tenant", x.tenant, "err", err)
+			}
+		}
+		x.ke.aff.Served(x.tenant, s.cur.Key)
+		x.affinityAnswer = true
+		return deliver, nil
 	}
-	in.inflight.Add(1)
-	in.requests.Add(1)
-	t0 := time.Now()
-	resp, err := g.send(req)
-	in.inflight.Add(-1)
+	if s.first && (s.cur.Pressure || s.cur.Fallback) {
+		g.affCtl().removeOwner(x.ke, x.tenant, s.cur.Key)
+	}
 	if err != nil {
-		if errors.Is(ctx.Err(), context.Canceled) {
-			in.breaker.Abandon()
-		} else {
-			in.failures.Add(1)
-			in.breaker.Failure()
+		if errors.Is(x.ctx.Err(), context.Canceled) {
+			return fail, err
 		}
-		return nil, err
+		x.lastErr = &upstreamError{inst: in.key, err: err}
+		if !x.replayable || x.ctx.Err() != nil {
+			return fail, x.lastErr
+		}
+		x.ke.metrics.retry("failover")
+		return again, nil
 	}
-	in.observe(time.Since(t0))
-	in.breaker.Success()
-	return resp, nil
+	// A 5xx: the next attempt, unless this is the last or the body cannot be sent again.
+	if s.last || !x.replayable {
+		x.affinityAnswer = true
+		return deliver, nil
+	}
+	status := up.resp.Status
+	discard(up)
+	x.lastErr = &upstreamError{inst: in.key, err: errors.New("answered " + strconv.Itoa(status))}
+	x.ke.metrics.retry("failover")
+	return again, nil
 }
 
 // affinityKindOf returns the affinity kind whose default route (/<kind>) path falls under, for
@@ -297,7 +251,8 @@ func ownerIn(owners []string, byKey map[string]*instance) *instance {
 // that already has m owners keeps them: this gateway planned from a view another gateway has
 // overtaken, and the caller goes to one of the stored owners instead. The placement's Shard is the shard of its first owner and never
 // changes afterwards (docs/decisions.md), so the epoch stays 1 through owner edits.
-func (g *Gateway) addOwner(ke *kindEntry, tenant, key string, m int, force bool) (placement.Entry, error) {
+func (c affinityControl) addOwner(ke *kindEntry, tenant, key string, m int, force bool) (placement.Entry, error) {
+	g := c.g
 	ctx, cancel := context.WithTimeout(g.bgCtx, assignTimeout)
 	defer cancel()
 	by := "gateway/" + g.cfg.ID
@@ -349,7 +304,8 @@ func assignFailed(err error) error {
 
 // removeOwner takes key out of tenant's owners by CAS, deleting the placement with its last
 // owner (what shardkit's Release does for an instance). Absent: nothing to do.
-func (g *Gateway) removeOwner(ke *kindEntry, tenant, key string) {
+func (c affinityControl) removeOwner(ke *kindEntry, tenant, key string) {
+	g := c.g
 	ctx, cancel := context.WithTimeout(g.bgCtx, assignTimeout)
 	defer cancel()
 	for range 16 {
@@ -391,9 +347,10 @@ func (g *Gateway) removeOwner(ke *kindEntry, tenant, key string) {
 }
 
 // dropServer removes key from every tenant's owners.
-func (g *Gateway) dropServer(ke *kindEntry, key string) {
+func (c affinityControl) dropServer(ke *kindEntry, key string) {
+	g := c.g
 	for _, t := range ke.aff.TenantsOf(key) {
-		g.removeOwner(ke, t, key)
+		g.affCtl().removeOwner(ke, t, key)
 	}
 }
 
@@ -401,7 +358,8 @@ func (g *Gateway) dropServer(ke *kindEntry, key string) {
 // affinity kind's HealthInterval: a server that answers GET / keeps its directory entry fresh
 // (the gateway heartbeats on its behalf), one that does not is unregistered. Owners that left
 // the directory or stopped being live are dropped from every tenant's mapping.
-func (g *Gateway) affinityHealth() {
+func (c affinityControl) affinityHealth() {
+	g := c.g
 	last := map[string]time.Time{}
 	for {
 		wake := time.Second // kinds registered later are noticed within a second
@@ -419,7 +377,7 @@ func (g *Gateway) affinityHealth() {
 		select {
 		case <-g.ready:
 			if len(due) > 0 {
-				g.healthTick(due)
+				g.affCtl().healthTick(due)
 				for name := range due {
 					last[name] = now
 				}
@@ -433,7 +391,8 @@ func (g *Gateway) affinityHealth() {
 }
 
 // healthTick checks the kinds in due (kind -> its health interval).
-func (g *Gateway) healthTick(due map[string]time.Duration) {
+func (c affinityControl) healthTick(due map[string]time.Duration) {
+	g := c.g
 	snap := g.reg.snap.Load()
 	now := time.Now()
 	at := g.reg.liveAt(now)
@@ -461,7 +420,7 @@ func (g *Gateway) healthTick(due map[string]time.Duration) {
 		res := make(chan result, len(checks))
 		timeout := min(interval, 5*time.Second)
 		for _, in := range checks {
-			go func() { res <- result{in, g.probe(in.URL, timeout) == nil} }()
+			go func() { res <- result{in, g.affCtl().probe(in.URL, timeout) == nil} }()
 		}
 		for range checks {
 			r := <-res
@@ -474,27 +433,28 @@ func (g *Gateway) healthTick(due map[string]time.Duration) {
 				continue
 			}
 			g.log.Warn("registered server failed its health check; unregistering", "instance", r.in.Key())
-			g.unregisterServer(ke, r.in.InstanceID)
+			g.affCtl().unregisterServer(ke, r.in.InstanceID)
 			delete(dir, r.in.Key())
 		}
 		for _, key := range ke.aff.Instances() {
 			in, ok := dir[key]
 			if !ok || !g.cfg.Thresholds.Status(in, at).Live() {
-				g.dropServer(ke, key)
+				g.affCtl().dropServer(ke, key)
 			}
 		}
 	}
 }
 
 // probe checks a server with GET / (the prerender manager's health check and registration validation).
-func (g *Gateway) probe(base string, timeout time.Duration) error {
+func (c affinityControl) probe(base string, timeout time.Duration) error {
+	g := c.g
 	ctx, cancel := context.WithTimeout(g.bgCtx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base, "/")+"/", nil)
 	if err != nil {
 		return err
 	}
-	resp, err := g.transport.RoundTrip(req)
+	resp, err := g.health.Do(req)
 	if err != nil {
 		return err
 	}
@@ -507,7 +467,8 @@ func (g *Gateway) probe(base string, timeout time.Duration) error {
 }
 
 // unregisterServer removes a server from the directory, the routes and every mapping.
-func (g *Gateway) unregisterServer(ke *kindEntry, id schema.InstanceID) {
+func (c affinityControl) unregisterServer(ke *kindEntry, id schema.InstanceID) {
+	g := c.g
 	ctx, cancel := context.WithTimeout(g.bgCtx, assignTimeout)
 	defer cancel()
 	if err := g.store.Unregister(ctx, id); err != nil {
@@ -516,5 +477,11 @@ func (g *Gateway) unregisterServer(ke *kindEntry, id schema.InstanceID) {
 	if _, err := g.store.RemoveInstanceFromRoutes(ctx, id); err != nil {
 		g.log.Warn("removing server from routes failed", "instance", id.Key(), "err", err)
 	}
-	g.dropServer(ke, id.Key())
+	g.affCtl().dropServer(ke, id.Key())
 }
+
+// affinityControl is the affinity policy's control plane: owners written by CAS, and the
+// health polling of servers registered through the gateway.
+type affinityControl struct{ g *Gateway }
+
+func (g *Gateway) affCtl() affinityControl { return affinityControl{g} }

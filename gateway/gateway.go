@@ -4,21 +4,28 @@
 //
 // A [Gateway] follows the route registry, the instance directory and the kind configs (KV
 // followers from package kvwatch) and every kind's placement (package placement), and keeps
-// them as immutable snapshots swapped by pointer, so the request path takes no lock. For each
-// request it (docs/design.md "The request path"):
+// them as immutable snapshots swapped by pointer, so the request path takes no lock. Each
+// request goes through the stages of pipeline.go (docs/design.md "The request path"):
 //
-//  1. validates x-tenant-id (400);
-//  2. matches method and the longest path prefix in the route registry (404);
-//  3. applies the kind's per-tenant rate limit, if any (429);
-//  4. looks up the placement, assigning an unplaced tenant to the least-loaded shard with room
-//     by KV create, or answering 404, as the kind says;
-//  5. holds the request while the tenant is in handoff, until the move commits (then it goes to
-//     the new owner, in arrival order) or the kind's hold budget is spent (503 + Retry-After);
-//  6. picks one of the shard's live instances by power of two choices on in-flight requests and
-//     latency, skipping open circuits;
-//  7. proxies it with httputil.ReverseProxy, adding x-tm-epoch, x-tm-shard, x-tm-kind and
-//     x-request-id, stripping every x-tm-* header the client sent; on 421 it refreshes the
-//     placement and retries on the owner, on a refused connection it retries another instance.
+//  1. admit: validates x-tenant-id (400) or takes it from the bearer token, matches method and
+//     the longest path prefix in the route registry (404), applies the kind's per-tenant rate
+//     limit (429);
+//  2. place: looks up the placement, assigning an unplaced tenant to the least-loaded shard with
+//     room by KV create, or answering 404, as the kind says;
+//  3. hold: buffers the body for replay, and holds the request while the tenant is in handoff,
+//     until the move commits (then it goes to the new owner, in arrival order) or the kind's
+//     hold budget is spent (503 + Retry-After);
+//  4. pick: the kind's Policy picks the instance (power of two choices on in-flight requests
+//     and latency, the load policy's decision table, or the affinity plan), skipping open
+//     circuits;
+//  5. send: the upstream engine sends it over a pooled HTTP/1.1 connection, adding x-tm-epoch,
+//     x-tm-shard, x-tm-kind and x-request-id and stripping every x-tm-* header the client sent;
+//     on 421 it refreshes the placement and retries on the owner, on a refused connection it
+//     retries another instance;
+//  6. answer: relays the response, or the problem+json of the one error mapping.
+//
+// Plaintext listeners are served by the gateway's own HTTP/1.1 front end (strict parsing,
+// package h1); TLS listeners, upgrades and the admin endpoints by net/http's server.
 //
 // Errors are problem+json with the status table of docs/design.md; the client never sees 421. With
 // NATS unreachable the gateway keeps routing from its snapshots and reports their age.
@@ -33,7 +40,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"os"
 	"strconv"
 	"sync"
@@ -70,10 +76,11 @@ type Config struct {
 	// are refused. RegistrationToken (or the admin token) guards the affinity servers'
 	// registration (/prerender-servers): a registered server receives tenants' traffic.
 	AdminToken, RegistrationToken string
-	// TLS, if set, serves the listener over TLS (certfile.Reloader picks up renewed files).
+	// TLS, if set, serves the listener over TLS (certfile.Reloader picks up renewed files),
+	// through net/http's server (HTTP/2 with ALPN); plaintext listeners are served by the
+	// gateway's own HTTP/1.1 front end.
 	TLS *tls.Config
 	// UpstreamCAs verify instances registered with https:// URLs (nil: the system's roots).
-	// Requests to them go through net/http's transport.
 	UpstreamCAs *x509.CertPool
 	// Logger; if nil, logs are discarded.
 	Logger *slog.Logger
@@ -104,8 +111,6 @@ type Config struct {
 	ConnectTimeout time.Duration
 	// MaxIdleConnsPerHost is the idle connection pool per instance. Default 256.
 	MaxIdleConnsPerHost int
-	// MaxIdleConns is the idle connection pool overall. Default 4096.
-	MaxIdleConns int
 	// Hold bounds the hold buffer.
 	Hold HoldLimits
 	// Breaker sets the circuit breakers' numbers (default the Queen coordinator's: 3 failures, 5s, 5m).
@@ -114,15 +119,9 @@ type Config struct {
 	Thresholds schema.Thresholds
 	// Pprof serves net/http/pprof under /debug/pprof/ (admin requests only).
 	Pprof bool
-	// Lean sends plain HTTP/1.1 exchanges through the lean path (lean.go), which forwards
-	// headers without cloning, instead of httputil.ReverseProxy. Experimental: it allocates a
-	// quarter less per request but showed a worse p99 in the benchmark (see README).
-	Lean bool
-	// StdTransport sends to instances with net/http.Transport instead of the gateway's own
-	// synchronous HTTP/1.1 client (see h1client.go); upgrades always use the Transport.
-	StdTransport bool
-	// Transport, if set, replaces the tuned net/http.Transport (and implies StdTransport).
-	Transport *http.Transport
+
+	// stdFrontEnd serves plaintext through net/http's server too (tests of that front end).
+	stdFrontEnd bool
 }
 
 func (c Config) withDefaults() Config {
@@ -167,25 +166,26 @@ func (c Config) withDefaults() Config {
 	if c.MaxIdleConnsPerHost <= 0 {
 		c.MaxIdleConnsPerHost = 256
 	}
-	if c.MaxIdleConns <= 0 {
-		c.MaxIdleConns = 4096
-	}
 	return c
 }
 
-// Gateway routes tenant traffic. Create with New, serve with Run.
+// Gateway routes tenant traffic. Create with New, serve with Run. It keeps its config and the
+// parts the stages use (pipeline.go); the stages themselves are methods in their own files.
 type Gateway struct {
 	cfg     Config
 	log     *slog.Logger
 	store   *schema.Store
-	reg     *registry
-	hold    *holdBuffer
+	reg     *registry   // routes, directory and kinds as an immutable snapshot
+	holds   *holdBuffer // the hold stage's per-tenant queues
+	tenants interned    // tenant ids as strings
+	engine  *engine     // the send stage's upstream connections
 	metrics *gwMetrics
-
-	transport *http.Transport
-	h1        *h1Client
-	proxy     *httputil.ReverseProxy
-	admin     *http.ServeMux
+	admin   *http.ServeMux
+	// health checks the servers registered through the gateway (control plane, not requests).
+	health *http.Client
+	// reqCtx is the parent of the requests of the gateway's own front end.
+	reqCtx    context.Context
+	reqCancel context.CancelFunc
 
 	// changed is closed and replaced on a placement change while someone waits (after a 421).
 	changed atomic.Pointer[chan struct{}]
@@ -226,41 +226,18 @@ func New(cfg Config) (*Gateway, error) {
 	g.bgCtx, g.bgStop = context.WithCancel(context.Background())
 	g.reg = newRegistry(g)
 	g.metrics = newMetrics(g, cfg.Registry)
-	g.hold = newHoldBuffer(cfg.Hold, g.metrics)
-	g.transport = cfg.Transport
-	if g.transport == nil {
-		g.transport = newTransport(cfg)
-	} else {
-		g.cfg.StdTransport = true
-	}
-	g.h1 = newH1Client(cfg)
-	g.proxy = &httputil.ReverseProxy{
-		Rewrite:      g.rewrite,
-		Transport:    upstream{g},
-		BufferPool:   bufferPool{},
-		ErrorHandler: g.proxyError,
-		ErrorLog:     slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
-	}
+	g.holds = newHoldBuffer(cfg.Hold, g.metrics)
+	g.engine = newEngine(cfg)
+	g.health = &http.Client{Transport: &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: cfg.ConnectTimeout}).DialContext,
+		TLSClientConfig:     &tls.Config{RootCAs: cfg.UpstreamCAs, MinVersion: tls.VersionTLS12},
+		TLSHandshakeTimeout: cfg.ConnectTimeout + time.Second,
+		MaxIdleConnsPerHost: 4,
+		IdleConnTimeout:     90 * time.Second,
+	}}
+	g.reqCtx, g.reqCancel = context.WithCancel(context.Background())
 	g.admin = g.adminMux()
 	return g, nil
-}
-
-func newTransport(cfg Config) *http.Transport {
-	d := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
-	return &http.Transport{
-		DialContext:            d.DialContext,
-		MaxIdleConns:           cfg.MaxIdleConns,
-		MaxIdleConnsPerHost:    cfg.MaxIdleConnsPerHost,
-		IdleConnTimeout:        90 * time.Second,
-		DisableCompression:     true,
-		ForceAttemptHTTP2:      false,
-		ExpectContinueTimeout:  time.Second,
-		WriteBufferSize:        16 << 10,
-		ReadBufferSize:         16 << 10,
-		MaxResponseHeaderBytes: 1 << 20,
-		TLSClientConfig:        &tls.Config{RootCAs: cfg.UpstreamCAs, MinVersion: tls.VersionTLS12},
-		TLSHandshakeTimeout:    cfg.ConnectTimeout + time.Second,
-	}
 }
 
 // Ready is closed once routes, directory, kinds and every kind's placement are in. It stays
@@ -292,9 +269,6 @@ func (g *Gateway) Run(ctx context.Context) error {
 			return fmt.Errorf("gateway: listen on %s: %w", g.cfg.Addr, err)
 		}
 	}
-	if g.cfg.TLS != nil {
-		ln = tls.NewListener(ln, g.cfg.TLS)
-	}
 	a := ln.Addr()
 	g.addr.Store(&a)
 	if err := g.start(); err != nil {
@@ -309,9 +283,26 @@ func (g *Gateway) Run(ctx context.Context) error {
 		ReadHeaderTimeout: g.cfg.ReadHeaderTimeout,
 		IdleTimeout:       g.cfg.IdleTimeout,
 		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			if _, ok := c.(*replayConn); ok {
+				return context.WithValue(ctx, handedOffKey{}, true)
+			}
+			return ctx
+		},
 	}
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
+	serveErr := make(chan error, 2)
+	var front *frontEnd
+	if g.cfg.TLS != nil {
+		go func() { serveErr <- srv.Serve(tls.NewListener(ln, g.cfg.TLS)) }()
+	} else if g.cfg.stdFrontEnd {
+		go func() { serveErr <- srv.Serve(ln) }()
+	} else {
+		// The gateway's own HTTP/1.1 front end; net/http's server takes the connections it
+		// hands over.
+		front = newFrontEnd(g, a)
+		go func() { serveErr <- srv.Serve(front.handoff) }()
+		go func() { serveErr <- front.serve(ln) }()
+	}
 	g.log.Info("gateway listening", "addr", a.String(), "id", g.cfg.ID)
 	var err error
 	select {
@@ -321,14 +312,27 @@ func (g *Gateway) Run(ctx context.Context) error {
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), g.cfg.ShutdownTimeout)
 	defer cancel()
-	if serr := srv.Shutdown(sctx); serr != nil {
-		g.log.Warn("shutdown did not finish in time; closing connections", "err", serr)
-		srv.Close()
+	var wg sync.WaitGroup
+	if front != nil {
+		ln.Close()
+		wg.Go(func() {
+			if serr := front.shutdown(sctx); serr != nil {
+				g.log.Warn("shutdown did not finish in time; closed connections", "err", serr)
+			}
+		})
 	}
+	wg.Go(func() {
+		if serr := srv.Shutdown(sctx); serr != nil {
+			g.log.Warn("shutdown did not finish in time; closing connections", "err", serr)
+			srv.Close()
+		}
+	})
+	wg.Wait()
+	g.reqCancel()
 	g.bgStop()
 	g.bg.Wait()
-	g.transport.CloseIdleConnections()
-	g.h1.closeIdle(true)
+	g.engine.closeIdle(true)
+	g.health.CloseIdleConnections()
 	return err
 }
 
@@ -354,7 +358,7 @@ func (g *Gateway) start() error {
 		_ = sub.Unsubscribe()
 	})
 	g.bg.Go(g.housekeeping)
-	g.bg.Go(g.affinityHealth)
+	g.bg.Go(g.affCtl().affinityHealth)
 	g.bg.Go(func() { g.reg.rebuilder(g.bgCtx) })
 	g.bg.Go(g.awaitReady)
 	return nil
@@ -480,7 +484,7 @@ func (g *Gateway) onLoad(r schema.LoadReport) {
 func (g *Gateway) onChange(c placement.Change) {
 	if c.OldOK && c.Old.Phase == schema.PhaseHandoff && !(c.NewOK && c.New.Phase == schema.PhaseHandoff) {
 		aborted := !c.NewOK || c.New.Shard == c.Old.Shard
-		g.hold.release(c.Kind, c.Tenant, aborted)
+		g.holds.release(c.Kind, c.Tenant, aborted)
 	}
 	if g.waiters.Load() > 0 {
 		ch := make(chan struct{})

@@ -20,9 +20,8 @@ var aggRoute = schema.Route{Method: "*", Prefix: "/agg/", Kind: "aggregate"}
 // method routing, headers added and spoofed ones stripped, the unplaced rules, and routing that
 // follows a placement change.
 func TestRequestPath(t *testing.T) {
-	t.Run("default", func(t *testing.T) { testRequestPath(t, Config{}) })
-	t.Run("lean", func(t *testing.T) { testRequestPath(t, Config{Lean: true}) })
-	t.Run("net/http.Transport", func(t *testing.T) { testRequestPath(t, Config{StdTransport: true}) })
+	t.Run("front end", func(t *testing.T) { testRequestPath(t, Config{}) })
+	t.Run("net/http front end", func(t *testing.T) { testRequestPath(t, Config{stdFrontEnd: true}) })
 }
 
 func testRequestPath(t *testing.T, cfg Config) {

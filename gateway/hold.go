@@ -1,13 +1,18 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
@@ -235,4 +240,119 @@ func (h *holdBuffer) stats() (int, int64, int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.count, h.bytes, len(h.queues)
+}
+
+// hold is the third stage: the body is buffered, up to MaxReplayBody, so the request can be held
+// and sent again (a larger one is streamed and never replayed); then, while the tenant is in
+// handoff (or its queue is going out), the request waits in the tenant's FIFO.
+func (g *Gateway) hold(x *exchange) error {
+	if err := g.bufferBody(x); err != nil {
+		return err
+	}
+	return g.holdIfMoving(x)
+}
+
+// holdIfMoving holds x while its tenant moves, once per request; the send stage calls it again
+// before each attempt, since a refreshed placement may be in handoff.
+func (g *Gateway) holdIfMoving(x *exchange) error {
+	if x.ticket != nil || !x.policy.holds() {
+		return nil
+	}
+	if !(x.entry.Phase == schema.PhaseHandoff && !x.ke.config().Overlap) && !g.holds.queued(x.ke.name, x.tenant) {
+		return nil
+	}
+	t, err := g.holds.wait(x.ctx, x.ke, x.tenant, int64(len(x.bodyBuf)), x.ke.config().HoldBudget.D(), func() bool {
+		e, ok := x.ke.lookup(x.tenant)
+		return ok && e.Phase == schema.PhaseHandoff
+	})
+	if err != nil {
+		return err
+	}
+	x.ticket = t
+	if e, ok := x.ke.lookup(x.tenant); ok {
+		x.entry = e
+	}
+	return nil
+}
+
+// bufferBody reads a body of up to MaxReplayBody bytes into x.bodyBuf; a larger one (or one of
+// unknown length that turns out larger) is left to stream, and x is not replayable.
+func (g *Gateway) bufferBody(x *exchange) error {
+	if x.body == nil || x.bodyLen == 0 {
+		x.body = nil
+		return nil
+	}
+	tooLarge := &tmhttp.Error{Status: http.StatusRequestEntityTooLarge, Type: "body-too-large", Title: "Request body too large",
+		Detail: "the request body is larger than the gateway accepts (" + strconv.FormatInt(g.cfg.MaxBodyBytes, 10) + " bytes)"}
+	if g.cfg.MaxBodyBytes > 0 {
+		if x.bodyLen > g.cfg.MaxBodyBytes {
+			return tooLarge
+		}
+		if x.bodyLen < 0 {
+			x.body = &maxBytesReader{r: x.body, n: g.cfg.MaxBodyBytes, err: tooLarge}
+		}
+	}
+	limit := g.cfg.MaxReplayBody
+	if x.bodyLen > limit {
+		x.replayable = false
+		return nil
+	}
+	n := x.bodyLen
+	if n < 0 {
+		n = 512
+	}
+	buf := x.bodyMem[:0]
+	if int64(cap(buf)) < n {
+		buf = make([]byte, 0, n)
+	}
+	for int64(len(buf)) <= limit {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		m, err := x.body.Read(buf[len(buf):min(cap(buf), int(limit)+1)])
+		buf = buf[:len(buf)+m]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			var te *tmhttp.Error
+			if errors.As(err, &te) {
+				return te
+			}
+			return &tmhttp.Error{Status: http.StatusBadRequest, Type: "bad-body", Title: "Bad request body", Detail: "reading the request body failed", Err: err}
+		}
+		if x.bodyLen >= 0 && int64(len(buf)) == x.bodyLen {
+			break
+		}
+	}
+	x.bodyMem = buf
+	if int64(len(buf)) > limit {
+		// Unknown length and larger than the replay limit: stream what was read, then the rest.
+		x.replayable = false
+		x.body = io.MultiReader(bytes.NewReader(buf), x.body)
+		return nil
+	}
+	x.bodyBuf, x.body = buf, nil
+	return nil
+}
+
+// maxBytesReader fails with err once more than n bytes were read.
+type maxBytesReader struct {
+	r   io.Reader
+	n   int64
+	err error
+}
+
+func (m *maxBytesReader) Read(p []byte) (int, error) {
+	if m.n < 0 {
+		return 0, m.err
+	}
+	if int64(len(p)) > m.n+1 {
+		p = p[:m.n+1]
+	}
+	n, err := m.r.Read(p)
+	if m.n -= int64(n); m.n < 0 {
+		return n, m.err
+	}
+	return n, err
 }

@@ -4,15 +4,8 @@ import (
 	"math/rand/v2"
 
 	"github.com/tenantmesh/tenantmesh/gateway/breaker"
-	"github.com/tenantmesh/tenantmesh/gateway/policy/load"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
-
-// loadConfig maps a kind's LoadConfig to the load policy's numbers.
-func loadConfig(c *schema.LoadConfig) load.Config {
-	return load.Config{TTL: c.AffinityTTL.D(), MigrateThreshold: c.MigrateThreshold, BreakThreshold: c.BreakThreshold,
-		MigrateMinGain: c.MigrateMinGain, ForwardThreshold: c.ForwardThreshold, EMAAlpha: c.EMAAlpha}
-}
 
 // breakerConfig is the breaker of an instance of a kind: the gateway's, or for load kinds the
 // circuit numbers of the kind's LoadConfig (the Queen coordinator's; fixed when the instance first appears).
@@ -24,18 +17,10 @@ func breakerConfig(base breaker.Config, kc schema.KindConfig) breaker.Config {
 	return base
 }
 
-// pickFor chooses the instance of the tenant's shard for one attempt: the tenant's writer for
-// single-writer kinds (writer.go), by the load policy for load kinds (soft affinity, the Queen coordinator's
-// decision table, the power-of-two pick as the "local" choice), else by power of two choices.
-func (g *Gateway) pickFor(st *reqState, tried []*instance) *instance {
-	insts := st.rt.byShard[st.entry.Shard]
-	c := st.ke.config()
-	if c != nil && c.SingleWriter {
-		return pickWriter(insts, tried, st.tenant)
-	}
-	if c == nil || c.Policy != schema.PolicyLoad {
-		return pick(insts, tried)
-	}
+// chooseByLoad is the load policy's choice of an instance of the tenant's shard: a soft
+// affinity cache with a TTL and the Queen coordinator's decision table on smoothed load scores,
+// with the power-of-two pick as the "local" choice.
+func (ke *kindEntry) chooseByLoad(x *exchange, insts, tried []*instance) *instance {
 	var candArr [16]string
 	cands := candArr[:0]
 	for _, in := range insts {
@@ -48,17 +33,17 @@ func (g *Gateway) pickFor(st *reqState, tried []*instance) *instance {
 	if local != nil {
 		lk = local.key
 	}
-	key, d := st.ke.lt.Choose(st.tenant, cands, lk)
-	st.ke.metrics.m.loadDecisions.WithLabelValues(st.ke.name, string(d)).Inc()
+	key, d := ke.lt.Choose(x.tenant, cands, lk)
+	ke.metrics.m.loadDecisions.WithLabelValues(ke.name, string(d)).Inc()
 	for _, in := range insts {
 		if in.key == key {
 			if in.breaker.Allow() {
 				return in
 			}
-			return pick(insts, append(tried, in))
+			return choosePowerOfTwo(x, insts, append(tried, in))
 		}
 	}
-	return pick(insts, tried)
+	return choosePowerOfTwo(x, insts, tried)
 }
 
 // localPick is pick's power-of-two choice without taking a half-open probe.

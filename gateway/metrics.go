@@ -73,6 +73,9 @@ func newMetrics(g *Gateway, reg prometheus.Registerer) *gwMetrics {
 	return m
 }
 
+// code counts a request answered before its kind was known.
+func (m *gwMetrics) code(code int) { m.requests.WithLabelValues("-", strconv.Itoa(code)).Inc() }
+
 // kindMetrics caches one kind's children so the request path does no label lookups.
 type kindMetrics struct {
 	m        *gwMetrics

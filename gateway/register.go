@@ -38,9 +38,9 @@ func (g *Gateway) registerServerRoutes(mux *http.ServeMux) {
 	if g.cfg.RegistrationToken != "" || g.cfg.AdminToken != "" {
 		reg = eitherBearer(g.cfg.RegistrationToken, g.cfg.AdminToken)
 	}
-	mux.Handle("POST /prerender-servers", reg(http.HandlerFunc(g.handleRegister)))
-	mux.Handle("DELETE /prerender-servers", reg(http.HandlerFunc(g.handleUnregister)))
-	mux.Handle("DELETE /prerender-servers/realms/{realm}", reg(http.HandlerFunc(g.handleReleaseRealm)))
+	mux.Handle("POST /prerender-servers", reg(http.HandlerFunc(g.registrar().handleRegister)))
+	mux.Handle("DELETE /prerender-servers", reg(http.HandlerFunc(g.registrar().handleUnregister)))
+	mux.Handle("DELETE /prerender-servers/realms/{realm}", reg(http.HandlerFunc(g.registrar().handleReleaseRealm)))
 }
 
 // eitherBearer lets through requests whose bearer token is one of tokens (empty ones never
@@ -81,7 +81,8 @@ func badRegistration(w http.ResponseWriter, r *http.Request, detail string) {
 }
 
 // affinityKind returns the kind a registration call names, if it is an affinity kind.
-func (g *Gateway) affinityKind(w http.ResponseWriter, r *http.Request) (*kindEntry, bool) {
+func (c registrar) affinityKind(w http.ResponseWriter, r *http.Request) (*kindEntry, bool) {
+	g := c.g
 	kind := r.URL.Query().Get("kind")
 	if kind == "" {
 		kind = DefaultAffinityKind
@@ -123,8 +124,9 @@ func serverID(kind, u string) schema.InstanceID {
 	return schema.InstanceID{Kind: kind, Shard: name, Instance: name}
 }
 
-func (g *Gateway) handleRegister(w http.ResponseWriter, r *http.Request) {
-	ke, ok := g.affinityKind(w, r)
+func (c registrar) handleRegister(w http.ResponseWriter, r *http.Request) {
+	g := c.g
+	ke, ok := g.registrar().affinityKind(w, r)
 	if !ok {
 		return
 	}
@@ -153,7 +155,7 @@ func (g *Gateway) handleRegister(w http.ResponseWriter, r *http.Request) {
 		badRegistration(w, r, err.Error())
 		return
 	}
-	if err := g.probe(u, 5*time.Second); err != nil {
+	if err := g.affCtl().probe(u, 5*time.Second); err != nil {
 		badRegistration(w, r, "GET "+u+"/ failed, so the server cannot be registered: "+err.Error())
 		return
 	}
@@ -168,7 +170,7 @@ func (g *Gateway) handleRegister(w http.ResponseWriter, r *http.Request) {
 		tmhttp.WriteError(w, r, err, "", ke.name)
 		return
 	}
-	for _, rt := range g.kindRoutes(ke.name) {
+	for _, rt := range g.registrar().kindRoutes(ke.name) {
 		if _, err := g.store.AddRouteInstance(ctx, rt, id); err != nil {
 			tmhttp.WriteError(w, r, err, "", ke.name)
 			return
@@ -181,7 +183,8 @@ func (g *Gateway) handleRegister(w http.ResponseWriter, r *http.Request) {
 
 // kindRoutes are the routes a registered server serves: the kind's routes in the registry, or
 // "* /<kind>" if it has none yet.
-func (g *Gateway) kindRoutes(kind string) []schema.Route {
+func (c registrar) kindRoutes(kind string) []schema.Route {
+	g := c.g
 	var out []schema.Route
 	for _, rt := range g.reg.snap.Load().routes {
 		if rt.kind == kind {
@@ -196,8 +199,9 @@ func (g *Gateway) kindRoutes(kind string) []schema.Route {
 
 // callerID is the identity of the server calling: X-Prerender-Server-Url, else its peer
 // address with the kind's default port.
-func (g *Gateway) callerID(w http.ResponseWriter, r *http.Request) (*kindEntry, schema.InstanceID, bool) {
-	ke, ok := g.affinityKind(w, r)
+func (c registrar) callerID(w http.ResponseWriter, r *http.Request) (*kindEntry, schema.InstanceID, bool) {
+	g := c.g
+	ke, ok := g.registrar().affinityKind(w, r)
 	if !ok {
 		return nil, schema.InstanceID{}, false
 	}
@@ -209,17 +213,19 @@ func (g *Gateway) callerID(w http.ResponseWriter, r *http.Request) (*kindEntry, 
 	return ke, serverID(ke.name, u), true
 }
 
-func (g *Gateway) handleUnregister(w http.ResponseWriter, r *http.Request) {
-	ke, id, ok := g.callerID(w, r)
+func (c registrar) handleUnregister(w http.ResponseWriter, r *http.Request) {
+	g := c.g
+	ke, id, ok := g.registrar().callerID(w, r)
 	if !ok {
 		return
 	}
-	g.unregisterServer(ke, id)
+	g.affCtl().unregisterServer(ke, id)
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func (g *Gateway) handleReleaseRealm(w http.ResponseWriter, r *http.Request) {
-	ke, id, ok := g.callerID(w, r)
+func (c registrar) handleReleaseRealm(w http.ResponseWriter, r *http.Request) {
+	g := c.g
+	ke, id, ok := g.registrar().callerID(w, r)
 	if !ok {
 		return
 	}
@@ -228,6 +234,11 @@ func (g *Gateway) handleReleaseRealm(w http.ResponseWriter, r *http.Request) {
 		tmhttp.WriteError(w, r, schema.CheckTenant(realm), "", ke.name)
 		return
 	}
-	g.removeOwner(ke, realm, id.Key())
+	g.affCtl().removeOwner(ke, realm, id.Key())
 	w.WriteHeader(http.StatusNoContent)
 }
+
+// registrar serves the affinity servers' registration API.
+type registrar struct{ g *Gateway }
+
+func (g *Gateway) registrar() registrar { return registrar{g} }

@@ -169,7 +169,7 @@ func TestHoldDuringHandoff(t *testing.T) {
 		}()
 		// Send the next only once this one is held, so arrival order is known.
 		eventually(t, 10*time.Second, fmt.Sprintf("request %d held", i), func() bool {
-			n, _, _ := e.gw.hold.stats()
+			n, _, _ := e.gw.holds.stats()
 			return n == i+1
 		})
 	}
@@ -216,7 +216,7 @@ func TestHoldDuringHandoff(t *testing.T) {
 		resp, _ := e.do("GET", "/brief/x", "t1", "", nil)
 		done <- resp.StatusCode
 	}()
-	eventually(t, 10*time.Second, "request held", func() bool { n, _, _ := e.gw.hold.stats(); return n == 1 })
+	eventually(t, 10*time.Second, "request held", func() bool { n, _, _ := e.gw.holds.stats(); return n == 1 })
 	e.move("brief", "t1", func(p *schema.Placement) { p.Phase, p.Target = schema.PhaseActive, "" })
 	if code := <-done; code != 200 {
 		t.Fatalf("after abort: %d", code)
@@ -387,12 +387,12 @@ func TestMoveUnderLoad(t *testing.T) {
 	e.move("aggregate", "t1", func(p *schema.Placement) { p.Phase, p.Target = schema.PhaseWarming, "aggregate-2" })
 	e.move("aggregate", "t1", func(p *schema.Placement) { p.Phase = schema.PhaseHandoff })
 	e.waitPhase("aggregate", "t1", schema.PhaseHandoff)
-	eventually(t, 10*time.Second, "requests held", func() bool { n, _, _ := e.gw.hold.stats(); return n > 0 })
+	eventually(t, 10*time.Second, "requests held", func() bool { n, _, _ := e.gw.holds.stats(); return n > 0 })
 	e.move("aggregate", "t1", func(p *schema.Placement) {
 		p.Phase, p.Shard, p.Source, p.Target, p.Epoch = schema.PhaseDraining, "aggregate-2", "aggregate-1", "", p.Epoch+1
 	})
 	e.waitPhase("aggregate", "t1", schema.PhaseDraining)
-	eventually(t, 10*time.Second, "backlog sent", func() bool { n, _, _ := e.gw.hold.stats(); return n == 0 })
+	eventually(t, 10*time.Second, "backlog sent", func() bool { n, _, _ := e.gw.holds.stats(); return n == 0 })
 	reqsA, _ := a.requests()
 	e.move("aggregate", "t1", func(p *schema.Placement) { p.Phase, p.Source = schema.PhaseActive, "" })
 	e.waitPhase("aggregate", "t1", schema.PhaseActive)

@@ -79,9 +79,13 @@ type kindEntry struct {
 	metrics *kindMetrics
 	aff     *affinity.Selector // the affinity policy's state (fed for every kind, used by affinity kinds)
 	lt      *load.Tracker      // the load policy's scores and affinity cache
+	pol     atomic.Pointer[Policy]
 }
 
 func (k *kindEntry) config() *schema.KindConfig { return k.cfg.Load() }
+
+// policy is the kind's Policy, made from its config.
+func (k *kindEntry) policy() Policy { return *k.pol.Load() }
 
 // lookup reads the placement of tenant; ok is false if unplaced or the kind is not followed yet.
 func (k *kindEntry) lookup(tenant string) (placement.Entry, bool) {
@@ -302,6 +306,10 @@ func (r *registry) rebuild() {
 		}
 		if c.Load != nil {
 			ke.lt.SetConfig(loadConfig(c.Load))
+		}
+		if old := ke.cfg.Load(); old == nil || old.Policy != c.Policy {
+			p := policyFor(ke, &c)
+			ke.pol.Store(&p)
 		}
 		ke.cfg.Store(&c)
 		s.kinds[name] = ke

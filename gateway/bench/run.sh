@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # Gateway vs HAProxy vs nginx vs direct, side by side in one run with interleaved rounds:
-# 10,000 tenants over 4 backends routed by x-tenant-id; wrk -c32 with a random tenant per
-# request; ROUNDS rounds of DURATION each; medians of req/s and p99, ratios to HAProxy.
-# Everything listens on 127.0.0.1 only. Needs haproxy, nginx and wrk (make bench-gateway installs
-# them with apt-get).
+# 10,000 tenants over 4 backends routed by x-tenant-id; wrk with a random tenant per request, at
+# each concurrency of CONNS_LIST and each response size of SIZES; ROUNDS rounds of DURATION per
+# point, the order of the targets rotated each round. Reports medians of req/s and p99, ratios
+# to HAProxy (of the medians and per round), errors, and CPU per request (user+system time of
+# the proxy's processes from /proc over the same runs). Everything listens on 127.0.0.1 only.
+# Needs haproxy, nginx and wrk (make bench-gateway installs them with apt-get).
+#
+# EXTRA_START (a command run with WORK, NATS_URL and NATS_CREDS set once the backends and NATS
+# are up) and EXTRA_TARGETS ("name=url=process-name ...") add targets started outside this
+# script, for experiments measured side by side (process-name: for the CPU figures, pgrep -x).
 set -euo pipefail
 ROUNDS=${ROUNDS:-5}
 DURATION=${DURATION:-2s}
-CONNS=${CONNS:-32}
+CONNS_LIST=${CONNS_LIST:-${CONNS:-32 256}}
+SIZES=${SIZES:-64 16384}
 THREADS=${THREADS:-2}
 TENANTS=${TENANTS_N:-10000}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -16,6 +23,7 @@ PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  [ -n "${EXTRA_PGID:-}" ] && kill -- "-$EXTRA_PGID" 2>/dev/null || true
   [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
   rm -rf "$WORK/nats"
 }
@@ -26,7 +34,7 @@ for t in haproxy nginx wrk; do
 done
 echo "work dir $WORK"
 cd "$ROOT"
-go build -o "$WORK/bin/" ./gateway/cmd/gateway ./gateway/bench/backend ./gateway/bench/benchenv ./gateway/bench/fastproxy
+go build -o "$WORK/bin/" ./gateway/cmd/gateway ./gateway/bench/backend ./gateway/bench/benchenv
 
 BACKENDS=127.0.0.1:9101,127.0.0.1:9102,127.0.0.1:9103,127.0.0.1:9104
 i=0
@@ -39,18 +47,10 @@ done
 for _ in $(seq 1 600); do grep -q READY "$WORK/benchenv.out" && break; sleep 0.1; done
 grep -q READY "$WORK/benchenv.out" || { echo "benchenv not ready"; cat "$WORK/benchenv.out"; exit 1; }
 
-TM_NATS_URL=nats://127.0.0.1:4333 TM_NATS_CREDS="$WORK/creds/gateway.creds" TM_ADDR=127.0.0.1:9080 TM_LOG_LEVEL=warn TM_PPROF=true env ${GW_ENV:-} "$WORK/bin/gateway" 2> "$WORK/gateway.log" & PIDS+=($!)
+TM_NATS_URL=nats://127.0.0.1:4333 TM_NATS_CREDS="$WORK/creds/gateway.creds" TM_ADDR=127.0.0.1:9080 TM_LOG_LEVEL=warn TM_PPROF=true TM_ADMIN_TOKEN=bench env ${GW_ENV:-} "$WORK/bin/gateway" 2> "$WORK/gateway.log" & PIDS+=($!)
 GW_PID=$!
-# The same gateway with net/http.Transport to the backends, for the A/B of the upstream client.
-TM_NATS_URL=nats://127.0.0.1:4333 TM_NATS_CREDS="$WORK/creds/gateway.creds" TM_ADDR=127.0.0.1:9083 TM_LOG_LEVEL=warn TM_STD_TRANSPORT=true env ${GW_ENV:-} "$WORK/bin/gateway" 2> "$WORK/gateway-std.log" & PIDS+=($!)
-# And with the experimental lean path instead of httputil.ReverseProxy.
-TM_NATS_URL=nats://127.0.0.1:4333 TM_NATS_CREDS="$WORK/creds/gateway.creds" TM_ADDR=127.0.0.1:9084 TM_LOG_LEVEL=warn TM_LEAN_PROXY=true env ${GW_ENV:-} "$WORK/bin/gateway" 2> "$WORK/gateway-lean.log" & PIDS+=($!)
-# The experiment: a purpose-built HTTP/1.1 loop on the same placement watcher (see its doc).
-"$WORK/bin/fastproxy" -addr 127.0.0.1:9085 -nats-url nats://127.0.0.1:4333 -nats-creds "$WORK/creds/gateway.creds" 2> "$WORK/fastproxy.log" & PIDS+=($!)
-for port in 9080 9083 9084; do
-  for _ in $(seq 1 300); do curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
-  curl -fs "http://127.0.0.1:$port/readyz" >/dev/null || { echo "gateway on $port not ready"; cat "$WORK"/gateway*.log; exit 1; }
-done
+for _ in $(seq 1 300); do curl -fs "http://127.0.0.1:9080/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+curl -fs "http://127.0.0.1:9080/readyz" >/dev/null || { echo "gateway not ready"; cat "$WORK"/gateway.log; exit 1; }
 
 cat > "$WORK/haproxy.cfg" <<CFG
 global
@@ -68,6 +68,7 @@ frontend fe
 $(for n in 1 2 3 4; do printf 'backend b%d\n    server s%d 127.0.0.1:910%d\n' "$n" "$n" "$n"; done)
 CFG
 haproxy -f "$WORK/haproxy.cfg" -db > "$WORK/haproxy.log" 2>&1 & PIDS+=($!)
+HAPROXY_PID=$!
 
 cat > "$WORK/nginx.conf" <<CFG
 worker_processes 2;
@@ -91,78 +92,101 @@ $(for n in 1 2 3 4; do printf '    upstream b%d { server 127.0.0.1:910%d; keepal
 }
 CFG
 nginx -c "$WORK/nginx.conf" -p "$WORK" -g 'daemon off;' > "$WORK/nginx.log" 2>&1 & PIDS+=($!)
+NGINX_PID=$!
 
-# Wait for both and check each proxy routes a tenant to its backend.
-for port in 9081 9082 9080 9083 9084 9085; do
-  for _ in $(seq 1 100); do curl -fs -H 'x-tenant-id: tenant-00001' "http://127.0.0.1:$port/" >/dev/null 2>&1 && break; sleep 0.1; done
-  got=$(curl -fs -H 'x-tenant-id: tenant-00001' "http://127.0.0.1:$port/")
-  [ "$got" = "ok b2" ] || { echo "port $port routed tenant-00001 to '$got', want 'ok b2'"; exit 1; }
+declare -A URL=([haproxy]=http://127.0.0.1:9081 [nginx]=http://127.0.0.1:9082 [gateway]=http://127.0.0.1:9080 [direct]=http://127.0.0.1:9101)
+declare -A PROCS=([haproxy]=$HAPROXY_PID [gateway]=$GW_PID [direct]=)
+if [ -n "${EXTRA_START:-}" ]; then
+  WORK=$WORK NATS_URL=nats://127.0.0.1:4333 NATS_CREDS="$WORK/creds/gateway.creds" setsid bash -c "$EXTRA_START" & EXTRA_PGID=$!
+fi
+EXTRA_NAMES=()
+for x in ${EXTRA_TARGETS:-}; do
+  IFS== read -r name url pid <<< "$x"
+  URL[$name]=$url; PROCS[$name]=${pid:-}; EXTRA_NAMES+=("$name")
 done
 
-declare -A URL=([haproxy]=http://127.0.0.1:9081/ [nginx]=http://127.0.0.1:9082/ [gateway]=http://127.0.0.1:9080/ [gateway-std]=http://127.0.0.1:9083/ [gateway-lean]=http://127.0.0.1:9084/ [fastproxy]=http://127.0.0.1:9085/ [direct]=http://127.0.0.1:9101/)
-read -r -a TARGETS <<< "${TARGETS:-haproxy nginx gateway gateway-lean gateway-std fastproxy direct}"
+# Wait for every proxy and check each routes a tenant to its backend.
+for t in haproxy nginx gateway "${EXTRA_NAMES[@]}"; do
+  for _ in $(seq 1 100); do curl -fs -H 'x-tenant-id: tenant-00001' "${URL[$t]}/" >/dev/null 2>&1 && break; sleep 0.1; done
+  got=$(curl -fs -H 'x-tenant-id: tenant-00001' "${URL[$t]}/")
+  [ "$got" = "ok b2" ] || { echo "$t routed tenant-00001 to '$got', want 'ok b2'"; exit 1; }
+  got=$(curl -fs -H 'x-tenant-id: tenant-00001' "${URL[$t]}/bytes/16384" | wc -c)
+  [ "$got" = 16384 ] || { echo "$t answered $got bytes for /bytes/16384"; exit 1; }
+done
+PROCS[nginx]=$(pgrep -d' ' -P "$NGINX_PID" || true)
+for name in "${EXTRA_NAMES[@]}"; do
+  [ -n "${PROCS[$name]}" ] && PROCS[$name]=$(pgrep -d' ' -x "${PROCS[$name]}" || true)
+done
+
+# cpu_ticks PIDS: user+system clock ticks of the processes (and their threads) so far.
+cpu_ticks() {
+  local sum=0 p
+  for p in $1; do
+    [ -r "/proc/$p/stat" ] || continue
+    sum=$((sum + $(awk '{sub(/^.*\) /, ""); print $12 + $13}' "/proc/$p/stat")))
+  done
+  echo "$sum"
+}
+TICK_US=$((1000000 / $(getconf CLK_TCK)))
+
+read -r -a TARGETS <<< "${TARGETS:-haproxy nginx gateway ${EXTRA_NAMES[*]} direct}"
 export TENANTS="$WORK/tenants.txt"
 : > "$WORK/results.txt"
-# Warm-up: one short run per target.
-for t in "${TARGETS[@]}"; do wrk -t"$THREADS" -c"$CONNS" -d1s -s "$ROOT/gateway/bench/tenant.lua" "${URL[$t]}" >/dev/null; done
+for t in "${TARGETS[@]}"; do BENCH_PATH=/bytes/64 wrk -t"$THREADS" -c32 -d1s -s "$ROOT/gateway/bench/tenant.lua" "${URL[$t]}" >/dev/null; done
 for r in $(seq 1 "$ROUNDS"); do
-  # Rotate the order each round so no target always runs first or last.
-  for k in "${!TARGETS[@]}"; do
-    t=${TARGETS[$(( (k + r) % ${#TARGETS[@]} ))]}
-    line=$(wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" -s "$ROOT/gateway/bench/tenant.lua" "${URL[$t]}" | grep RESULT)
-    echo "round $r $t $line" | tee -a "$WORK/results.txt"
+  for c in $CONNS_LIST; do
+    for s in $SIZES; do
+      # Rotate the order each round so no target always runs first or last.
+      for k in "${!TARGETS[@]}"; do
+        t=${TARGETS[$(( (k + r) % ${#TARGETS[@]} ))]}
+        c0=$(cpu_ticks "${PROCS[$t]}")
+        line=$(BENCH_PATH=/bytes/$s wrk -t"$THREADS" -c"$c" -d"$DURATION" -s "$ROOT/gateway/bench/tenant.lua" "${URL[$t]}" | grep RESULT)
+        c1=$(cpu_ticks "${PROCS[$t]}")
+        echo "round $r c$c/${s}B $t $line cpu_us=$(( (c1 - c0) * TICK_US ))" | tee -a "$WORK/results.txt"
+      done
+    done
   done
 done
 
 if [ -n "${PROFILE:-}" ]; then
   echo "profiling the gateway under load -> $PROFILE"
-  wrk -t"$THREADS" -c"$CONNS" -d12s -s "$ROOT/gateway/bench/tenant.lua" "${URL[gateway]}" >/dev/null &
+  BENCH_PATH=${PROFILE_PATH:-/bytes/64} wrk -t"$THREADS" -c"${PROFILE_CONNS:-32}" -d12s -s "$ROOT/gateway/bench/tenant.lua" "${URL[gateway]}" >/dev/null &
   WRK_PID=$!
   sleep 1
-  curl -fs "http://127.0.0.1:9080/debug/pprof/profile?seconds=10" -o "$PROFILE" || echo "no pprof endpoint"
+  curl -fs -H "Authorization: Bearer bench" "http://127.0.0.1:9080/debug/pprof/profile?seconds=10" -o "$PROFILE" || echo "no pprof endpoint"
   wait "$WRK_PID"
   cp "$WORK/bin/gateway" "$PROFILE.bin"
 fi
 
-if [ -n "${SYSCALLS:-}" ] && command -v strace >/dev/null; then
-  # Syscalls per request: strace -c on each proxy for 3s under wrk load (strace slows the proxy,
-  # so only the counts per request mean anything here, not the rates).
-  declare -A PIDOF=([gateway]=$GW_PID [haproxy]=$(pgrep -n -x haproxy) [nginx]="$(pgrep -d, -f 'nginx: worker')")
-  for t in gateway haproxy nginx; do
-    wrk -t"$THREADS" -c"$CONNS" -d4s -s "$ROOT/gateway/bench/tenant.lua" "${URL[$t]}" > "$WORK/strace-$t.wrk" &
-    WRK_PID=$!
-    sleep 0.5
-    args=(); for p in ${PIDOF[$t]//,/ }; do args+=(-p "$p"); done
-    timeout -s INT 3 strace -f -c -o "$WORK/strace-$t.txt" "${args[@]}" 2>/dev/null || true
-    wait "$WRK_PID"
-    echo "== $t: syscalls during 3s of $(grep RESULT "$WORK/strace-$t.wrk")"
-    grep -E "total|read|write|recv|send|epoll|futex" "$WORK/strace-$t.txt" | head -12
-  done
-fi
-
+cp "$WORK/results.txt" "${RESULTS:-/tmp/gwbench-results.txt}"
 python3 - "$WORK/results.txt" <<'PY'
 import re, statistics, sys
 rows = {}
+pat = re.compile(r"round (\d+) (\S+) (\S+) RESULT rps=([\d.]+) p50_us=(\d+) p99_us=(\d+) errors=(\d+) requests=(\d+) cpu_us=(\d+)")
 for line in open(sys.argv[1]):
-    m = re.match(r"round \d+ (\S+) RESULT rps=([\d.]+) p50_us=(\d+) p99_us=(\d+) errors=(\d+)", line)
+    m = pat.match(line)
     if m:
-        rows.setdefault(m[1], []).append((float(m[2]), int(m[3]), int(m[4]), int(m[5])))
-med = {t: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v), statistics.median(r[2] for r in v), sum(r[3] for r in v)) for t, v in rows.items()}
-h = med["haproxy"]
-# Per-round ratios (each target against HAProxy in the same round) cancel some of the drift of a
-# shared machine; their medians are printed beside the medians of the raw figures.
-rounds = {}
-for line in open(sys.argv[1]):
-    m = re.match(r"round (\d+) (\S+) RESULT rps=([\d.]+) p50_us=(\d+) p99_us=(\d+)", line)
-    if m:
-        rounds.setdefault(m[1], {})[m[2]] = (float(m[3]), int(m[5]))
-def rr(t, i):
-    v = [r[t][i] / r["haproxy"][i] for r in rounds.values() if t in r and "haproxy" in r]
-    return statistics.median(v) if v else float("nan")
+        rows.setdefault(m[2], {}).setdefault(m[3], []).append(
+            dict(round=m[1], rps=float(m[4]), p50=int(m[5]), p99=int(m[6]), err=int(m[7]), n=int(m[8]), cpu=int(m[9])))
+med = statistics.median
 print()
-print("| target | req/s (median) | p50 | p99 (median) | req/s vs HAProxy | p99 vs HAProxy | per-round req/s ratio | per-round p99 ratio | errors |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-for t in [t for t in ["haproxy", "nginx", "gateway", "gateway-lean", "gateway-std", "fastproxy", "direct"] if t in med]:
-    rps, p50, p99, err = med[t]
-    print(f"| {t} | {rps:,.0f} | {p50/1000:.2f} ms | {p99/1000:.2f} ms | {rps/h[0]:.2f} | {p99/h[2]:.2f} | {rr(t, 0):.2f} | {rr(t, 1):.2f} | {err} |")
+print("| point | target | req/s (median) | p50 | p99 (median) | req/s vs HAProxy | p99 vs HAProxy | per-round req/s ratio | per-round p99 ratio | CPU µs/req | CPU vs HAProxy | errors |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for point, targets in rows.items():
+    h = targets.get("haproxy")
+    byround = {}
+    for t, v in targets.items():
+        for x in v:
+            byround.setdefault(x["round"], {})[t] = x
+    def rr(t, k):
+        v = [r[t][k] / r["haproxy"][k] for r in byround.values() if t in r and "haproxy" in r and r["haproxy"][k]]
+        return med(v) if v else float("nan")
+    def cpu(v):
+        c = [x["cpu"] / x["n"] for x in v if x["n"] and x["cpu"]]
+        return med(c) if c else float("nan")
+    hr, hp, hc = med(x["rps"] for x in h), med(x["p99"] for x in h), cpu(h)
+    for t in [t for t in ["haproxy", "nginx", "gateway"] + sorted(set(targets) - {"haproxy", "nginx", "gateway", "direct"}) + ["direct"] if t in targets]:
+        v = targets[t]
+        rps, p50, p99, c = med(x["rps"] for x in v), med(x["p50"] for x in v), med(x["p99"] for x in v), cpu(v)
+        print(f"| {point} | {t} | {rps:,.0f} | {p50/1000:.2f} ms | {p99/1000:.2f} ms | {rps/hr:.2f} | {p99/hp:.2f} | {rr(t, 'rps'):.2f} | {rr(t, 'p99'):.2f} | {c:.1f} | {c/hc:.2f} | {sum(x['err'] for x in v)} |")
 PY

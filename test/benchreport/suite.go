@@ -33,7 +33,7 @@ var suite = []entry{
 	{
 		title:  "Gateway vs HAProxy vs nginx vs direct",
 		script: "ROUNDS=5 DURATION=2s ./gateway/bench/run.sh",
-		note:   "10,000 tenants over 4 backends routed by x-tenant-id; wrk -t2 -c32 with a random tenant per request; interleaved rounds (the order rotates), medians, ratios to HAProxy (also per round). gateway-lean, gateway-std and fastproxy are the experiments described in the hand-written section. Needs haproxy, nginx and wrk: `make bench` installs them.",
+		note:   "10,000 tenants over 4 backends routed by x-tenant-id; wrk -t2 at -c32 and -c256 with 64 B and 16 KiB answers and a random tenant per request; interleaved rounds (the order rotates), medians, ratios to HAProxy (also per round), CPU per request from /proc (user+system of the proxy's processes over the same runs). Needs haproxy, nginx and wrk: `make bench` installs them.",
 	},
 	{
 		title:     "Placement watcher: lookup, put -> applied",
@@ -69,10 +69,10 @@ var suite = []entry{
 	{
 		title:     "Gateway: request path",
 		pkg:       "./gateway/",
-		bench:     "^Benchmark(Lookup|Proxy|PickWriter)$",
+		bench:     "^Benchmark(Lookup|Proxy|ProxyRaw|PickWriter)$",
 		benchtime: "1s", count: 3, benchmem: true,
 		ratios: []ratio{same("ns/op", "Proxy/jwt", "Proxy/plain")},
-		note:   "Lookup: route match + placement lookup in memory. Proxy: client -> gateway -> shard over loopback, 1,000 tenants over 4 shards, parallel clients; jwt checks each tenant's ES256 bearer token (first sight, then remembered). PickWriter: a single-writer kind's rendezvous choice among 3 instances.",
+		note:   "Lookup: route match + placement lookup in memory. Proxy: client -> gateway -> shard over loopback, 1,000 tenants over 4 shards, parallel clients (net/http client and shard: their allocations count too); jwt checks each tenant's ES256 bearer token (first sight, then remembered). ProxyRaw: the same with a raw TCP client and shard that allocate nothing, so allocs/op is the gateway's own per proxied request (goal 0). PickWriter: a single-writer kind's rendezvous choice among 3 instances.",
 	},
 	{
 		title:     "Gateway: tenant identity at the edge (JWT check)",

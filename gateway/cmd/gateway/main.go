@@ -36,7 +36,7 @@ func run() error {
 		nats                                      natsconn.Options
 		addr, id, logLevel, logFormat             string
 		retries, maxHeader, idlePerHost, replicas int
-		pprof, stdTransport, lean                 bool
+		pprof                                     bool
 		adminToken, registrationToken             string
 		tlsCert, tlsKey, upstreamCA               string
 		jwt                                       edgeauth.Config
@@ -58,8 +58,6 @@ func run() error {
 	envflag.Duration(fs, &readHeader, "read-header-timeout", 5*time.Second, "time allowed to read request headers")
 	envflag.Duration(fs, &shutdown, "shutdown-timeout", 30*time.Second, "time allowed for in-flight requests at shutdown")
 	envflag.Duration(fs, &connect, "connect-timeout", time.Second, "time allowed to connect to an instance")
-	envflag.Bool(fs, &stdTransport, "std-transport", false, "send to instances with net/http.Transport instead of the synchronous HTTP/1.1 client")
-	envflag.Bool(fs, &lean, "lean-proxy", false, "experimental: proxy plain HTTP/1.1 exchanges without httputil.ReverseProxy")
 	envflag.Bool(fs, &pprof, "pprof", false, "serve /debug/pprof/ to requests without x-tenant-id (needs the admin token)")
 	envflag.Secret(fs, &adminToken, "admin-token", "bearer token for /admin/* and /debug/pprof/ (unset: they are refused)")
 	envflag.Secret(fs, &registrationToken, "registration-token", "bearer token affinity servers register with at /prerender-servers (the admin token works too; neither set: registration is refused)")
@@ -97,7 +95,7 @@ func run() error {
 		ID: id, Addr: addr, Logger: log, Retries: retries,
 		MaxHeaderBytes: maxHeader, MaxBodyBytes: int64(maxBody), MaxReplayBody: int64(replayBody),
 		MaxIdleConnsPerHost: idlePerHost, ReadHeaderTimeout: readHeader, ShutdownTimeout: shutdown,
-		ConnectTimeout: connect, Pprof: pprof, StdTransport: stdTransport, Lean: lean,
+		ConnectTimeout: connect, Pprof: pprof,
 		AdminToken: adminToken, RegistrationToken: registrationToken,
 	}
 	if (tlsCert == "") != (tlsKey == "") {

@@ -10,6 +10,29 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
+// place is the second stage: the tenant's placement from the kind's watcher (a lock-free
+// lookup); an unplaced tenant is assigned to the least-loaded shard with room, or refused, as the
+// kind says, unless the kind's policy places its tenants itself (affinity).
+func (g *Gateway) place(x *exchange) error {
+	entry, ok := x.ke.lookup(x.tenant)
+	if !ok && !x.policy.placesTenants() {
+		if x.ke.config().Unplaced == schema.UnplacedReject {
+			return tmhttp.Errorf(http.StatusNotFound, "tenant-not-placed", "Tenant not placed",
+				"the tenant has no placement for kind "+x.ke.name+" and the kind does not assign new tenants")
+		}
+		var err error
+		ctx := x.ctx
+		if ctx == nil {
+			ctx = g.reqCtx
+		}
+		if entry, err = g.assign(ctx, g.reg.snap.Load(), x.ke, x.tenant); err != nil {
+			return err
+		}
+	}
+	x.entry = entry
+	return nil
+}
+
 // assignTimeout bounds the KV create (and audit) of one assignment.
 const assignTimeout = 3 * time.Second
 
@@ -47,7 +70,7 @@ func (g *Gateway) assign(ctx context.Context, snap *snapshot, ke *kindEntry, ten
 }
 
 func (g *Gateway) doAssign(snap *snapshot, ke *kindEntry, tenant string) (placement.Entry, error) {
-	shard, err := g.chooseShard(snap, ke)
+	shard, err := chooseShard(snap, ke)
 	if err != nil {
 		return placement.Entry{}, err
 	}
@@ -77,7 +100,7 @@ func (g *Gateway) doAssign(snap *snapshot, ke *kindEntry, tenant string) (placem
 }
 
 // chooseShard returns the live shard with the lowest tenants/capacity that still has room.
-func (g *Gateway) chooseShard(snap *snapshot, ke *kindEntry) (string, error) {
+func chooseShard(snap *snapshot, ke *kindEntry) (string, error) {
 	shards := snap.shards[ke.name]
 	if len(shards) == 0 {
 		return "", &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "no-live-instance", Title: "No live instance",

@@ -1,0 +1,151 @@
+package gateway
+
+import (
+	"errors"
+	"math/rand/v2"
+	"net/http"
+	"time"
+
+	"github.com/tenantmesh/tenantmesh/gateway/edgeauth"
+	"github.com/tenantmesh/tenantmesh/gateway/h1"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
+)
+
+// admit is the first stage: the tenant (from x-tenant-id, or the bearer token when identity at
+// the edge is on), the route (longest prefix, method), the kind and its policy, the request id
+// and the kind's per-tenant rate limit. A refused request costs no placement work.
+func (g *Gateway) admit(x *exchange) error {
+	tb, n := h1.Get(x.fields, tmhttp.HeaderTenant)
+	if n > 1 {
+		return tmhttp.Errorf(http.StatusBadRequest, "invalid-tenant", "Invalid tenant", "x-tenant-id appears more than once; send it once")
+	}
+	tenant := g.tenants.get(tb)
+	if g.cfg.Auth != nil {
+		if err := g.identify(x, &tenant); err != nil {
+			return err
+		}
+	}
+	if !schema.ValidTenant(tenant) {
+		err := schema.CheckTenant(tenant)
+		return &tmhttp.Error{Status: http.StatusBadRequest, Type: "invalid-tenant", Title: "Invalid tenant id", Detail: err.Error(), Err: err}
+	}
+	x.tenant = tenant
+	snap := g.reg.snap.Load()
+	rt := snap.match(x.method, x.path)
+	if rt == nil {
+		if k := affinityKindOf(snap, x.path); k != "" {
+			return &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "no-live-instance", Title: "No live instance",
+				Detail: "no server of kind " + k + " is registered", RetryAfter: time.Second}
+		}
+		return tmhttp.Errorf(http.StatusNotFound, "no-route", "No route",
+			"no route in the registry matches "+x.method+" "+truncate(x.path, 80))
+	}
+	ke := snap.kinds[rt.kind]
+	if ke == nil || ke.config() == nil {
+		return tmhttp.Errorf(http.StatusNotFound, "unknown-kind", "Unknown kind", "the route's kind "+rt.kind+" is not registered")
+	}
+	x.rt, x.ke, x.policy = rt, ke, ke.policy()
+	if id, _ := h1.Get(x.fields, tmhttp.HeaderRequestID); !validRequestID(id) {
+		x.reqID = newRequestID(&x.reqIDb)
+	}
+	if lim := ke.limiter.Load(); lim != nil {
+		if ok, wait := lim.allow(tenant, x.start); !ok {
+			return &tmhttp.Error{Status: http.StatusTooManyRequests, Type: "rate-limited", Title: "Too many requests",
+				Detail: "the tenant is over its rate limit for kind " + rt.kind, RetryAfter: max(wait, time.Second)}
+		}
+	}
+	return nil
+}
+
+// identify checks the bearer token (401 without a valid one, 403 when x-tenant-id names another
+// tenant); the token's tenant fills x-tenant-id when the client sent none, and its subject goes
+// to the shard as x-tm-subject.
+func (g *Gateway) identify(x *exchange, tenant *string) error {
+	authz, _ := h1.Get(x.fields, "Authorization")
+	tok := ""
+	if len(authz) > 7 && h1.EqualFold(authz[:7], "bearer ") {
+		tok = string(authz[7:])
+	}
+	var id edgeauth.Identity
+	err := error(&edgeauth.Error{Reason: "missing", Err: edgeauth.ErrNoToken})
+	if tok != "" {
+		id, err = g.cfg.Auth.VerifyToken(tok)
+	}
+	if err != nil {
+		return tokenRefused(err)
+	}
+	switch {
+	case *tenant == "":
+		*tenant = id.Tenant
+		x.fields = append(x.fields, h1.Field{Name: []byte(tmhttp.HeaderTenant), Value: []byte(id.Tenant)})
+	case *tenant != id.Tenant:
+		return tmhttp.Errorf(http.StatusForbidden, "tenant-mismatch", "Tenant mismatch",
+			"x-tenant-id names a tenant the bearer token is not for; send the token's tenant or leave x-tenant-id out")
+	}
+	x.subject = id.Subject
+	return nil
+}
+
+// tokenRefusal is a missing or invalid bearer token: 401 with WWW-Authenticate (RFC 6750).
+type tokenRefusal struct {
+	problem   *tmhttp.Error
+	challenge string
+}
+
+func (t *tokenRefusal) Error() string { return t.problem.Error() }
+
+func tokenRefused(err error) error {
+	ae := &edgeauth.Error{Reason: "invalid", Err: err}
+	errors.As(err, &ae)
+	desc := "the bearer token is " + ae.Reason
+	hdr := `Bearer realm="tenantmesh"`
+	if errors.Is(err, edgeauth.ErrNoToken) {
+		desc = "send Authorization: Bearer <token> from your identity provider"
+	} else {
+		hdr += `, error="invalid_token", error_description="` + desc + `"`
+	}
+	return &tokenRefusal{problem: &tmhttp.Error{Status: http.StatusUnauthorized, Type: "unauthenticated", Title: "Unauthenticated", Detail: desc, Err: err},
+		challenge: hdr}
+}
+
+func validRequestID(id []byte) bool {
+	if len(id) == 0 || len(id) > 128 {
+		return false
+	}
+	for _, c := range id {
+		if c <= ' ' || c > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+// newRequestID writes a random id into b and returns a view of it (valid while b is).
+func newRequestID(b *[16]byte) string {
+	const hex = "0123456789abcdef"
+	v := rand.Uint64()
+	for i := range b {
+		b[i] = hex[v&15]
+		v >>= 4
+	}
+	return str(b[:])
+}
+
+// isAdminPath: the gateway's own endpoints, for requests without x-tenant-id.
+func isAdminPath(p string) bool {
+	return p == "/" || hasPrefix(p, "/prerender-servers") || p == "/healthz" || p == "/readyz" || p == "/metrics" ||
+		hasPrefix(p, "/admin/") || hasPrefix(p, "/debug/pprof/")
+}
+
+func hasPrefix(s, p string) bool { return len(s) >= len(p) && s[:len(p)] == p }
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+// Unwrap exposes the problem, for the answer stage's mapping.
+func (t *tokenRefusal) Unwrap() error { return t.problem }

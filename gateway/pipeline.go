@@ -1,0 +1,65 @@
+package gateway
+
+import (
+	"context"
+	"time"
+)
+
+// serve is the request path of one tenant request, top to bottom. Each stage is a method in its
+// own file that fills x for the next or returns the error the answer stage maps to problem+json:
+//
+//	admit  (admit.go)   tenant id, edge identity, route, rate limit
+//	place  (place.go)   the tenant's placement; the kind's rule for unplaced tenants
+//	hold   (hold.go)    the body buffered for replay; the handoff buffer while the tenant moves
+//	pick   (policy.go)  the instance, by the kind's Policy (managed, load, affinity)
+//	send   (send.go)    the upstream engine (engine.go): connection reuse, retries, breakers,
+//	                    421 refresh; pick and send repeat per attempt
+//	answer (answer.go)  the instance's response relayed, or the one problem+json mapping
+//
+// Both front ends (front.go: the gateway's own HTTP/1.1 server; stdfront.go: net/http's, for
+// TLS, HTTP/2, upgrades and admin connections) fill an exchange and call serve.
+func (g *Gateway) serve(x *exchange) {
+	x.start = time.Now()
+	defer g.done(x)
+	if err := g.admit(x); err != nil {
+		g.answerError(x, err)
+		return
+	}
+	if err := g.place(x); err != nil {
+		g.answerError(x, err)
+		return
+	}
+	if x.cancelable { // net/http's front end: the client's going away cancels the request
+		x.ctx, x.cancel = context.WithTimeout(x.ctx, x.policy.timeout(x.ke.config()))
+	} else {
+		x.rctx = reqContext{parent: g.reqCtx, deadline: x.start.Add(x.policy.timeout(x.ke.config()))}
+		x.ctx = &x.rctx
+	}
+	if err := g.hold(x); err != nil {
+		g.answerError(x, err)
+		return
+	}
+	up, err := g.send(x)
+	g.answer(x, up, err)
+}
+
+// done records the request's metrics and ends what is left of it.
+func (g *Gateway) done(x *exchange) {
+	if x.ticket != nil {
+		g.holds.done(x.ke, x.ticket)
+		x.ticket = nil
+	}
+	if x.cancel != nil {
+		x.cancel()
+	}
+	x.rctx.end()
+	if x.aff.cancel != nil {
+		x.aff.cancel()
+	}
+	if x.ke != nil {
+		x.ke.metrics.code(x.code)
+		x.ke.metrics.duration.Observe(time.Since(x.start).Seconds())
+	} else {
+		g.metrics.code(x.code)
+	}
+}
