@@ -25,9 +25,11 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/tenantmesh/tenantmesh/gateway/edgeauth"
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/internal/tracing"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -317,7 +319,26 @@ func BenchmarkLookup(b *testing.B) {
 // BenchmarkProxyRaw measures the gateway's own share of a proxied request: the client and the
 // shard are raw TCP loops that allocate nothing (fixed request bytes, a fixed 64-byte answer),
 // so allocs/op is the gateway's allocations per request (goal: 0 on the fast path).
+// Sub-benchmarks: tracing off (the default), and on with 1% of the requests sampled (spans go
+// to an exporter that drops them), so the cost of tracing is read side by side.
 func BenchmarkProxyRaw(b *testing.B) {
+	b.Run("off", benchProxyRaw)
+	b.Run("traced-1pct", func(b *testing.B) {
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.01))),
+			sdktrace.WithBatcher(discardSpans{}))
+		defer func() { _ = tp.Shutdown(context.Background()) }()
+		defer tracing.Use(tp)()
+		benchProxyRaw(b)
+	})
+}
+
+// discardSpans is a span exporter that drops what it is given.
+type discardSpans struct{}
+
+func (discardSpans) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (discardSpans) Shutdown(context.Context) error                             { return nil }
+
+func benchProxyRaw(b *testing.B) {
 	const tenants = 1000
 	answer := []byte("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 64\r\n\r\n" + strings.Repeat("x", 64))
 	e := newEnv(b, Config{}, nil, func(e *env) {

@@ -369,6 +369,10 @@ func dropRequestField(x *exchange, f h1.Field) bool {
 		return h1.EqualFold(n, "Expect")
 	case 9:
 		return h1.EqualFold(n, "Forwarded")
+	case 10:
+		return x.sc.IsValid() && h1.EqualFold(n, "Tracestate")
+	case 11:
+		return x.sc.IsValid() && h1.EqualFold(n, "Traceparent")
 	case 12:
 		return x.reqID != "" && h1.EqualFold(n, tmhttp.HeaderRequestID)
 	case 14:
@@ -438,6 +442,9 @@ func writeRequestHead(w *bufio.Writer, x *exchange, base string) {
 		w.WriteString(x.inst.id.Shard)
 	}
 	w.WriteString("\r\n")
+	if x.sc.IsValid() { // tracing on: the attempt's (or the request's) span is the instance's parent
+		writeTraceparent(w, x.sc)
+	}
 	if x.subject != "" {
 		w.WriteString("X-Tm-Subject: ")
 		w.WriteString(x.subject)

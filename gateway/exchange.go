@@ -7,6 +7,8 @@ import (
 	"time"
 	"unsafe"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/tenantmesh/tenantmesh/gateway/h1"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 )
@@ -53,6 +55,13 @@ type exchange struct {
 	aff        affinityAttempts // the affinity policy's plan for this request
 	// affinityAnswer: the answer names its server and tenant (x-tm-target, x-tm-tenant).
 	affinityAnswer bool
+
+	// Tracing (trace.go), with tracing on only: the span context the instance receives as its
+	// parent (valid: the client's traceparent and tracestate are replaced), and a sampled
+	// request's span and its context.
+	sc   trace.SpanContext
+	span trace.Span
+	tctx context.Context
 
 	// The answer.
 	inst *instance // the instance that answered

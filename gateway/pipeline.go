@@ -20,12 +20,17 @@ import (
 // TLS, HTTP/2, upgrades and admin connections) fill an exchange and call serve.
 func (g *Gateway) serve(x *exchange) {
 	x.start = time.Now()
+	traceStart(x)
 	defer g.done(x)
-	if err := g.admit(x); err != nil {
+	end := traceStage(x, "gateway.admit")
+	err := g.admit(x)
+	if end(err); err != nil {
 		g.answerError(x, err)
 		return
 	}
-	if err := g.place(x); err != nil {
+	end = traceStage(x, "gateway.place")
+	err = g.place(x)
+	if end(err); err != nil {
 		g.answerError(x, err)
 		return
 	}
@@ -35,7 +40,9 @@ func (g *Gateway) serve(x *exchange) {
 		x.rctx = reqContext{parent: g.reqCtx, deadline: x.start.Add(x.policy.timeout(x.ke.config()))}
 		x.ctx = &x.rctx
 	}
-	if err := g.hold(x); err != nil {
+	end = traceStage(x, "gateway.hold")
+	err = g.hold(x)
+	if end(err); err != nil {
 		g.answerError(x, err)
 		return
 	}
@@ -56,6 +63,7 @@ func (g *Gateway) done(x *exchange) {
 	if x.aff.cancel != nil {
 		x.aff.cancel()
 	}
+	traceEnd(x)
 	if x.ke != nil {
 		x.ke.metrics.code(x.code)
 		x.ke.metrics.duration.Observe(time.Since(x.start).Seconds())

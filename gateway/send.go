@@ -28,7 +28,13 @@ func (g *Gateway) send(x *exchange) (*upConn, error) {
 		if in == nil {
 			return nil, err
 		}
+		end := traceAttempt(x, in, n)
 		up, err := g.attempt(x, in)
+		if up != nil {
+			end(up.resp.Status, err)
+		} else {
+			end(0, err)
+		}
 		v, err := x.policy.judge(g, x, in, up, err, n)
 		switch v {
 		case deliver:

@@ -22,8 +22,8 @@ import (
 
 // TestTraces runs the platform with tracing on (the OTEL_* environment pointing at an
 // in-process OTLP receiver) and follows one trace a client started: a command goes from the
-// aggregate's HTTP server span to its append and on, in the event's headers, to the projection
-// that applies it; a job goes from its creation to its run and its webhook delivery. A plan's
+// gateway's span and its upstream attempt to the aggregate's HTTP server span, the gate, the
+// command and its append, and on, in the event's headers, to the projection that applies it; a job goes from its creation to its run and its webhook delivery. A plan's
 // apply is one trace too: each move, and each step of it.
 func TestTraces(t *testing.T) {
 	if testing.Short() {
@@ -70,12 +70,14 @@ func TestTraces(t *testing.T) {
 	cmd := traced("/commands", map[string]any{"aggregate_type": "account", "aggregate_id": "traced",
 		"command": "open", "idempotency_key": "traced-open"})
 	awaitPath("a command, trace "+cmd, func() []otlptest.Span { return rcv.Trace(cmd) },
+		"tenantmesh-gateway: gateway", "tenantmesh-gateway: gateway.attempt",
 		"tenantmesh-aggregate: aggregate POST", "tenantmesh-aggregate: shardkit.gate", "tenantmesh-aggregate: command", "tenantmesh-aggregate: events.append",
 		"tenantmesh-projection: projection.apply")
 
 	job := traced("/jobs", map[string]any{"type": "webhook", "idempotency_key": "traced-job",
 		"payload": map[string]any{"url": hook.URL, "body": map[string]any{"traced": true}}})
 	awaitPath("a job", func() []otlptest.Span { return rcv.Trace(job) },
+		"tenantmesh-gateway: gateway", "tenantmesh-gateway: gateway.attempt",
 		"tenantmesh-runner: runner POST", "tenantmesh-runner: shardkit.gate", "tenantmesh-runner: job.run", "tenantmesh-runner: effect.deliver")
 
 	nc, err := nats.Connect(s.natsURL, nats.UserCredentials(s.natsCreds))

@@ -28,6 +28,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Enabled reports whether the environment asks for traces (see the package doc).
@@ -74,6 +75,18 @@ func Setup(ctx context.Context, service string) (shutdown func(context.Context) 
 }
 
 var on atomic.Bool
+
+// Use installs tp as the global tracer provider, with the W3C propagator, and turns tracing on,
+// as Setup does from the environment: for a test or benchmark that brings its own provider (an
+// in-memory recorder, a sampler). Tracers made before the first provider was installed (the
+// packages' own) stay bound to that first one, so a process uses Use once. off turns tracing
+// off again (spans then cost nothing; the provider stays).
+func Use(tp trace.TracerProvider) (off func()) {
+	otel.SetTracerProvider(tp)
+	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
+	on.Store(true)
+	return func() { on.Store(false) }
+}
 
 // On reports whether Setup turned tracing on in this process: hot paths skip span work
 // entirely when it did not.
