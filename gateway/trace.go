@@ -25,6 +25,9 @@ import (
 
 var tracer = otel.Tracer("github.com/tenantmesh/tenantmesh/gateway")
 
+// serverSpan is made once: an option built per request would be an allocation per request.
+var serverSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
+
 // traceStart starts x's request span, when tracing is on.
 func traceStart(x *exchange) {
 	if !tracing.On() {
@@ -38,7 +41,7 @@ func traceStart(x *exchange) {
 		}
 		parent = otel.GetTextMapPropagator().Extract(parent, carrier)
 	}
-	ctx, span := tracer.Start(parent, "gateway", trace.WithSpanKind(trace.SpanKindServer))
+	ctx, span := tracer.Start(parent, "gateway", serverSpan...)
 	x.sc = span.SpanContext()
 	if !span.IsRecording() {
 		return // not sampled: the instance gets this span's context, nothing more is recorded
@@ -102,23 +105,22 @@ func endSpan(span trace.Span, err error) {
 	span.End()
 }
 
-// writeTraceparent writes the W3C traceparent (and tracestate) of sc as request fields, without
-// allocating: "00-<trace id>-<span id>-<flags>".
+// writeTraceparent writes the W3C traceparent (and tracestate) of sc as request fields, into
+// the writer's own buffer: "00-<trace id>-<span id>-<flags>".
 func writeTraceparent(w *bufio.Writer, sc trace.SpanContext) {
-	var b [55]byte
 	tid, sid := sc.TraceID(), sc.SpanID()
-	b[0], b[1], b[2] = '0', '0', '-'
-	hex.Encode(b[3:35], tid[:])
-	b[35] = '-'
-	hex.Encode(b[36:52], sid[:])
-	b[52] = '-'
-	hex.Encode(b[53:55], []byte{byte(sc.TraceFlags())})
-	w.WriteString("Traceparent: ")
-	w.Write(b[:])
-	w.WriteString("\r\n")
+	b := w.AvailableBuffer()
+	b = append(b, "Traceparent: 00-"...)
+	b = hex.AppendEncode(b, tid[:])
+	b = append(b, '-')
+	b = hex.AppendEncode(b, sid[:])
+	b = append(b, '-', hexDigits[sc.TraceFlags()>>4], hexDigits[sc.TraceFlags()&0xf], '\r', '\n')
+	w.Write(b)
 	if ts := sc.TraceState(); ts.Len() > 0 {
 		w.WriteString("Tracestate: ")
 		w.WriteString(ts.String())
 		w.WriteString("\r\n")
 	}
 }
+
+const hexDigits = "0123456789abcdef"

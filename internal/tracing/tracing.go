@@ -13,7 +13,9 @@ package tracing
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"strings"
@@ -67,7 +69,7 @@ func Setup(ctx context.Context, service string) (shutdown func(context.Context) 
 		return nil, fmt.Errorf("tracing: resource (OTEL_RESOURCE_ATTRIBUTES): %w", err)
 	}
 	// The sampler comes from OTEL_TRACES_SAMPLER (default: parent-based, always on).
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	tp := NewProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	on.Store(true)
@@ -75,6 +77,35 @@ func Setup(ctx context.Context, service string) (shutdown func(context.Context) 
 }
 
 var on atomic.Bool
+
+// NewProvider is the SDK's tracer provider with opts, and trace and span ids drawn from
+// math/rand/v2's lock-free generator: the SDK's default generator takes a mutex per span, which
+// a gateway serving on every core contends for on each request, sampled or not.
+func NewProvider(opts ...sdktrace.TracerProviderOption) *sdktrace.TracerProvider {
+	return sdktrace.NewTracerProvider(append([]sdktrace.TracerProviderOption{sdktrace.WithIDGenerator(randomIDs{})}, opts...)...)
+}
+
+// randomIDs makes non-zero random trace and span ids (not secrets: W3C asks for uniqueness).
+type randomIDs struct{}
+
+func (randomIDs) NewIDs(context.Context) (trace.TraceID, trace.SpanID) {
+	var tid trace.TraceID
+	for !tid.IsValid() {
+		binary.NativeEndian.PutUint64(tid[:8], rand.Uint64())
+		binary.NativeEndian.PutUint64(tid[8:], rand.Uint64())
+	}
+	return tid, newSpanID()
+}
+
+func (randomIDs) NewSpanID(context.Context, trace.TraceID) trace.SpanID { return newSpanID() }
+
+func newSpanID() trace.SpanID {
+	var sid trace.SpanID
+	for !sid.IsValid() {
+		binary.NativeEndian.PutUint64(sid[:], rand.Uint64())
+	}
+	return sid
+}
 
 // Use installs tp as the global tracer provider, with the W3C propagator, and turns tracing on,
 // as Setup does from the environment: for a test or benchmark that brings its own provider (an
