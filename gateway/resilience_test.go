@@ -415,3 +415,57 @@ func TestMoveUnderLoad(t *testing.T) {
 		}
 	}
 }
+
+// A POST whose attempt broke after it was sent (the instance may have applied it) is sent again
+// on another instance only when it carries an Idempotency-Key and its kind declares that its
+// services honour the key (KindConfig.Idempotent): the client gets one answer. Otherwise the
+// gateway answers 502 and the client decides.
+func TestIdempotentRequestsReplayed(t *testing.T) {
+	keyedRoute := schema.Route{Method: "*", Prefix: "/keyed/", Kind: "keyed"}
+	plainRoute := schema.Route{Method: "*", Prefix: "/plain/", Kind: "plain"}
+	var drop, good map[string]*backend
+	e := newEnv(t, Config{}, []schema.KindConfig{{Kind: "keyed", Idempotent: true}, {Kind: "plain"}}, func(e *env) {
+		drop, good = map[string]*backend{}, map[string]*backend{}
+		for kind, route := range map[string]schema.Route{"keyed": keyedRoute, "plain": plainRoute} {
+			drop[kind] = newBackend(t, kind, kind+"-1", "drop")
+			good[kind] = newBackend(t, kind, kind+"-1", "good")
+			e.register(drop[kind], "", 10, route)
+			e.register(good[kind], "", 10, route)
+			e.place(kind, "t1", kind+"-1")
+		}
+	})
+	for _, b := range drop {
+		b.setHandler(func(w http.ResponseWriter, r *http.Request) { // applied, then the answer is lost
+			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				conn.Close()
+			}
+		})
+	}
+	for _, kind := range []string{"keyed", "plain"} {
+		failed := 0
+		for i := 0; ; i++ {
+			if seen, _ := drop[kind].requests(); len(seen) > 0 || i == 50 {
+				break // the dropping instance had a request: the case this test is about
+			}
+			resp, _ := e.do("POST", "/"+kind+"/cmd", "t1", fmt.Sprintf(`{"i":%d}`, i), map[string]string{"Idempotency-Key": fmt.Sprintf("k%d", i)})
+			if resp.StatusCode == http.StatusBadGateway {
+				failed++
+			} else if resp.StatusCode != 200 {
+				t.Fatalf("%s: status %d", kind, resp.StatusCode)
+			}
+		}
+		seen, _ := drop[kind].requests()
+		if len(seen) == 0 {
+			t.Fatalf("%s: no request reached the dropping instance in 50", kind)
+		}
+		switch {
+		case kind == "keyed" && failed != 0:
+			t.Errorf("keyed: %d answers were 502; a keyed request to an idempotent kind is replayed", failed)
+		case kind == "plain" && failed != len(seen):
+			t.Errorf("plain: %d answers were 502 for %d requests that broke; a POST to a kind that does not declare Idempotent is not replayed", failed, len(seen))
+		}
+	}
+	if _, metrics := e.do("GET", "/metrics", "", "", nil); !contains2(metrics, `reason="idempotent"`) {
+		t.Error(`metrics lack reason="idempotent"`)
+	}
+}

@@ -71,7 +71,7 @@ type chaosLoad struct {
 	requests  atomic.Int64
 	allowed   atomic.Int64 // 503s with Retry-After, retried
 	failovers atomic.Int64 // connection errors to a gateway, retried on another
-	inDoubt   atomic.Int64 // 502s naming an instance the test killed, retried with the same key
+	inDoubt   atomic.Int64 // 502s naming an instance the test killed, retried (keyed requests: a failure)
 	killed    []string     // instance keys (kind.shard.instance) the test killed
 }
 
@@ -94,8 +94,12 @@ func (l *chaosLoad) killedUpstream(body []byte) bool {
 // (0: never answered) and body, and records a failure for anything but a 2xx.
 func (l *chaosLoad) do(gw *int, tenant, method, path string, body any) (int, []byte) {
 	var raw []byte
+	var key string // commands and jobs carry their key in the header too: the gateway may replay them
 	if body != nil {
 		raw, _ = json.Marshal(body)
+		if m, ok := body.(map[string]any); ok {
+			key, _ = m["idempotency_key"].(string)
+		}
 	}
 	l.requests.Add(1)
 	deadline := time.Now().Add(45 * time.Second)
@@ -104,6 +108,9 @@ func (l *chaosLoad) do(gw *int, tenant, method, path string, body any) (int, []b
 		req, _ := http.NewRequest(method, l.gws[*gw%len(l.gws)]+path, bytes.NewReader(raw))
 		req.Header.Set("x-tenant-id", tenant)
 		req.Header.Set("content-type", "application/json")
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
 		resp, err := l.hc.Do(req)
 		if err != nil {
 			l.failovers.Add(1)
@@ -122,6 +129,9 @@ func (l *chaosLoad) do(gw *int, tenant, method, path string, body any) (int, []b
 			continue
 		}
 		if resp.StatusCode == http.StatusBadGateway && l.killedUpstream(b) {
+			if key != "" && method == http.MethodPost { // aggregate commands and runner jobs are Idempotent kinds
+				l.fail(fmt.Sprintf("%s %s %s: a keyed request answered 502 in doubt; the gateway replays those: %s", tenant, method, path, bytes.TrimSpace(b)))
+			}
 			l.inDoubt.Add(1)
 			last = fmt.Sprintf("502 %s", bytes.TrimSpace(b))
 			continue

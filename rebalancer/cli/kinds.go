@@ -18,6 +18,7 @@ type KindsCommand struct {
 	capacity, multiplex   int
 	holdBudget, upstream  time.Duration
 	overlap, singleWriter bool
+	idempotent            bool
 	rateLimit             float64
 	rateBurst             int
 }
@@ -44,6 +45,7 @@ func (c *KindsCommand) Run(ctx context.Context, args []string) error {
 	fs.DurationVar(&c.upstream, "upstream-timeout", 0, "set: bound on one proxied request")
 	fs.BoolVar(&c.overlap, "overlap", false, "set: the kind only reads; moves skip the hold")
 	fs.BoolVar(&c.singleWriter, "single-writer", false, "set: send each tenant's requests to one instance of its shard (--single-writer=false: any instance)")
+	fs.BoolVar(&c.idempotent, "idempotent", false, "set: the kind's services apply a request with an Idempotency-Key once, so gateways may resend one whose answer was lost (--idempotent=false: never)")
 	fs.Float64Var(&c.rateLimit, "rate-limit", 0, "set: per-tenant requests per second (0: unchanged, -1: remove)")
 	fs.IntVar(&c.rateBurst, "rate-burst", 0, "set: per-tenant burst with --rate-limit (default: the rate, at least 1)")
 	pos, err := parse(fs, args)
@@ -120,6 +122,9 @@ func (c *KindsCommand) set(ctx context.Context, st *schema.Store, kind string, s
 	}
 	if set["single-writer"] {
 		kc.SingleWriter = c.singleWriter
+	}
+	if set["idempotent"] {
+		kc.Idempotent = c.idempotent
 	}
 	if set["multiplex"] {
 		if kc.Policy != schema.PolicyAffinity {

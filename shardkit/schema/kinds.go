@@ -50,6 +50,12 @@ type KindConfig struct {
 	// over the live instances: a tenant changes instance only when its instance leaves), so
 	// sibling instances do not race on the same state. Default: on for aggregate.
 	SingleWriter bool `json:"single_writer,omitempty"`
+	// Idempotent declares that the kind's services apply a request carrying an Idempotency-Key
+	// once however often it is sent (the aggregate's commands, the runner's jobs): the gateway
+	// may send such a request again on another instance after an attempt whose outcome is
+	// unknown (the connection broke after it was sent), so the client gets one answer instead
+	// of a 502 to retry itself. Default: on for aggregate and runner.
+	Idempotent bool `json:"idempotent,omitempty"`
 	// UpstreamTimeout bounds one proxied request. Default 30s.
 	UpstreamTimeout Duration `json:"upstream_timeout,omitempty"`
 	// RateLimit, if set, limits each tenant's requests to this kind (429 beyond it).
@@ -95,7 +101,7 @@ type LoadConfig struct {
 
 // DefaultKindConfig is the configuration a kind gets when it is first registered.
 func DefaultKindConfig(kind string) KindConfig {
-	return KindConfig{Kind: kind, SingleWriter: kind == "aggregate"}.WithDefaults()
+	return KindConfig{Kind: kind, SingleWriter: kind == "aggregate", Idempotent: kind == "aggregate" || kind == "runner"}.WithDefaults()
 }
 
 // WithDefaults fills zero fields with their documented defaults.
