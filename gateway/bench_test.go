@@ -324,7 +324,7 @@ func BenchmarkLookup(b *testing.B) {
 func BenchmarkProxyRaw(b *testing.B) {
 	b.Run("off", benchProxyRaw)
 	b.Run("traced-1pct", func(b *testing.B) {
-		tp := tracing.NewProvider(sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.01))),
+		tp := tracing.NewProvider(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.01)),
 			sdktrace.WithBatcher(discardSpans{}))
 		defer func() { _ = tp.Shutdown(context.Background()) }()
 		defer tracing.Use(tp)()

@@ -19,8 +19,9 @@ import (
 // "gateway" span, the child of the client's traceparent if it sent one. A sampled request gets a
 // child span per stage (gateway.admit, gateway.place, gateway.hold) and one per upstream
 // attempt (gateway.attempt: the instance picked, its answer or error), whose context the
-// instance receives as its traceparent. A request the sampler drops costs only its root span:
-// the instance still receives a traceparent (not sampled), so the decision holds downstream.
+// instance receives as its traceparent. A new trace the sampler drops costs no span at all
+// (tracing.SampleRoot decides before the SDK), a dropped trace the client started costs its
+// root span; either way the instance receives a traceparent carrying the decision.
 // Off, none of this runs.
 
 var tracer = otel.Tracer("github.com/tenantmesh/tenantmesh/gateway")
@@ -40,6 +41,13 @@ func traceStart(x *exchange) {
 			carrier["tracestate"] = string(ts)
 		}
 		parent = otel.GetTextMapPropagator().Extract(parent, carrier)
+	} else if sc, sampled, known := tracing.SampleRoot("gateway", trace.SpanKindServer); known {
+		// A new trace: decided before the SDK, which a dropped request then never calls.
+		if !sampled {
+			x.sc = sc
+			return
+		}
+		parent = tracing.WithIDs(parent, sc)
 	}
 	ctx, span := tracer.Start(parent, "gateway", serverSpan...)
 	x.sc = span.SpanContext()

@@ -18,6 +18,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -69,7 +70,11 @@ func Setup(ctx context.Context, service string) (shutdown func(context.Context) 
 		return nil, fmt.Errorf("tracing: resource (OTEL_RESOURCE_ATTRIBUTES): %w", err)
 	}
 	// The sampler comes from OTEL_TRACES_SAMPLER (default: parent-based, always on).
-	tp := NewProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	sampler, err := samplerFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	tp := NewProvider(sampler, sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	on.Store(true)
@@ -78,17 +83,54 @@ func Setup(ctx context.Context, service string) (shutdown func(context.Context) 
 
 var on atomic.Bool
 
-// NewProvider is the SDK's tracer provider with opts, and trace and span ids drawn from
-// math/rand/v2's lock-free generator: the SDK's default generator takes a mutex per span, which
-// a gateway serving on every core contends for on each request, sampled or not.
-func NewProvider(opts ...sdktrace.TracerProviderOption) *sdktrace.TracerProvider {
-	return sdktrace.NewTracerProvider(append([]sdktrace.TracerProviderOption{sdktrace.WithIDGenerator(randomIDs{})}, opts...)...)
+// NewProvider is the SDK's tracer provider with sampler and opts, and trace and span ids drawn
+// from math/rand/v2's lock-free generator (the SDK's default takes a mutex per span, which a
+// gateway serving on every core contends for on each request). sampler is also the one
+// SampleRoot consults.
+func NewProvider(sampler sdktrace.Sampler, opts ...sdktrace.TracerProviderOption) *sdktrace.TracerProvider {
+	rootSampler.Store(&sampler)
+	return sdktrace.NewTracerProvider(append([]sdktrace.TracerProviderOption{
+		sdktrace.WithIDGenerator(randomIDs{}), sdktrace.WithSampler(sampler)}, opts...)...)
+}
+
+var rootSampler atomic.Pointer[sdktrace.Sampler]
+
+// SampleRoot decides, before any span exists, whether a new trace (a request that came with no
+// trace context) is sampled, as the provider's sampler would, and draws its ids. A hot path
+// skips the SDK for the traces it drops (sc is then the unsampled context to pass on) and, for
+// those it keeps, starts the root span from WithIDs(ctx, sc), so the SDK's span gets these ids
+// and the same decision. known is false when NewProvider did not make the provider: the caller
+// starts its span as usual.
+func SampleRoot(name string, kind trace.SpanKind) (sc trace.SpanContext, sampled, known bool) {
+	sp := rootSampler.Load()
+	if sp == nil || !On() {
+		return trace.SpanContext{}, false, false
+	}
+	tid, sid := randomIDs{}.NewIDs(context.Background())
+	r := (*sp).ShouldSample(sdktrace.SamplingParameters{ParentContext: context.Background(), TraceID: tid, Name: name, Kind: kind})
+	sampled = r.Decision == sdktrace.RecordAndSample
+	var flags trace.TraceFlags
+	if sampled {
+		flags = trace.FlagsSampled
+	}
+	return trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: flags}), sampled, true
+}
+
+type presetIDs struct{}
+
+// WithIDs returns ctx carrying the ids of sc: the next root span started from it takes them
+// (see SampleRoot).
+func WithIDs(ctx context.Context, sc trace.SpanContext) context.Context {
+	return context.WithValue(ctx, presetIDs{}, sc)
 }
 
 // randomIDs makes non-zero random trace and span ids (not secrets: W3C asks for uniqueness).
 type randomIDs struct{}
 
-func (randomIDs) NewIDs(context.Context) (trace.TraceID, trace.SpanID) {
+func (randomIDs) NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID) {
+	if sc, ok := ctx.Value(presetIDs{}).(trace.SpanContext); ok {
+		return sc.TraceID(), sc.SpanID()
+	}
 	var tid trace.TraceID
 	for !tid.IsValid() {
 		binary.NativeEndian.PutUint64(tid[:8], rand.Uint64())
@@ -196,4 +238,42 @@ func (c natsCarrier) Keys() []string {
 		keys = append(keys, k)
 	}
 	return keys
+}
+
+// samplerFromEnv is the sampler OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG name (the
+// OpenTelemetry specification's values; default parentbased_always_on), made here so SampleRoot
+// can consult the same one.
+func samplerFromEnv() (sdktrace.Sampler, error) {
+	ratio := func() (float64, error) {
+		arg := os.Getenv("OTEL_TRACES_SAMPLER_ARG")
+		if arg == "" {
+			return 1, nil
+		}
+		f, err := strconv.ParseFloat(arg, 64)
+		if err != nil || f < 0 || f > 1 {
+			return 0, fmt.Errorf("tracing: OTEL_TRACES_SAMPLER_ARG=%q: want a ratio from 0 to 1", arg)
+		}
+		return f, nil
+	}
+	switch name := strings.ToLower(strings.TrimSpace(os.Getenv("OTEL_TRACES_SAMPLER"))); name {
+	case "", "parentbased_always_on":
+		return sdktrace.ParentBased(sdktrace.AlwaysSample()), nil
+	case "always_on":
+		return sdktrace.AlwaysSample(), nil
+	case "always_off":
+		return sdktrace.NeverSample(), nil
+	case "parentbased_always_off":
+		return sdktrace.ParentBased(sdktrace.NeverSample()), nil
+	case "traceidratio", "parentbased_traceidratio":
+		f, err := ratio()
+		if err != nil {
+			return nil, err
+		}
+		if name == "traceidratio" {
+			return sdktrace.TraceIDRatioBased(f), nil
+		}
+		return sdktrace.ParentBased(sdktrace.TraceIDRatioBased(f)), nil
+	default:
+		return nil, fmt.Errorf("tracing: OTEL_TRACES_SAMPLER=%q: want always_on, always_off, traceidratio or their parentbased_ forms", name)
+	}
 }
