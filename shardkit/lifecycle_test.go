@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -173,9 +175,14 @@ func TestShutdownLeavesNothingBehind(t *testing.T) {
 	if code, _, _ := call(t, "GET", a.URL+"/readyz", "", nil, ""); code != http.StatusServiceUnavailable {
 		t.Fatalf("readyz while draining: %d", code)
 	}
-	if code, _, _ := call(t, "GET", a.URL+"/t/x", "t1", nil, ""); code != http.StatusServiceUnavailable {
-		t.Fatalf("new request while draining: %d", code)
-	}
+	// The gate refuses new requests once the draining report is written (after ShutdownGrace);
+	// a watcher may see the report a moment before that.
+	tmtest.WaitFor(t, 5*time.Second, func() error {
+		if code, _, _ := call(t, "GET", a.URL+"/t/x", "t1", nil, ""); code != http.StatusServiceUnavailable {
+			return fmt.Errorf("new request while draining: %d, want 503", code)
+		}
+		return nil
+	})
 	if _, err := st.Instance(ctx, a.ID()); err != nil {
 		t.Fatalf("entry gone while a request is in flight: %v", err)
 	}
