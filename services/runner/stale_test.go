@@ -60,10 +60,13 @@ func TestClaimReadsTheLatestRun(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "STALE_RUNS", Replicas: 3, MirrorDirect: true,
-		Mirror: &jetstream.StreamSource{Name: schema.KVStream(bucket), FilterSubject: schema.KVSubject(bucket, "stale.>")}}); err != nil {
-		t.Fatal(err)
-	}
+	// A 3-replica stream needs every peer of the new cluster online ("no suitable peers for
+	// placement" until then): setting the scene, so tried until it is placed.
+	tmtest.WaitFor(t, time.Minute, func() error {
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "STALE_RUNS", Replicas: 3, MirrorDirect: true,
+			Mirror: &jetstream.StreamSource{Name: schema.KVStream(bucket), FilterSubject: schema.KVSubject(bucket, "stale.>")}})
+		return err
+	})
 	// Wait until the mirror answers there: a run the bucket has is not found through it. A
 	// new mirror takes 2-15 s (more on a loaded machine) to serve direct gets: this sets the
 	// scene, it is not what the test checks.
