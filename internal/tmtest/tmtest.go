@@ -23,9 +23,8 @@ import (
 func ResourceCheck(t testing.TB) {
 	t.Helper()
 	opts := []goleak.Option{goleak.IgnoreCurrent(),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait")}
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop")}
 	t.Cleanup(func() {
 		if t.Failed() {
 			return // the failure says more than the goroutines it left

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Phase is where a tenant's placement stands in the move state machine:
@@ -161,26 +163,18 @@ func CheckTransition(prev, next Placement) error {
 
 // Placement reads tenant's placement for kind. Absent: ErrNotFound.
 func (s *Store) Placement(ctx context.Context, kind, tenant string) (Placement, error) {
-	if err := CheckTenant(tenant); err != nil {
-		return Placement{}, err
-	}
-	kv, err := s.placementKV(ctx, kind)
-	if err != nil {
-		return Placement{}, err
-	}
-	var p Placement
-	rev, err := s.getJSON(ctx, kv, tenant, &p)
-	if err != nil {
-		return Placement{}, err
-	}
-	p.Revision = rev
-	return p, nil
+	return s.readPlacement(ctx, kind, tenant, s.getJSON)
 }
 
 // LatestPlacement is Placement answered by the bucket's stream leader, so it sees every write
 // acknowledged before the call (Placement may be answered by a replica that is behind): for a
 // writer about to compare-and-set on what it read.
 func (s *Store) LatestPlacement(ctx context.Context, kind, tenant string) (Placement, error) {
+	return s.readPlacement(ctx, kind, tenant, s.getLeaderJSON)
+}
+
+func (s *Store) readPlacement(ctx context.Context, kind, tenant string,
+	get func(context.Context, jetstream.KeyValue, string, any) (uint64, error)) (Placement, error) {
 	if err := CheckTenant(tenant); err != nil {
 		return Placement{}, err
 	}
@@ -189,7 +183,7 @@ func (s *Store) LatestPlacement(ctx context.Context, kind, tenant string) (Place
 		return Placement{}, err
 	}
 	var p Placement
-	rev, err := s.getLeaderJSON(ctx, kv, tenant, &p)
+	rev, err := get(ctx, kv, tenant, &p)
 	if err != nil {
 		return Placement{}, err
 	}
