@@ -76,6 +76,7 @@ func (c Config) withDefaults() Config {
 type Engine struct {
 	cfg Config
 	st  *schema.Store
+	dir *dirView // the directory, shared by the running moves
 }
 
 // New makes an engine.
@@ -87,7 +88,9 @@ func New(cfg Config) (*Engine, error) {
 	if err := schema.CheckName("holder", cfg.Holder); err != nil {
 		return nil, err
 	}
-	return &Engine{cfg: cfg, st: cfg.Store}, nil
+	e := &Engine{cfg: cfg, st: cfg.Store}
+	e.dir = newDirView(e)
+	return e, nil
 }
 
 // ErrPlanNotFound means no plan has that id.

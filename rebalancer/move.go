@@ -367,15 +367,17 @@ func (v signalView) fence(shard string, epoch uint64) (uint64, bool) {
 	return f, ok
 }
 
-// signalWatch keeps one move's tenant signals (from a KV watch) and the live instances of its
-// two shards (re-read every 500ms) in memory for the whole move, so a step waits on a current
-// view instead of opening a watch and listing the directory on the handoff's critical path.
+// signalWatch keeps one move's tenant signals (from a KV watch) in memory for the whole move,
+// and judges the live instances of its two shards from the engine's shared directory view, so a
+// step waits on a current view instead of opening a watch and listing the directory on the
+// handoff's critical path.
 type signalWatch struct {
-	e      *Engine
-	m      *MoveRecord
-	cancel context.CancelFunc
-	done   sync.WaitGroup
-	start  sync.Once
+	e       *Engine
+	m       *MoveRecord
+	cancel  context.CancelFunc
+	done    sync.WaitGroup
+	start   sync.Once
+	started bool
 
 	mu     sync.Mutex
 	v      signalView
@@ -391,14 +393,19 @@ func (e *Engine) newSignalWatch(m *MoveRecord) *signalWatch {
 func (w *signalWatch) run(ctx context.Context) {
 	w.start.Do(func() {
 		ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
+		w.e.dir.acquire()
+		w.started = true
 		w.done.Go(func() { w.follow(ctx) })
-		w.done.Go(func() { w.refreshLive(ctx) })
 	})
 }
 
 func (w *signalWatch) stop() {
 	w.cancel()
 	w.done.Wait()
+	w.start.Do(func() {}) // a later run starts nothing
+	if w.started {
+		w.e.dir.release()
+	}
 }
 
 func (w *signalWatch) changed() {
@@ -442,34 +449,16 @@ func (h signalHandler) Synced() {
 	h.w.changed()
 }
 
-// refreshLive re-reads the live instances of the move's shards every 500ms: instances come and
-// go, and heartbeats age without a change to watch.
-func (w *signalWatch) refreshLive(ctx context.Context) {
-	tick := time.NewTicker(500 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if l, err := w.e.liveInstances(ctx, w.m); err == nil {
-			w.mu.Lock()
-			w.v.live = l
-			w.changed()
-			w.mu.Unlock()
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-	}
-}
-
 // wait re-evaluates cond on every change of the view until it holds or deadline passes.
 func (w *signalWatch) wait(ctx context.Context, deadline time.Time, cond func(signalView) bool) error {
 	w.run(ctx)
 	wctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	for {
+		live, dirSynced, dirCh := w.e.dir.live(w.m.Kind, w.m.From, w.m.To)
 		w.mu.Lock()
-		ok := w.synced && cond(w.v)
+		w.v.live = live
+		ok := w.synced && dirSynced && cond(w.v)
 		ch := w.notify
 		w.mu.Unlock()
 		if ok {
@@ -477,6 +466,7 @@ func (w *signalWatch) wait(ctx context.Context, deadline time.Time, cond func(si
 		}
 		select {
 		case <-ch:
+		case <-dirCh:
 		case <-wctx.Done():
 			return w.e.waitErr(ctx)
 		}
@@ -503,19 +493,4 @@ func applySignal(sigs map[string]schema.TenantSignal, e kvwatch.Entry) {
 		return
 	}
 	sigs[key] = sig
-}
-
-func (e *Engine) liveInstances(ctx context.Context, m *MoveRecord) (map[string][]string, error) {
-	insts, err := e.st.Instances(ctx, m.Kind)
-	if err != nil {
-		return nil, err
-	}
-	now := time.Now()
-	out := map[string][]string{}
-	for _, i := range insts {
-		if (i.Shard == m.From || i.Shard == m.To) && e.cfg.Thresholds.Status(i, now).Live() {
-			out[i.Shard] = append(out[i.Shard], i.Key())
-		}
-	}
-	return out, nil
 }

@@ -52,9 +52,6 @@ type Config struct {
 	// Transport carries forwarded requests. Default: a clone of http.DefaultTransport with a 1s
 	// dial timeout.
 	Transport http.RoundTripper
-	// Thresholds turn peers' heartbeat ages into liveness (forward mode, and a move's source
-	// instances a target waits for). Default schema's.
-	Thresholds schema.Thresholds
 
 	// AdminToken is the bearer token /admin/* requires. Default $TM_ADMIN_TOKEN. Without a
 	// token, admin routes answer 403: they are refused, never open.

@@ -7,3 +7,10 @@ import "github.com/tenantmesh/tenantmesh/shardkit/schema"
 func (s *Shard) PeerForTest(id schema.InstanceID) (schema.Instance, bool, <-chan struct{}) {
 	return s.peers.instance(id.Key())
 }
+
+// PeerVersionForTest is how many entries the membership view has applied.
+func (s *Shard) PeerVersionForTest() uint64 {
+	s.peers.mu.RLock()
+	defer s.peers.mu.RUnlock()
+	return s.peers.version
+}

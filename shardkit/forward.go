@@ -21,8 +21,12 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
-// peerView keeps the kind's part of the instance directory in memory: forward mode proxies to
-// live peers, and a move's target judges which source instances must report drained.
+// peerView keeps the kind's memberships (tm_members) in memory: forward mode proxies to live
+// peers, and a move's target judges which source instances must report drained. It follows
+// memberships, not the heartbeating directory, so what an instance receives does not grow with
+// the fleet's heartbeats: a peer is live while its membership says online or degraded, and
+// dead once the sweeper marks it offline (after Thresholds.OfflineAfter without a heartbeat)
+// or it unregisters.
 type peerView struct {
 	s      *Shard
 	f      *kvwatch.Follower
@@ -44,9 +48,9 @@ func newPeerView(s *Shard) *peerView {
 func (p *peerView) start(ctx context.Context, wg *sync.WaitGroup) error {
 	f, err := kvwatch.New(kvwatch.Config{
 		JS:     p.s.st.JetStream(),
-		Bucket: schema.BucketInstances,
+		Bucket: schema.BucketMembers,
 		Filter: p.s.kind + ".>",
-		Logger: p.s.cfg.Logger.With("watch", schema.BucketInstances),
+		Logger: p.s.cfg.Logger.With("watch", schema.BucketMembers),
 	}, p)
 	if err != nil {
 		return fmt.Errorf("shardkit: %w", err)
@@ -76,6 +80,7 @@ func (p *peerView) Apply(e kvwatch.Entry) {
 	}()
 	if e.Op != kvwatch.Put {
 		delete(p.insts, e.Key)
+		p.checkSelf(e.Key, schema.Instance{}, false)
 		return
 	}
 	var inst schema.Instance
@@ -86,6 +91,18 @@ func (p *peerView) Apply(e kvwatch.Entry) {
 	}
 	inst.Revision = e.Revision
 	p.insts[e.Key] = inst
+	p.checkSelf(e.Key, inst, true)
+}
+
+// checkSelf asks for this instance's membership to be written again when the sweeper marked it
+// offline or removed it while it lives (cut off from NATS for a while, say).
+func (p *peerView) checkSelf(key string, inst schema.Instance, ok bool) {
+	if key != p.s.self {
+		return
+	}
+	if !ok || inst.Reported == schema.StatusOffline {
+		p.s.memberStale.Store(true)
+	}
 }
 
 // Synced implements kvwatch.Handler.
@@ -101,11 +118,10 @@ func (p *peerView) instance(key string) (schema.Instance, bool, <-chan struct{})
 
 // live returns the live instances of shard other than this one, rotated round-robin.
 func (p *peerView) live(shard string) []schema.Instance {
-	now := p.s.cfg.Now()
 	p.mu.RLock()
 	var out []schema.Instance
 	for k, inst := range p.insts {
-		if inst.Shard == shard && k != p.s.self && p.s.cfg.Thresholds.Status(inst, now).Live() {
+		if inst.Shard == shard && k != p.s.self && memberStatus(inst).Live() {
 			out = append(out, inst)
 		}
 	}
@@ -122,12 +138,11 @@ func (p *peerView) live(shard string) []schema.Instance {
 // liveNames returns the instance names of shard's live instances (this one included), and a
 // channel closed at the next directory change.
 func (p *peerView) liveNames(shard string) ([]string, <-chan struct{}) {
-	now := p.s.cfg.Now()
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	var out []string
 	for _, inst := range p.insts {
-		if inst.Shard == shard && p.s.cfg.Thresholds.Status(inst, now).Live() {
+		if inst.Shard == shard && memberStatus(inst).Live() {
 			out = append(out, inst.Instance)
 		}
 	}
@@ -142,14 +157,23 @@ func sortInstances(xs []schema.Instance) {
 	}
 }
 
-// PeerStatus is the status of another instance of this kind as this instance sees it, judged
-// with the configured clock and thresholds. ok is false when the directory has no entry for it.
+// memberStatus is the status a membership entry says: memberships carry no heartbeats to age.
+func memberStatus(i schema.Instance) schema.Status {
+	if i.Reported == "" {
+		return schema.StatusOnline
+	}
+	return i.Reported
+}
+
+// PeerStatus is the status of another instance of this kind as this instance sees it: what its
+// membership entry says (the sweeper marks it offline when its heartbeats stop). ok is false
+// when there is no entry for it.
 func (s *Shard) PeerStatus(id schema.InstanceID) (st schema.Status, ok bool) {
 	inst, ok, _ := s.peers.instance(id.Key())
 	if !ok {
 		return "", false
 	}
-	return s.cfg.Thresholds.Status(inst, s.cfg.Now()), true
+	return memberStatus(inst), true
 }
 
 // forwardPlan travels in a forwarded request's context to the proxy's transport.

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -65,73 +64,114 @@ func nextInstance(t *testing.T, ch <-chan *schema.Instance, what string, ok func
 	}
 }
 
-// An instance heartbeats into the directory; once its heartbeats stop (its NATS connection is
-// gone), peers see it degraded, then offline after the threshold, and stop forwarding to it.
+// An instance heartbeats into the directory, but its peers follow memberships, which carry no
+// heartbeats: however many heartbeats A writes, B's view of the kind does not change. When A's
+// heartbeats stop (its NATS connection is gone), the sweeper marks it offline; B sees that at
+// once and stops forwarding to it.
 func TestHeartbeatsStoppingMakeInstanceOffline(t *testing.T) {
 	srv := natstest.Server(t)
 	st := openStore(t, srv.URL())
 	rev := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"}).Revision
 	stA := openStore(t, srv.URL())
-	var fixed atomic.Int64
-	clock := func() time.Time {
-		if v := fixed.Load(); v != 0 {
-			return time.Unix(0, v)
-		}
-		return time.Now()
-	}
-	th := schema.Thresholds{DegradedAfter: 2 * time.Second, OfflineAfter: 10 * time.Second}
 	updates := watchInstance(t, st, "aggregate.aggregate-1.a")
 	a := startShard(t, shardkit.Config{Store: stA, ID: id("aggregate-1", "a"), Heartbeat: 50 * time.Millisecond})
-	b := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-2", "b"), Forward: true, Thresholds: th, Now: clock})
+	b := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-2", "b"), Forward: true})
 	synced(t, rev, b)
 
 	first := nextInstance(t, updates, "registration", func(i *schema.Instance) bool { return i != nil })
-	beat := nextInstance(t, updates, "heartbeat", func(i *schema.Instance) bool { return i != nil && i.Heartbeat.After(first.Heartbeat) })
+	awaitPeer(t, b, a.ID(), func(i schema.Instance) bool { return i.URL == a.URL })
+	awaitPeer(t, b, b.ID(), func(i schema.Instance) bool { return i.URL == b.URL })
+	seen := b.PeerVersionForTest()
+	beat := first
+	for range 5 { // five heartbeats after the registration B has seen
+		beat = nextInstance(t, updates, "heartbeat", func(i *schema.Instance) bool { return i != nil && i.Heartbeat.After(beat.Heartbeat) })
+	}
 	if beat.Metrics == nil || beat.URL != a.URL || beat.Reported != schema.StatusOnline {
 		t.Fatalf("heartbeat entry: %+v", beat)
+	}
+	// A heartbeat that reached B would have been applied before the membership write a
+	// change makes now: that write is B's next version.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := st.PutMember(ctx, schema.Instance{InstanceID: id("aggregate-9", "probe"), URL: "http://127.0.0.1:1"}); err != nil {
+		t.Fatal(err)
+	}
+	awaitPeer(t, b, id("aggregate-9", "probe"), func(schema.Instance) bool { return true })
+	if got := b.PeerVersionForTest(); got != seen+1 {
+		t.Fatalf("B's view applied %d entries across 5 heartbeats of A and one membership change; want 1", got-seen)
+	}
+	if s, _ := b.PeerStatus(a.ID()); s != schema.StatusOnline {
+		t.Fatalf("A while it heartbeats: %s", s)
 	}
 	if code, _, body := call(t, "GET", b.URL+"/t/x", "t1", nil, ""); code != http.StatusOK {
 		t.Fatalf("forward to the live owner: %d %s", code, body)
 	}
 
-	stA.Conn().Close() // A's heartbeats stop; its entry stays behind, as after a crash
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	stA.Conn().Close() // A's heartbeats stop; its entries stay behind, as after a crash
 	last, err := st.Instance(ctx, a.ID())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for { // wait for B's view to hold A's last heartbeat
-		inst, ok, changed := b.PeerForTest(a.ID())
-		if ok && inst.Revision >= last.Revision {
-			break
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			t.Fatal("B's directory view never caught up")
-		}
+	if err := st.MarkOffline(ctx, last); err != nil { // what the sweeper does after OfflineAfter
+		t.Fatal(err)
 	}
-	at := func(d time.Duration) schema.Status {
-		fixed.Store(last.Heartbeat.Add(d).UnixNano())
-		s, _ := b.PeerStatus(a.ID())
-		return s
-	}
-	if s := at(time.Second); s != schema.StatusOnline {
-		t.Fatalf("1s after the last heartbeat: %s", s)
-	}
-	if s := at(th.DegradedAfter); s != schema.StatusDegraded {
-		t.Fatalf("at the degraded threshold: %s", s)
-	}
-	if s := at(th.OfflineAfter - time.Millisecond); s != schema.StatusDegraded {
-		t.Fatalf("just before the offline threshold: %s", s)
-	}
-	if s := at(th.OfflineAfter); s != schema.StatusOffline {
-		t.Fatalf("at the offline threshold: %s", s)
+	awaitPeer(t, b, a.ID(), func(i schema.Instance) bool { return i.Reported == schema.StatusOffline })
+	if s, _ := b.PeerStatus(a.ID()); s != schema.StatusOffline {
+		t.Fatalf("A once marked offline: %s", s)
 	}
 	code, h, body := call(t, "GET", b.URL+"/t/x", "t1", nil, "")
 	if p := problemOf(t, h, body); code != http.StatusServiceUnavailable || p.Owner != "aggregate-1" {
 		t.Fatalf("forward to an offline owner: %d %+v", code, p)
+	}
+}
+
+// An instance the sweeper wrongly marked offline (it was cut off for a while) writes its
+// membership back at its next heartbeat, and its peers see it online again.
+func TestMarkedOfflineInstanceComesBack(t *testing.T) {
+	srv := natstest.Server(t)
+	st := openStore(t, srv.URL())
+	a := startShard(t, shardkit.Config{Store: openStore(t, srv.URL()), ID: id("aggregate-1", "a"), Heartbeat: 50 * time.Millisecond})
+	b := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "b")})
+	awaitPeer(t, b, a.ID(), func(i schema.Instance) bool { return i.URL == a.URL })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	inst, err := st.Instance(ctx, a.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for { // a heartbeat may land between the read and the CAS: read again
+		err = st.MarkOffline(ctx, inst)
+		if !errors.Is(err, schema.ErrConflict) {
+			break
+		}
+		if inst, err = st.Instance(ctx, a.ID()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := awaitPeer(t, b, a.ID(), func(i schema.Instance) bool { return i.Reported != schema.StatusOffline && i.Revision > inst.Revision })
+	if m.Reported != schema.StatusOnline {
+		t.Fatalf("A after coming back: %+v", m)
+	}
+}
+
+// awaitPeer waits until s's membership view holds an entry for id that satisfies ok.
+func awaitPeer(t *testing.T, s *testShard, id schema.InstanceID, ok func(schema.Instance) bool) schema.Instance {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		inst, found, changed := s.PeerForTest(id)
+		if found && ok(inst) {
+			return inst
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			t.Fatalf("%s's view never showed the expected entry for %s (last %+v)", s.ID().Key(), id.Key(), inst)
+		}
 	}
 }
 

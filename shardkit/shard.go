@@ -61,6 +61,12 @@ type Shard struct {
 
 	instMu sync.Mutex
 	inst   schema.Instance
+
+	// member is what the membership entry (tm_members) last written holds; memberStale asks
+	// the next heartbeat to write it again whatever it holds.
+	memberMu    sync.Mutex
+	member      schema.Instance
+	memberStale atomic.Bool
 }
 
 // New makes a Shard from cfg; nothing touches the network until Run.
@@ -225,6 +231,9 @@ func (s *Shard) register(ctx context.Context) error {
 	s.instMu.Lock()
 	s.inst = inst
 	s.instMu.Unlock()
+	s.memberMu.Lock()
+	s.member = inst
+	s.memberMu.Unlock()
 	for _, r := range s.routes() {
 		if _, err := s.st.AddRouteInstance(ctx, r, s.cfg.ID); err != nil {
 			return fmt.Errorf("shardkit: publish route %s %s: %w", r.Method, r.Prefix, err)
@@ -294,8 +303,10 @@ func (s *Shard) shutdown(ctx context.Context) error {
 	s.instMu.Unlock()
 	if inst.URL != "" {
 		inst.Reported = schema.StatusDraining
-		if _, err := s.st.Heartbeat(ctx, inst); err != nil {
+		if got, err := s.st.Heartbeat(ctx, inst); err != nil {
 			log.Warn("reporting draining", "err", err)
+		} else {
+			s.syncMember(ctx, got)
 		}
 	}
 	if s.cfg.ShutdownGrace > 0 {

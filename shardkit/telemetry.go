@@ -79,6 +79,27 @@ func (s *Shard) heartbeat(ctx context.Context, r schema.LoadReport) {
 	s.instMu.Lock()
 	s.inst = got
 	s.instMu.Unlock()
+	s.syncMember(hctx, got)
+}
+
+// syncMember writes the instance's membership entry when what it holds changed since the last
+// write (status, URL, capacity, labels, version), or when the sweeper marked it offline or
+// removed it; a heartbeat that changes none of it writes nothing there.
+func (s *Shard) syncMember(ctx context.Context, inst schema.Instance) {
+	s.memberMu.Lock()
+	defer s.memberMu.Unlock()
+	stale := s.memberStale.Swap(false)
+	if !stale && s.member.SameMember(inst) {
+		return
+	}
+	if _, err := s.st.PutMember(ctx, inst); err != nil {
+		s.memberStale.Store(true)
+		if ctx.Err() == nil {
+			s.cfg.Logger.Warn("writing membership failed", "instance", s.self, "err", err)
+		}
+		return
+	}
+	s.member = inst
 }
 
 // forgetIdle drops the state of tenants that are idle, not draining or moving, and no longer

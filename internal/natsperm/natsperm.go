@@ -26,7 +26,7 @@ func Rebalancer() Role { return natsauth.Admin() }
 // servers that register with it for affinityKinds, and audit events; reads load reports.
 func Gateway(kinds, affinityKinds []string) Role {
 	p := base("gateway")
-	p.readKV(schema.BucketKinds, schema.BucketInstances, schema.BucketRoutes, schema.BucketTenantState)
+	p.readKV(schema.BucketKinds, schema.BucketInstances, schema.BucketMembers, schema.BucketRoutes, schema.BucketTenantState)
 	p.readObjects(schema.BucketSnapshots)
 	for _, k := range kinds {
 		p.readKV(schema.PlacementBucket(k))
@@ -34,6 +34,7 @@ func Gateway(kinds, affinityKinds []string) Role {
 	}
 	for _, k := range affinityKinds {
 		p.writeKV(schema.BucketInstances, k+".>")
+		p.writeKV(schema.BucketMembers, k+".>")
 	}
 	if len(affinityKinds) > 0 {
 		p.writeKV(schema.BucketRoutes, ">")
@@ -89,10 +90,11 @@ func KindAssets(kind string) Assets {
 // their kind's application assets.
 func Shard(kind, shard string, a Assets) Role {
 	p := base("shard-" + kind + "-" + shard)
-	p.readKV(schema.BucketKinds, schema.BucketInstances, schema.BucketRoutes, schema.BucketTenantState,
-		schema.PlacementBucket(kind))
+	p.readKV(schema.BucketKinds, schema.BucketInstances, schema.BucketMembers, schema.BucketRoutes,
+		schema.BucketTenantState, schema.PlacementBucket(kind))
 	p.readObjects(schema.BucketSnapshots)
 	p.writeKV(schema.BucketInstances, kind+"."+shard+".*")
+	p.writeKV(schema.BucketMembers, kind+"."+shard+".*")
 	p.writeKV(schema.BucketTenantState, kind+".*."+shard+".*")
 	p.writeKV(schema.PlacementBucket(kind), ">")
 	p.writeKV(schema.BucketRoutes, ">")

@@ -119,6 +119,20 @@ func TestSweepMarksOfflineAlertsOnceAndCleansUp(t *testing.T) {
 	if err != nil || got.Reported != schema.StatusOffline {
 		t.Fatalf("dead instance after sweep: %+v, %v", got, err)
 	}
+	// Shard instances follow memberships, not heartbeats: the sweep is how they learn.
+	members, err := st.Members(ctx, dead.Kind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	marked := false
+	for _, m := range members {
+		if m.Key() == dead.Key() {
+			marked = m.Reported == schema.StatusOffline
+		}
+	}
+	if !marked {
+		t.Fatalf("the dead instance's membership after the sweep: %+v", members)
+	}
 	if r, err := st.RouteFor(ctx, "*", "/render"); err != nil || len(r.Instances) != 1 || r.Instances[0] != live.Key() {
 		t.Fatalf("shared route: %+v, %v", r, err)
 	}

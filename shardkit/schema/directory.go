@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"time"
 )
@@ -118,12 +119,17 @@ func (s *Store) Register(ctx context.Context, i Instance) (Instance, error) {
 	if err != nil {
 		return Instance{}, err
 	}
+	if _, err := s.PutMember(ctx, i); err != nil {
+		return Instance{}, err
+	}
 	i.Revision = rev
 	return i, nil
 }
 
-// Heartbeat refreshes the entry's heartbeat time and metrics. It re-creates the entry if a
-// sweeper removed it, so an instance that was wrongly declared dead comes back.
+// Heartbeat refreshes the entry's heartbeat time and metrics in tm_instances only; the
+// membership entry (tm_members) changes only through PutMember, MarkOffline and the removals.
+// It re-creates the entry if a sweeper removed it, so an instance that was wrongly declared
+// dead comes back.
 func (s *Store) Heartbeat(ctx context.Context, i Instance) (Instance, error) {
 	i.Heartbeat = time.Now().UTC()
 	if err := i.Validate(); err != nil {
@@ -142,7 +148,10 @@ func (s *Store) Unregister(ctx context.Context, id InstanceID) error {
 	if err := id.Check(); err != nil {
 		return err
 	}
-	return s.deleteKey(ctx, s.instances, id.Key(), 0)
+	if err := s.deleteKey(ctx, s.instances, id.Key(), 0); err != nil {
+		return err
+	}
+	return s.deleteKey(ctx, s.members, id.Key(), 0)
 }
 
 // Instance reads one entry.
@@ -177,18 +186,78 @@ func (s *Store) Instances(ctx context.Context, kind string) ([]Instance, error) 
 }
 
 // MarkOffline records that the sweeper found the instance offline, by CAS on the revision read,
-// so a heartbeat that lands meanwhile wins.
+// so a heartbeat that lands meanwhile wins; then it marks the membership entry offline, which
+// is how shard instances (which follow memberships, not heartbeats) learn of it. An instance
+// that is alive after all sees its own membership turn offline and writes it back.
 func (s *Store) MarkOffline(ctx context.Context, i Instance) error {
 	i.Reported = StatusOffline
-	_, err := s.casJSON(ctx, s.instances, i.Key(), i.Revision, i)
+	if _, err := s.casJSON(ctx, s.instances, i.Key(), i.Revision, i); err != nil {
+		return err
+	}
+	_, err := s.PutMember(ctx, i)
 	return err
 }
 
-// RemoveInstance deletes an entry if it is unchanged since it was read (sweeper).
+// RemoveInstance deletes an entry if it is unchanged since it was read (sweeper), and its
+// membership entry.
 func (s *Store) RemoveInstance(ctx context.Context, i Instance) error {
 	err := s.deleteKey(ctx, s.instances, i.Key(), i.Revision)
+	if errors.Is(err, ErrNotFound) {
+		err = nil
+	}
+	if err != nil {
+		return err
+	}
+	err = s.deleteKey(ctx, s.members, i.Key(), 0)
 	if errors.Is(err, ErrNotFound) {
 		return nil
 	}
 	return err
+}
+
+// Member is i as its membership entry holds it: no metrics, Heartbeat the time of the change.
+func (i Instance) Member() Instance {
+	i.Metrics = nil
+	i.Revision = 0
+	if i.Reported == "" {
+		i.Reported = StatusOnline
+	}
+	return i
+}
+
+// SameMember reports whether i and o agree on everything a membership entry holds but its
+// time: a heartbeat that changes none of it writes no membership.
+func (i Instance) SameMember(o Instance) bool {
+	a, b := i.Member(), o.Member()
+	return a.InstanceID == b.InstanceID && a.URL == b.URL && a.Capacity == b.Capacity && a.Version == b.Version &&
+		a.Started.Equal(b.Started) && a.Reported == b.Reported && maps.Equal(a.Labels, b.Labels)
+}
+
+// PutMember writes i's membership entry (tm_members), stamped with the time of the change.
+// Instances call it when what it holds changes, never per heartbeat: every instance of the
+// kind receives every write.
+func (s *Store) PutMember(ctx context.Context, i Instance) (uint64, error) {
+	i = i.Member()
+	i.Heartbeat = time.Now().UTC()
+	if err := i.Validate(); err != nil {
+		return 0, err
+	}
+	return s.putJSON(ctx, s.members, i.Key(), i)
+}
+
+// Members lists the membership entries, optionally only one kind ("" for all).
+func (s *Store) Members(ctx context.Context, kind string) ([]Instance, error) {
+	filter := ">"
+	if kind != "" {
+		if err := CheckName("kind", kind); err != nil {
+			return nil, err
+		}
+		filter = kind + ".>"
+	}
+	var out []Instance
+	_, err := listJSON(ctx, s, s.members, filter, func(_ string, rev uint64, i Instance) {
+		i.Revision = rev
+		out = append(out, i)
+	})
+	return out, err
 }

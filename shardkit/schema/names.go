@@ -27,8 +27,13 @@ import (
 
 // Buckets and streams.
 const (
-	BucketKinds       = "tm_kinds"
-	BucketInstances   = "tm_instances"
+	BucketKinds     = "tm_kinds"
+	BucketInstances = "tm_instances"
+	// BucketMembers is the instance directory without heartbeats: an entry changes only when
+	// its instance registers, changes status, URL, capacity, labels or version, or is marked
+	// offline or removed by the sweeper. Shard instances follow it (tm_instances carries a
+	// write per instance per second, which would cost every instance every other's heartbeat).
+	BucketMembers     = "tm_members"
 	BucketRoutes      = "tm_routes"
 	BucketTenantState = "tm_tenant_state"
 	BucketRebalance   = "tm_rebalance"

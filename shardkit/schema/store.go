@@ -71,7 +71,7 @@ type Store struct {
 	js   jetstream.JetStream
 	opts Options
 
-	kinds, instances, routes, signals, rebalance jetstream.KeyValue
+	kinds, instances, members, routes, signals, rebalance jetstream.KeyValue
 
 	mu         sync.Mutex
 	placements map[string]jetstream.KeyValue
@@ -96,6 +96,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 	}{
 		{&s.kinds, BucketKinds, "tenantmesh kind config", 5},
 		{&s.instances, BucketInstances, "tenantmesh instance directory", 1},
+		{&s.members, BucketMembers, "tenantmesh instance membership (changes only)", 1},
 		{&s.routes, BucketRoutes, "tenantmesh route registry", 1},
 		{&s.signals, BucketTenantState, "tenantmesh tenant signals", 1},
 		{&s.rebalance, BucketRebalance, "tenantmesh plans, moves and leader lease", 1},
