@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -22,6 +23,10 @@ const EnvAdminToken = "TM_ADMIN_TOKEN"
 type Config struct {
 	// Store is the NATS schema store; required.
 	Store *schema.Store
+	// Watcher, if set, is a placement watcher of the instance's kind that the caller runs and
+	// shares among the instances it hosts in one process (each would otherwise hold its own
+	// copy of the kind's placements). Default: the instance makes and runs its own.
+	Watcher *placement.Watcher
 	// ID names this instance: kind, shard and instance; required.
 	ID schema.InstanceID
 	// URL is where this instance serves HTTP (absolute http(s) URL); required.
@@ -198,6 +203,9 @@ func (c Config) valid() error {
 	inst := schema.Instance{InstanceID: c.ID, URL: c.URL, Capacity: c.Capacity}
 	if err := inst.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if c.Watcher != nil && !c.Watcher.Has(c.ID.Kind) {
+		return fmt.Errorf("%w: Watcher does not follow kind %s", ErrConfig, c.ID.Kind)
 	}
 	for _, r := range c.Routes {
 		if r.Kind == "" {

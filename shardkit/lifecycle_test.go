@@ -15,6 +15,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -323,5 +324,34 @@ func TestRoutesRepublished(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatal("route not re-published within 20s")
 		}
+	}
+}
+
+// Instances hosted in one process can share one placement watcher (Config.Watcher): each
+// still gates by the shared view and is told of the changes that concern it.
+func TestSharedWatcher(t *testing.T) {
+	srv := natstest.Server(t)
+	st := openStore(t, srv.URL())
+	w, err := placement.New(placement.Config{Store: st, Kinds: []string{"aggregate"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), Watcher: w})
+	b := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-2", "b"), Watcher: w})
+	rev := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"}).Revision
+	synced(t, rev, a, b)
+	if code, _, body := call(t, "GET", a.URL+"/t/x", "t1", nil, ""); code != http.StatusOK {
+		t.Fatalf("owner: %d %s", code, body)
+	}
+	if code, _, body := call(t, "GET", b.URL+"/t/x", "t1", nil, ""); code != http.StatusMisdirectedRequest {
+		t.Fatalf("not the owner: %d %s", code, body)
+	}
+	if _, err := shardkit.New(shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "runner", Shard: "runner-1", Instance: "x"},
+		URL: "http://127.0.0.1:1", Watcher: w}); !errors.Is(err, shardkit.ErrConfig) {
+		t.Fatalf("a watcher of another kind: %v", err)
 	}
 }

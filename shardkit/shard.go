@@ -24,6 +24,7 @@ type Shard struct {
 	self    string // the instance key
 	st      *schema.Store
 	watcher *placement.Watcher
+	shared  bool // watcher is Config.Watcher: the caller runs it
 	metrics *metrics
 	states  *stateMap
 	peers   *peerView   // the kind's directory in memory
@@ -92,6 +93,14 @@ func New(cfg Config) (*Shard, error) {
 	s.runCtx, s.cancel = context.WithCancel(context.Background())
 	s.metrics = newMetrics(cfg.Registerer, s)
 	s.states = newStateMap(s.metrics.seriesFor)
+	s.peers, s.signals = newPeerView(s), newSignalView(s)
+	if cfg.Forward {
+		s.proxy = s.newProxy()
+	}
+	if cfg.Watcher != nil {
+		s.watcher, s.shared = cfg.Watcher, true
+		return s, nil
+	}
 	w, err := placement.New(placement.Config{
 		Store:      cfg.Store,
 		Kinds:      []string{s.kind},
@@ -103,10 +112,6 @@ func New(cfg Config) (*Shard, error) {
 		return nil, fmt.Errorf("shardkit: %w", err)
 	}
 	s.watcher = w
-	s.peers, s.signals = newPeerView(s), newSignalView(s)
-	if cfg.Forward {
-		s.proxy = s.newProxy()
-	}
 	return s, nil
 }
 
@@ -143,7 +148,11 @@ func (s *Shard) Run(ctx context.Context) error {
 		s.tasks.Wait()
 		close(s.stopped)
 	}()
-	loops.Go(func() { _ = s.watcher.Run(runCtx) })
+	if s.shared {
+		defer s.watcher.Subscribe(s.onChange)()
+	} else {
+		loops.Go(func() { _ = s.watcher.Run(runCtx) })
+	}
 	if err := s.peers.start(runCtx, &loops); err != nil {
 		return err
 	}

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -81,6 +82,9 @@ type Watcher struct {
 	discSince  atomic.Int64 // unix ns of the connection's last disconnect, 0 while connected
 	metrics    *metrics
 	pendingSyn atomic.Int32
+
+	subMu sync.Mutex                    // serialises Subscribe's copy-on-write
+	subs  atomic.Pointer[[]*subscriber] // nil when none
 }
 
 type kindState struct {
@@ -349,11 +353,51 @@ func (ks *kindState) Apply(e kvwatch.Entry) {
 	}
 	old := t.set(e.Key, v, e.Revision)
 	ks.mu.Unlock()
-	if cb := ks.w.cfg.OnChange; cb != nil && old != v {
+	cb, subs := ks.w.cfg.OnChange, ks.w.subs.Load()
+	if (cb != nil || subs != nil) && old != v {
 		c := Change{Kind: ks.kind, Tenant: e.Key}
 		c.Old, c.OldOK = t.decode(old, 0)
 		c.New, c.NewOK = t.decode(v, e.Revision)
-		cb(c)
+		if cb != nil {
+			cb(c)
+		}
+		if subs != nil {
+			for _, s := range *subs {
+				s.fn(c)
+			}
+		}
+	}
+}
+
+// subscriber is one Subscribe call's callback.
+type subscriber struct{ fn func(Change) }
+
+// Subscribe adds fn to the callbacks called like Config.OnChange, for a watcher shared by
+// several users in one process (many shard instances of one kind in a sidecar or a harness),
+// and returns the function that removes it.
+func (w *Watcher) Subscribe(fn func(Change)) (remove func()) {
+	sub := &subscriber{fn: fn}
+	w.subMu.Lock()
+	defer w.subMu.Unlock()
+	var next []*subscriber
+	if cur := w.subs.Load(); cur != nil {
+		next = append(next, *cur...)
+	}
+	next = append(next, sub)
+	w.subs.Store(&next)
+	return func() {
+		w.subMu.Lock()
+		defer w.subMu.Unlock()
+		cur := w.subs.Load()
+		if cur == nil {
+			return
+		}
+		rest := slices.DeleteFunc(slices.Clone(*cur), func(s *subscriber) bool { return s == sub })
+		if len(rest) == 0 {
+			w.subs.Store(nil)
+			return
+		}
+		w.subs.Store(&rest)
 	}
 }
 
