@@ -8,7 +8,7 @@ BENCH ?=
 BENCHTIME ?=
 COUNT ?=
 
-.PHONY: all help bins run e2e test test-short test-norace vet lint staticcheck fmt fmt-check bench bench-smoke tools build bench-gateway bench-tools fuzz
+.PHONY: all help bins run e2e scale test test-short test-norace vet lint staticcheck fmt fmt-check bench bench-smoke tools build bench-gateway bench-tools fuzz
 
 all: build
 
@@ -95,6 +95,15 @@ fmt-check:
 e2e: tools
 	TM_E2E_MOVES=$${TM_E2E_MOVES:-1000} TM_CHAOS_LONG=1 TM_CLUSTER_STARTS=$${TM_CLUSTER_STARTS:-20} \
 		$(GO) test -count=1 -timeout 90m -run 'MovesUnderLoad|Chaos|FreshClusterStarts|Contention' -v ./test/
+
+## scale: the scale harness (test/scale, about 10-15 minutes on 2 cores): a 3-node embedded NATS
+## cluster, TM_SCALE_TENANTS placements per kind (1,000,000), fleets of TM_SCALE_FLEETS shard
+## instances (100,1000), 3 gateways, the rebalancer, traffic through the gateways while a plan of
+## TM_SCALE_MOVES moves (10,000) runs at TM_SCALE_CONCURRENCY (50); prints NATS traffic per role,
+## cold start, moves/s, pauses, failed requests and the ratio between the fleet sizes. Not part
+## of `make test`, which runs its smoke version (tiny numbers, seconds). 127.0.0.1 only.
+scale:
+	TM_SCALE=1 $(GO) test -count=1 -timeout 20m -run '^TestScale$$' -v ./test/scale/ | tee $(or $(TMPDIR),/tmp)/tenantmesh-scale.txt
 
 ## bench: the benchmark suite (test/benchreport/suite.go): the gateway vs HAProxy vs nginx vs
 ## direct, the placement watcher's lookup and 1M cold start, placement change -> routed on 1/3

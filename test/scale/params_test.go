@@ -1,0 +1,97 @@
+// Package scale is the scale harness (`make scale`): a 3-node embedded NATS cluster, placements
+// per kind, a fleet of shard instances at several sizes, 3 gateways and the rebalancer, with
+// traffic through the gateways while a plan of many moves runs. It prints what each role costs
+// and how each figure grows with the fleet. Without TM_SCALE=1 it runs a smoke version with
+// tiny numbers in seconds, so `make test` keeps it working.
+package scale
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// params are the harness's sizes; the TM_SCALE_* variables set them.
+type params struct {
+	Tenants     int           // placements per kind (TM_SCALE_TENANTS)
+	Fleets      []int         // fleet sizes, instances over the three kinds (TM_SCALE_FLEETS, "100,1000")
+	PerShard    int           // instances per shard (TM_SCALE_PER_SHARD)
+	Moves       int           // moves in each fleet's plan (TM_SCALE_MOVES)
+	Concurrency int           // the plan's concurrency (TM_SCALE_CONCURRENCY)
+	Live        int           // tenants with traffic through the gateways (TM_SCALE_LIVE)
+	Clients     int           // client goroutines sending that traffic (TM_SCALE_CLIENTS)
+	Steady      time.Duration // the steady-state measuring window (TM_SCALE_STEADY)
+	Replicas    int           // replicas of every bucket (TM_SCALE_REPLICAS)
+	Gateways    int           // gateways (TM_SCALE_GATEWAYS)
+	Heartbeat   time.Duration // the instances' heartbeat (TM_SCALE_HEARTBEAT)
+	Deadline    time.Duration // the whole run's bound (TM_SCALE_DEADLINE)
+}
+
+// smoke is what `make test` runs: every part, tiny.
+var smoke = params{Tenants: 300, Fleets: []int{12, 18}, PerShard: 2, Moves: 20, Concurrency: 5, Live: 6, Clients: 2,
+	Steady: 2 * time.Second, Replicas: 3, Gateways: 3, Heartbeat: time.Second, Deadline: 4 * time.Minute}
+
+// full is `make scale`'s default; TM_SCALE_* override each field.
+var full = params{Tenants: 1_000_000, Fleets: []int{100, 1000}, PerShard: 2, Moves: 10_000, Concurrency: 50, Live: 60,
+	Clients: 8, Steady: 10 * time.Second, Replicas: 3, Gateways: 3, Heartbeat: time.Second, Deadline: 14 * time.Minute}
+
+func paramsFromEnv() (params, bool, error) {
+	if os.Getenv("TM_SCALE") != "1" {
+		return smoke, false, nil
+	}
+	p := full
+	ints := map[string]*int{"TENANTS": &p.Tenants, "PER_SHARD": &p.PerShard, "MOVES": &p.Moves,
+		"CONCURRENCY": &p.Concurrency, "LIVE": &p.Live, "CLIENTS": &p.Clients, "REPLICAS": &p.Replicas, "GATEWAYS": &p.Gateways}
+	for name, dst := range ints {
+		if v := os.Getenv("TM_SCALE_" + name); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return p, true, fmt.Errorf("TM_SCALE_%s=%q: want a positive integer", name, v)
+			}
+			*dst = n
+		}
+	}
+	durs := map[string]*time.Duration{"STEADY": &p.Steady, "HEARTBEAT": &p.Heartbeat, "DEADLINE": &p.Deadline}
+	for name, dst := range durs {
+		if v := os.Getenv("TM_SCALE_" + name); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return p, true, fmt.Errorf("TM_SCALE_%s=%q: want a positive duration", name, v)
+			}
+			*dst = d
+		}
+	}
+	if v := os.Getenv("TM_SCALE_FLEETS"); v != "" {
+		p.Fleets = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 3*p.PerShard*2 {
+				return p, true, fmt.Errorf("TM_SCALE_FLEETS=%q: want sizes of at least %d (2 shards per kind)", v, 3*p.PerShard*2)
+			}
+			p.Fleets = append(p.Fleets, n)
+		}
+	}
+	return p, true, nil
+}
+
+// kinds are the three service kinds the fleet serves.
+var kinds = []string{"aggregate", "projection", "runner"}
+
+// shardsPerKind is how many shards of each kind a fleet of n instances has.
+func (p params) shardsPerKind(n int) int { return max(n/len(kinds)/p.PerShard, 2) }
+
+// maxShards is the shards per kind of the largest fleet: tenants are placed over all of them,
+// and a smaller fleet runs the first shardsPerKind of them.
+func (p params) maxShards() int {
+	m := 0
+	for _, n := range p.Fleets {
+		m = max(m, p.shardsPerKind(n))
+	}
+	return m
+}
+
+func shardName(kind string, i int) string { return fmt.Sprintf("%s-%d", kind, i) }
+
+func tenantName(i int) string { return fmt.Sprintf("t%07d", i) }

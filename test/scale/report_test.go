@@ -1,0 +1,135 @@
+package scale
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+)
+
+// row is one line of the table: a figure per fleet size.
+type row struct {
+	name string
+	vals []float64
+	unit string
+}
+
+func perConn(r rates, f func(rates) float64) float64 {
+	if r.Conns == 0 {
+		return 0
+	}
+	return f(r) / float64(r.Conns)
+}
+
+func pct(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	i := int(float64(len(s)-1) * p)
+	return s[i]
+}
+
+// report prints the run's table in Markdown.
+func report(w io.Writer, p params, loaded time.Duration, colds []coldStart, rs []fleetResult, total time.Duration) {
+	fmt.Fprintf(w, "\n## Scale run: %d tenants x %d kinds, fleets %v, %d moves per fleet at concurrency %d, replicas %d (%s)\n\n",
+		p.Tenants, len(kinds), p.Fleets, p.Moves, p.Concurrency, p.Replicas, total.Round(time.Second))
+	fmt.Fprintf(w, "placements loaded in %s (%.0f/s)\n\n", loaded.Round(time.Millisecond),
+		float64(p.Tenants*len(kinds))/loaded.Seconds())
+	placements := float64(p.Tenants * len(kinds))
+	fmt.Fprintf(w, "| gateway cold start at %.0f placements (from snapshots) | ready | heap | B/placement |\n|---|---:|---:|---:|\n", placements)
+	for i, c := range colds {
+		fmt.Fprintf(w, "| gateway %d | %s | %.1f MiB | %.1f |\n", i, c.Ready.Round(time.Millisecond),
+			float64(c.HeapBytes)/(1<<20), float64(c.HeapBytes)/placements)
+	}
+	fmt.Fprintln(w)
+
+	var rows []row
+	add := func(name, unit string, f func(fleetResult) float64) {
+		r := row{name: name, unit: unit}
+		for _, x := range rs {
+			r.vals = append(r.vals, f(x))
+		}
+		rows = append(rows, r)
+	}
+	roleRows := func(phase string, get func(fleetResult) map[string]rates) {
+		add(phase+": shard instance receives (each)", "msgs/s", func(x fleetResult) float64 {
+			return perConn(get(x)[roleShard], func(r rates) float64 { return r.RecvMsgs })
+		})
+		add(phase+": shard instance receives (each)", "B/s", func(x fleetResult) float64 {
+			return perConn(get(x)[roleShard], func(r rates) float64 { return r.RecvBytes })
+		})
+		add(phase+": shard instance sends (each)", "msgs/s", func(x fleetResult) float64 {
+			return perConn(get(x)[roleShard], func(r rates) float64 { return r.SentMsgs })
+		})
+		add(phase+": all shard instances receive", "msgs/s", func(x fleetResult) float64 { return get(x)[roleShard].RecvMsgs })
+		add(phase+": gateway receives (each)", "msgs/s", func(x fleetResult) float64 {
+			return perConn(get(x)[roleGateway], func(r rates) float64 { return r.RecvMsgs })
+		})
+		add(phase+": gateway receives (each)", "B/s", func(x fleetResult) float64 {
+			return perConn(get(x)[roleGateway], func(r rates) float64 { return r.RecvBytes })
+		})
+		add(phase+": rebalancer receives", "msgs/s", func(x fleetResult) float64 { return get(x)[roleRebalancer].RecvMsgs })
+		add(phase+": rebalancer receives", "B/s", func(x fleetResult) float64 { return get(x)[roleRebalancer].RecvBytes })
+		add(phase+": rebalancer sends", "msgs/s", func(x fleetResult) float64 { return get(x)[roleRebalancer].SentMsgs })
+		add(phase+": shared placement watchers receive (all 3)", "msgs/s", func(x fleetResult) float64 { return get(x)[roleWatcher].RecvMsgs })
+	}
+	add("instances", "", func(x fleetResult) float64 { return float64(x.Instances) })
+	add("time to start the added instances", "s", func(x fleetResult) float64 { return x.Start.Seconds() })
+	roleRows("steady", func(x fleetResult) map[string]rates { return x.Steady })
+	add("steady: CPU, whole process (3 NATS nodes + all roles)", "cores", func(x fleetResult) float64 { return x.SteadyCPU })
+	roleRows("moves", func(x fleetResult) map[string]rates { return x.Moves })
+	add("moves: CPU, whole process", "cores", func(x fleetResult) float64 { return x.MovesCPU })
+	add("moves done", "", func(x fleetResult) float64 { return float64(x.Applied) })
+	add("plan apply", "moves/s", func(x fleetResult) float64 { return float64(x.Applied) / x.Apply.Seconds() })
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	add("move pause p50", "ms", func(x fleetResult) float64 { return ms(pct(x.Pauses, 0.5)) })
+	add("move pause p99", "ms", func(x fleetResult) float64 { return ms(pct(x.Pauses, 0.99)) })
+	add("move pause max", "ms", func(x fleetResult) float64 { return ms(pct(x.Pauses, 1)) })
+	add("move start -> handoff p50 (warm-up)", "ms", func(x fleetResult) float64 { return ms(pct(x.Warm, 0.5)) })
+	add("move commit -> finished p50 (source drained)", "ms", func(x fleetResult) float64 { return ms(pct(x.Finish, 0.5)) })
+	add("requests through the gateways", "", func(x fleetResult) float64 { return float64(x.Requests) })
+	add("failed requests", "", func(x fleetResult) float64 { return float64(x.Failed) })
+	add("process RSS after the plan", "MiB", func(x fleetResult) float64 { return float64(x.RSS) / (1 << 20) })
+
+	var hdr strings.Builder
+	hdr.WriteString("| figure | unit |")
+	sep := "|---|---|"
+	for _, x := range rs {
+		fmt.Fprintf(&hdr, " %d instances |", x.Instances)
+		sep += "---:|"
+	}
+	if len(rs) > 1 {
+		fmt.Fprintf(&hdr, " ratio %d -> %d |", rs[0].Instances, rs[len(rs)-1].Instances)
+		sep += "---:|"
+	}
+	fmt.Fprintln(w, hdr.String())
+	fmt.Fprintln(w, sep)
+	for _, r := range rows {
+		fmt.Fprintf(w, "| %s | %s |", r.name, r.unit)
+		for _, v := range r.vals {
+			fmt.Fprintf(w, " %s |", num(v))
+		}
+		if len(r.vals) > 1 {
+			if first := r.vals[0]; first != 0 {
+				fmt.Fprintf(w, " %.2fx |", r.vals[len(r.vals)-1]/first)
+			} else {
+				fmt.Fprint(w, " - |")
+			}
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintln(w)
+}
+
+func num(v float64) string {
+	switch {
+	case v >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1f", v)
+	}
+	return fmt.Sprintf("%.2f", v)
+}

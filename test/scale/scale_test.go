@@ -1,0 +1,299 @@
+package scale
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tenantmesh/tenantmesh/rebalancer"
+	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
+)
+
+// fleetResult is what one fleet size measured.
+type fleetResult struct {
+	Instances int
+	Start     time.Duration // to start the instances added for this size
+	Steady    map[string]rates
+	SteadyCPU float64 // cores, the whole process (NATS servers included)
+	Moves     map[string]rates
+	MovesCPU  float64
+	Applied   int
+	Skipped   int
+	Apply     time.Duration
+	Pauses    []time.Duration
+	Warm      []time.Duration // started -> handoff
+	Finish    []time.Duration // commit -> finished
+	Requests  int64
+	Failed    int64
+	RSS       int64
+}
+
+// TestScale is the scale harness (see the package comment). Correctness is asserted (every
+// move done, no failed request); the figures are printed, never asserted.
+func TestScale(t *testing.T) {
+	p, isFull, err := paramsFromEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if testing.Short() && !isFull {
+		t.Skip("the smoke run starts a 3-node cluster")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), p.Deadline)
+	defer cancel()
+	h := newHarness(t, p, ctx)
+	t0 := time.Now()
+	h.start()
+	loaded := h.load()
+	t.Logf("placed %d tenants x %d kinds in %s", p.Tenants, len(kinds), loaded.Round(time.Millisecond))
+	h.startWatchers()
+	h.startRebalancer()
+	var colds []coldStart
+	for i := range p.Gateways {
+		colds = append(colds, h.startGateway(i))
+	}
+	t.Logf("gateways ready: %+v", colds)
+
+	var results []fleetResult
+	live := h.liveTenants()
+	for _, n := range p.Fleets {
+		if ctx.Err() != nil {
+			t.Fatalf("the run's deadline (%s) passed before the fleet of %d", p.Deadline, n)
+		}
+		results = append(results, h.runFleet(n, live))
+	}
+	report(os.Stdout, p, loaded, colds, results, time.Since(t0))
+	for _, r := range results {
+		if r.Failed != 0 {
+			t.Errorf("fleet %d: %d of %d requests failed", r.Instances, r.Failed, r.Requests)
+		}
+		if r.Applied != p.Moves {
+			t.Errorf("fleet %d: %d of %d moves done (%d skipped)", r.Instances, r.Applied, p.Moves, r.Skipped)
+		}
+	}
+}
+
+// liveTenant is a tenant that gets traffic.
+type liveTenant struct{ kind, tenant string }
+
+// liveTenants picks p.Live tenants, spread over the kinds, placed on shards the smallest fleet runs.
+func (h *harness) liveTenants() []liveTenant {
+	small := h.p.shardsPerKind(slices.Min(h.p.Fleets))
+	var out []liveTenant
+	for i := 0; len(out) < h.p.Live && i < h.p.Tenants; i++ {
+		if i%h.p.maxShards() < small {
+			out = append(out, liveTenant{kinds[len(out)%len(kinds)], tenantName(i)})
+		}
+	}
+	return out
+}
+
+// runFleet grows the fleet to n, measures the steady state, then applies a plan of p.Moves
+// moves under traffic.
+func (h *harness) runFleet(n int, live []liveTenant) fleetResult {
+	t := h.t
+	r := fleetResult{}
+	t0 := time.Now()
+	r.Instances = h.growFleet(n)
+	r.Start = time.Since(t0)
+	t.Logf("fleet of %d instances running after %s", r.Instances, r.Start.Round(time.Millisecond))
+	// Let registrations, route publications and first heartbeats settle before measuring.
+	time.Sleep(3 * h.p.Heartbeat) // a settling period, not a wait for an event
+
+	a, c0, w0 := h.natsStats(), cpuTime(), time.Now()
+	time.Sleep(h.p.Steady) // the measuring window
+	d := time.Since(w0)
+	r.Steady, r.SteadyCPU = diffStats(a, h.natsStats(), d), (cpuTime()-c0).Seconds()/d.Seconds()
+
+	plan := h.plan(n, live)
+	stop, load := h.traffic(live)
+	a, c0, w0 = h.natsStats(), cpuTime(), time.Now()
+	recs := h.apply(plan)
+	d = time.Since(w0)
+	r.Moves, r.MovesCPU = diffStats(a, h.natsStats(), d), (cpuTime()-c0).Seconds()/d.Seconds()
+	r.Apply = d
+	stop()
+	r.Requests, r.Failed = load.requests.Load(), load.failed.Load()
+	for _, f := range load.failures() {
+		t.Logf("failed request: %s", f)
+	}
+	for _, m := range recs {
+		switch m.State {
+		case rebalancer.MoveDone:
+			r.Applied++
+			r.Pauses = append(r.Pauses, m.Pause())
+			r.Warm = append(r.Warm, m.Handoff.Sub(m.Started))
+			r.Finish = append(r.Finish, m.Finished.Sub(m.Commit))
+		case rebalancer.MoveSkipped:
+			r.Skipped++
+			t.Logf("move skipped: %s %s: %s", m.Kind, m.Tenant, m.Reason)
+		default:
+			t.Logf("move %s %s ended %s: %s", m.Kind, m.Tenant, m.State, m.Reason)
+		}
+	}
+	r.RSS = rss()
+	return r
+}
+
+// plan makes p.Moves moves among the fleet's shards: every live tenant once, then random
+// tenants, each from where it is to another shard the fleet runs, spread over the kinds.
+func (h *harness) plan(n int, live []liveTenant) *planner.Plan {
+	shards := h.p.shardsPerKind(n)
+	rnd := rand.New(rand.NewPCG(uint64(n), 16))
+	seen := map[string]bool{}
+	p := &planner.Plan{Strategy: planner.StrategyManual, Concurrency: h.p.Concurrency, Waves: 1}
+	add := func(kind, tenant string) {
+		if seen[kind+"/"+tenant] {
+			return
+		}
+		e, ok := h.watchers[kind].Lookup(kind, tenant)
+		if !ok {
+			return
+		}
+		var from int
+		if _, err := fmt.Sscanf(strings.TrimPrefix(e.Shard, kind+"-"), "%d", &from); err != nil || from >= shards {
+			return
+		}
+		to := (from + 1 + rnd.IntN(shards-1)) % shards
+		seen[kind+"/"+tenant] = true
+		p.Moves = append(p.Moves, planner.Move{Kind: kind, Tenant: tenant, From: e.Shard, To: shardName(kind, to),
+			Revision: e.Revision, Wave: 1})
+	}
+	for _, l := range live {
+		if len(p.Moves) < h.p.Moves {
+			add(l.kind, l.tenant)
+		}
+	}
+	for tries := 0; len(p.Moves) < h.p.Moves && tries < 20*h.p.Moves; tries++ {
+		kind := kinds[len(p.Moves)%len(kinds)]
+		i := rnd.IntN(h.p.Tenants)
+		add(kind, tenantName(i))
+	}
+	if len(p.Moves) < h.p.Moves {
+		h.t.Fatalf("found only %d movable tenants for %d moves: raise TM_SCALE_TENANTS", len(p.Moves), h.p.Moves)
+	}
+	return p
+}
+
+// apply stores the plan, applies it through the rebalancer's API and waits for it to end.
+func (h *harness) apply(p *planner.Plan) []rebalancer.MoveRecord {
+	eng := h.reb.Engine()
+	rec, err := eng.CreatePlan(h.ctx, p, "scale")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	req, _ := http.NewRequestWithContext(h.ctx, http.MethodPost, h.rebURL+"/api/plans/"+rec.ID+"/apply", nil)
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		h.t.Fatalf("apply: %d %s", resp.StatusCode, body)
+	}
+	for {
+		pr, moves, err := eng.Plan(h.ctx, rec.ID)
+		if err == nil && pr.Status != rebalancer.PlanApplying && pr.Status != rebalancer.PlanPlanned {
+			return moves
+		}
+		select {
+		case <-h.ctx.Done():
+			h.t.Fatalf("plan %s not applied before the run's deadline", rec.ID)
+		case <-time.After(500 * time.Millisecond): // polling the plan's record
+		}
+	}
+}
+
+// load counts the traffic's requests and keeps the first failures.
+type load struct {
+	requests, failed atomic.Int64
+	mu               sync.Mutex
+	fails            []string
+}
+
+func (l *load) fail(s string) {
+	l.failed.Add(1)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.fails) < 10 {
+		l.fails = append(l.fails, s)
+	}
+}
+
+func (l *load) failures() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.fails)
+}
+
+// traffic sends requests for the live tenants through the gateways, round robin, from
+// p.Clients goroutines, until stop.
+func (h *harness) traffic(live []liveTenant) (stop func(), l *load) {
+	l = &load{}
+	ctx, cancel := context.WithCancel(h.ctx)
+	client := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	var wg sync.WaitGroup
+	for c := range h.p.Clients {
+		wg.Go(func() {
+			for i := c; ctx.Err() == nil; i += h.p.Clients {
+				lt := live[i%len(live)]
+				gw := h.gateways[i%len(h.gateways)]
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, gw+routeOf(lt.kind)+"x", nil)
+				req.Header.Set("x-tenant-id", lt.tenant)
+				resp, err := client.Do(req)
+				if ctx.Err() != nil {
+					return
+				}
+				l.requests.Add(1)
+				if err != nil {
+					l.fail(fmt.Sprintf("%s %s: %v", lt.kind, lt.tenant, err))
+					continue
+				}
+				b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK || !bytes.Equal(b, []byte("ok")) {
+					l.fail(fmt.Sprintf("%s %s via %s: %d %s", lt.kind, lt.tenant, gw, resp.StatusCode, b))
+				}
+			}
+		})
+	}
+	return func() { cancel(); wg.Wait(); client.CloseIdleConnections() }, l
+}
+
+// cpuTime is the process's user and system CPU time.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// rss is the process's resident memory in bytes (Linux), 0 where unknown.
+func rss() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			var kb int64
+			if _, err := fmt.Sscanf(strings.TrimSpace(v), "%d kB", &kb); err == nil {
+				return kb << 10
+			}
+		}
+	}
+	return 0
+}
