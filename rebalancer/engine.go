@@ -74,9 +74,10 @@ func (c Config) withDefaults() Config {
 
 // Engine records plans and drives their moves.
 type Engine struct {
-	cfg Config
-	st  *schema.Store
-	dir *dirView // the directory, shared by the running moves
+	cfg  Config
+	st   *schema.Store
+	dir  *dirView // the directory, shared by the running moves
+	sigs *sigHub  // the tenant signals, shared by the running moves
 }
 
 // New makes an engine.
@@ -89,7 +90,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{cfg: cfg, st: cfg.Store}
-	e.dir = newDirView(e)
+	e.dir, e.sigs = newDirView(e), newSigHub(e)
 	return e, nil
 }
 

@@ -367,105 +367,49 @@ func (v signalView) fence(shard string, epoch uint64) (uint64, bool) {
 	return f, ok
 }
 
-// signalWatch keeps one move's tenant signals (from a KV watch) in memory for the whole move,
-// and judges the live instances of its two shards from the engine's shared directory view, so a
-// step waits on a current view instead of opening a watch and listing the directory on the
-// handoff's critical path.
+// signalWatch is one move's view of its tenant's signals and of the live instances of its two
+// shards, from the engine's shared signal hub and directory view (one follower each for all
+// running moves), so a step waits on a current view instead of opening a watch and listing the
+// directory on the handoff's critical path.
 type signalWatch struct {
 	e       *Engine
 	m       *MoveRecord
-	cancel  context.CancelFunc
-	done    sync.WaitGroup
 	start   sync.Once
 	started bool
-
-	mu     sync.Mutex
-	v      signalView
-	synced bool
-	notify chan struct{} // closed and replaced on every change
 }
 
-func (e *Engine) newSignalWatch(m *MoveRecord) *signalWatch {
-	return &signalWatch{e: e, m: m, v: signalView{sigs: map[string]schema.TenantSignal{}}, notify: make(chan struct{}), cancel: func() {}}
-}
+func (e *Engine) newSignalWatch(m *MoveRecord) *signalWatch { return &signalWatch{e: e, m: m} }
 
-// run starts the watch's goroutines on first use; stop ends them.
-func (w *signalWatch) run(ctx context.Context) {
+// run takes hold of the shared views on first use; stop lets go of them.
+func (w *signalWatch) run() {
 	w.start.Do(func() {
-		ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
 		w.e.dir.acquire()
+		w.e.sigs.acquire()
 		w.started = true
-		w.done.Go(func() { w.follow(ctx) })
 	})
 }
 
 func (w *signalWatch) stop() {
-	w.cancel()
-	w.done.Wait()
-	w.start.Do(func() {}) // a later run starts nothing
+	w.start.Do(func() {}) // a later run takes nothing
 	if w.started {
+		w.e.sigs.release()
 		w.e.dir.release()
 	}
 }
 
-func (w *signalWatch) changed() {
-	close(w.notify)
-	w.notify = make(chan struct{})
-}
-
-// follow applies the tenant's signals from a kvwatch follower (an ordered KV watch can stall
-// for 8-17 s after a NATS server dies, holding a handoff that long; a follower notices within
-// a second and resumes).
-func (w *signalWatch) follow(ctx context.Context) {
-	f, err := kvwatch.New(kvwatch.Config{
-		JS:     w.e.st.JetStream(),
-		Bucket: schema.BucketTenantState,
-		Filter: w.m.Kind + "." + w.m.Tenant + ".>",
-		Logger: w.e.cfg.Logger.With("move", w.m.Key()),
-	}, signalHandler{w})
-	if err != nil {
-		w.e.cfg.Logger.Error("watching a move's signals", "move", w.m.Key(), "err", err)
-		return
-	}
-	_ = f.Run(ctx)
-}
-
-// signalHandler applies a follower's entries to the watch's view.
-type signalHandler struct{ w *signalWatch }
-
-// Apply implements kvwatch.Handler.
-func (h signalHandler) Apply(e kvwatch.Entry) {
-	h.w.mu.Lock()
-	defer h.w.mu.Unlock()
-	applySignal(h.w.v.sigs, e)
-	h.w.changed()
-}
-
-// Synced implements kvwatch.Handler.
-func (h signalHandler) Synced() {
-	h.w.mu.Lock()
-	defer h.w.mu.Unlock()
-	h.w.synced = true
-	h.w.changed()
-}
-
 // wait re-evaluates cond on every change of the view until it holds or deadline passes.
 func (w *signalWatch) wait(ctx context.Context, deadline time.Time, cond func(signalView) bool) error {
-	w.run(ctx)
+	w.run()
 	wctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	for {
 		live, dirSynced, dirCh := w.e.dir.live(w.m.Kind, w.m.From, w.m.To)
-		w.mu.Lock()
-		w.v.live = live
-		ok := w.synced && dirSynced && cond(w.v)
-		ch := w.notify
-		w.mu.Unlock()
-		if ok {
+		sigs, sigSynced, sigCh := w.e.sigs.tenant(w.m.Kind, w.m.Tenant)
+		if sigSynced && dirSynced && cond(signalView{sigs: sigs, live: live}) {
 			return nil
 		}
 		select {
-		case <-ch:
+		case <-sigCh:
 		case <-dirCh:
 		case <-wctx.Done():
 			return w.e.waitErr(ctx)

@@ -3,8 +3,10 @@ package scale
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -70,18 +72,27 @@ func (h *harness) connect(role natsauth.Role, name string) *nats.Conn {
 }
 
 func (h *harness) open(nc *nats.Conn, attach bool) *schema.Store {
-	ctx, cancel := context.WithTimeout(h.ctx, time.Minute)
-	defer cancel()
-	st, err := schema.Open(ctx, nc, schema.Options{Replicas: h.p.Replicas, Attach: attach})
+	st, err := h.openErr(nc, attach)
 	if err != nil {
-		h.t.Fatalf("open store: %v", err)
+		h.t.Fatal(err)
 	}
 	return st
 }
 
+// openErr opens a store on nc; a busy cluster (a thousand instances starting) may take a while.
+func (h *harness) openErr(nc *nats.Conn, attach bool) (*schema.Store, error) {
+	ctx, cancel := context.WithTimeout(h.ctx, 3*time.Minute)
+	defer cancel()
+	st, err := schema.Open(ctx, nc, schema.Options{Replicas: h.p.Replicas, Attach: attach})
+	if err != nil {
+		return nil, fmt.Errorf("open store as %s: %w", nc.Opts.Name, err)
+	}
+	return st, nil
+}
+
 // start brings up the cluster and provisions tenantmesh's buckets.
 func (h *harness) start() {
-	h.cluster = natstest.NewCluster(h.t)
+	withRole("nats", func() { h.cluster = natstest.NewCluster(h.t) })
 	h.admin = h.open(h.connect(natsperm.Rebalancer(), roleHarness+":admin"), false)
 	ctx, cancel := context.WithTimeout(h.ctx, time.Minute)
 	defer cancel()
@@ -126,19 +137,20 @@ func (h *harness) awaitPublishes(js interface{ PublishAsyncComplete() <-chan str
 	}
 }
 
-// startWatchers starts one placement watcher per kind for the kind's instances to share, from
-// a full read, and writes each kind's compacted snapshot (what the rebalancer leader does every
-// CompactEvery changes) for the gateways' cold start.
+// startWatchers starts one placement watcher per kind for the kind's instances to share (from
+// the snapshots).
 func (h *harness) startWatchers() {
-	for _, k := range kinds {
-		st := h.open(h.connect(natsperm.Shard(k, "watcher", natsperm.Assets{}), roleWatcher+":"+k), true)
-		w, err := placement.New(placement.Config{Store: st, Kinds: []string{k}, NoSnapshot: true})
-		if err != nil {
-			h.t.Fatal(err)
+	withRole(roleWatcher, func() {
+		for _, k := range kinds {
+			st := h.open(h.connect(natsperm.Shard(k, "watcher", natsperm.Assets{}), roleWatcher+":"+k), true)
+			w, err := placement.New(placement.Config{Store: st, Kinds: []string{k}})
+			if err != nil {
+				h.t.Fatal(err)
+			}
+			h.watchers[k] = w
+			h.goRun("watcher "+k, w.Run)
 		}
-		h.watchers[k] = w
-		h.goRun("watcher "+k, w.Run)
-	}
+	})
 	for _, k := range kinds {
 		ctx, cancel := context.WithTimeout(h.ctx, 5*time.Minute)
 		if err := h.watchers[k].WaitReady(ctx); err != nil {
@@ -147,7 +159,11 @@ func (h *harness) startWatchers() {
 		}
 		cancel()
 	}
-	// The snapshots are written by a watcher of the rebalancer's (the shard role may not).
+}
+
+// writeSnapshots writes each kind's compacted snapshot, as the rebalancer leader does every
+// CompactEvery changes, from a full read, for the cold starts that follow.
+func (h *harness) writeSnapshots() {
 	w, err := placement.New(placement.Config{Store: h.admin, Kinds: kinds, NoSnapshot: true})
 	if err != nil {
 		h.t.Fatal(err)
@@ -198,14 +214,18 @@ func listen(t *testing.T) net.Listener {
 
 // startRebalancer runs `rebalancer serve` in process: leader lease, sweeper, compaction, API.
 func (h *harness) startRebalancer() {
-	st := h.open(h.connect(natsperm.Rebalancer(), roleRebalancer+":r1"), false)
-	s, err := server.New(server.Config{Store: st, Holder: "r1", AdminToken: adminToken})
+	var st *schema.Store
+	withRole(roleRebalancer, func() { st = h.open(h.connect(natsperm.Rebalancer(), roleRebalancer+":r1"), false) })
+	s, err := server.New(server.Config{Store: st, Holder: "r1", AdminToken: adminToken,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		h.t.Fatal(err)
 	}
 	ln := listen(h.t)
 	h.reb, h.rebURL = s, "http://"+ln.Addr().String()
-	h.goRun("rebalancer", func(ctx context.Context) error { return s.Serve(ctx, ln) })
+	withRole(roleRebalancer, func() {
+		h.goRun("rebalancer", func(ctx context.Context) error { return s.Serve(ctx, ln) })
+	})
 	deadline := time.Now().Add(time.Minute)
 	for !s.IsLeader() {
 		if time.Now().After(deadline) {
@@ -226,14 +246,18 @@ type coldStart struct {
 func (h *harness) startGateway(i int) coldStart {
 	before := heapInUse()
 	t0 := time.Now()
-	st := h.open(h.connect(natsperm.DefaultGateway(), fmt.Sprintf("%s:gw%d", roleGateway, i)), true)
+	var g *gateway.Gateway
 	ln := listen(h.t)
-	g, err := gateway.New(gateway.Config{Store: st, Listener: ln, ID: fmt.Sprintf("gw%d", i), ShutdownTimeout: 5 * time.Second,
-		AdminToken: adminToken})
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	h.goRun(fmt.Sprintf("gateway %d", i), g.Run)
+	withRole(roleGateway, func() {
+		st := h.open(h.connect(natsperm.DefaultGateway(), fmt.Sprintf("%s:gw%d", roleGateway, i)), true)
+		var err error
+		g, err = gateway.New(gateway.Config{Store: st, Listener: ln, ID: fmt.Sprintf("gw%d", i), ShutdownTimeout: 5 * time.Second,
+			AdminToken: adminToken})
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		h.goRun(fmt.Sprintf("gateway %d", i), g.Run)
+	})
 	select {
 	case <-g.Ready():
 	case <-time.After(5 * time.Minute):
@@ -246,6 +270,7 @@ func (h *harness) startGateway(i int) coldStart {
 }
 
 func heapInUse() int64 {
+	runtime.GC()
 	runtime.GC()
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
@@ -271,20 +296,25 @@ func (h *harness) growFleet(n int) int {
 			}
 		}
 	}
-	sem := make(chan struct{}, 16)
+	sem := make(chan struct{}, 8)
 	var wg sync.WaitGroup
 	errs := make(chan error, len(todo))
 	for _, w := range todo {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			if err := h.startInstance(w.kind, shardName(w.kind, w.shard), fmt.Sprintf("i%d", w.inst)); err != nil {
+			var err error
+			withRole(roleShard, func() { err = h.startInstance(w.kind, shardName(w.kind, w.shard), fmt.Sprintf("i%d", w.inst)) })
+			if err != nil {
 				errs <- err
 			}
 		})
 	}
 	wg.Wait()
 	close(errs)
+	if len(todo) > 0 {
+		h.t.Logf("started %d instances", len(todo))
+	}
 	for err := range errs {
 		h.t.Fatal(err)
 	}
@@ -299,7 +329,10 @@ func routeOf(kind string) string { return "/" + kind + "/" }
 func (h *harness) startInstance(kind, shard, name string) error {
 	id := schema.InstanceID{Kind: kind, Shard: shard, Instance: name}
 	nc := h.connect(natsperm.Shard(kind, shard, natsperm.Assets{}), roleShard+":"+id.Key())
-	st := h.open(nc, true)
+	st, err := h.openErr(nc, true)
+	if err != nil {
+		return err
+	}
 	ln := listen(h.t)
 	sk, err := shardkit.New(shardkit.Config{Store: st, ID: id, URL: "http://" + ln.Addr().String(), Watcher: h.watchers[kind],
 		Heartbeat: h.p.Heartbeat, AdminToken: adminToken, DrainTimeout: 5 * time.Second,

@@ -33,7 +33,7 @@ func pct(d []time.Duration, p float64) time.Duration {
 }
 
 // report prints the run's table in Markdown.
-func report(w io.Writer, p params, loaded time.Duration, colds []coldStart, rs []fleetResult, total time.Duration) {
+func report(w io.Writer, p params, loaded time.Duration, colds []coldStart, gwHeap int64, rs []fleetResult, total time.Duration) {
 	fmt.Fprintf(w, "\n## Scale run: %d tenants x %d kinds, fleets %v, %d moves per fleet at concurrency %d, replicas %d (%s)\n\n",
 		p.Tenants, len(kinds), p.Fleets, p.Moves, p.Concurrency, p.Replicas, total.Round(time.Second))
 	fmt.Fprintf(w, "placements loaded in %s (%.0f/s)\n\n", loaded.Round(time.Millisecond),
@@ -44,7 +44,7 @@ func report(w io.Writer, p params, loaded time.Duration, colds []coldStart, rs [
 		fmt.Fprintf(w, "| gateway %d | %s | %.1f MiB | %.1f |\n", i, c.Ready.Round(time.Millisecond),
 			float64(c.HeapBytes)/(1<<20), float64(c.HeapBytes)/placements)
 	}
-	fmt.Fprintln(w)
+	fmt.Fprintf(w, "| the %d gateways' heap, per gateway | | %.1f MiB | %.1f |\n\n", len(colds), float64(gwHeap)/(1<<20), float64(gwHeap)/placements)
 
 	var rows []row
 	add := func(name, unit string, f func(fleetResult) float64) {
@@ -76,12 +76,31 @@ func report(w io.Writer, p params, loaded time.Duration, colds []coldStart, rs [
 		add(phase+": rebalancer sends", "msgs/s", func(x fleetResult) float64 { return get(x)[roleRebalancer].SentMsgs })
 		add(phase+": shared placement watchers receive (all 3)", "msgs/s", func(x fleetResult) float64 { return get(x)[roleWatcher].RecvMsgs })
 	}
+	cpuRows := func(phase string, get func(fleetResult) map[string]float64) {
+		for _, role := range []string{"nats", roleShard, roleGateway, roleRebalancer, roleWatcher, "client", "runtime"} {
+			div, what := 1.0, "all"
+			switch role {
+			case roleGateway:
+				div, what = float64(p.Gateways), "each"
+			case "nats":
+				div, what = 3, "each node"
+			}
+			add(fmt.Sprintf("%s: CPU %s (%s, from a CPU profile)", phase, role, what), "cores", func(x fleetResult) float64 { return get(x)[role] / div })
+			if role == roleShard {
+				add(fmt.Sprintf("%s: CPU %s (each)", phase, role), "cores", func(x fleetResult) float64 {
+					return get(x)[role] / float64(max(x.Instances, 1))
+				})
+			}
+		}
+	}
 	add("instances", "", func(x fleetResult) float64 { return float64(x.Instances) })
 	add("time to start the added instances", "s", func(x fleetResult) float64 { return x.Start.Seconds() })
 	roleRows("steady", func(x fleetResult) map[string]rates { return x.Steady })
 	add("steady: CPU, whole process (3 NATS nodes + all roles)", "cores", func(x fleetResult) float64 { return x.SteadyCPU })
+	cpuRows("steady", func(x fleetResult) map[string]float64 { return x.SteadyRoleCPU })
 	roleRows("moves", func(x fleetResult) map[string]rates { return x.Moves })
 	add("moves: CPU, whole process", "cores", func(x fleetResult) float64 { return x.MovesCPU })
+	cpuRows("moves", func(x fleetResult) map[string]float64 { return x.MovesRoleCPU })
 	add("moves done", "", func(x fleetResult) float64 { return float64(x.Applied) })
 	add("plan apply", "moves/s", func(x fleetResult) float64 { return float64(x.Applied) / x.Apply.Seconds() })
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -89,7 +108,9 @@ func report(w io.Writer, p params, loaded time.Duration, colds []coldStart, rs [
 	add("move pause p99", "ms", func(x fleetResult) float64 { return ms(pct(x.Pauses, 0.99)) })
 	add("move pause max", "ms", func(x fleetResult) float64 { return ms(pct(x.Pauses, 1)) })
 	add("move start -> handoff p50 (warm-up)", "ms", func(x fleetResult) float64 { return ms(pct(x.Warm, 0.5)) })
+	add("move start -> handoff p99", "ms", func(x fleetResult) float64 { return ms(pct(x.Warm, 0.99)) })
 	add("move commit -> finished p50 (source drained)", "ms", func(x fleetResult) float64 { return ms(pct(x.Finish, 0.5)) })
+	add("move commit -> finished p99", "ms", func(x fleetResult) float64 { return ms(pct(x.Finish, 0.99)) })
 	add("requests through the gateways", "", func(x fleetResult) float64 { return float64(x.Requests) })
 	add("failed requests", "", func(x fleetResult) float64 { return float64(x.Failed) })
 	add("process RSS after the plan", "MiB", func(x fleetResult) float64 { return float64(x.RSS) / (1 << 20) })

@@ -22,21 +22,23 @@ import (
 
 // fleetResult is what one fleet size measured.
 type fleetResult struct {
-	Instances int
-	Start     time.Duration // to start the instances added for this size
-	Steady    map[string]rates
-	SteadyCPU float64 // cores, the whole process (NATS servers included)
-	Moves     map[string]rates
-	MovesCPU  float64
-	Applied   int
-	Skipped   int
-	Apply     time.Duration
-	Pauses    []time.Duration
-	Warm      []time.Duration // started -> handoff
-	Finish    []time.Duration // commit -> finished
-	Requests  int64
-	Failed    int64
-	RSS       int64
+	Instances     int
+	Start         time.Duration // to start the instances added for this size
+	Steady        map[string]rates
+	SteadyCPU     float64            // cores, the whole process (NATS servers included)
+	SteadyRoleCPU map[string]float64 // cores by role
+	Moves         map[string]rates
+	MovesCPU      float64
+	MovesRoleCPU  map[string]float64
+	Applied       int
+	Skipped       int
+	Apply         time.Duration
+	Pauses        []time.Duration
+	Warm          []time.Duration // started -> handoff
+	Finish        []time.Duration // commit -> finished
+	Requests      int64
+	Failed        int64
+	RSS           int64
 }
 
 // TestScale is the scale harness (see the package comment). Correctness is asserted (every
@@ -56,13 +58,17 @@ func TestScale(t *testing.T) {
 	h.start()
 	loaded := h.load()
 	t.Logf("placed %d tenants x %d kinds in %s", p.Tenants, len(kinds), loaded.Round(time.Millisecond))
-	h.startWatchers()
-	h.startRebalancer()
+	h.writeSnapshots()
+	// The gateways start first, on a quiet process, so the heap each adds is its own.
 	var colds []coldStart
+	before := heapInUse()
 	for i := range p.Gateways {
 		colds = append(colds, h.startGateway(i))
 	}
+	gwHeap := (heapInUse() - before) / int64(p.Gateways)
 	t.Logf("gateways ready: %+v", colds)
+	h.startWatchers()
+	h.startRebalancer()
 
 	var results []fleetResult
 	live := h.liveTenants()
@@ -72,7 +78,7 @@ func TestScale(t *testing.T) {
 		}
 		results = append(results, h.runFleet(n, live))
 	}
-	report(os.Stdout, p, loaded, colds, results, time.Since(t0))
+	report(os.Stdout, p, loaded, colds, gwHeap, results, time.Since(t0))
 	for _, r := range results {
 		if r.Failed != 0 {
 			t.Errorf("fleet %d: %d of %d requests failed", r.Instances, r.Failed, r.Requests)
@@ -110,17 +116,23 @@ func (h *harness) runFleet(n int, live []liveTenant) fleetResult {
 	// Let registrations, route publications and first heartbeats settle before measuring.
 	time.Sleep(3 * h.p.Heartbeat) // a settling period, not a wait for an event
 
+	prof := h.profile()
 	a, c0, w0 := h.natsStats(), cpuTime(), time.Now()
 	time.Sleep(h.p.Steady) // the measuring window
 	d := time.Since(w0)
 	r.Steady, r.SteadyCPU = diffStats(a, h.natsStats(), d), (cpuTime()-c0).Seconds()/d.Seconds()
+	r.SteadyRoleCPU = prof(d)
 
 	plan := h.plan(n, live)
-	stop, load := h.traffic(live)
+	var stop func()
+	var load *load
+	withRole("client", func() { stop, load = h.traffic(live) })
+	prof = h.profile()
 	a, c0, w0 = h.natsStats(), cpuTime(), time.Now()
 	recs := h.apply(plan)
 	d = time.Since(w0)
 	r.Moves, r.MovesCPU = diffStats(a, h.natsStats(), d), (cpuTime()-c0).Seconds()/d.Seconds()
+	r.MovesRoleCPU = prof(d)
 	r.Apply = d
 	stop()
 	r.Requests, r.Failed = load.requests.Load(), load.failed.Load()
@@ -143,6 +155,25 @@ func (h *harness) runFleet(n int, live []liveTenant) fleetResult {
 	}
 	r.RSS = rss()
 	return r
+}
+
+// profile starts a CPU profile; the function it returns stops it and gives the cores each role
+// used over d.
+func (h *harness) profile() func(d time.Duration) map[string]float64 {
+	stop, err := cpuProfile()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return func(d time.Duration) map[string]float64 {
+		secs, err := stop()
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		for k, v := range secs {
+			secs[k] = v / d.Seconds()
+		}
+		return secs
+	}
 }
 
 // plan makes p.Moves moves among the fleet's shards: every live tenant once, then random
@@ -185,28 +216,50 @@ func (h *harness) plan(n int, live []liveTenant) *planner.Plan {
 	return p
 }
 
-// apply stores the plan, applies it through the rebalancer's API and waits for it to end.
+// apply stores the plan, applies it through the rebalancer's API and waits for it to end. On
+// a loaded machine the leader lease can lapse and a plan's store can fail in doubt: both are
+// logged and tried again (a new plan; the apply until the leader takes it), within the run's
+// deadline.
 func (h *harness) apply(p *planner.Plan) []rebalancer.MoveRecord {
 	eng := h.reb.Engine()
-	rec, err := eng.CreatePlan(h.ctx, p, "scale")
-	if err != nil {
-		h.t.Fatal(err)
+	var rec rebalancer.PlanRecord
+	for attempt := 1; ; attempt++ {
+		var err error
+		if rec, err = eng.CreatePlan(h.ctx, p, "scale"); err == nil {
+			break
+		}
+		if attempt == 3 || h.ctx.Err() != nil {
+			h.t.Fatal(err)
+		}
+		h.t.Logf("storing the plan failed (trying again): %v", err)
 	}
-	req, _ := http.NewRequestWithContext(h.ctx, http.MethodPost, h.rebURL+"/api/plans/"+rec.ID+"/apply", nil)
-	req.Header.Set("Authorization", "Bearer "+adminToken)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		h.t.Fatal(err)
+	for {
+		code, body := h.post(h.rebURL + "/api/plans/" + rec.ID + "/apply")
+		if code == http.StatusAccepted {
+			break
+		}
+		if code != http.StatusConflict || h.ctx.Err() != nil {
+			h.t.Fatalf("apply: %d %s", code, body)
+		}
+		h.t.Logf("apply refused (trying again): %d %s", code, body)
+		select {
+		case <-h.ctx.Done():
+		case <-time.After(time.Second): // until this rebalancer leads again
+		}
 	}
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusAccepted {
-		h.t.Fatalf("apply: %d %s", resp.StatusCode, body)
-	}
+	lastLog := time.Now()
 	for {
 		pr, moves, err := eng.Plan(h.ctx, rec.ID)
 		if err == nil && pr.Status != rebalancer.PlanApplying && pr.Status != rebalancer.PlanPlanned {
 			return moves
+		}
+		if err == nil && time.Since(lastLog) >= 15*time.Second {
+			states := map[rebalancer.MoveState]int{}
+			for _, m := range moves {
+				states[m.State]++
+			}
+			h.t.Logf("plan %s: %v", rec.ID, states)
+			lastLog = time.Now()
 		}
 		select {
 		case <-h.ctx.Done():
@@ -214,6 +267,19 @@ func (h *harness) apply(p *planner.Plan) []rebalancer.MoveRecord {
 		case <-time.After(500 * time.Millisecond): // polling the plan's record
 		}
 	}
+}
+
+// post POSTs to the rebalancer's API with the admin token.
+func (h *harness) post(url string) (int, []byte) {
+	req, _ := http.NewRequestWithContext(h.ctx, http.MethodPost, url, nil)
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	return resp.StatusCode, body
 }
 
 // load counts the traffic's requests and keeps the first failures.
