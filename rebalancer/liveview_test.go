@@ -8,13 +8,15 @@ import (
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
-// The running moves share one directory view: three moves hold it and the directory's stream
-// has one consumer (before, each move listed the directory every 500ms); an instance whose
+// The running moves share one directory view and one signal follower: three moves hold them and
+// the directory's and the signals' streams have one consumer each (before, each move listed the
+// directory every 500ms and made a consumer of its own on the signals); an instance whose
 // heartbeats stop leaves the live set as it ages past the threshold, with no change to wake on.
-func TestDirViewSharedByMoves(t *testing.T) {
+func TestMovesShareTheirViews(t *testing.T) {
 	st := openStore(t)
 	e := newEngine(t, st, Config{Thresholds: schema.Thresholds{DegradedAfter: 500 * time.Millisecond, OfflineAfter: 1500 * time.Millisecond}})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -26,14 +28,11 @@ func TestDirViewSharedByMoves(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for range 3 {
-		e.dir.acquire()
+	for i := range 3 {
+		w := e.newSignalWatch(&MoveRecord{Plan: "p", ID: fmt.Sprint(i), Move: planner.Move{Kind: "aggregate", Tenant: fmt.Sprint("t", i), From: "s-1", To: "s-2"}})
+		w.run()
+		t.Cleanup(w.stop)
 	}
-	t.Cleanup(func() {
-		for range 3 {
-			e.dir.release()
-		}
-	})
 
 	liveKeys := func() []string {
 		live, ok, _ := e.dir.live("aggregate", "s-1", "s-2")
@@ -50,16 +49,21 @@ func TestDirViewSharedByMoves(t *testing.T) {
 		}
 		return nil
 	})
-	info, err := st.JetStream().Stream(ctx, schema.KVStream(schema.BucketInstances))
-	if err != nil {
-		t.Fatal(err)
-	}
-	si, err := info.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if si.State.Consumers != 1 {
-		t.Fatalf("3 moves hold the view: %d consumers on the directory, want 1", si.State.Consumers)
+	for _, b := range []string{schema.BucketInstances, schema.BucketTenantState} {
+		tmtest.WaitFor(t, 10*time.Second, func() error {
+			str, err := st.JetStream().Stream(ctx, schema.KVStream(b))
+			if err != nil {
+				return err
+			}
+			si, err := str.Info(ctx)
+			if err != nil {
+				return err
+			}
+			if si.State.Consumers != 1 {
+				return fmt.Errorf("3 moves run: %d consumers on %s, want 1", si.State.Consumers, b)
+			}
+			return nil
+		})
 	}
 
 	// a keeps heartbeating, b stops: b ages out, a stays.
