@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"net/url"
@@ -183,6 +184,7 @@ func (r *registry) allSynced() bool {
 func (r *registry) apply(bucket string, e kvwatch.Entry) {
 	r.mu.Lock()
 	var err error
+	quiet := false // the change leaves the snapshot as it is
 	switch bucket {
 	case schema.BucketRoutes:
 		if e.Op != kvwatch.Put {
@@ -208,6 +210,8 @@ func (r *registry) apply(bucket string, e kvwatch.Entry) {
 		}
 		if err == nil {
 			v.Revision = e.Revision
+			old, had := r.dir[e.Key]
+			quiet = had && r.sameRouting(old, v)
 			r.dir[e.Key] = v
 		}
 	case schema.BucketKinds:
@@ -231,7 +235,7 @@ func (r *registry) apply(bucket string, e kvwatch.Entry) {
 		r.g.log.Warn("skipping corrupt value", "bucket", bucket, "key", e.Key, "revision", e.Revision, "err", err)
 		return
 	}
-	if synced {
+	if synced && !quiet {
 		select {
 		case r.dirty <- struct{}{}:
 		default: // a rebuild is already due
@@ -239,17 +243,37 @@ func (r *registry) apply(bucket string, e kvwatch.Entry) {
 	}
 }
 
-// rebuildEvery bounds how often changes rebuild the snapshot: heartbeats of many instances
-// arrive every second, and each would otherwise cost a rebuild.
+// sameRouting reports whether a directory entry's new value routes as the old one did: only its
+// heartbeat time and metrics changed, and it is as live as it was. Such a heartbeat (nearly
+// every directory write) rebuilds nothing; the ageing tick judges liveness again.
+func (r *registry) sameRouting(old, cur schema.Instance) bool {
+	if old.URL != cur.URL || old.Capacity != cur.Capacity || old.Reported != cur.Reported || old.InstanceID != cur.InstanceID ||
+		!maps.Equal(old.Labels, cur.Labels) {
+		return false
+	}
+	now := time.Now()
+	th := r.g.cfg.Thresholds
+	return th.Status(old, now).Live() == th.Status(cur, now).Live()
+}
+
+// rebuildEvery bounds how often changes rebuild the snapshot.
 const rebuildEvery = 20 * time.Millisecond
 
-// rebuilder rebuilds the snapshot when changes arrived, at most once per rebuildEvery.
+// ageEvery is how often the snapshot is rebuilt without a change, so instances whose heartbeats
+// stopped are judged again as they age.
+const ageEvery = 500 * time.Millisecond
+
+// rebuilder rebuilds the snapshot when changes arrived, at most once per rebuildEvery, and every
+// ageEvery.
 func (r *registry) rebuilder(ctx context.Context) {
 	t := time.NewTimer(rebuildEvery)
 	defer t.Stop()
+	age := time.NewTicker(ageEvery)
+	defer age.Stop()
 	for {
 		select {
 		case <-r.dirty:
+		case <-age.C:
 		case <-ctx.Done():
 			return
 		}

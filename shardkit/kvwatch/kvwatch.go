@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -63,7 +64,9 @@ type Config struct {
 	Heartbeat time.Duration
 	// Batch is how many messages one pull asks for. Default 4096.
 	Batch int
-	// Retry is the wait between attempts to recreate the consumer. Default 100ms, doubling to 1s.
+	// Retry is the wait between attempts to recreate the consumer. Default 100ms, doubling to
+	// 4s while attempts keep failing, each wait drawn at random from its second half so that a
+	// fleet that lost its consumers at once does not come back at once.
 	Retry time.Duration
 	// Logger; if nil, logs are discarded.
 	Logger *slog.Logger
@@ -163,10 +166,10 @@ func (f *Follower) Run(ctx context.Context) error {
 			continue // resume at once; the server is fine
 		}
 		select {
-		case <-time.After(backoff):
+		case <-time.After(backoff/2 + rand.N(backoff/2+1)):
 		case <-ctx.Done():
 		}
-		backoff = min(2*backoff, time.Second)
+		backoff = min(2*backoff, maxRetry)
 		if err == nil {
 			backoff = f.cfg.Retry
 		}
@@ -176,14 +179,13 @@ func (f *Follower) Run(ctx context.Context) error {
 
 var errGap = errors.New("sequence gap")
 
+// maxRetry bounds the wait between attempts to recreate a consumer.
+const maxRetry = 4 * time.Second
+
 // session runs one consumer until it fails.
 func (f *Follower) session(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	stream, err := f.cfg.JS.Stream(cctx, "KV_"+f.cfg.Bucket)
-	if err != nil {
-		cancel()
-		return fmt.Errorf("open stream: %w", err)
-	}
+	streamName := "KV_" + f.cfg.Bucket
 	cc := jetstream.ConsumerConfig{
 		FilterSubject:     f.prefix + f.cfg.Filter,
 		AckPolicy:         jetstream.AckNonePolicy,
@@ -200,14 +202,16 @@ func (f *Follower) session(ctx context.Context) error {
 		cc.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
 		cc.OptStartSeq = after + 1
 	}
-	cons, err := stream.CreateConsumer(cctx, cc)
+	// One API request per session (no stream lookup first): a fleet starting at once makes
+	// a thousand of them, all through the cluster's meta leader.
+	cons, err := f.cfg.JS.CreateConsumer(cctx, streamName, cc)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("create consumer: %w", err)
 	}
 	defer func() {
 		dctx, dcancel := context.WithTimeout(context.Background(), time.Second)
-		_ = stream.DeleteConsumer(dctx, cons.CachedInfo().Name)
+		_ = f.cfg.JS.DeleteConsumer(dctx, streamName, cons.CachedInfo().Name)
 		dcancel()
 	}()
 	f.downSince.Store(0)

@@ -299,7 +299,11 @@ func (h *harness) growFleet(n int) int {
 	sem := make(chan struct{}, 8)
 	var wg sync.WaitGroup
 	errs := make(chan error, len(todo))
-	for _, w := range todo {
+	started := time.Now()
+	for i, w := range todo {
+		if i > 0 && i%100 == 0 {
+			h.t.Logf("starting instances: %d of %d after %s", i, len(todo), time.Since(started).Round(time.Millisecond))
+		}
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
@@ -349,7 +353,8 @@ func (h *harness) startInstance(kind, shard, name string) error {
 	go func() { _ = srv.Serve(ln) }()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); _ = sk.Run(ctx) }()
+	var runErr error
+	go func() { defer close(done); runErr = sk.Run(ctx) }()
 	stop := func() {
 		cancel()
 		select {
@@ -364,7 +369,7 @@ func (h *harness) startInstance(kind, shard, name string) error {
 	select {
 	case <-sk.Running():
 	case <-done:
-		return fmt.Errorf("instance %s stopped at start", id.Key())
+		return fmt.Errorf("instance %s stopped at start: %w", id.Key(), runErr)
 	case <-time.After(2 * time.Minute):
 		return fmt.Errorf("instance %s not running within 2 minutes", id.Key())
 	}

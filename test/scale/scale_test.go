@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	_ "net/http/pprof" // TM_SCALE_PPROF=1
 	"os"
 	"slices"
 	"strings"
@@ -54,6 +55,13 @@ func TestScale(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), p.Deadline)
 	defer cancel()
 	h := newHarness(t, p, ctx)
+	if os.Getenv("TM_SCALE_PPROF") == "1" { // a look inside a long run: go tool pprof http://<addr>/debug/pprof/profile
+		ln := listen(t)
+		srv := &http.Server{Handler: http.DefaultServeMux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		t.Cleanup(func() { _ = srv.Close() })
+		t.Logf("pprof on http://%s/debug/pprof/", ln.Addr())
+	}
 	t0 := time.Now()
 	h.start()
 	loaded := h.load()
