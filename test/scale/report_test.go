@@ -102,6 +102,7 @@ func report(w io.Writer, p params, loaded time.Duration, colds []coldStart, gwHe
 	add("moves: CPU, whole process", "cores", func(x fleetResult) float64 { return x.MovesCPU })
 	cpuRows("moves", func(x fleetResult) map[string]float64 { return x.MovesRoleCPU })
 	add("moves done", "", func(x fleetResult) float64 { return float64(x.Applied) })
+	add("moves aborted (handoff over its time limit; the tenant stays)", "", func(x fleetResult) float64 { return float64(x.Aborted) })
 	add("plan apply", "moves/s", func(x fleetResult) float64 { return float64(x.Applied) / x.Apply.Seconds() })
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	add("move pause p50", "ms", func(x fleetResult) float64 { return ms(pct(x.Pauses, 0.5)) })
