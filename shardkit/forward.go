@@ -43,7 +43,7 @@ func newPeerView(s *Shard) *peerView {
 
 func (p *peerView) start(ctx context.Context, wg *sync.WaitGroup) error {
 	f, err := kvwatch.New(kvwatch.Config{
-		JS:     p.s.st.JetStream(),
+		JS:     p.s.st.JS().JetStream(),
 		Bucket: schema.BucketInstances,
 		Filter: p.s.kind + ".>",
 		Logger: p.s.cfg.Logger.With("watch", schema.BucketInstances),

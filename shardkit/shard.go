@@ -226,7 +226,7 @@ func (s *Shard) register(ctx context.Context) error {
 	s.inst = inst
 	s.instMu.Unlock()
 	for _, r := range s.routes() {
-		if _, err := s.st.AddRouteInstance(ctx, r, s.cfg.ID); err != nil {
+		if _, err := s.st.Routes().AddInstance(ctx, r, s.cfg.ID); err != nil {
 			return fmt.Errorf("shardkit: publish route %s %s: %w", r.Method, r.Prefix, err)
 		}
 	}
@@ -238,7 +238,7 @@ func (s *Shard) undoRegister() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for _, r := range s.routes() {
-		_, _ = s.st.RemoveRouteInstance(ctx, r, s.cfg.ID)
+		_, _ = s.st.Routes().RemoveInstance(ctx, r, s.cfg.ID)
 	}
 	_ = s.st.Unregister(ctx, s.cfg.ID)
 }
@@ -314,7 +314,7 @@ func (s *Shard) shutdown(ctx context.Context) error {
 	}
 	var errs []error
 	for _, r := range s.routes() {
-		if _, err := s.st.RemoveRouteInstance(ctx, r, s.cfg.ID); err != nil {
+		if _, err := s.st.Routes().RemoveInstance(ctx, r, s.cfg.ID); err != nil {
 			errs = append(errs, fmt.Errorf("unpublish route %s %s: %w", r.Method, r.Prefix, err))
 		}
 	}

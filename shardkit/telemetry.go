@@ -49,7 +49,7 @@ const routeEvery = 10
 func (s *Shard) republish(ctx context.Context) {
 	for _, r := range s.routes() {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := s.st.AddRouteInstance(rctx, r, s.cfg.ID)
+		_, err := s.st.Routes().AddInstance(rctx, r, s.cfg.ID)
 		cancel()
 		if err != nil && ctx.Err() == nil {
 			s.cfg.Logger.Warn("re-publishing route", "method", r.Method, "prefix", r.Prefix, "err", err)

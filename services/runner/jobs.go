@@ -284,7 +284,7 @@ func (s *Service) getLatest(ctx context.Context, tenant, id string) (Run, error)
 	if !validID(id) {
 		return Run{}, fmt.Errorf("%w: %q", ErrNoJob, id)
 	}
-	b, rev, err := s.st.LeaderGet(ctx, s.runs.Bucket(), runKey(tenant, id))
+	b, rev, err := s.st.JS().LeaderGet(ctx, s.runs.Bucket(), runKey(tenant, id))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return Run{}, fmt.Errorf("%w: %s", ErrNoJob, id)
 	}
@@ -351,7 +351,7 @@ func (s *Service) putRun(ctx context.Context, r *Run) error {
 	if r.Status.done() {
 		ttl = s.cfg.Retention
 	}
-	rev, err := s.st.UpdateKV(ctx, s.runs.Bucket(), runKey(r.Tenant, r.ID), b, r.rev, ttl)
+	rev, err := s.st.JS().UpdateKV(ctx, s.runs.Bucket(), runKey(r.Tenant, r.ID), b, r.rev, ttl)
 	if err != nil {
 		return err
 	}

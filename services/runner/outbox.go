@@ -157,7 +157,7 @@ func (s *Service) deliverOnce(ctx context.Context, req Request) error {
 		s.m.effects.WithLabelValues(req.Effect, "failed").Inc()
 		b, _ := json.Marshal(marker{State: markFailed, By: s.cfg.ID.Instance, Token: h.token, At: time.Now().UTC()})
 		_ = s.whileUnavailable(mctx, func(octx context.Context) error {
-			_, err := s.st.UpdateKV(octx, s.markers.Bucket(), req.Key, b, h.rev, s.cfg.Retention)
+			_, err := s.st.JS().UpdateKV(octx, s.markers.Bucket(), req.Key, b, h.rev, s.cfg.Retention)
 			return err
 		}, "freeing an effect's marker", "key", req.Key)
 		return fmt.Errorf("effect %s (%s): %w", req.Key, req.Effect, err)
@@ -168,12 +168,12 @@ func (s *Service) deliverOnce(ctx context.Context, req Request) error {
 	s.mu.Unlock()
 	b, _ := json.Marshal(marker{State: markDelivered, By: s.cfg.ID.Instance, Token: h.token, At: time.Now().UTC(), Attempts: res.Attempts})
 	err = s.whileUnavailable(mctx, func(octx context.Context) error {
-		_, err := s.st.UpdateKV(octx, s.markers.Bucket(), req.Key, b, h.rev, s.cfg.Retention)
+		_, err := s.st.JS().UpdateKV(octx, s.markers.Bucket(), req.Key, b, h.rev, s.cfg.Retention)
 		if schema.IsConflict(err) {
 			// Stored by an earlier try whose answer was lost? Ask the leader: a replica may
 			// not have it yet.
 			var m marker
-			if b, _, gerr := s.st.LeaderGet(octx, s.markers.Bucket(), req.Key); gerr == nil &&
+			if b, _, gerr := s.st.JS().LeaderGet(octx, s.markers.Bucket(), req.Key); gerr == nil &&
 				json.Unmarshal(b, &m) == nil && m.Token == h.token && m.State == markDelivered {
 				return nil
 			}

@@ -201,7 +201,7 @@ func (s *Service) flushLoop(ctx context.Context) {
 // All subscriptions share one channel and one goroutine (wakeLoop), so 10,000 tenants cost
 // 20,000-30,000 subscriptions but no goroutine each.
 func (s *Service) subscribe(tq *tenantQ) {
-	nc := s.st.Conn()
+	nc := s.st.JS().Conn()
 	subjects := s.subjects(tq.tenant)
 	all := subjects[:]
 	if len(s.cfg.Sagas) > 0 {

@@ -43,6 +43,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -206,13 +207,13 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if err := st.EnsureEventsStream(ctx); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, st: st, js: st.JetStream(), tenants: map[string]*tenantQ{}, changed: map[string]struct{}{},
+	s := &Service{cfg: cfg, st: st, js: st.JS().JetStream(), tenants: map[string]*tenantQ{}, changed: map[string]struct{}{},
 		wake: make(chan struct{}, 1), recon: make(chan struct{}, 1), sagaWake: make(chan struct{}, 1), wakeCh: make(chan *nats.Msg, 8192), flushWake: make(chan struct{}, 1), started: time.Now().UTC()}
 	var err error
-	if s.jobs, err = st.Stream(ctx, schema.StreamJobs); err != nil {
+	if s.jobs, err = st.JS().Stream(ctx, schema.StreamJobs); err != nil {
 		return nil, fmt.Errorf("runner: open %s: %w", schema.StreamJobs, err)
 	}
-	if s.events, err = st.Stream(ctx, schema.StreamEvents); err != nil {
+	if s.events, err = st.JS().Stream(ctx, schema.StreamEvents); err != nil {
 		return nil, fmt.Errorf("runner: open %s: %w", schema.StreamEvents, err)
 	}
 	buckets := []struct {
@@ -227,8 +228,8 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		{&s.status, "status", "runner: each instance's running count, limits and totals", false},
 	}
 	for _, b := range buckets {
-		spec := schema.KVSpec{Bucket: schema.ServiceBucket(Kind, b.purpose), Description: b.desc, PerKeyTTL: b.ttl}
-		if *b.dst, err = st.EnsureKV(ctx, spec); err != nil {
+		spec := jsx.KVSpec{Bucket: schema.ServiceBucket(Kind, b.purpose), Description: b.desc, PerKeyTTL: b.ttl}
+		if *b.dst, err = st.JS().EnsureKV(ctx, spec); err != nil {
 			return nil, err
 		}
 	}
