@@ -161,7 +161,7 @@ func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bo
 		Status: StatusPending, CreatedAt: time.Now().UTC()}
 	b, _ := json.Marshal(r)
 	var rev uint64
-	err = s.whileUnavailable(ctx, func(octx context.Context) (err error) {
+	err = s.cfg.whileUnavailable(ctx, func(octx context.Context) (err error) {
 		rev, err = s.runs.Create(octx, runKey(tenant, id), b)
 		return err
 	}, "recording a job", "tenant", tenant, "job", id)
@@ -206,7 +206,7 @@ func (s *Service) enqueue(ctx context.Context, r Run) (uint64, error) {
 	msg := &nats.Msg{Subject: subj, Data: qb, Header: nats.Header{}}
 	tracing.Inject(ctx, msg.Header)
 	var ack *jetstream.PubAck
-	err := s.whileUnavailable(ctx, func(octx context.Context) (err error) {
+	err := s.cfg.whileUnavailable(ctx, func(octx context.Context) (err error) {
 		ack, err = s.js.PublishMsg(octx, msg, jetstream.WithMsgID(r.Tenant+":"+r.ID))
 		return err
 	}, "enqueueing a job", "tenant", r.Tenant, "job", r.ID)
@@ -231,7 +231,7 @@ func (s *Service) replayed(ctx context.Context, r Run) (Run, bool, error) {
 // Finished jobs leave the queue, so this is the count of messages on its queue subjects.
 func (s *Service) Depth(ctx context.Context, tenant string) (int, error) {
 	var info *jetstream.StreamInfo
-	err := s.whileUnavailable(ctx, func(octx context.Context) (err error) {
+	err := s.cfg.whileUnavailable(ctx, func(octx context.Context) (err error) {
 		info, err = s.jobs.Info(octx, jetstream.WithSubjectFilter(schema.TenantJobs(tenant)))
 		return err
 	}, "reading a queue's depth", "tenant", tenant)
@@ -254,7 +254,7 @@ func (s *Service) Get(ctx context.Context, tenant, id string) (Run, error) {
 		return Run{}, fmt.Errorf("%w: %q", ErrNoJob, id)
 	}
 	var e jetstream.KeyValueEntry
-	err := s.whileUnavailable(ctx, func(octx context.Context) (err error) {
+	err := s.cfg.whileUnavailable(ctx, func(octx context.Context) (err error) {
 		e, err = s.runs.Get(octx, runKey(tenant, id))
 		return err
 	}, "reading a job", "tenant", tenant, "job", id)
@@ -389,7 +389,7 @@ func (s *Service) knownInstance(ctx context.Context, instance string) bool {
 	if instance == s.cfg.ID.Instance {
 		return true
 	}
-	if _, err := s.status.Get(ctx, id.Key()); err == nil {
+	if _, err := s.board.status.Get(ctx, id.Key()); err == nil {
 		return true
 	}
 	_, err := s.st.Instance(ctx, id)

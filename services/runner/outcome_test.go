@@ -144,7 +144,7 @@ func TestLostRunWriteRecognised(t *testing.T) {
 	if err := s.putRun(ctx, &landed); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.putRunRetrying(ctx, &ours, "test"); err != nil || ours.rev != landed.rev {
+	if err := s.exec.putRunRetrying(ctx, &ours, "test"); err != nil || ours.rev != landed.rev {
 		t.Fatalf("retrying a write that landed: %v (revision %d, want %d)", err, ours.rev, landed.rev)
 	}
 	// A sibling's claim landed first: ours conflicts.
@@ -152,7 +152,7 @@ func TestLostRunWriteRecognised(t *testing.T) {
 	if err := s.putRun(ctx, &sibling); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.putRunRetrying(ctx, &mine, "test"); !schema.IsConflict(err) {
+	if err := s.exec.putRunRetrying(ctx, &mine, "test"); !schema.IsConflict(err) {
 		t.Fatalf("claiming a job a sibling claimed first: %v, want a conflict", err)
 	}
 }
