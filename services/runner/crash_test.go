@@ -27,7 +27,7 @@ func TestCrashRecovery(t *testing.T) {
 			t.Fatal(err)
 		}
 		r.Status, r.Attempts, r.RanOn, r.StartedAt, r.LeaseUntil = StatusRunning, 1, "dead", &past, &past
-		if err := s.putRun(ctx, &r); err != nil {
+		if err := s.store.putRun(ctx, &r); err != nil {
 			t.Fatal(err)
 		}
 		state := markDelivered

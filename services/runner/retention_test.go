@@ -32,7 +32,7 @@ func TestFinishedRunsExpire(t *testing.T) {
 		_, merr := s.outbox.markers.Get(ctx, r.Effects[0])
 		return errors.Is(err, ErrNoJob) && errors.Is(merr, jetstream.ErrKeyNotFound)
 	})
-	if w, err := s.getLatest(ctx, "initech", waiting[0]); err != nil || w.Status != StatusPending {
+	if w, err := s.store.getLatest(ctx, "initech", waiting[0]); err != nil || w.Status != StatusPending {
 		t.Fatalf("the unfinished run: %+v %v, want it pending still", w, err)
 	}
 }

@@ -90,7 +90,7 @@ func (x *executor) claim(ctx context.Context, tq *tenantQ, msg *jetstream.RawStr
 		return nil, fmt.Errorf("corrupt queue entry %d dropped", msg.Sequence)
 	}
 	gctx, cancel := context.WithTimeout(ctx, x.s.cfg.OpTimeout)
-	r, err := x.s.getLatest(gctx, tq.tenant, qe.ID)
+	r, err := x.s.store.getLatest(gctx, tq.tenant, qe.ID)
 	cancel()
 	if errors.Is(err, ErrNoJob) {
 		x.dropEntry(msg.Sequence)
@@ -140,9 +140,9 @@ func (x *executor) claim(ctx context.Context, tq *tenantQ, msg *jetstream.RawStr
 // run back: the same attempt by us in the same status is our write.
 func (x *executor) putRunRetrying(ctx context.Context, r *Run, what string) error {
 	return x.s.cfg.whileUnavailable(ctx, func(octx context.Context) error {
-		err := x.s.putRun(octx, r)
+		err := x.s.store.putRun(octx, r)
 		if schema.IsConflict(err) {
-			cur, gerr := x.s.getLatest(octx, r.Tenant, r.ID)
+			cur, gerr := x.s.store.getLatest(octx, r.Tenant, r.ID)
 			if schema.IsUnavailable(gerr) {
 				return gerr // read it back on the next try
 			}
@@ -161,7 +161,7 @@ func (x *executor) unclaim(r *Run) {
 	ctx, cancel := context.WithTimeout(context.Background(), x.s.cfg.OpTimeout)
 	defer cancel()
 	r.Status, r.Attempts, r.LeaseUntil, r.StartedAt = StatusPending, r.Attempts-1, nil, nil
-	if err := x.s.putRun(ctx, r); err != nil {
+	if err := x.s.store.putRun(ctx, r); err != nil {
 		x.s.cfg.Logger.Warn("giving back a job", "tenant", r.Tenant, "job", r.ID, "err", err)
 	}
 }

@@ -150,13 +150,13 @@ type Service struct {
 	js       jetstream.JetStream
 	jobs     jetstream.Stream
 	events   jetstream.Stream
-	runs     jetstream.KeyValue
 	watcher  *placement.Watcher
 	handlers map[string]Handler
 	outbox   *outbox
 	sagas    *sagas
 	board    *statusBoard
 	exec     *executor
+	store    *runStore
 	m        *metrics
 	started  time.Time
 
@@ -209,6 +209,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	s.sagas = &sagas{s: s, wake: make(chan struct{}, 1)}
 	s.board = &statusBoard{s: s}
 	s.exec = &executor{s: s}
+	s.store = &runStore{s: s}
 	var err error
 	if s.jobs, err = st.JS().Stream(ctx, schema.StreamJobs); err != nil {
 		return nil, fmt.Errorf("runner: open %s: %w", schema.StreamJobs, err)
@@ -222,7 +223,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		desc    string
 		ttl     bool // finished runs and delivered markers expire after Retention
 	}{
-		{&s.runs, "runs", "runner: job runs, <tenant>.<job id>", true},
+		{&s.store.runs, "runs", "runner: job runs, <tenant>.<job id>", true},
 		{&s.outbox.markers, "outbox", "runner: effect delivery markers, by dedupe key", true},
 		{&s.sagas.checks, "checkpoints", "runner: saga checkpoints and drain records per tenant", false},
 		{&s.board.status, "status", "runner: each instance's running count, limits and totals", false},
