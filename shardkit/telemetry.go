@@ -89,7 +89,7 @@ func (s *Shard) forgetIdle(states []*tenantState) {
 			continue
 		}
 		e, ok := s.watcher.Lookup(s.kind, ts.tenant)
-		if ok && (s.owns(e) || e.Target == s.cfg.ID.Shard || e.Source == s.cfg.ID.Shard) {
+		if ok && (s.gk.owns(e) || e.Target == s.cfg.ID.Shard || e.Source == s.cfg.ID.Shard) {
 			continue
 		}
 		s.states.removeIf(ts.tenant, func(ts *tenantState) bool {
