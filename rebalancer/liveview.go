@@ -67,7 +67,7 @@ func (d *dirView) release() {
 
 func (d *dirView) follow(ctx context.Context) {
 	f, err := kvwatch.New(kvwatch.Config{
-		JS:     d.e.st.JetStream(),
+		JS:     d.e.st.JS().JetStream(),
 		Bucket: schema.BucketInstances,
 		Logger: d.e.cfg.Logger.With("watch", schema.BucketInstances),
 	}, d)

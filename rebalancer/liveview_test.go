@@ -9,6 +9,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -51,7 +52,7 @@ func TestMovesShareTheirViews(t *testing.T) {
 	})
 	for _, b := range []string{schema.BucketInstances, schema.BucketTenantState} {
 		tmtest.WaitFor(t, 10*time.Second, func() error {
-			str, err := st.JetStream().Stream(ctx, schema.KVStream(b))
+			str, err := st.JS().JetStream().Stream(ctx, jsx.KVStream(b))
 			if err != nil {
 				return err
 			}

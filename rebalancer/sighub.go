@@ -64,7 +64,7 @@ func (h *sigHub) release() {
 // and resumes).
 func (h *sigHub) follow(ctx context.Context) {
 	f, err := kvwatch.New(kvwatch.Config{
-		JS:     h.e.st.JetStream(),
+		JS:     h.e.st.JS().JetStream(),
 		Bucket: schema.BucketTenantState,
 		Logger: h.e.cfg.Logger.With("watch", schema.BucketTenantState),
 	}, h)

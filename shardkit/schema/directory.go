@@ -7,6 +7,8 @@ import (
 	"maps"
 	"net/url"
 	"time"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 )
 
 // Status is an instance's health as the directory shows it.
@@ -115,7 +117,7 @@ func (s *Store) Register(ctx context.Context, i Instance) (Instance, error) {
 	if err := i.Validate(); err != nil {
 		return Instance{}, err
 	}
-	rev, err := s.putJSON(ctx, s.instances, i.Key(), i)
+	rev, err := s.js.PutJSON(ctx, s.instances, i.Key(), i)
 	if err != nil {
 		return Instance{}, err
 	}
@@ -135,7 +137,7 @@ func (s *Store) Heartbeat(ctx context.Context, i Instance) (Instance, error) {
 	if err := i.Validate(); err != nil {
 		return Instance{}, err
 	}
-	rev, err := s.putJSON(ctx, s.instances, i.Key(), i)
+	rev, err := s.js.PutJSON(ctx, s.instances, i.Key(), i)
 	if err != nil {
 		return Instance{}, err
 	}
@@ -148,10 +150,10 @@ func (s *Store) Unregister(ctx context.Context, id InstanceID) error {
 	if err := id.Check(); err != nil {
 		return err
 	}
-	if err := s.deleteKey(ctx, s.instances, id.Key(), 0); err != nil {
+	if err := s.js.DeleteKey(ctx, s.instances, id.Key(), 0); err != nil {
 		return err
 	}
-	return s.deleteKey(ctx, s.members, id.Key(), 0)
+	return s.js.DeleteKey(ctx, s.members, id.Key(), 0)
 }
 
 // Instance reads one entry.
@@ -160,7 +162,7 @@ func (s *Store) Instance(ctx context.Context, id InstanceID) (Instance, error) {
 		return Instance{}, err
 	}
 	var i Instance
-	rev, err := s.getJSON(ctx, s.instances, id.Key(), &i)
+	rev, err := s.js.GetJSON(ctx, s.instances, id.Key(), &i)
 	if err != nil {
 		return Instance{}, err
 	}
@@ -178,7 +180,7 @@ func (s *Store) Instances(ctx context.Context, kind string) ([]Instance, error) 
 		filter = kind + ".>"
 	}
 	var out []Instance
-	_, err := listJSON(ctx, s, s.instances, filter, func(_ string, rev uint64, i Instance) {
+	_, err := jsx.ListJSON(ctx, s.js, s.instances, filter, func(_ string, rev uint64, i Instance) {
 		i.Revision = rev
 		out = append(out, i)
 	})
@@ -191,7 +193,7 @@ func (s *Store) Instances(ctx context.Context, kind string) ([]Instance, error) 
 // that is alive after all sees its own membership turn offline and writes it back.
 func (s *Store) MarkOffline(ctx context.Context, i Instance) error {
 	i.Reported = StatusOffline
-	if _, err := s.casJSON(ctx, s.instances, i.Key(), i.Revision, i); err != nil {
+	if _, err := s.js.UpdateJSON(ctx, s.instances, i.Key(), i.Revision, i); err != nil {
 		return err
 	}
 	_, err := s.PutMember(ctx, i)
@@ -201,14 +203,14 @@ func (s *Store) MarkOffline(ctx context.Context, i Instance) error {
 // RemoveInstance deletes an entry if it is unchanged since it was read (sweeper), and its
 // membership entry.
 func (s *Store) RemoveInstance(ctx context.Context, i Instance) error {
-	err := s.deleteKey(ctx, s.instances, i.Key(), i.Revision)
+	err := s.js.DeleteKey(ctx, s.instances, i.Key(), i.Revision)
 	if errors.Is(err, ErrNotFound) {
 		err = nil
 	}
 	if err != nil {
 		return err
 	}
-	err = s.deleteKey(ctx, s.members, i.Key(), 0)
+	err = s.js.DeleteKey(ctx, s.members, i.Key(), 0)
 	if errors.Is(err, ErrNotFound) {
 		return nil
 	}
@@ -242,7 +244,7 @@ func (s *Store) PutMember(ctx context.Context, i Instance) (uint64, error) {
 	if err := i.Validate(); err != nil {
 		return 0, err
 	}
-	return s.putJSON(ctx, s.members, i.Key(), i)
+	return s.js.PutJSON(ctx, s.members, i.Key(), i)
 }
 
 // Members lists the membership entries, optionally only one kind ("" for all).
@@ -255,7 +257,7 @@ func (s *Store) Members(ctx context.Context, kind string) ([]Instance, error) {
 		filter = kind + ".>"
 	}
 	var out []Instance
-	_, err := listJSON(ctx, s, s.members, filter, func(_ string, rev uint64, i Instance) {
+	_, err := jsx.ListJSON(ctx, s.js, s.members, filter, func(_ string, rev uint64, i Instance) {
 		i.Revision = rev
 		out = append(out, i)
 	})

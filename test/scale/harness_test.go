@@ -110,7 +110,7 @@ func (h *harness) start() {
 // publishes (a window of 2,000 outstanding, nats.go's stall limit being 4,000).
 func (h *harness) load() time.Duration {
 	t0 := time.Now()
-	js := h.admin.JetStream()
+	js := h.admin.JS().JetStream()
 	shards := h.p.maxShards()
 	for _, k := range kinds {
 		prefix := schema.PlacementSubjectPrefix(k)
