@@ -152,6 +152,8 @@ func num(v float64) string {
 		return fmt.Sprintf("%.0f", v)
 	case v >= 10:
 		return fmt.Sprintf("%.1f", v)
+	case v != 0 && v < 0.1:
+		return fmt.Sprintf("%.4f", v)
 	}
 	return fmt.Sprintf("%.2f", v)
 }
