@@ -102,6 +102,7 @@ func (p *peerView) checkSelf(key string, inst schema.Instance, ok bool) {
 	}
 	if !ok || inst.Reported == schema.StatusOffline {
 		p.s.memberStale.Store(true)
+		p.s.routesStale.Store(true)
 	}
 }
 

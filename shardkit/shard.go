@@ -72,6 +72,7 @@ type Shard struct {
 	memberMu    sync.Mutex
 	member      schema.Instance
 	memberStale atomic.Bool
+	routesStale atomic.Bool // re-assert the routes at the next heartbeat
 }
 
 // New makes a Shard from cfg; nothing touches the network until Run.

@@ -31,7 +31,7 @@ func (s *Shard) heartbeatLoop(ctx context.Context) {
 			lastTop = time.Now()
 		}
 		s.heartbeat(ctx, report)
-		if tick++; tick%routeEvery == 0 {
+		if tick++; tick%routeEvery == 0 || s.routesStale.Swap(false) {
 			s.republish(ctx)
 		}
 		if err := s.st.PublishLoad(report); err != nil {
@@ -41,8 +41,13 @@ func (s *Shard) heartbeatLoop(ctx context.Context) {
 	}
 }
 
-// routeEvery is how many heartbeats pass between re-assertions of the instance's routes.
-const routeEvery = 10
+// routeEvery is how many heartbeats pass between re-assertions of the instance's routes. Each
+// is a read of every route through the JetStream API: at 10 (the old value) a thousand
+// instances made 100 API requests a second, enough to starve consumer creation on a busy
+// cluster. The sweeper removes an instance from routes when it marks it offline, which the
+// instance sees in its membership and answers at once (routesStale); the slow round covers
+// the rest (a route cleanup at a rebalancer's start).
+const routeEvery = 60
 
 // republish re-adds the instance to its routes, in case a sweeper removed it while it was
 // cut off (Aether routing's stale-route cleanup must not unpublish a live instance for good).
