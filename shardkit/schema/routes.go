@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
+	"time"
+
+	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 
 	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 )
@@ -80,7 +84,13 @@ func (rr RouteRegistry) edit(ctx context.Context, r Route, edit func(*Route) boo
 		return Route{}, err
 	}
 	key := r.Key()
-	for range maxCASAttempts {
+	for attempt := range maxCASAttempts {
+		if attempt > 0 { // writers that collided back off at random, or they collide again
+			backoff := min(time.Millisecond<<min(attempt, 6), 50*time.Millisecond)
+			if !ctxtime.Sleep(ctx, rand.N(backoff)+time.Millisecond) {
+				return Route{}, ctx.Err()
+			}
+		}
 		var cur Route
 		rev, err := rr.s.js.GetJSON(ctx, rr.s.routes, key, &cur)
 		switch {
