@@ -133,8 +133,12 @@ func (c Config) options() (*server.Options, error) {
 		StoreDir:           c.StoreDir,
 		JetStreamMaxMemory: maxMem,
 		JetStreamMaxStore:  maxStore,
-		NoSigs:             true,
-		MaxPayload:         8 << 20,
+		// nats-server 2.15 caps every stream at 1,000 consumers unless told otherwise, and each
+		// shard instance holds one on tm_members and one on tm_tenant_state: at 1,000 instances
+		// the gateways and the rebalancer could no longer follow them (the scale harness).
+		JetStreamLimits: server.JSLimitOpts{DefaultMaxConsumers: -1},
+		NoSigs:          true,
+		MaxPayload:      8 << 20,
 		// A user JWT lists its role's subjects and travels in the CONNECT line: a shard's
 		// is several KiB, more than the 4 KiB default.
 		MaxControlLine: 64 << 10,
