@@ -322,8 +322,17 @@ func (s *Service) Release(ctx context.Context, tenant string) error {
 	if left > 0 {
 		s.cfg.Logger.Warn("drain bound reached: cancelling runs", "tenant", tenant, "in_flight", left)
 		cancelRuns()
+		// Cancelled runs end at once, but an effect delivery under way completes (bounded by
+		// RunTimeout) so that it is never half done.
+		ended, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RunTimeout)
+		s.exec.waitIdle(ended, tq)
+		cancel()
 	}
-	tq.work.Wait()
+	// A saga batch or an outbox flush of the tenant may still be going: it is not waited for.
+	// Checkpoints are written by compare-and-set and effects are delivered once by their
+	// markers, so the next owner doing the same at the same time is safe; the batch stops at
+	// its next event, seeing the tenant released. (After a NATS node stops, such a batch's
+	// checkpoint write can wait seconds for a stream leader, and a move's finish with it.)
 	s.housekeeping.Go(func() {
 		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.DrainTimeout)
 		defer cancel()

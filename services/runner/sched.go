@@ -38,7 +38,8 @@ type tenantQ struct {
 	subs   []*nats.Subscription
 	// sagaReady: the tenant is in the saga ring (it may have events its sagas have not seen).
 	sagaReady bool
-	// work counts runs and outbox deliveries in flight for the tenant (not under mu).
+	// work counts the tenant's runs, saga batches and outbox flushes in flight (not under
+	// mu); Run waits for it at shutdown. Release waits only for the runs (inflight).
 	work sync.WaitGroup
 	// ctx is cancelled when a release gives up waiting for the tenant's runs.
 	ctx    context.Context
