@@ -158,13 +158,22 @@ type forwardPlan struct {
 	body    []byte // buffered body; nil when there is none or it was too big to buffer
 	retry   bool   // retrying is allowed at all (body buffered or empty)
 	tenant  string
+	// fallback is the local handler to serve with when every attempt failed safely
+	// (ForwardFallback); nil when falling back is not allowed. in is the request as it came.
+	fallback http.Handler
+	in       *http.Request
+	// exhausted is set by the transport when every target was tried and each failure was
+	// safe to repeat.
+	exhausted bool
 }
 
 type planKey struct{}
 
 // forward proxies r to a live instance of shard, trying others when the request provably never
-// reached one (or, for idempotent methods, failed before an answer).
-func (s *Shard) forward(w http.ResponseWriter, r *http.Request, tenant, shard string) {
+// reached one (or, for idempotent methods, failed before an answer). With ForwardFallback, next
+// (nil: never) serves the request here when that fails (see serveFallback).
+func (s *Shard) forward(next http.Handler, w http.ResponseWriter, r *http.Request, tenant, shard string) {
+	next = s.fallbackHandler(next)
 	if fb := r.Header.Values(tmhttp.HeaderForwardedBy); len(fb) > 0 {
 		s.metrics.forwards.WithLabelValues("loop").Inc()
 		if forwardedBy(fb, s.self) {
@@ -179,6 +188,10 @@ func (s *Shard) forward(w http.ResponseWriter, r *http.Request, tenant, shard st
 		return
 	}
 	peers := s.peers.live(shard)
+	if len(peers) == 0 && next != nil {
+		s.serveFallback(next, w, r)
+		return
+	}
 	if len(peers) == 0 {
 		s.metrics.forwards.WithLabelValues("no_instance").Inc()
 		p := s.problem(http.StatusServiceUnavailable, "no-live-instance", "No live instance", tenant,
@@ -196,6 +209,9 @@ func (s *Shard) forward(w http.ResponseWriter, r *http.Request, tenant, shard st
 	if n := 1 + s.cfg.ForwardRetries; len(plan.targets) > n {
 		plan.targets = plan.targets[:n]
 	}
+	if next != nil && len(plan.targets) == 1 {
+		plan.targets = append(plan.targets, plan.targets[0]) // the owner fails twice before the fallback
+	}
 	if r.Body != nil && r.Body != http.NoBody {
 		buf, err := io.ReadAll(io.LimitReader(r.Body, s.cfg.MaxForwardBody+1))
 		if err != nil {
@@ -212,6 +228,9 @@ func (s *Shard) forward(w http.ResponseWriter, r *http.Request, tenant, shard st
 			plan.body = buf
 			r.Body = io.NopCloser(bytes.NewReader(buf))
 		}
+	}
+	if next != nil && plan.retry {
+		plan.fallback, plan.in = next, r
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ForwardTimeout)
 	defer cancel()
@@ -247,6 +266,15 @@ func (s *Shard) newProxy() http.Handler {
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			plan, _ := r.Context().Value(planKey{}).(*forwardPlan)
+			if plan != nil && plan.exhausted && plan.fallback != nil && r.Context().Err() == nil {
+				s.cfg.Logger.Warn("forward failed; serving here", "tenant", plan.tenant, "err", err)
+				in := plan.in
+				if plan.body != nil {
+					in.Body = io.NopCloser(bytes.NewReader(plan.body))
+				}
+				s.serveFallback(plan.fallback, w, in)
+				return
+			}
 			tenant := ""
 			if plan != nil {
 				tenant = plan.tenant
@@ -292,6 +320,10 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", target.Host, err))
 		if !plan.retry || !retriable(req, err) || req.Context().Err() != nil {
+			break
+		}
+		if i == len(plan.targets)-1 {
+			plan.exhausted = true
 			break
 		}
 		t.s.metrics.forwards.WithLabelValues("retry").Inc()

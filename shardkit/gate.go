@@ -106,13 +106,13 @@ func (s *Shard) serveGate(next http.Handler, w http.ResponseWriter, r *http.Requ
 	}
 	v := s.judge(e, ok, want)
 	if v != serve {
-		s.refuse(w, r, tenant, v, e)
+		s.refuse(next, w, r, tenant, v, e)
 		return
 	}
 	s.inflight.Add(1)
 	defer s.releaseInstance()
 	if s.closing.Load() {
-		s.refuse(w, r, tenant, closing, e)
+		s.refuse(next, w, r, tenant, closing, e)
 		return
 	}
 	ts := s.states.getOrCreate(tenant)
@@ -122,7 +122,7 @@ func (s *Shard) serveGate(next http.Handler, w http.ResponseWriter, r *http.Requ
 			break
 		}
 		if !dead {
-			s.refuse(w, r, tenant, draining, e)
+			s.refuse(next, w, r, tenant, draining, e)
 			return
 		}
 		ts = s.states.getOrCreate(tenant)
@@ -217,8 +217,9 @@ func (s *Shard) awaitEpoch(ctx context.Context, tenant string, want uint64) (pla
 	}
 }
 
-// refuse answers a request the gate does not serve here: a problem, or a forward.
-func (s *Shard) refuse(w http.ResponseWriter, r *http.Request, tenant string, v verdict, e placement.Entry) {
+// refuse answers a request the gate does not serve here: a problem, or a forward (which may
+// fall back to next).
+func (s *Shard) refuse(next http.Handler, w http.ResponseWriter, r *http.Request, tenant string, v verdict, e placement.Entry) {
 	s.metrics.refused.WithLabelValues(refuseReasons[v]).Inc()
 	w.Header()[tmhttp.HeaderRefused] = refusedValues[v]
 	if tracing.On() {
@@ -234,7 +235,7 @@ func (s *Shard) refuse(w http.ResponseWriter, r *http.Request, tenant string, v 
 			break
 		}
 		if s.cfg.Forward {
-			s.forward(w, r, tenant, owner)
+			s.forward(next, w, r, tenant, owner)
 			return
 		}
 		p := s.problem(http.StatusMisdirectedRequest, "not-owner", "Not the owner", tenant,
@@ -248,7 +249,7 @@ func (s *Shard) refuse(w http.ResponseWriter, r *http.Request, tenant string, v 
 		return
 	case closing:
 		if s.cfg.Forward {
-			s.forward(w, r, tenant, s.cfg.ID.Shard)
+			s.forward(nil, w, r, tenant, s.cfg.ID.Shard)
 			return
 		}
 		p := s.problem(http.StatusServiceUnavailable, "instance-draining", "Instance shutting down", tenant,

@@ -202,6 +202,9 @@ func (s *Shard) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("shardkit: read kind %s: %w", s.kind, err)
 	}
+	if err := s.checkFallback(kc); err != nil {
+		return err
+	}
 	s.kindCfg.Store(&kc)
 	return s.register(wctx)
 }
