@@ -187,6 +187,9 @@ type Gateway struct {
 	reqCtx    context.Context
 	reqCancel context.CancelFunc
 
+	// telemetryName is cfg.ID as a subject token, naming the gateway's circuit reports.
+	telemetryName string
+
 	// changed is closed and replaced on a placement change while someone waits (after a 421).
 	changed atomic.Pointer[chan struct{}]
 	waiters atomic.Int64
@@ -220,6 +223,8 @@ func New(cfg Config) (*Gateway, error) {
 		assigning: map[holdKey]*assignCall{},
 		ready:     make(chan struct{}),
 		synced:    make(chan struct{}),
+
+		telemetryName: tokenName(cfg.ID),
 	}
 	ch := make(chan struct{})
 	g.changed.Store(&ch)
@@ -450,6 +455,9 @@ func (g *Gateway) housekeeping() {
 		case <-tick.C:
 			if g.reg.allSynced() {
 				g.reg.rebuild()
+			}
+			if n%circuitEvery == 0 {
+				g.publishCircuits()
 			}
 			if n++; n%30 == 0 {
 				now := time.Now()

@@ -117,6 +117,9 @@ type Hooks struct {
 	Release func(ctx context.Context, tenant string) error
 	// Reload is called by POST /admin/reload after the instance re-registered.
 	Reload func(ctx context.Context) error
+	// Report adds the service's own figures (the runner's recent runs) to each load report
+	// before it is published. It runs on the heartbeat loop and must not block.
+	Report func(r *schema.LoadReport)
 }
 
 func (h Hooks) applied(tenant string) uint64 {

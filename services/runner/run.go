@@ -48,6 +48,7 @@ func (s *Service) claimAndRun(ctx context.Context, tq *tenantQ, msg *jetstream.R
 		s.done(tq)
 		return
 	}
+	s.recent.note(r)
 	if h := nats.Header(msg.Header); tracing.Traced(h) {
 		var span trace.Span
 		ctx, span = tracer.Start(tracing.Extract(ctx, h), "job.run", trace.WithAttributes(
@@ -285,6 +286,7 @@ func (s *Service) finish(ctx context.Context, tq *tenantQ, r *Run, seq uint64, o
 	}
 	s.mu.Unlock()
 	s.m.finished.WithLabelValues(string(r.Status)).Inc()
+	s.recent.note(r)
 	if r.Status.done() {
 		s.dropEntry(seq)
 		return

@@ -175,6 +175,7 @@ type Service struct {
 	flushq    []*tenantQ          // tenants whose outbox is to be flushed
 	flushWake chan struct{}
 	totals    Totals
+	recent    recentRuns // the newest runs, for the instance's load reports
 }
 
 // Totals are the instance's counters since start.
@@ -287,7 +288,7 @@ func (s *Service) Run(ctx context.Context) error {
 
 // Hooks connect the runner to shardkit's move protocol.
 func (s *Service) Hooks() shardkit.Hooks {
-	return shardkit.Hooks{Warm: s.Warm, Fence: s.Fence, Release: s.Release, Reload: s.Reload}
+	return shardkit.Hooks{Warm: s.Warm, Fence: s.Fence, Release: s.Release, Reload: s.Reload, Report: s.recent.report}
 }
 
 // Warm prepares a tenant moving here: it reads the tenant's saga checkpoint so the bucket is

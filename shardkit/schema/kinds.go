@@ -56,6 +56,11 @@ type KindConfig struct {
 	// unknown (the connection broke after it was sent), so the client gets one answer instead
 	// of a 502 to retry itself. Default: on for aggregate and runner.
 	Idempotent bool `json:"idempotent,omitempty"`
+	// DegradedErrorRate makes an instance report itself degraded while its error rate (5xx
+	// answers over requests, per heartbeat interval with at least DegradedMinRequests requests)
+	// is at least this (the multi-host design's "degraded: high failure rate"). Default 0.5;
+	// negative: never.
+	DegradedErrorRate float64 `json:"degraded_error_rate,omitempty"`
 	// UpstreamTimeout bounds one proxied request. Default 30s.
 	UpstreamTimeout Duration `json:"upstream_timeout,omitempty"`
 	// RateLimit, if set, limits each tenant's requests to this kind (429 beyond it).
@@ -123,6 +128,9 @@ func (c KindConfig) WithDefaults() KindConfig {
 	}
 	if c.UpstreamTimeout <= 0 {
 		c.UpstreamTimeout = Duration(30 * time.Second)
+	}
+	if c.DegradedErrorRate == 0 {
+		c.DegradedErrorRate = 0.5
 	}
 	if c.Policy == PolicyAffinity {
 		a := AffinityConfig{}
