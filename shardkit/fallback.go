@@ -21,11 +21,11 @@ func (s *Shard) checkFallback(kc schema.KindConfig) error {
 
 // fallbackHandler returns next if a failed forward may fall back to it now, else nil. The kind's
 // config is read per request, so a kind switched to single_writer stops falling back at once.
-func (s *Shard) fallbackHandler(next http.Handler) http.Handler {
-	if next == nil || !s.cfg.ForwardFallback {
+func (fw *forwarder) fallbackHandler(next http.Handler) http.Handler {
+	if next == nil || !fw.s.cfg.ForwardFallback {
 		return nil
 	}
-	if kc := s.kindCfg.Load(); kc == nil || kc.SingleWriter {
+	if kc := fw.s.kindCfg.Load(); kc == nil || kc.SingleWriter {
 		return nil
 	}
 	return next
@@ -33,14 +33,14 @@ func (s *Shard) fallbackHandler(next http.Handler) http.Handler {
 
 // serveFallback serves a request for a tenant this instance does not own, after forwarding it to
 // the owner failed: the answer says so with X-Fallback: true beside X-Served-By.
-func (s *Shard) serveFallback(next http.Handler, w http.ResponseWriter, r *http.Request) {
-	s.metrics.forwards.WithLabelValues("fallback").Inc()
+func (fw *forwarder) serveFallback(next http.Handler, w http.ResponseWriter, r *http.Request) {
+	fw.s.metrics.forwards.WithLabelValues("fallback").Inc()
 	h := w.Header()
 	delete(h, tmhttp.HeaderRefused)
-	h[tmhttp.HeaderServedBy] = s.servedBy
+	h[tmhttp.HeaderServedBy] = fw.s.servedBy
 	h[tmhttp.HeaderFallback] = fallbackValue
-	s.inflight.Add(1)
-	defer s.releaseInstance()
+	fw.s.inflight.Add(1)
+	defer fw.s.gk.releaseInstance()
 	next.ServeHTTP(w, r)
 }
 

@@ -52,12 +52,12 @@ func (s *Store) PublishCircuits(r CircuitReport) error {
 	if err != nil {
 		return fmt.Errorf("schema: encode circuit report: %w", err)
 	}
-	return s.nc.Publish(subjectCircuitPrefix+r.Gateway, b)
+	return s.js.Conn().Publish(subjectCircuitPrefix+r.Gateway, b)
 }
 
 // SubscribeCircuits calls fn with every gateway's circuit reports; corrupt ones are skipped.
 func (s *Store) SubscribeCircuits(fn func(CircuitReport)) (*nats.Subscription, error) {
-	sub, err := s.nc.Subscribe(SubjectCircuitAll, func(m *nats.Msg) {
+	sub, err := s.js.Conn().Subscribe(SubjectCircuitAll, func(m *nats.Msg) {
 		var r CircuitReport
 		if err := json.Unmarshal(m.Data, &r); err != nil {
 			s.opts.Logger.Warn("skipping corrupt circuit report", "subject", m.Subject, "err", err)

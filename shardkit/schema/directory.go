@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/url"
 	"time"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 )
 
 // Status is an instance's health as the directory shows it.
@@ -119,11 +121,11 @@ func (s *Store) Register(ctx context.Context, i Instance) (Instance, error) {
 	}
 	if i.Flag == nil {
 		var prev Instance
-		if _, err := s.getJSON(ctx, s.instances, i.Key(), &prev); err == nil {
+		if _, err := s.js.GetJSON(ctx, s.instances, i.Key(), &prev); err == nil {
 			i.Flag = prev.Flag
 		}
 	}
-	rev, err := s.putJSON(ctx, s.instances, i.Key(), i)
+	rev, err := s.js.PutJSON(ctx, s.instances, i.Key(), i)
 	if err != nil {
 		return Instance{}, err
 	}
@@ -141,7 +143,7 @@ func (s *Store) Heartbeat(ctx context.Context, i Instance) (Instance, error) {
 		return Instance{}, err
 	}
 	if i.Revision != 0 {
-		rev, err := s.casJSON(ctx, s.instances, i.Key(), i.Revision, i)
+		rev, err := s.js.UpdateJSON(ctx, s.instances, i.Key(), i.Revision, i)
 		if err == nil {
 			i.Revision = rev
 			return i, nil
@@ -150,11 +152,11 @@ func (s *Store) Heartbeat(ctx context.Context, i Instance) (Instance, error) {
 			return Instance{}, err
 		}
 		var cur Instance
-		if _, err := s.getJSON(ctx, s.instances, i.Key(), &cur); err == nil {
+		if _, err := s.js.GetJSON(ctx, s.instances, i.Key(), &cur); err == nil {
 			i.Flag = cur.Flag
 		}
 	}
-	rev, err := s.putJSON(ctx, s.instances, i.Key(), i)
+	rev, err := s.js.PutJSON(ctx, s.instances, i.Key(), i)
 	if err != nil {
 		return Instance{}, err
 	}
@@ -167,7 +169,7 @@ func (s *Store) Unregister(ctx context.Context, id InstanceID) error {
 	if err := id.Check(); err != nil {
 		return err
 	}
-	return s.deleteKey(ctx, s.instances, id.Key(), 0)
+	return s.js.DeleteKey(ctx, s.instances, id.Key(), 0)
 }
 
 // Instance reads one entry.
@@ -176,7 +178,7 @@ func (s *Store) Instance(ctx context.Context, id InstanceID) (Instance, error) {
 		return Instance{}, err
 	}
 	var i Instance
-	rev, err := s.getJSON(ctx, s.instances, id.Key(), &i)
+	rev, err := s.js.GetJSON(ctx, s.instances, id.Key(), &i)
 	if err != nil {
 		return Instance{}, err
 	}
@@ -194,7 +196,7 @@ func (s *Store) Instances(ctx context.Context, kind string) ([]Instance, error) 
 		filter = kind + ".>"
 	}
 	var out []Instance
-	_, err := listJSON(ctx, s, s.instances, filter, func(_ string, rev uint64, i Instance) {
+	_, err := jsx.ListJSON(ctx, s.js, s.instances, filter, func(_ string, rev uint64, i Instance) {
 		i.Revision = rev
 		out = append(out, i)
 	})
@@ -205,13 +207,13 @@ func (s *Store) Instances(ctx context.Context, kind string) ([]Instance, error) 
 // so a heartbeat that lands meanwhile wins.
 func (s *Store) MarkOffline(ctx context.Context, i Instance) error {
 	i.Reported = StatusOffline
-	_, err := s.casJSON(ctx, s.instances, i.Key(), i.Revision, i)
+	_, err := s.js.UpdateJSON(ctx, s.instances, i.Key(), i.Revision, i)
 	return err
 }
 
 // RemoveInstance deletes an entry if it is unchanged since it was read (sweeper).
 func (s *Store) RemoveInstance(ctx context.Context, i Instance) error {
-	err := s.deleteKey(ctx, s.instances, i.Key(), i.Revision)
+	err := s.js.DeleteKey(ctx, s.instances, i.Key(), i.Revision)
 	if errors.Is(err, ErrNotFound) {
 		return nil
 	}

@@ -33,7 +33,7 @@ func (s *Store) InstanceHistory(ctx context.Context, id InstanceID) (StatusHisto
 		return StatusHistory{}, 0, err
 	}
 	h := StatusHistory{Instance: id.Key()}
-	rev, err := s.getJSON(ctx, s.rebalance, HistoryKey(id), &h)
+	rev, err := s.js.GetJSON(ctx, s.rebalance, HistoryKey(id), &h)
 	if errors.Is(err, ErrNotFound) {
 		return StatusHistory{Instance: id.Key()}, 0, nil
 	}
@@ -55,7 +55,7 @@ func (s *Store) AppendStatus(ctx context.Context, id InstanceID, c StatusChange)
 		if n := len(h.Changes); n > MaxStatusHistory {
 			h.Changes = h.Changes[n-MaxStatusHistory:]
 		}
-		_, err = s.casJSON(ctx, s.rebalance, HistoryKey(id), rev, h)
+		_, err = s.js.UpdateJSON(ctx, s.rebalance, HistoryKey(id), rev, h)
 		if err == nil || !IsConflict(err) || try == 4 {
 			return err
 		}
@@ -64,7 +64,7 @@ func (s *Store) AppendStatus(ctx context.Context, id InstanceID, c StatusChange)
 
 // DeleteHistory removes an instance's status history (when the instance leaves the directory).
 func (s *Store) DeleteHistory(ctx context.Context, id InstanceID) error {
-	err := s.deleteKey(ctx, s.rebalance, HistoryKey(id), 0)
+	err := s.js.DeleteKey(ctx, s.rebalance, HistoryKey(id), 0)
 	if errors.Is(err, ErrNotFound) {
 		return nil
 	}

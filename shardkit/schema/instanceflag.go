@@ -42,12 +42,12 @@ func (s *Store) SetInstanceFlag(ctx context.Context, id InstanceID, f *InstanceF
 	}
 	for try := 0; ; try++ {
 		var i Instance
-		rev, err := s.getJSON(ctx, s.instances, id.Key(), &i)
+		rev, err := s.js.GetJSON(ctx, s.instances, id.Key(), &i)
 		if err != nil {
 			return Instance{}, err
 		}
 		i.Flag = f
-		nrev, err := s.casJSON(ctx, s.instances, id.Key(), rev, i)
+		nrev, err := s.js.UpdateJSON(ctx, s.instances, id.Key(), rev, i)
 		if err == nil {
 			i.Revision = nrev
 			return i, nil
