@@ -474,13 +474,17 @@ func (g *Gateway) housekeeping() {
 	}
 }
 
-// onLoad keeps each instance's last load report for /admin/balance.
+// onLoad keeps each instance's last load report for /admin/balance, and its waiting consumers
+// for producer routes.
 func (g *Gateway) onLoad(r schema.LoadReport) {
 	g.reg.mu.Lock()
 	in := g.reg.insts[r.Key()]
 	g.reg.mu.Unlock()
 	if in != nil {
 		in.load.Store(&r)
+		if len(r.Consumers) > 0 || in.consumers.Load() != nil {
+			in.consumers.Store(newConsumerSet(r.Consumers))
+		}
 	}
 	if ke := g.reg.snap.Load().kinds[r.Kind]; ke != nil {
 		ke.lt.Observe(r.Key(), r.InFlight, r.Queued, r.CPU)

@@ -65,6 +65,8 @@ type Shard struct {
 
 	instMu sync.Mutex
 	inst   schema.Instance
+
+	consumers consumers // waiting consumers per affinity key (Waiting)
 }
 
 // New makes a Shard from cfg; nothing touches the network until Run.

@@ -26,6 +26,7 @@ func (s *Shard) heartbeatLoop(ctx context.Context) {
 		}
 		states := s.states.all()
 		report := tel.sample(s, states)
+		report.Consumers = s.consumers.report()
 		if s.cfg.Hooks.Report != nil {
 			s.cfg.Hooks.Report(&report)
 		}

@@ -103,6 +103,9 @@ type LoadConfig struct {
 	CircuitFailures  int      `json:"circuit_failures"`  // default 3
 	CircuitRetry     Duration `json:"circuit_retry"`     // default 5s
 	CircuitMaxRetry  Duration `json:"circuit_max_retry"` // default 5m
+	// QueueAffinityThreshold: a producer route's key is queue:group while the queue has at most
+	// this many groups with waiting consumers, and the queue alone beyond it. Default 10.
+	QueueAffinityThreshold int `json:"queue_affinity_threshold"`
 }
 
 // DefaultKindConfig is the configuration a kind gets when it is first registered.
@@ -187,6 +190,9 @@ func (l LoadConfig) withDefaults() LoadConfig {
 	}
 	defD(&l.CircuitRetry, 5*time.Second)
 	defD(&l.CircuitMaxRetry, 5*time.Minute)
+	if l.QueueAffinityThreshold <= 0 {
+		l.QueueAffinityThreshold = 10
+	}
 	return l
 }
 

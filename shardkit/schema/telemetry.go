@@ -31,6 +31,9 @@ type LoadReport struct {
 	// Runs are the instance's most recent job runs, newest first, at most MaxReportRuns (the
 	// runner; the multi-host design's recent job runs of a host).
 	Runs []RunSummary `json:"runs,omitempty"`
+	// Consumers are the affinity keys this instance has consumers waiting for, most waiting
+	// first, at most MaxReportConsumers (producer routes: see ProducerRoute).
+	Consumers []ConsumerPresence `json:"consumers,omitempty"`
 }
 
 // MaxReportRuns bounds LoadReport.Runs.
