@@ -266,6 +266,14 @@ func TestKindsAndInstances(t *testing.T) {
 	if r := e.run(t, "", "kinds", "set", "render", "--policy", "affinity", "--multiplex", "2"); r.code != 0 {
 		t.Fatalf("register an affinity kind: %d %s", r.code, r.stderr)
 	}
+	if r := e.run(t, "", "kinds", "set", "mq", "--policy", "load", "--queue-affinity-threshold", "4", "--degraded-error-rate", "0.2", "--output", "json"); r.code != 0 {
+		t.Fatalf("register a load kind: %d %s", r.code, r.stderr)
+	} else if kc := decode[schema.KindConfig](t, r.stdout); kc.Load == nil || kc.Load.QueueAffinityThreshold != 4 || kc.DegradedErrorRate != 0.2 {
+		t.Fatalf("load kind: %+v", kc)
+	}
+	if r := e.run(t, "", "kinds", "set", "render", "--queue-affinity-threshold", "4"); r.code != 2 {
+		t.Fatalf("--queue-affinity-threshold on an affinity kind: exit %d", r.code)
+	}
 	views := decode[[]rebalancer.InstanceView](t, e.run(t, "", "instances", "--output", "json").stdout)
 	if len(views) != 1 || views[0].Status != schema.StatusOnline || views[0].Labels["region"] != "eu" {
 		t.Fatalf("instances: %+v", views)
