@@ -302,22 +302,29 @@ func (s *Service) Warm(ctx context.Context, tenant string, _ uint64) error {
 }
 
 // Fence is called by shardkit on a move's source at handoff, after its HTTP requests
-// finished: the runner stops acquiring the tenant and drains it (in-flight runs within
-// DrainTimeout, outbox flushed, checkpoints written) before the source reports drained, so the
-// new owner starts from a quiet queue. The runner has no sequence to fence on: 0.
+// finished. The runner has no sequence to fence on: 0.
 //
-// The move may have been aborted meanwhile, its placement back on this shard before the
-// release: reconciling the tenant afterwards takes it up again (a released tenant this shard
-// owns starts a new turn), where it used to stay released until the next placement change.
+// It only stops acquiring the tenant; it does not wait for the tenant's runs in flight, nor
+// flush its outbox, so the source reports drained at once and the handoff pause does not
+// carry a job's run time or NATS round trips. The new owner needs no quiet queue: a claim is
+// a compare-and-set on the run record, so it never runs an attempt that is still running here
+// (it waits for that attempt's lease), and every effect is delivered once by its marker. The
+// runs in flight finish (or are cancelled at DrainTimeout) and the outbox is flushed in
+// Release, which shardkit calls once the tenant has moved away.
+//
+// The move may have been aborted meanwhile, its placement back on this shard: reconciling the
+// tenant afterwards takes it up again (a released tenant this shard owns starts a new turn).
 func (s *Service) Fence(tenant string) uint64 {
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout+5*time.Second)
-	defer cancel()
-	if err := s.Release(ctx, tenant); err != nil {
-		s.cfg.Logger.Warn("drain at handoff", "tenant", tenant, "err", err)
-	}
 	s.mu.Lock()
+	tq := s.tenants[tenant]
+	if tq != nil {
+		tq.released = true
+	}
 	s.changed[tenant] = struct{}{}
 	s.mu.Unlock()
+	if tq != nil {
+		s.unsubscribe(tq)
+	}
 	nudge(s.recon)
 	return 0
 }
