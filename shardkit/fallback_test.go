@@ -56,13 +56,16 @@ func TestForwardFallback(t *testing.T) {
 		return schema.InstanceID{Kind: kind, Shard: shard, Instance: inst}
 	}
 	broken, accepted := brokenURL(t)
-	// t-dead's owner refuses connections; t-broken's owner closes them; t-gone's owner has no instance.
+	// t-dead's owner refuses connections; t-broken's three instances close them; t-gone's owner has
+	// no instance.
 	place(t, st, schema.Placement{Kind: kind, Tenant: "t-dead", Shard: "projection-1"})
 	place(t, st, schema.Placement{Kind: kind, Tenant: "t-broken", Shard: "projection-2"})
 	rev := place(t, st, schema.Placement{Kind: kind, Tenant: "t-gone", Shard: "projection-9"}).Revision
 	for _, in := range []schema.Instance{
 		{InstanceID: pid("projection-1", "dead"), URL: deadURL(t), Capacity: 10},
 		{InstanceID: pid("projection-2", "broken"), URL: broken, Capacity: 10},
+		{InstanceID: pid("projection-2", "broken2"), URL: broken, Capacity: 10},
+		{InstanceID: pid("projection-2", "broken3"), URL: broken, Capacity: 10},
 	} {
 		if _, err := st.Register(ctx, in); err != nil {
 			t.Fatal(err)
@@ -99,7 +102,7 @@ func TestForwardFallback(t *testing.T) {
 				t.Fatal("the local service ran although the request may have reached the owner")
 			}
 			if c.tenant == "t-broken" && c.fallback && accepted.Load()-conns != 2 {
-				t.Fatalf("the owner was tried %d times before the fallback, want 2", accepted.Load()-conns)
+				t.Fatalf("the owner was tried %d times before the fallback, want 2 (the preferred instance, the next)", accepted.Load()-conns)
 			}
 			// Without ForwardFallback the same request fails.
 			if code, _, body := call(t, c.method, plain.URL+"/t/x", c.tenant, nil, c.body); code < 500 {

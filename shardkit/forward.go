@@ -212,8 +212,13 @@ func (fw *forwarder) forward(next http.Handler, w http.ResponseWriter, r *http.R
 	if n := 1 + fw.s.cfg.ForwardRetries; len(plan.targets) > n {
 		plan.targets = plan.targets[:n]
 	}
-	if next != nil && len(plan.targets) == 1 {
-		plan.targets = append(plan.targets, plan.targets[0]) // the owner fails twice before the fallback
+	// With a fallback, the Queen coordinator's order: the preferred instance, the next (the same
+	// one again when it is the only one), then the local handler.
+	switch {
+	case next != nil && len(plan.targets) > 2:
+		plan.targets = plan.targets[:2]
+	case next != nil && len(plan.targets) == 1:
+		plan.targets = append(plan.targets, plan.targets[0])
 	}
 	if r.Body != nil && r.Body != http.NoBody {
 		buf, err := io.ReadAll(io.LimitReader(r.Body, fw.s.cfg.MaxForwardBody+1))
