@@ -16,6 +16,7 @@ import (
 // "query:NAME" (a query parameter, as sent) or "header:NAME" (a header). The key is queue:group
 // while the queue has at most the kind's queue_affinity_threshold groups with waiting consumers,
 // and queue alone beyond that (the source design's dynamic granularity), or when Group is empty.
+// A single_writer kind ignores it: the tenant's writer takes every request.
 type ProducerRoute struct {
 	// Queue is where the key's first part is read. Default "tenant".
 	Queue string `json:"queue,omitempty"`
