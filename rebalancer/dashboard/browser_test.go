@@ -18,6 +18,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/rebalancer/server"
+	"github.com/tenantmesh/tenantmesh/rebalancer/sweeper"
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -197,7 +198,8 @@ func TestDashboardInstancePage(t *testing.T) {
 	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "acme", Shard: "s-1"}); err != nil {
 		t.Fatal(err)
 	}
-	rs, err := server.New(server.Config{Store: st, Holder: "dash-test", NoCompact: true, AdminToken: adminToken})
+	rs, err := server.New(server.Config{Store: st, Holder: "dash-test", NoCompact: true, AdminToken: adminToken,
+		Sweep: sweeper.Config{Interval: 200 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
