@@ -173,6 +173,8 @@ type Service struct {
 	wakeCh   chan *nats.Msg      // every wake-up subscription delivers here
 	totals   Totals
 	recent   recentRuns // the newest runs, for the instance's load reports
+
+	housekeeping sync.WaitGroup // released tenants' outbox flushes and drain records
 }
 
 // Totals are the instance's counters since start.
@@ -285,6 +287,7 @@ func (s *Service) Run(ctx context.Context) error {
 		s.unsubscribe(tq)
 		tq.work.Wait()
 	}
+	s.housekeeping.Wait()
 	return nil
 }
 
