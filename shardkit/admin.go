@@ -226,6 +226,9 @@ func (s *Shard) Reload(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := s.checkFallback(kc); err != nil {
+		s.cfg.Logger.Warn("forward fallback off", "err", err)
+	}
 	s.kindCfg.Store(&kc)
 	if s.ready.Load() {
 		if err := s.register(ctx); err != nil {

@@ -41,6 +41,14 @@ type Config struct {
 	// Forward makes the gate proxy requests for tenants this shard does not own to the owner's
 	// live instances instead of answering 421 (the Queen coordinator: clients may call any instance).
 	Forward bool
+	// ForwardFallback lets this instance serve a forwarded tenant itself when forwarding fails
+	// safely twice (the owner's instances refused the connection, or the request is idempotent
+	// and failed before an answer), or when the owner has no live instance: the answer carries
+	// X-Fallback: true (the Queen coordinator's local fallback). The request then runs here
+	// without ownership, so it is only for kinds whose requests any instance may serve; a kind
+	// with single_writer (aggregate) refuses it: Run fails, and a kind switched to single
+	// writer later never falls back. Requires Forward.
+	ForwardFallback bool
 	// ForwardRetries is how many other instances of the owner a forwarded request may try after
 	// the first, when that is safe. Default 2.
 	ForwardRetries int
@@ -109,6 +117,9 @@ type Hooks struct {
 	Release func(ctx context.Context, tenant string) error
 	// Reload is called by POST /admin/reload after the instance re-registered.
 	Reload func(ctx context.Context) error
+	// Report adds the service's own figures (the runner's recent runs) to each load report
+	// before it is published. It runs on the heartbeat loop and must not block.
+	Report func(r *schema.LoadReport)
 }
 
 func (h Hooks) applied(tenant string) uint64 {
@@ -201,6 +212,9 @@ func (c Config) valid() error {
 	inst := schema.Instance{InstanceID: c.ID, URL: c.URL, Capacity: c.Capacity}
 	if err := inst.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if c.ForwardFallback && !c.Forward {
+		return fmt.Errorf("%w: ForwardFallback needs Forward", ErrConfig)
 	}
 	for _, r := range c.Routes {
 		if r.Kind == "" {

@@ -65,6 +65,8 @@ type Shard struct {
 
 	instMu sync.Mutex
 	inst   schema.Instance
+
+	consumers consumers // waiting consumers per affinity key (Waiting)
 }
 
 // New makes a Shard from cfg; nothing touches the network until Run.
@@ -206,6 +208,9 @@ func (s *Shard) start(ctx context.Context) error {
 	kc, err := s.st.Kind(wctx, s.kind)
 	if err != nil {
 		return fmt.Errorf("shardkit: read kind %s: %w", s.kind, err)
+	}
+	if err := s.checkFallback(kc); err != nil {
+		return err
 	}
 	s.kindCfg.Store(&kc)
 	return s.register(wctx)

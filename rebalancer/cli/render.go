@@ -122,6 +122,54 @@ func renderInstances(w io.Writer, insts []rebalancer.InstanceView) error {
 	return tw.Flush()
 }
 
+// renderInstance renders one instance's page: fields, then tenants, runs, circuits and history.
+func renderInstance(w io.Writer, d rebalancer.InstanceDetail, now time.Time) error {
+	if err := renderInstances(w, []rebalancer.InstanceView{d.InstanceView}); err != nil {
+		return err
+	}
+	if f := d.Flag; f != nil && f.Degraded {
+		fmt.Fprintf(w, "\nflagged degraded by %s %s ago: %s\n", dash(f.By), age(now.Sub(f.Since).Seconds()), dash(f.Reason))
+	}
+	fmt.Fprintf(w, "\nTENANTS (%d", d.TenantsTotal)
+	if len(d.Tenants) < d.TenantsTotal {
+		fmt.Fprintf(w, ", first %d", len(d.Tenants))
+	}
+	fmt.Fprintln(w, ")")
+	tw := newTable(w)
+	for _, t := range d.Tenants {
+		fmt.Fprintf(tw, "  %s\t%s\tepoch %d\n", t.Tenant, t.Phase, t.Epoch)
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "\nRECENT RUNS")
+	if len(d.Runs) == 0 {
+		fmt.Fprintln(w, "  none reported")
+	}
+	tw = newTable(w)
+	for _, r := range d.Runs {
+		when := "-"
+		if r.Finished != nil {
+			when = age(now.Sub(*r.Finished).Seconds()) + " ago"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\tattempts %d\t%s\t%s\n", r.ID, r.Tenant, r.Type, r.Status, r.Attempts, when, r.Error)
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "\nCIRCUITS (per gateway)")
+	if len(d.Circuits) == 0 {
+		fmt.Fprintln(w, "  no gateway reported")
+	}
+	tw = newTable(w)
+	for _, c := range d.Circuits {
+		fmt.Fprintf(tw, "  %s\t%s\tfailures %d\n", c.Gateway, c.State, c.Failures)
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "\nSTATUS HISTORY")
+	tw = newTable(w)
+	for _, c := range d.History {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", c.Time.UTC().Format(time.RFC3339), c.To, c.Reason)
+	}
+	return tw.Flush()
+}
+
 // age renders seconds as a short duration: 4s, 2m5s, 3h0m.
 func age(sec float64) string {
 	d := time.Duration(sec * float64(time.Second))

@@ -52,6 +52,7 @@ func (x *executor) claimAndRun(ctx context.Context, tq *tenantQ, msg *jetstream.
 		x.done(tq)
 		return
 	}
+	x.s.recent.note(r)
 	if h := nats.Header(msg.Header); tracing.Traced(h) {
 		var span trace.Span
 		ctx, span = tracer.Start(tracing.Extract(ctx, h), "job.run", trace.WithAttributes(
@@ -289,6 +290,7 @@ func (x *executor) finish(ctx context.Context, tq *tenantQ, r *Run, seq uint64, 
 	}
 	x.s.mu.Unlock()
 	x.s.m.finished.WithLabelValues(string(r.Status)).Inc()
+	x.s.recent.note(r)
 	if r.Status.done() {
 		x.dropEntry(seq)
 		return

@@ -172,6 +172,7 @@ type Service struct {
 	recon    chan struct{}       // nudges the reconciler
 	wakeCh   chan *nats.Msg      // every wake-up subscription delivers here
 	totals   Totals
+	recent   recentRuns // the newest runs, for the instance's load reports
 
 	housekeeping sync.WaitGroup // released tenants' outbox flushes and drain records
 }
@@ -292,7 +293,7 @@ func (s *Service) Run(ctx context.Context) error {
 
 // Hooks connect the runner to shardkit's move protocol.
 func (s *Service) Hooks() shardkit.Hooks {
-	return shardkit.Hooks{Warm: s.Warm, Fence: s.Fence, Release: s.Release, Reload: s.Reload}
+	return shardkit.Hooks{Warm: s.Warm, Fence: s.Fence, Release: s.Release, Reload: s.Reload, Report: s.recent.report}
 }
 
 // Warm prepares a tenant moving here: it reads the tenant's saga checkpoint so the bucket is

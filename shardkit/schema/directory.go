@@ -35,6 +35,8 @@ type Instance struct {
 	Reported Status `json:"status"`
 	// Metrics are the instance's last figures (the multi-host design's lastMetrics).
 	Metrics *InstanceMetrics `json:"metrics,omitempty"`
+	// Flag is the operator's manual flag (SetInstanceFlag); registrations and heartbeats keep it.
+	Flag *InstanceFlag `json:"flag,omitempty"`
 
 	Revision uint64 `json:"-"`
 }
@@ -94,7 +96,7 @@ func (t Thresholds) Status(i Instance, now time.Time) Status {
 		return StatusOffline
 	case i.Reported == StatusDraining:
 		return StatusDraining
-	case age >= t.DegradedAfter || i.Reported == StatusDegraded:
+	case age >= t.DegradedAfter || i.Reported == StatusDegraded || i.Flag.degraded():
 		return StatusDegraded
 	}
 	return StatusOnline
@@ -103,7 +105,8 @@ func (t Thresholds) Status(i Instance, now time.Time) Status {
 // Live reports whether an instance in status st may receive new requests.
 func (st Status) Live() bool { return st == StatusOnline || st == StatusDegraded }
 
-// Register writes the instance's entry (replacing any previous one of the same id).
+// Register writes the instance's entry (replacing any previous one of the same id, but keeping
+// its operator flag).
 func (s *Store) Register(ctx context.Context, i Instance) (Instance, error) {
 	now := time.Now().UTC()
 	if i.Started.IsZero() {
@@ -116,6 +119,12 @@ func (s *Store) Register(ctx context.Context, i Instance) (Instance, error) {
 	if err := i.Validate(); err != nil {
 		return Instance{}, err
 	}
+	if i.Flag == nil {
+		var prev Instance
+		if _, err := s.js.GetJSON(ctx, s.instances, i.Key(), &prev); err == nil {
+			i.Flag = prev.Flag
+		}
+	}
 	rev, err := s.js.PutJSON(ctx, s.instances, i.Key(), i)
 	if err != nil {
 		return Instance{}, err
@@ -125,11 +134,27 @@ func (s *Store) Register(ctx context.Context, i Instance) (Instance, error) {
 }
 
 // Heartbeat refreshes the entry's heartbeat time and metrics. It re-creates the entry if a
-// sweeper removed it, so an instance that was wrongly declared dead comes back.
+// sweeper removed it, so an instance that was wrongly declared dead comes back. With the
+// revision of the instance's last write (i.Revision) it writes by compare-and-set, and when
+// someone else wrote the entry since (an operator's flag, the sweeper), it keeps their flag.
 func (s *Store) Heartbeat(ctx context.Context, i Instance) (Instance, error) {
 	i.Heartbeat = time.Now().UTC()
 	if err := i.Validate(); err != nil {
 		return Instance{}, err
+	}
+	if i.Revision != 0 {
+		rev, err := s.js.UpdateJSON(ctx, s.instances, i.Key(), i.Revision, i)
+		if err == nil {
+			i.Revision = rev
+			return i, nil
+		}
+		if !IsConflict(err) {
+			return Instance{}, err
+		}
+		var cur Instance
+		if _, err := s.js.GetJSON(ctx, s.instances, i.Key(), &cur); err == nil {
+			i.Flag = cur.Flag
+		}
 	}
 	rev, err := s.js.PutJSON(ctx, s.instances, i.Key(), i)
 	if err != nil {

@@ -57,6 +57,11 @@ type KindConfig struct {
 	// unknown (the connection broke after it was sent), so the client gets one answer instead
 	// of a 502 to retry itself. Default: on for aggregate and runner.
 	Idempotent bool `json:"idempotent,omitempty"`
+	// DegradedErrorRate makes an instance report itself degraded while its error rate (5xx
+	// answers over requests, per heartbeat interval with at least DegradedMinRequests requests)
+	// is at least this (the multi-host design's "degraded: high failure rate"). Default 0.5;
+	// negative: never.
+	DegradedErrorRate float64 `json:"degraded_error_rate,omitempty"`
 	// UpstreamTimeout bounds one proxied request. Default 30s.
 	UpstreamTimeout Duration `json:"upstream_timeout,omitempty"`
 	// RateLimit, if set, limits each tenant's requests to this kind (429 beyond it).
@@ -98,6 +103,9 @@ type LoadConfig struct {
 	CircuitFailures  int      `json:"circuit_failures"`  // default 3
 	CircuitRetry     Duration `json:"circuit_retry"`     // default 5s
 	CircuitMaxRetry  Duration `json:"circuit_max_retry"` // default 5m
+	// QueueAffinityThreshold: a producer route's key is queue:group while the queue has at most
+	// this many groups with waiting consumers, and the queue alone beyond it. Default 10.
+	QueueAffinityThreshold int `json:"queue_affinity_threshold"`
 }
 
 // DefaultKindConfig is the configuration a kind gets when it is first registered.
@@ -124,6 +132,9 @@ func (c KindConfig) WithDefaults() KindConfig {
 	}
 	if c.UpstreamTimeout <= 0 {
 		c.UpstreamTimeout = Duration(30 * time.Second)
+	}
+	if c.DegradedErrorRate == 0 {
+		c.DegradedErrorRate = 0.5
 	}
 	if c.Policy == PolicyAffinity {
 		a := AffinityConfig{}
@@ -179,6 +190,9 @@ func (l LoadConfig) withDefaults() LoadConfig {
 	}
 	defD(&l.CircuitRetry, 5*time.Second)
 	defD(&l.CircuitMaxRetry, 5*time.Minute)
+	if l.QueueAffinityThreshold <= 0 {
+		l.QueueAffinityThreshold = 10
+	}
 	return l
 }
 

@@ -28,6 +28,27 @@ type LoadReport struct {
 	Tenants  int `json:"tenants"`
 	// Top is the busiest tenants, by rate, at most a few dozen.
 	Top []TenantLoad `json:"top,omitempty"`
+	// Runs are the instance's most recent job runs, newest first, at most MaxReportRuns (the
+	// runner; the multi-host design's recent job runs of a host).
+	Runs []RunSummary `json:"runs,omitempty"`
+	// Consumers are the affinity keys this instance has consumers waiting for, most waiting
+	// first, at most MaxReportConsumers (producer routes: see ProducerRoute).
+	Consumers []ConsumerPresence `json:"consumers,omitempty"`
+}
+
+// MaxReportRuns bounds LoadReport.Runs.
+const MaxReportRuns = 20
+
+// RunSummary is one job run as an instance's telemetry shows it.
+type RunSummary struct {
+	ID       string     `json:"id"`
+	Tenant   string     `json:"tenant"`
+	Type     string     `json:"type"`
+	Status   string     `json:"status"`
+	Attempts int        `json:"attempts"`
+	Started  *time.Time `json:"started_at,omitempty"`
+	Finished *time.Time `json:"finished_at,omitempty"`
+	Error    string     `json:"error,omitempty"`
 }
 
 // TenantLoad is one tenant's figures in a LoadReport.
