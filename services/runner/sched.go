@@ -124,6 +124,7 @@ func (s *Service) reconcile(ctx context.Context, tenant string) {
 		s.goFlush(tq)
 		s.markReady(tq)
 		s.markSagaReady(tq)
+		s.sched.acquired()
 		s.cfg.Logger.Debug("acquiring tenant", "tenant", tenant, "epoch", e.Epoch, "phase", e.Phase)
 	}
 	if !own && was {

@@ -87,6 +87,8 @@ type Config struct {
 	// markers are kept; then JetStream removes them, and a create with the run's
 	// idempotency key makes a new job. Default 7 days.
 	Retention time.Duration
+	// MaxSchedules is the number of recurring schedules a tenant may have. Default 100.
+	MaxSchedules int
 	// Handlers are job types beyond the built-ins (webhook, email, log, sleep, noop).
 	Handlers map[string]Handler
 	// Effects are providers by name, beyond or replacing the built-ins: log, webhook (a
@@ -130,6 +132,9 @@ func (c Config) withDefaults() Config {
 	if c.OpTimeout <= 0 {
 		c.OpTimeout = 5 * time.Second
 	}
+	if c.MaxSchedules <= 0 {
+		c.MaxSchedules = 100
+	}
 	if c.Retention <= 0 {
 		c.Retention = 7 * 24 * time.Hour
 	}
@@ -157,6 +162,7 @@ type Service struct {
 	handlers map[string]Handler
 	effects  map[string]Effect
 	m        *metrics
+	sched    *Scheduler
 	started  time.Time
 
 	mu        sync.Mutex
@@ -244,6 +250,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		s.effects[name] = e
 	}
 	s.m = newMetrics(cfg.Registerer, s)
+	if s.sched, err = newScheduler(ctx, s); err != nil {
+		return nil, err
+	}
 	// NoSnapshot: every placement then comes through OnChange, so the owned set is complete.
 	s.watcher, err = placement.New(placement.Config{Store: st, Kinds: []string{Kind}, NoSnapshot: true,
 		OnChange: s.onChange, Logger: cfg.Logger})
@@ -270,6 +279,7 @@ func (s *Service) Run(ctx context.Context) error {
 	wg.Go(func() { s.sagaLoop(ctx) })
 	wg.Go(func() { s.statusLoop(ctx) })
 	wg.Go(func() { s.sweepLoop(ctx) })
+	wg.Go(func() { s.sched.run(ctx) })
 	<-ctx.Done()
 	wg.Wait()
 	s.mu.Lock()
@@ -331,6 +341,9 @@ func (s *Service) Reload(context.Context) error {
 	nudge(s.recon)
 	return nil
 }
+
+// Schedules is the service's scheduler: its tenants' recurring schedules.
+func (s *Service) Schedules() *Scheduler { return s.sched }
 
 // Routes are the routes the service publishes in the registry.
 func (s *Service) Routes() []schema.Route { return RouteTable }
