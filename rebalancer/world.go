@@ -160,6 +160,10 @@ func (o WorldOptions) withDefaults() WorldOptions {
 // limit bites only well above a fair share. When no instance reports any rate (an idle system,
 // or no telemetry), every tenant weighs TenantFloor and Capacity is MaxTenants times
 // TenantFloor: balance then evens out tenant counts relative to capacity.
+//
+// Size: a tenant's Bytes (what a move carries), ReplayBytes and SnapshotBytes are the largest
+// figures the live instances report for it in their Sizes lists (the largest tenants of each
+// instance); a tenant none of them lists is small and counts 0.
 func BuildWorld(ctx context.Context, st *schema.Store, kind string, opts WorldOptions) (planner.World, error) {
 	opts = opts.withDefaults()
 	insts, err := st.Instances(ctx, kind)
@@ -217,12 +221,20 @@ func assembleWorld(kind string, insts []schema.Instance, pls []schema.Placement,
 			maps.DeleteFunc(s.labels, func(k, v string) bool { return i.Labels[k] != v })
 		}
 	}
-	// Per-tenant rates from the live instances' newest reports.
+	// Per-tenant rates and sizes from the live instances' newest reports. Instances of one
+	// shard that report the same tenant (a runner's siblings all acquire it) count once: the
+	// largest figure.
 	rates := map[string]float64{}
+	sizes := map[string]schema.TenantSize{}
 	total := 0.0
 	for _, r := range reports {
 		if !live[r.Key()] {
 			continue
+		}
+		for _, z := range r.Sizes {
+			if cur, ok := sizes[z.Tenant]; !ok || z.Bytes() > cur.Bytes() {
+				sizes[z.Tenant] = z
+			}
 		}
 		s := get(r.Shard)
 		s.rate += r.RatePerSec
@@ -255,6 +267,9 @@ func assembleWorld(kind string, insts []schema.Instance, pls []schema.Placement,
 			} else {
 				t.Load = max(shards[p.Shard].unnamedPerTenant, opts.TenantFloor)
 			}
+		}
+		if z, ok := sizes[p.Tenant]; ok {
+			t.Bytes, t.ReplayBytes, t.SnapshotBytes = z.Bytes(), z.EventBytes, z.SnapshotBytes
 		}
 		totalLoad += t.Load
 		w.Tenants = append(w.Tenants, t)

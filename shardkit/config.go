@@ -109,6 +109,9 @@ type Hooks struct {
 	Release func(ctx context.Context, tenant string) error
 	// Reload is called by POST /admin/reload after the instance re-registered.
 	Reload func(ctx context.Context) error
+	// Sizes lists the stored size of every tenant the instance hosts, from figures the service
+	// keeps (it is called every heartbeat: no NATS round trip). Default: none.
+	Sizes func() []schema.TenantSize
 }
 
 func (h Hooks) applied(tenant string) uint64 {

@@ -34,6 +34,9 @@ func (p *Plan) Render(w io.Writer) error {
 		status = "incomplete"
 	}
 	fmt.Fprintf(&b, "status: %s\n", status)
+	if p.Bytes > 0 {
+		fmt.Fprintf(&b, "to move: %s\n", HumanBytes(p.Bytes))
+	}
 	for _, n := range p.Notes {
 		fmt.Fprintf(&b, "note: %s\n", n)
 	}
@@ -58,9 +61,18 @@ func (p *Plan) Render(w io.Writer) error {
 	if len(p.Moves) > 0 {
 		b.WriteString("\nmoves:\n")
 		tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "#\tWAVE\tKIND\tTENANT\tFROM\tTO\tLOAD\tREVISION")
+		sized := p.Bytes > 0
+		if sized {
+			fmt.Fprintln(tw, "#\tWAVE\tKIND\tTENANT\tFROM\tTO\tLOAD\tREVISION\tBYTES")
+		} else {
+			fmt.Fprintln(tw, "#\tWAVE\tKIND\tTENANT\tFROM\tTO\tLOAD\tREVISION")
+		}
 		for i, m := range p.Moves {
-			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\n", i+1, m.Wave, m.Kind, m.Tenant, m.From, m.To, num(m.Load), m.Revision)
+			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d", i+1, m.Wave, m.Kind, m.Tenant, m.From, m.To, num(m.Load), m.Revision)
+			if sized {
+				fmt.Fprintf(tw, "\t%s", HumanBytes(m.Bytes))
+			}
+			fmt.Fprintln(tw)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -87,6 +87,9 @@ type Config struct {
 	// markers are kept; then JetStream removes them, and a create with the run's
 	// idempotency key makes a new job. Default 7 days.
 	Retention time.Duration
+	// SizeEvery is how often the acquired tenants' queue and outbox depths are counted for
+	// telemetry and /admin/tenants. Default 10s.
+	SizeEvery time.Duration
 	// MaxSchedules is the number of recurring schedules a tenant may have. Default 100.
 	MaxSchedules int
 	// Handlers are job types beyond the built-ins (webhook, email, log, sleep, noop).
@@ -132,6 +135,9 @@ func (c Config) withDefaults() Config {
 	if c.OpTimeout <= 0 {
 		c.OpTimeout = 5 * time.Second
 	}
+	if c.SizeEvery <= 0 {
+		c.SizeEvery = 10 * time.Second
+	}
 	if c.MaxSchedules <= 0 {
 		c.MaxSchedules = 100
 	}
@@ -163,6 +169,7 @@ type Service struct {
 	effects  map[string]Effect
 	m        *metrics
 	sched    *Scheduler
+	sizes    *sizer
 	started  time.Time
 
 	mu        sync.Mutex
@@ -253,6 +260,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if s.sched, err = newScheduler(ctx, s); err != nil {
 		return nil, err
 	}
+	s.sizes = newSizer(s)
 	// NoSnapshot: every placement then comes through OnChange, so the owned set is complete.
 	s.watcher, err = placement.New(placement.Config{Store: st, Kinds: []string{Kind}, NoSnapshot: true,
 		OnChange: s.onChange, Logger: cfg.Logger})
@@ -280,6 +288,7 @@ func (s *Service) Run(ctx context.Context) error {
 	wg.Go(func() { s.statusLoop(ctx) })
 	wg.Go(func() { s.sweepLoop(ctx) })
 	wg.Go(func() { s.sched.run(ctx) })
+	wg.Go(func() { s.sizes.run(ctx) })
 	<-ctx.Done()
 	wg.Wait()
 	s.mu.Lock()
@@ -297,7 +306,7 @@ func (s *Service) Run(ctx context.Context) error {
 
 // Hooks connect the runner to shardkit's move protocol.
 func (s *Service) Hooks() shardkit.Hooks {
-	return shardkit.Hooks{Warm: s.Warm, Fence: s.Fence, Release: s.Release, Reload: s.Reload}
+	return shardkit.Hooks{Warm: s.Warm, Fence: s.Fence, Release: s.Release, Reload: s.Reload, Sizes: s.sizes.Sizes}
 }
 
 // Warm prepares a tenant moving here: it reads the tenant's saga checkpoint so the bucket is
