@@ -2,6 +2,7 @@ package rebalancer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -163,7 +164,8 @@ func (o WorldOptions) withDefaults() WorldOptions {
 //
 // Size: a tenant's Bytes (what a move carries), ReplayBytes and SnapshotBytes are the largest
 // figures the live instances report for it in their Sizes lists (the largest tenants of each
-// instance); a tenant none of them lists is small and counts 0.
+// instance); a tenant none of them lists is small and counts 0. The kind's warm-up rule
+// (KindConfig.Warmup) becomes World.Warmup, so each move's warm-up strategy is chosen by size.
 func BuildWorld(ctx context.Context, st *schema.Store, kind string, opts WorldOptions) (planner.World, error) {
 	opts = opts.withDefaults()
 	insts, err := st.Instances(ctx, kind)
@@ -175,7 +177,16 @@ func BuildWorld(ctx context.Context, st *schema.Store, kind string, opts WorldOp
 		return planner.World{}, fmt.Errorf("rebalancer: read placements of %s: %w", kind, err)
 	}
 	reports := opts.Telemetry.Reports(kind, opts.Now(), opts.MaxReportAge)
-	return assembleWorld(kind, insts, pls, reports, opts), nil
+	w := assembleWorld(kind, insts, pls, reports, opts)
+	kc, err := st.Kind(ctx, kind)
+	if err != nil && !errors.Is(err, schema.ErrUnknownKind) {
+		return planner.World{}, fmt.Errorf("rebalancer: read the config of %s: %w", kind, err)
+	}
+	if wc := kc.Warmup; err == nil && wc != nil {
+		w.Warmup = &planner.Warmup{SnapshotAbove: wc.SnapshotAboveBytes, SLO: wc.SLO.D(),
+			ReplayBytesPerSec: wc.ReplayBytesPerSec, SnapshotBytesPerSec: wc.SnapshotBytesPerSec}
+	}
+	return w, nil
 }
 
 // shardAcc accumulates one shard's figures while the world is built.

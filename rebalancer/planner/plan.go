@@ -27,8 +27,9 @@ type Plan struct {
 	// MinMoves is, for balance, a lower bound on the moves any plan needs to reach the tolerance
 	// (see [Balance]); 0 for other strategies.
 	MinMoves int `json:"min_moves,omitempty"`
-	// Bytes is the sum of the moves' bytes.
-	Bytes uint64 `json:"bytes,omitempty"`
+	// Bytes is the sum of the moves' bytes; WarmupSeconds the sum of their predicted warm-ups.
+	Bytes         uint64  `json:"bytes,omitempty"`
+	WarmupSeconds float64 `json:"warmup_seconds,omitempty"`
 }
 
 // Move is one tenant changing owner in one kind.
@@ -45,6 +46,11 @@ type Move struct {
 	Wave int `json:"wave"`
 	// Bytes is what the move carries (the tenant's Bytes).
 	Bytes uint64 `json:"bytes,omitempty"`
+	// Warmup is the warm-up strategy chosen for the target ("snapshot" or "replay"; empty: the
+	// target's default), WarmupSeconds its predicted time and WarmupReason why it was chosen.
+	Warmup        string  `json:"warmup,omitempty"`
+	WarmupSeconds float64 `json:"warmup_seconds,omitempty"`
+	WarmupReason  string  `json:"warmup_reason,omitempty"`
 }
 
 // ShardDiff is one shard's predicted change.
@@ -154,9 +160,10 @@ func (p *Plan) finish() *Plan {
 		m.Wave = wave
 	}
 	p.Waves = wave
-	p.Bytes = 0
+	p.Bytes, p.WarmupSeconds = 0, 0
 	for _, m := range p.Moves {
 		p.Bytes += m.Bytes
+		p.WarmupSeconds += m.WarmupSeconds
 	}
 	slices.SortStableFunc(p.Kinds, func(a, b KindSummary) int { return cmp.Compare(kindRank(a.Kind), kindRank(b.Kind)) })
 	return p

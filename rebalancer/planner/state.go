@@ -177,6 +177,7 @@ func (s *state) move(t, to int32) {
 		Kind: s.w.Kind, Tenant: ten.ID, From: s.w.Shards[from].Name, To: s.w.Shards[to].Name,
 		Load: ten.Load, Revision: ten.Revision, Bytes: ten.Bytes,
 	}
+	s.w.Warmup.choose(&m, ten)
 	s.moves = append(s.moves, m)
 }
 

@@ -49,7 +49,7 @@ type Tenant struct {
 	// the planner's second dimension beside Load. 0 if unknown.
 	Bytes uint64 `json:"bytes,omitempty"`
 	// ReplayBytes is what a cold replay reads (the tenant's events) and SnapshotBytes its
-	// newest snapshot (0: none).
+	// newest snapshot (0: none): the inputs of the warm-up strategy (see [Warmup]).
 	ReplayBytes   uint64 `json:"replay_bytes,omitempty"`
 	SnapshotBytes uint64 `json:"snapshot_bytes,omitempty"`
 }
@@ -61,6 +61,8 @@ type World struct {
 	Kind    string   `json:"kind"`
 	Shards  []Shard  `json:"shards"`
 	Tenants []Tenant `json:"tenants"`
+	// Warmup, if set, makes the plan choose each move's warm-up strategy (see [Warmup]).
+	Warmup *Warmup `json:"warmup,omitempty"`
 }
 
 // Options tune every strategy. The zero value works.
