@@ -89,7 +89,7 @@ func (g *Gateway) readiness() Readiness {
 	age := g.Staleness()
 	held, _, _ := g.holds.stats()
 	rd := Readiness{
-		NATSConnected:      g.store.Conn().IsConnected(),
+		NATSConnected:      g.store.JS().Conn().IsConnected(),
 		SnapshotAgeSeconds: age.Seconds(),
 		Stale:              age > 0,
 		Routes:             len(snap.routes),

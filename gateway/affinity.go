@@ -474,7 +474,7 @@ func (c affinityControl) unregisterServer(ke *kindEntry, id schema.InstanceID) {
 	if err := g.store.Unregister(ctx, id); err != nil {
 		g.log.Warn("unregistering server failed", "instance", id.Key(), "err", err)
 	}
-	if _, err := g.store.RemoveInstanceFromRoutes(ctx, id); err != nil {
+	if _, err := g.store.Routes().RemoveInstanceEverywhere(ctx, id); err != nil {
 		g.log.Warn("removing server from routes failed", "instance", id.Key(), "err", err)
 	}
 	g.affCtl().dropServer(ke, id.Key())

@@ -348,7 +348,7 @@ func benchProxyRaw(b *testing.B) {
 			if _, err := e.st.Register(context.Background(), schema.Instance{InstanceID: id, URL: "http://" + addr, Capacity: tenants}); err != nil {
 				b.Fatal(err)
 			}
-			if _, err := e.st.AddRouteInstance(context.Background(), aggRoute, id); err != nil {
+			if _, err := e.st.Routes().AddInstance(context.Background(), aggRoute, id); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -339,7 +339,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 // start launches the followers, the load subscription and the housekeeping loop.
 func (g *Gateway) start() error {
 	for _, b := range []string{schema.BucketRoutes, schema.BucketInstances, schema.BucketKinds} {
-		f, err := kvwatch.New(kvwatch.Config{JS: g.store.JetStream(), Bucket: b, Logger: g.log.With("bucket", b)},
+		f, err := kvwatch.New(kvwatch.Config{JS: g.store.JS().JetStream(), Bucket: b, Logger: g.log.With("bucket", b)},
 			bucketHandler{r: g.reg, bucket: b})
 		if err != nil {
 			return err

@@ -189,7 +189,7 @@ func testRequestPath(t *testing.T, cfg Config) {
 		if _, err := e.st.Register(context.Background(), schema.Instance{InstanceID: d.id, URL: d.URL, Capacity: 10, Reported: schema.StatusDraining}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := e.st.AddRouteInstance(context.Background(), aggRoute, d.id); err != nil {
+		if _, err := e.st.Routes().AddInstance(context.Background(), aggRoute, d.id); err != nil {
 			t.Fatal(err)
 		}
 		eventually(t, 10*time.Second, "draining instance in the directory", func() bool { return e.gw.reg.snap.Load().total == 4 })

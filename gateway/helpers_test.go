@@ -180,7 +180,7 @@ func (e *env) register(b *backend, url string, capacity int, routes ...schema.Ro
 		e.t.Fatal(err)
 	}
 	for _, r := range routes {
-		if _, err := e.st.AddRouteInstance(ctx, r, b.id); err != nil {
+		if _, err := e.st.Routes().AddInstance(ctx, r, b.id); err != nil {
 			e.t.Fatal(err)
 		}
 	}

@@ -171,7 +171,7 @@ func (c registrar) handleRegister(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	for _, rt := range g.registrar().kindRoutes(ke.name) {
-		if _, err := g.store.AddRouteInstance(ctx, rt, id); err != nil {
+		if _, err := g.store.Routes().AddInstance(ctx, rt, id); err != nil {
 			tmhttp.WriteError(w, r, err, "", ke.name)
 			return
 		}

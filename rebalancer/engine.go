@@ -113,14 +113,14 @@ func (e *Engine) storePlan(ctx context.Context, rec *PlanRecord) ([]MoveRecord, 
 	moves := make([]MoveRecord, 0, len(rec.Plan.Moves))
 	for i, m := range rec.Plan.Moves {
 		mr := MoveRecord{Plan: rec.ID, ID: moveID(i), Move: m, Strategy: m.Warmup, State: MovePending, Updated: rec.Created}
-		rev, err := e.st.CreateRecord(ctx, schema.MoveKey(rec.ID, mr.ID), mr)
+		rev, err := e.st.Rebalance().Create(ctx, schema.MoveKey(rec.ID, mr.ID), mr)
 		if err != nil {
 			return nil, fmt.Errorf("rebalancer: store move %d of plan %s: %w", i+1, rec.ID, err)
 		}
 		mr.RecordRev = rev
 		moves = append(moves, mr)
 	}
-	rev, err := e.st.CreateRecord(ctx, schema.PlanKey(rec.ID), rec)
+	rev, err := e.st.Rebalance().Create(ctx, schema.PlanKey(rec.ID), rec)
 	if err != nil {
 		return nil, fmt.Errorf("rebalancer: store plan %s: %w", rec.ID, err)
 	}
@@ -134,7 +134,7 @@ func (e *Engine) Plan(ctx context.Context, id string) (PlanRecord, []MoveRecord,
 		return PlanRecord{}, nil, err
 	}
 	var rec PlanRecord
-	rev, err := e.st.GetRecord(ctx, schema.PlanKey(id), &rec)
+	rev, err := e.st.Rebalance().Get(ctx, schema.PlanKey(id), &rec)
 	if errors.Is(err, schema.ErrNotFound) {
 		return PlanRecord{}, nil, fmt.Errorf("%w: %s (list plans with `rebalance status`)", ErrPlanNotFound, id)
 	}
@@ -149,7 +149,7 @@ func (e *Engine) Plan(ctx context.Context, id string) (PlanRecord, []MoveRecord,
 		// (on a cluster a meta-layer operation; dashboards and CLIs poll this).
 		moves = make([]MoveRecord, n)
 		for i := range moves {
-			rev, err := e.st.GetRecord(ctx, schema.MoveKey(id, moveID(i)), &moves[i])
+			rev, err := e.st.Rebalance().Get(ctx, schema.MoveKey(id, moveID(i)), &moves[i])
 			if err != nil {
 				return rec, nil, err
 			}
@@ -157,7 +157,7 @@ func (e *Engine) Plan(ctx context.Context, id string) (PlanRecord, []MoveRecord,
 		}
 		return rec, moves, nil
 	}
-	err = e.st.ListRecords(ctx, schema.MovesOf(id), func(_ string, rev uint64, raw json.RawMessage) {
+	err = e.st.Rebalance().List(ctx, schema.MovesOf(id), func(_ string, rev uint64, raw json.RawMessage) {
 		var m MoveRecord
 		if json.Unmarshal(raw, &m) == nil {
 			m.RecordRev = rev
@@ -174,7 +174,7 @@ const directReadMoves = 256
 // Plans lists every stored plan, newest first.
 func (e *Engine) Plans(ctx context.Context) ([]PlanRecord, error) {
 	var out []PlanRecord
-	err := e.st.ListRecords(ctx, "plan.*", func(_ string, rev uint64, raw json.RawMessage) {
+	err := e.st.Rebalance().List(ctx, "plan.*", func(_ string, rev uint64, raw json.RawMessage) {
 		var p PlanRecord
 		if json.Unmarshal(raw, &p) == nil {
 			p.Revision = rev
@@ -192,7 +192,7 @@ func (e *Engine) lead(ctx context.Context) (context.Context, func(), error) {
 		lctx, cancel := context.WithCancel(ctx)
 		return lctx, cancel, nil
 	}
-	l, err := e.st.AcquireLease(ctx, schema.LeaderLease, e.cfg.Holder, e.cfg.LeaseTTL)
+	l, err := e.st.Rebalance().AcquireLease(ctx, schema.LeaderLease, e.cfg.Holder, e.cfg.LeaseTTL)
 	if err != nil {
 		return nil, nil, fmt.Errorf("rebalancer: not the leader: %w", err)
 	}
@@ -205,7 +205,7 @@ func (e *Engine) lead(ctx context.Context) (context.Context, func(), error) {
 		for {
 			select {
 			case <-t.C:
-				nl, err := e.st.RenewLease(lctx, l, e.cfg.LeaseTTL)
+				nl, err := e.st.Rebalance().RenewLease(lctx, l, e.cfg.LeaseTTL)
 				if err != nil {
 					if errors.Is(err, schema.ErrLeaseHeld) {
 						e.cfg.Logger.Error("leader lease lost; stopping", "err", err)
@@ -226,7 +226,7 @@ func (e *Engine) lead(ctx context.Context) (context.Context, func(), error) {
 		<-done
 		rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer rcancel()
-		_ = e.st.ReleaseLease(rctx, l)
+		_ = e.st.Rebalance().ReleaseLease(rctx, l)
 	}
 	return lctx, stop, nil
 }
@@ -303,7 +303,7 @@ func (e *Engine) apply(ctx context.Context, id string) (rec PlanRecord, err erro
 func (e *Engine) savePlan(ctx context.Context, rec *PlanRecord) error {
 	rec.Updated = time.Now().UTC()
 	for range 8 {
-		rev, err := e.st.UpdateRecord(ctx, schema.PlanKey(rec.ID), rec.Revision, rec)
+		rev, err := e.st.Rebalance().Update(ctx, schema.PlanKey(rec.ID), rec.Revision, rec)
 		if err == nil {
 			rec.Revision = rev
 			return nil
@@ -312,7 +312,7 @@ func (e *Engine) savePlan(ctx context.Context, rec *PlanRecord) error {
 			return err
 		}
 		var cur PlanRecord
-		if rev, err = e.st.GetRecord(ctx, schema.PlanKey(rec.ID), &cur); err != nil {
+		if rev, err = e.st.Rebalance().Get(ctx, schema.PlanKey(rec.ID), &cur); err != nil {
 			return err
 		}
 		rec.Revision = rev
@@ -326,7 +326,7 @@ func (e *Engine) savePlan(ctx context.Context, rec *PlanRecord) error {
 // saveMove persists the move record (CAS on its revision) and reports progress.
 func (e *Engine) saveMove(ctx context.Context, m *MoveRecord) error {
 	m.Updated = time.Now().UTC()
-	rev, err := e.st.UpdateRecord(ctx, schema.MoveKey(m.Plan, m.ID), m.RecordRev, m)
+	rev, err := e.st.Rebalance().Update(ctx, schema.MoveKey(m.Plan, m.ID), m.RecordRev, m)
 	if err != nil {
 		return fmt.Errorf("rebalancer: save move %s: %w", m.Key(), err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -199,7 +200,7 @@ func TestRebalancerCommitsWhenTheTargetCannot(t *testing.T) {
 	startShard(t, st, "s-1")
 	role := natsperm.Shard("aggregate", "s-2", natsperm.Assets{})
 	role.Pub = slices.DeleteFunc(role.Pub, func(s string) bool {
-		return strings.HasPrefix(s, schema.KVSubject(schema.PlacementBucket("aggregate"), ""))
+		return strings.HasPrefix(s, jsx.KVSubject(schema.PlacementBucket("aggregate"), ""))
 	})
 	ctx := context.Background()
 	limited, err := schema.Open(ctx, natstest.ConnectAs(t, url, role), schema.Options{Attach: true})

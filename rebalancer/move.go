@@ -411,7 +411,7 @@ func (w *signalWatch) changed() {
 // a second and resumes).
 func (w *signalWatch) follow(ctx context.Context) {
 	f, err := kvwatch.New(kvwatch.Config{
-		JS:     w.e.st.JetStream(),
+		JS:     w.e.st.JS().JetStream(),
 		Bucket: schema.BucketTenantState,
 		Filter: w.m.Kind + "." + w.m.Tenant + ".>",
 		Logger: w.e.cfg.Logger.With("move", w.m.Key()),

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -97,14 +98,14 @@ func Summarize(r PlanRecord, moves []MoveRecord) PlanSummary {
 }
 
 // Lease reads the leader lease (ok false when nobody holds it or it expired).
-func Lease(ctx context.Context, st *schema.Store, now time.Time) (schema.Lease, bool, error) {
-	var l schema.Lease
-	rev, err := st.GetRecord(ctx, schema.LeaderLease, &l)
+func Lease(ctx context.Context, st *schema.Store, now time.Time) (jsx.Lease, bool, error) {
+	var l jsx.Lease
+	rev, err := st.Rebalance().Get(ctx, schema.LeaderLease, &l)
 	if err != nil {
 		if errors.Is(err, schema.ErrNotFound) {
-			return schema.Lease{}, false, nil
+			return jsx.Lease{}, false, nil
 		}
-		return schema.Lease{}, false, err
+		return jsx.Lease{}, false, err
 	}
 	l.Revision = rev
 	return l, now.Before(l.Expires), nil

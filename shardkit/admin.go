@@ -18,7 +18,7 @@ import (
 // and /metrics (open) on the service's chi router. Mount them outside the Gate. A service on
 // another router uses [Shard.MountMux] or [Shard.Handler].
 func (s *Shard) Mount(r chi.Router) {
-	for _, rt := range s.ownRoutes() {
+	for _, rt := range s.api.ownRoutes() {
 		r.Method(rt.method, rt.path, rt.h)
 	}
 }
@@ -27,7 +27,7 @@ func (s *Shard) Mount(r chi.Router) {
 // method ("GET /healthz", "POST /admin/drain", ...), so the service's own patterns, "/"
 // included, and its other /admin/... routes stay its own.
 func (s *Shard) MountMux(mux *http.ServeMux) {
-	for _, rt := range s.ownRoutes() {
+	for _, rt := range s.api.ownRoutes() {
 		mux.Handle(rt.method+" "+rt.path, rt.h)
 	}
 }
@@ -50,18 +50,21 @@ type ownRoute struct {
 	h            http.Handler
 }
 
+// adminAPI serves the shard's own routes: health, readiness, and the admin endpoints.
+type adminAPI struct{ s *Shard }
+
 // ownRoutes are the shard's routes: health and metrics open, /admin/* behind the admin token.
-func (s *Shard) ownRoutes() []ownRoute {
-	admin := func(f http.HandlerFunc) http.Handler { return s.requireToken(f) }
+func (a *adminAPI) ownRoutes() []ownRoute {
+	admin := func(f http.HandlerFunc) http.Handler { return a.s.requireToken(f) }
 	return []ownRoute{
-		{"GET", "/healthz", http.HandlerFunc(s.handleHealthz)},
-		{"GET", "/readyz", http.HandlerFunc(s.handleReadyz)},
-		{"GET", "/metrics", promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{})},
-		{"POST", "/admin/drain", admin(s.handleDrain)},
-		{"GET", "/admin/drain", admin(s.handleDrainStatus)},
-		{"DELETE", "/admin/drain", admin(s.handleUndrain)},
-		{"POST", "/admin/reload", admin(s.handleReload)},
-		{"GET", "/admin/tenants", admin(s.handleTenants)},
+		{"GET", "/healthz", http.HandlerFunc(a.handleHealthz)},
+		{"GET", "/readyz", http.HandlerFunc(a.handleReadyz)},
+		{"GET", "/metrics", promhttp.HandlerFor(a.s.cfg.Gatherer, promhttp.HandlerOpts{})},
+		{"POST", "/admin/drain", admin(a.handleDrain)},
+		{"GET", "/admin/drain", admin(a.handleDrainStatus)},
+		{"DELETE", "/admin/drain", admin(a.handleUndrain)},
+		{"POST", "/admin/reload", admin(a.handleReload)},
+		{"GET", "/admin/tenants", admin(a.handleTenants)},
 	}
 }
 
@@ -71,8 +74,8 @@ func (s *Shard) requireToken(next http.Handler) http.Handler {
 	return tmhttp.RequireBearer(s.cfg.AdminToken, EnvAdminToken)(next)
 }
 
-func (s *Shard) handleHealthz(w http.ResponseWriter, _ *http.Request) {
-	tmhttp.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok", "instance": s.self})
+func (a *adminAPI) handleHealthz(w http.ResponseWriter, _ *http.Request) {
+	tmhttp.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok", "instance": a.s.self})
 }
 
 // Readiness is /readyz's body.
@@ -84,9 +87,9 @@ type Readiness struct {
 	PlacementStaleness string `json:"placement_staleness,omitempty"`
 }
 
-func (s *Shard) handleReadyz(w http.ResponseWriter, _ *http.Request) {
-	rd := Readiness{Ready: s.ready.Load(), Instance: s.self}
-	if st := s.watcher.Staleness(); st > 0 {
+func (a *adminAPI) handleReadyz(w http.ResponseWriter, _ *http.Request) {
+	rd := Readiness{Ready: a.s.ready.Load(), Instance: a.s.self}
+	if st := a.s.watcher.Staleness(); st > 0 {
 		rd.PlacementStaleness = st.Round(time.Millisecond).String()
 	}
 	status := http.StatusOK
@@ -94,7 +97,7 @@ func (s *Shard) handleReadyz(w http.ResponseWriter, _ *http.Request) {
 		status = http.StatusServiceUnavailable
 		rd.Detail = "starting: not registered yet"
 		select {
-		case <-s.running:
+		case <-a.s.running:
 			rd.Detail = "shutting down: draining"
 		default:
 		}
@@ -121,7 +124,7 @@ type TenantStatus struct {
 	Size *schema.TenantSize `json:"size,omitempty"`
 }
 
-func (s *Shard) status(ts *tenantState) TenantStatus {
+func (a *adminAPI) tenantStatus(ts *tenantState) TenantStatus {
 	ts.mu.Lock()
 	st := TenantStatus{Tenant: ts.tenant, Phase: string(ts.phase), Fence: ts.fence, Lag: ts.lag, Applied: ts.applied}
 	ts.mu.Unlock()
@@ -132,10 +135,10 @@ func (s *Shard) status(ts *tenantState) TenantStatus {
 			st.Phase = string(schema.SignalDraining)
 		}
 	}
-	if s.cfg.Hooks.Applied != nil {
-		st.Applied = s.cfg.Hooks.Applied(ts.tenant)
+	if a.s.cfg.Hooks.Applied != nil {
+		st.Applied = a.s.cfg.Hooks.Applied(ts.tenant)
 	}
-	if e, ok := s.watcher.Lookup(s.kind, ts.tenant); ok {
+	if e, ok := a.s.watcher.Lookup(a.s.kind, ts.tenant); ok {
 		st.Placement, st.Owner, st.Epoch = e.Phase, e.Shard, e.Epoch
 	}
 	return st
@@ -145,19 +148,19 @@ func (s *Shard) status(ts *tenantState) TenantStatus {
 func (s *Shard) Tenants() []TenantStatus {
 	var out []TenantStatus
 	for _, ts := range s.states.all() {
-		out = append(out, s.status(ts))
+		out = append(out, s.api.tenantStatus(ts))
 	}
 	slices.SortFunc(out, func(a, b TenantStatus) int { return strings.Compare(a.Tenant, b.Tenant) })
 	return out
 }
 
-func (s *Shard) handleTenants(w http.ResponseWriter, _ *http.Request) {
-	sizes, total := s.sizes()
+func (a *adminAPI) handleTenants(w http.ResponseWriter, _ *http.Request) {
+	sizes, total := a.s.sizes()
 	by := make(map[string]*schema.TenantSize, len(sizes))
 	for i := range sizes {
 		by[sizes[i].Tenant] = &sizes[i]
 	}
-	tenants := s.Tenants()
+	tenants := a.s.Tenants()
 	for i := range tenants {
 		tenants[i].Size = by[tenants[i].Tenant]
 	}
@@ -166,55 +169,55 @@ func (s *Shard) handleTenants(w http.ResponseWriter, _ *http.Request) {
 	}
 	// sizes lists every hosted tenant the service measures (largest first), also those
 	// without requests since start, which tenants leaves out.
-	tmhttp.WriteJSON(w, http.StatusOK, map[string]any{"instance": s.self, "tenants": tenants, "sizes": sizes, "stored_bytes": total})
+	tmhttp.WriteJSON(w, http.StatusOK, map[string]any{"instance": a.s.self, "tenants": tenants, "sizes": sizes, "stored_bytes": total})
 }
 
 // adminTenant reads and checks the tenant_id parameter.
-func (s *Shard) adminTenant(w http.ResponseWriter, r *http.Request) (string, bool) {
+func (a *adminAPI) adminTenant(w http.ResponseWriter, r *http.Request) (string, bool) {
 	tenant := r.URL.Query().Get("tenant_id")
 	if err := schema.CheckTenant(tenant); err != nil {
-		tmhttp.WriteError(w, r, err, tenant, s.kind)
+		tmhttp.WriteError(w, r, err, tenant, a.s.kind)
 		return "", false
 	}
 	return tenant, true
 }
 
 // handleDrain starts draining a tenant and answers 202 at once; GET the same URL to follow it.
-func (s *Shard) handleDrain(w http.ResponseWriter, r *http.Request) {
-	tenant, ok := s.adminTenant(w, r)
+func (a *adminAPI) handleDrain(w http.ResponseWriter, r *http.Request) {
+	tenant, ok := a.adminTenant(w, r)
 	if !ok {
 		return
 	}
-	ts := s.states.getOrCreate(tenant)
+	ts := a.s.states.getOrCreate(tenant)
 	ts.draining.Store(true) // refuse new requests from now on, before the answer
-	s.goTask(func() {
-		if _, err := s.Drain(s.runCtx, tenant); err != nil {
-			s.cfg.Logger.Warn("admin drain", "tenant", tenant, "err", err)
+	a.s.goTask(func() {
+		if _, err := a.s.Drain(a.s.runCtx, tenant); err != nil {
+			a.s.cfg.Logger.Warn("admin drain", "tenant", tenant, "err", err)
 		}
 	})
-	tmhttp.WriteJSON(w, http.StatusAccepted, s.status(ts))
+	tmhttp.WriteJSON(w, http.StatusAccepted, a.tenantStatus(ts))
 }
 
-func (s *Shard) handleDrainStatus(w http.ResponseWriter, r *http.Request) {
-	tenant, ok := s.adminTenant(w, r)
+func (a *adminAPI) handleDrainStatus(w http.ResponseWriter, r *http.Request) {
+	tenant, ok := a.adminTenant(w, r)
 	if !ok {
 		return
 	}
-	ts := s.states.get(tenant)
+	ts := a.s.states.get(tenant)
 	if ts == nil {
 		tmhttp.WriteJSON(w, http.StatusOK, TenantStatus{Tenant: tenant, Phase: "serving"})
 		return
 	}
-	tmhttp.WriteJSON(w, http.StatusOK, s.status(ts))
+	tmhttp.WriteJSON(w, http.StatusOK, a.tenantStatus(ts))
 }
 
-func (s *Shard) handleUndrain(w http.ResponseWriter, r *http.Request) {
-	tenant, ok := s.adminTenant(w, r)
+func (a *adminAPI) handleUndrain(w http.ResponseWriter, r *http.Request) {
+	tenant, ok := a.adminTenant(w, r)
 	if !ok {
 		return
 	}
-	if err := s.Undrain(r.Context(), tenant); err != nil {
-		tmhttp.WriteError(w, r, err, tenant, s.kind)
+	if err := a.s.Undrain(r.Context(), tenant); err != nil {
+		tmhttp.WriteError(w, r, err, tenant, a.s.kind)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -222,14 +225,14 @@ func (s *Shard) handleUndrain(w http.ResponseWriter, r *http.Request) {
 
 // handleReload re-reads the kind, re-registers the instance and its routes, and calls the
 // service's Reload hook.
-func (s *Shard) handleReload(w http.ResponseWriter, r *http.Request) {
+func (a *adminAPI) handleReload(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	if err := s.Reload(ctx); err != nil {
-		tmhttp.WriteError(w, r, err, "", s.kind)
+	if err := a.s.Reload(ctx); err != nil {
+		tmhttp.WriteError(w, r, err, "", a.s.kind)
 		return
 	}
-	tmhttp.WriteJSON(w, http.StatusOK, map[string]string{"status": "reloaded", "instance": s.self})
+	tmhttp.WriteJSON(w, http.StatusOK, map[string]string{"status": "reloaded", "instance": a.s.self})
 }
 
 // Reload re-reads the kind's config, re-registers the instance and its routes (repairing them

@@ -43,7 +43,7 @@ func newPeerView(s *Shard) *peerView {
 
 func (p *peerView) start(ctx context.Context, wg *sync.WaitGroup) error {
 	f, err := kvwatch.New(kvwatch.Config{
-		JS:     p.s.st.JetStream(),
+		JS:     p.s.st.JS().JetStream(),
 		Bucket: schema.BucketInstances,
 		Filter: p.s.kind + ".>",
 		Logger: p.s.cfg.Logger.With("watch", schema.BucketInstances),
@@ -162,26 +162,29 @@ type forwardPlan struct {
 
 type planKey struct{}
 
+// forwarder sends a request this shard does not own to the owner's instance (forward mode).
+type forwarder struct{ s *Shard }
+
 // forward proxies r to a live instance of shard, trying others when the request provably never
 // reached one (or, for idempotent methods, failed before an answer).
-func (s *Shard) forward(w http.ResponseWriter, r *http.Request, tenant, shard string) {
+func (fw *forwarder) forward(w http.ResponseWriter, r *http.Request, tenant, shard string) {
 	if fb := r.Header.Values(tmhttp.HeaderForwardedBy); len(fb) > 0 {
-		s.metrics.forwards.WithLabelValues("loop").Inc()
-		if forwardedBy(fb, s.self) {
-			tmhttp.WriteProblem(w, r, s.problem(http.StatusLoopDetected, "forward-loop", "Forwarding loop", tenant,
-				"the request was already forwarded by this instance ("+s.self+")"))
+		fw.s.metrics.forwards.WithLabelValues("loop").Inc()
+		if forwardedBy(fb, fw.s.self) {
+			tmhttp.WriteProblem(w, r, fw.s.problem(http.StatusLoopDetected, "forward-loop", "Forwarding loop", tenant,
+				"the request was already forwarded by this instance ("+fw.s.self+")"))
 			return
 		}
-		p := s.problem(http.StatusMisdirectedRequest, "not-owner", "Not the owner", tenant,
+		p := fw.s.problem(http.StatusMisdirectedRequest, "not-owner", "Not the owner", tenant,
 			"the request was forwarded here by "+strings.Join(fb, ",")+" but shard "+shard+" owns the tenant; forwarded requests are not forwarded again")
 		p.Owner = shard
 		tmhttp.WriteProblem(w, r, p)
 		return
 	}
-	peers := s.peers.live(shard)
+	peers := fw.s.peers.live(shard)
 	if len(peers) == 0 {
-		s.metrics.forwards.WithLabelValues("no_instance").Inc()
-		p := s.problem(http.StatusServiceUnavailable, "no-live-instance", "No live instance", tenant,
+		fw.s.metrics.forwards.WithLabelValues("no_instance").Inc()
+		p := fw.s.problem(http.StatusServiceUnavailable, "no-live-instance", "No live instance", tenant,
 			"no live instance of shard "+shard+" to forward to")
 		p.Owner, p.RetryAfter = shard, 1
 		tmhttp.WriteProblem(w, r, p)
@@ -193,16 +196,16 @@ func (s *Shard) forward(w http.ResponseWriter, r *http.Request, tenant, shard st
 			plan.targets = append(plan.targets, u)
 		}
 	}
-	if n := 1 + s.cfg.ForwardRetries; len(plan.targets) > n {
+	if n := 1 + fw.s.cfg.ForwardRetries; len(plan.targets) > n {
 		plan.targets = plan.targets[:n]
 	}
 	if r.Body != nil && r.Body != http.NoBody {
-		buf, err := io.ReadAll(io.LimitReader(r.Body, s.cfg.MaxForwardBody+1))
+		buf, err := io.ReadAll(io.LimitReader(r.Body, fw.s.cfg.MaxForwardBody+1))
 		if err != nil {
-			tmhttp.WriteProblem(w, r, s.problem(http.StatusBadRequest, "bad-body", "Unreadable body", tenant, "reading the request body failed"))
+			tmhttp.WriteProblem(w, r, fw.s.problem(http.StatusBadRequest, "bad-body", "Unreadable body", tenant, "reading the request body failed"))
 			return
 		}
-		if int64(len(buf)) > s.cfg.MaxForwardBody {
+		if int64(len(buf)) > fw.s.cfg.MaxForwardBody {
 			plan.retry = false
 			r.Body = struct {
 				io.Reader
@@ -213,9 +216,9 @@ func (s *Shard) forward(w http.ResponseWriter, r *http.Request, tenant, shard st
 			r.Body = io.NopCloser(bytes.NewReader(buf))
 		}
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ForwardTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), fw.s.cfg.ForwardTimeout)
 	defer cancel()
-	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, planKey{}, plan)))
+	fw.s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, planKey{}, plan)))
 }
 
 func forwardedBy(values []string, self string) bool {
@@ -230,19 +233,19 @@ func forwardedBy(values []string, self string) bool {
 }
 
 // newProxy builds the forward-mode reverse proxy.
-func (s *Shard) newProxy() http.Handler {
+func (fw *forwarder) newProxy() http.Handler {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			plan := pr.In.Context().Value(planKey{}).(*forwardPlan)
 			pr.SetURL(plan.targets[0])
 			pr.Out.Host = pr.In.Host
 			pr.SetXForwarded()
-			pr.Out.Header.Set(tmhttp.HeaderForwardedBy, s.self)
+			pr.Out.Header.Set(tmhttp.HeaderForwardedBy, fw.s.self)
 		},
-		Transport: &retryTransport{base: s.cfg.Transport, s: s},
+		Transport: &retryTransport{base: fw.s.cfg.Transport, s: fw.s},
 		ModifyResponse: func(resp *http.Response) error {
-			resp.Header.Set(tmhttp.HeaderForwardedBy, s.self)
-			s.metrics.forwards.WithLabelValues("ok").Inc()
+			resp.Header.Set(tmhttp.HeaderForwardedBy, fw.s.self)
+			fw.s.metrics.forwards.WithLabelValues("ok").Inc()
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -255,9 +258,9 @@ func (s *Shard) newProxy() http.Handler {
 			if errors.Is(err, context.DeadlineExceeded) {
 				status, typ, title = http.StatusGatewayTimeout, "upstream-timeout", "Forward timed out"
 			}
-			s.metrics.forwards.WithLabelValues(typ).Inc()
-			s.cfg.Logger.Warn("forward failed", "tenant", tenant, "err", err)
-			tmhttp.WriteProblem(w, r, s.problem(status, typ, title, tenant, "forwarding to the owner failed: "+err.Error()))
+			fw.s.metrics.forwards.WithLabelValues(typ).Inc()
+			fw.s.cfg.Logger.Warn("forward failed", "tenant", tenant, "err", err)
+			tmhttp.WriteProblem(w, r, fw.s.problem(status, typ, title, tenant, "forwarding to the owner failed: "+err.Error()))
 		},
 	}
 }

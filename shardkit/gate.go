@@ -56,7 +56,7 @@ func (s *Shard) Tenant(r *http.Request) string { return Tenant(r) }
 // Behind the gate it is the epoch the request was admitted at, unless a move committed since.
 func (s *Shard) Epoch(tenant string) uint64 {
 	e, ok := s.watcher.Lookup(s.kind, tenant)
-	if !ok || !s.owns(e) {
+	if !ok || !s.gk.owns(e) {
 		return 0
 	}
 	return e.Epoch
@@ -68,73 +68,78 @@ func (s *Shard) Epoch(tenant string) uint64 {
 // tenant routes only; Mount's admin and health routes must stay outside it.
 func (s *Shard) Gate(next http.Handler) http.Handler {
 	if tracing.On() { // set up before the shard is built (shardmain): off, the gate pays nothing
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.tracedGate(next, w, r) })
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.gk.tracedGate(next, w, r) })
 	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.serveGate(next, w, r) })
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.gk.serveGate(next, w, r) })
 }
 
+// gatekeeper is the Gate's work: admit a request for a tenant this shard owns at the epoch the
+// gateway routed it by, wait a moment for a placement change in flight, refuse or forward
+// the rest.
+type gatekeeper struct{ s *Shard }
+
 // tracedGate is serveGate in a span, shardkit.gate, the parent of the service's own spans.
-func (s *Shard) tracedGate(next http.Handler, w http.ResponseWriter, r *http.Request) {
+func (g *gatekeeper) tracedGate(next http.Handler, w http.ResponseWriter, r *http.Request) {
 	ctx, span := tracer.Start(r.Context(), "shardkit.gate", trace.WithAttributes(
-		attribute.String("tm.tenant", r.Header.Get(tmhttp.HeaderTenant)), attribute.String("tm.instance", s.cfg.ID.Key())))
+		attribute.String("tm.tenant", r.Header.Get(tmhttp.HeaderTenant)), attribute.String("tm.instance", g.s.cfg.ID.Key())))
 	defer span.End()
-	s.serveGate(next, w, r.WithContext(ctx))
+	g.serveGate(next, w, r.WithContext(ctx))
 }
 
 // tracer makes shardkit's spans.
 var tracer = otel.Tracer("github.com/tenantmesh/tenantmesh/shardkit")
 
-func (s *Shard) serveGate(next http.Handler, w http.ResponseWriter, r *http.Request) {
+func (g *gatekeeper) serveGate(next http.Handler, w http.ResponseWriter, r *http.Request) {
 	tenant := r.Header.Get(tmhttp.HeaderTenant)
 	if !schema.ValidTenant(tenant) {
-		tmhttp.WriteError(w, r, schema.CheckTenant(tenant), tenant, s.kind)
+		tmhttp.WriteError(w, r, schema.CheckTenant(tenant), tenant, g.s.kind)
 		return
 	}
 	var want uint64
 	if h := r.Header.Get(tmhttp.HeaderEpoch); h != "" {
 		n, err := strconv.ParseUint(h, 10, 64)
 		if err != nil || n == 0 {
-			tmhttp.WriteProblem(w, r, s.problem(http.StatusBadRequest, "invalid-epoch", "Invalid epoch", tenant,
+			tmhttp.WriteProblem(w, r, g.s.problem(http.StatusBadRequest, "invalid-epoch", "Invalid epoch", tenant,
 				"x-tm-epoch must be a positive integer"))
 			return
 		}
 		want = n
 	}
-	e, ok := s.watcher.Lookup(s.kind, tenant)
+	e, ok := g.s.watcher.Lookup(g.s.kind, tenant)
 	if want > 0 && (!ok || e.Epoch < want) {
-		e, ok = s.awaitEpoch(r.Context(), tenant, want)
+		e, ok = g.awaitEpoch(r.Context(), tenant, want)
 	}
-	v := s.judge(e, ok, want)
+	v := g.judge(e, ok, want)
 	if v != serve {
-		s.refuse(w, r, tenant, v, e)
+		g.refuse(w, r, tenant, v, e)
 		return
 	}
-	s.inflight.Add(1)
-	defer s.releaseInstance()
-	if s.closing.Load() {
-		s.refuse(w, r, tenant, closing, e)
+	g.s.inflight.Add(1)
+	defer g.releaseInstance()
+	if g.s.closing.Load() {
+		g.refuse(w, r, tenant, closing, e)
 		return
 	}
-	ts := s.states.getOrCreate(tenant)
+	ts := g.s.states.getOrCreate(tenant)
 	for {
 		ok, dead := ts.acquire()
 		if ok {
 			break
 		}
 		if !dead {
-			s.refuse(w, r, tenant, draining, e)
+			g.refuse(w, r, tenant, draining, e)
 			return
 		}
-		ts = s.states.getOrCreate(tenant)
+		ts = g.s.states.getOrCreate(tenant)
 	}
 	defer ts.release()
-	s.serveOwned(next, w, r, ts)
+	g.serveOwned(next, w, r, ts)
 }
 
 // serveOwned runs next, counting the answer.
-func (s *Shard) serveOwned(next http.Handler, w http.ResponseWriter, r *http.Request, ts *tenantState) {
+func (g *gatekeeper) serveOwned(next http.Handler, w http.ResponseWriter, r *http.Request, ts *tenantState) {
 	start := time.Now()
-	w.Header()[tmhttp.HeaderServedBy] = s.servedBy
+	w.Header()[tmhttp.HeaderServedBy] = g.s.servedBy
 	sw := writerPool.Get().(*statusWriter)
 	sw.ResponseWriter, sw.status = w, 0
 	defer func() {
@@ -151,37 +156,37 @@ func (s *Shard) serveOwned(next http.Handler, w http.ResponseWriter, r *http.Req
 		ts.labels.Load().requests[classIndex(status)].Inc()
 		d := time.Since(start)
 		ts.latency.Add(uint64(d))
-		s.metrics.latency.Observe(d.Seconds())
+		g.s.metrics.latency.Observe(d.Seconds())
 	}()
 	next.ServeHTTP(sw, r)
 }
 
-func (s *Shard) releaseInstance() {
-	if s.inflight.Add(-1) == 0 && s.closing.Load() {
+func (g *gatekeeper) releaseInstance() {
+	if g.s.inflight.Add(-1) == 0 && g.s.closing.Load() {
 		select {
-		case s.idle <- struct{}{}:
+		case g.s.idle <- struct{}{}:
 		default:
 		}
 	}
 }
 
 // owns reports whether this shard serves e's tenant now.
-func (s *Shard) owns(e placement.Entry) bool {
+func (g *gatekeeper) owns(e placement.Entry) bool {
 	switch e.Phase {
 	case schema.PhaseActive, schema.PhaseWarming, schema.PhaseDraining:
-		return e.Shard == s.cfg.ID.Shard || s.inOwners(e.Owners)
+		return e.Shard == g.s.cfg.ID.Shard || g.inOwners(e.Owners)
 	}
 	return false
 }
 
 // inOwners reports whether an affinity owner list names this instance (by key or by name).
-func (s *Shard) inOwners(owners []string) bool {
-	return len(owners) > 0 && (slices.Contains(owners, s.self) || slices.Contains(owners, s.cfg.ID.Instance))
+func (g *gatekeeper) inOwners(owners []string) bool {
+	return len(owners) > 0 && (slices.Contains(owners, g.s.self) || slices.Contains(owners, g.s.cfg.ID.Instance))
 }
 
 // judge decides whether to serve a request for a tenant placed at e (ok: placed at all) that
 // carries epoch want (0: none).
-func (s *Shard) judge(e placement.Entry, ok bool, want uint64) verdict {
+func (g *gatekeeper) judge(e placement.Entry, ok bool, want uint64) verdict {
 	switch {
 	case !ok:
 		return unplaced
@@ -189,7 +194,7 @@ func (s *Shard) judge(e placement.Entry, ok bool, want uint64) verdict {
 		return behind
 	case e.Phase == schema.PhaseHandoff:
 		return inHandoff
-	case !s.owns(e):
+	case !g.owns(e):
 		return notOwner
 	case want != 0 && want < e.Epoch:
 		return staleEpoch
@@ -198,34 +203,34 @@ func (s *Shard) judge(e placement.Entry, ok bool, want uint64) verdict {
 }
 
 // awaitEpoch waits, up to EpochWait, for the local snapshot to reach epoch want for tenant.
-func (s *Shard) awaitEpoch(ctx context.Context, tenant string, want uint64) (placement.Entry, bool) {
-	t := time.NewTimer(s.cfg.EpochWait)
+func (g *gatekeeper) awaitEpoch(ctx context.Context, tenant string, want uint64) (placement.Entry, bool) {
+	t := time.NewTimer(g.s.cfg.EpochWait)
 	defer t.Stop()
 	for {
-		ch := s.changes()
-		e, ok := s.watcher.Lookup(s.kind, tenant)
+		ch := g.s.changes()
+		e, ok := g.s.watcher.Lookup(g.s.kind, tenant)
 		if ok && e.Epoch >= want {
 			return e, ok
 		}
 		select {
 		case <-ch:
 		case <-t.C:
-			return s.watcher.Lookup(s.kind, tenant)
+			return g.s.watcher.Lookup(g.s.kind, tenant)
 		case <-ctx.Done():
-			return s.watcher.Lookup(s.kind, tenant)
+			return g.s.watcher.Lookup(g.s.kind, tenant)
 		}
 	}
 }
 
 // refuse answers a request the gate does not serve here: a problem, or a forward.
-func (s *Shard) refuse(w http.ResponseWriter, r *http.Request, tenant string, v verdict, e placement.Entry) {
-	s.metrics.refused.WithLabelValues(refuseReasons[v]).Inc()
+func (g *gatekeeper) refuse(w http.ResponseWriter, r *http.Request, tenant string, v verdict, e placement.Entry) {
+	g.s.metrics.refused.WithLabelValues(refuseReasons[v]).Inc()
 	w.Header()[tmhttp.HeaderRefused] = refusedValues[v]
 	if tracing.On() {
 		trace.SpanFromContext(r.Context()).SetAttributes(attribute.String("tm.refused", refuseReasons[v]))
 	}
 	owner := e.Shard
-	if v == draining && (e.Shard == s.cfg.ID.Shard || e.Phase == schema.PhaseHandoff) {
+	if v == draining && (e.Shard == g.s.cfg.ID.Shard || e.Phase == schema.PhaseHandoff) {
 		owner = ""
 	}
 	switch v {
@@ -233,44 +238,44 @@ func (s *Shard) refuse(w http.ResponseWriter, r *http.Request, tenant string, v 
 		if owner == "" {
 			break
 		}
-		if s.cfg.Forward {
-			s.forward(w, r, tenant, owner)
+		if g.s.cfg.Forward {
+			g.s.fwd.forward(w, r, tenant, owner)
 			return
 		}
-		p := s.problem(http.StatusMisdirectedRequest, "not-owner", "Not the owner", tenant,
-			"shard "+s.cfg.ID.Shard+" does not serve this tenant; its owner is "+owner+" at epoch "+strconv.FormatUint(e.Epoch, 10))
+		p := g.s.problem(http.StatusMisdirectedRequest, "not-owner", "Not the owner", tenant,
+			"shard "+g.s.cfg.ID.Shard+" does not serve this tenant; its owner is "+owner+" at epoch "+strconv.FormatUint(e.Epoch, 10))
 		p.Owner, p.Epoch = owner, e.Epoch
 		tmhttp.WriteProblem(w, r, p)
 		return
 	case unplaced:
-		tmhttp.WriteProblem(w, r, s.problem(http.StatusMisdirectedRequest, "not-owner", "Not the owner", tenant,
-			"the tenant has no placement for kind "+s.kind))
+		tmhttp.WriteProblem(w, r, g.s.problem(http.StatusMisdirectedRequest, "not-owner", "Not the owner", tenant,
+			"the tenant has no placement for kind "+g.s.kind))
 		return
 	case closing:
-		if s.cfg.Forward {
-			s.forward(w, r, tenant, s.cfg.ID.Shard)
+		if g.s.cfg.Forward {
+			g.s.fwd.forward(w, r, tenant, g.s.cfg.ID.Shard)
 			return
 		}
-		p := s.problem(http.StatusServiceUnavailable, "instance-draining", "Instance shutting down", tenant,
-			"instance "+s.self+" is shutting down; retry on another instance")
+		p := g.s.problem(http.StatusServiceUnavailable, "instance-draining", "Instance shutting down", tenant,
+			"instance "+g.s.self+" is shutting down; retry on another instance")
 		p.RetryAfter = 1
 		tmhttp.WriteProblem(w, r, p)
 		return
 	case inHandoff:
-		p := s.problem(http.StatusServiceUnavailable, "handoff", "Tenant in handoff", tenant,
+		p := g.s.problem(http.StatusServiceUnavailable, "handoff", "Tenant in handoff", tenant,
 			"the tenant is moving from "+e.Shard+" to "+e.Target+"; retry shortly")
 		p.Owner, p.Epoch, p.RetryAfter = e.Target, e.Epoch+1, 1
 		tmhttp.WriteProblem(w, r, p)
 		return
 	case behind:
-		p := s.problem(http.StatusServiceUnavailable, "placement-behind", "Placement not caught up", tenant,
+		p := g.s.problem(http.StatusServiceUnavailable, "placement-behind", "Placement not caught up", tenant,
 			"this instance has not yet seen the request's epoch; retry shortly")
 		p.RetryAfter = 1
 		tmhttp.WriteProblem(w, r, p)
 		return
 	}
-	p := s.problem(http.StatusServiceUnavailable, "tenant-draining", "Tenant draining", tenant,
-		"the tenant is draining on "+s.self+"; retry shortly")
+	p := g.s.problem(http.StatusServiceUnavailable, "tenant-draining", "Tenant draining", tenant,
+		"the tenant is draining on "+g.s.self+"; retry shortly")
 	p.RetryAfter = 1
 	tmhttp.WriteProblem(w, r, p)
 }

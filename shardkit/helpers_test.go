@@ -241,7 +241,7 @@ type signalWatch struct {
 func watchSignal(t testing.TB, st *schema.Store, kind, tenant string, id schema.InstanceID) *signalWatch {
 	t.Helper()
 	key := kind + "." + tenant + "." + id.Shard + "." + id.Instance
-	w, err := st.SignalsKV().Watch(context.Background(), key)
+	w, err := st.KV(schema.BucketTenantState).Watch(context.Background(), key)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,7 @@ import (
 // watchInstance follows one directory entry; nil values are deletions.
 func watchInstance(t *testing.T, st *schema.Store, key string) <-chan *schema.Instance {
 	t.Helper()
-	w, err := st.InstancesKV().Watch(context.Background(), key, jetstream.UpdatesOnly())
+	w, err := st.KV(schema.BucketInstances).Watch(context.Background(), key, jetstream.UpdatesOnly())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func TestHeartbeatsStoppingMakeInstanceOffline(t *testing.T) {
 		t.Fatalf("forward to the live owner: %d %s", code, body)
 	}
 
-	stA.Conn().Close() // A's heartbeats stop; its entry stays behind, as after a crash
+	stA.JS().Conn().Close() // A's heartbeats stop; its entry stays behind, as after a crash
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	last, err := st.Instance(ctx, a.ID())
@@ -150,7 +150,7 @@ func TestShutdownLeavesNothingBehind(t *testing.T) {
 	defer cancel()
 	routeInstances := func() map[string][]string {
 		t.Helper()
-		rs, err := st.Routes(ctx)
+		rs, err := st.Routes().List(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -262,12 +262,12 @@ func TestRoutesRepublished(t *testing.T) {
 	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), Routes: routes, Heartbeat: 20 * time.Millisecond})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	w, err := st.RoutesKV().Watch(ctx, ">", jetstream.UpdatesOnly())
+	w, err := st.KV(schema.BucketRoutes).Watch(ctx, ">", jetstream.UpdatesOnly())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = w.Stop() }()
-	if n, err := st.RemoveInstanceFromRoutes(ctx, a.ID()); err != nil || n != 1 {
+	if n, err := st.Routes().RemoveInstanceEverywhere(ctx, a.ID()); err != nil || n != 1 {
 		t.Fatalf("sweeper removal: %d %v", n, err)
 	}
 	for {

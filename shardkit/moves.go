@@ -12,35 +12,40 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
+// mover plays the shard's part in the move protocol for each tenant a placement change
+// involves: warm up and report ready as the target, commit the handoff, quiesce and report
+// drained as the source, release the tenant after. One task per tenant at a time.
+type mover struct{ s *Shard }
+
 // handleChange reacts to one placement change of the kind (see doc.go, "Moves"). It only
 // starts tasks; it never blocks.
-func (s *Shard) handleChange(c placement.Change) {
-	me := s.cfg.ID.Shard
+func (mv *mover) handleChange(c placement.Change) {
+	me := mv.s.cfg.ID.Shard
 	n, o := c.New, c.Old
 	switch {
 	case c.NewOK && (n.Phase == schema.PhaseWarming || n.Phase == schema.PhaseHandoff) && n.Target == me:
-		s.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { s.warmTask(ctx, ts, n) })
+		mv.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { mv.warmTask(ctx, ts, n) })
 	case c.NewOK && n.Phase == schema.PhaseHandoff && n.Shard == me:
-		s.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { s.handoffTask(ctx, ts, n) })
+		mv.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { mv.handoffTask(ctx, ts, n) })
 	case c.NewOK && n.Phase == schema.PhaseDraining && n.Source == me:
-		s.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { s.commitTask(ctx, ts, n) })
-	case c.NewOK && s.owns(n):
-		if s.states.get(c.Tenant) != nil {
-			s.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { s.resumeTask(ctx, ts, n) })
+		mv.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { mv.commitTask(ctx, ts, n) })
+	case c.NewOK && mv.s.gk.owns(n):
+		if mv.s.states.get(c.Tenant) != nil {
+			mv.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { mv.resumeTask(ctx, ts, n) })
 		}
-	case c.OldOK && (s.owns(o) || o.Shard == me || o.Target == me || o.Source == me):
-		s.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { s.leaveTask(ctx, ts, o) })
+	case c.OldOK && (mv.s.gk.owns(o) || o.Shard == me || o.Target == me || o.Source == me):
+		mv.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { mv.leaveTask(ctx, ts, o) })
 	}
 }
 
 // startTask runs fn as the tenant's move task, after cancelling (and waiting for) the previous
 // one, so a tenant's tasks run one at a time, in order.
-func (s *Shard) startTask(tenant string, fn func(context.Context, *tenantState)) {
-	if s.runCtx.Err() != nil {
+func (mv *mover) startTask(tenant string, fn func(context.Context, *tenantState)) {
+	if mv.s.runCtx.Err() != nil {
 		return
 	}
-	ts := s.states.getOrCreate(tenant)
-	ctx, cancel := context.WithCancel(s.runCtx)
+	ts := mv.s.states.getOrCreate(tenant)
+	ctx, cancel := context.WithCancel(mv.s.runCtx)
 	done := make(chan struct{})
 	ts.mu.Lock()
 	prevCancel, prevDone := ts.task, ts.taskDone
@@ -49,7 +54,7 @@ func (s *Shard) startTask(tenant string, fn func(context.Context, *tenantState))
 	if prevCancel != nil {
 		prevCancel()
 	}
-	s.goTask(func() {
+	mv.s.goTask(func() {
 		defer close(done)
 		defer cancel()
 		if prevDone != nil {
@@ -67,42 +72,42 @@ func (s *Shard) startTask(tenant string, fn func(context.Context, *tenantState))
 // warmTask runs on a move's target: warming reports warming, calls Warm and reports ready; at
 // handoff it learns the source's fence from the source's drained signals, warms up to it and
 // reports ready with that fence.
-func (s *Shard) warmTask(ctx context.Context, ts *tenantState, e placement.Entry) {
+func (mv *mover) warmTask(ctx context.Context, ts *tenantState, e placement.Entry) {
 	var fence uint64
 	if e.Phase == schema.PhaseHandoff {
 		var ok bool
-		if fence, ok = s.awaitFence(ctx, ts.tenant, e.Shard, e.Epoch); !ok {
+		if fence, ok = mv.awaitFence(ctx, ts.tenant, e.Shard, e.Epoch); !ok {
 			return
 		}
 	} else {
-		s.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalWarming, Epoch: e.Epoch, Applied: s.cfg.Hooks.applied(ts.tenant)})
+		mv.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalWarming, Epoch: e.Epoch, Applied: mv.s.cfg.Hooks.applied(ts.tenant)})
 	}
 	for {
 		var err error
-		if s.cfg.Hooks.Warm != nil {
-			err = s.cfg.Hooks.Warm(ctx, ts.tenant, fence)
+		if mv.s.cfg.Hooks.Warm != nil {
+			err = mv.s.cfg.Hooks.Warm(ctx, ts.tenant, fence)
 		}
 		if ctx.Err() != nil {
 			return
 		}
-		applied := s.cfg.Hooks.applied(ts.tenant)
-		lag := s.cfg.Hooks.lag(ts.tenant, fence, applied)
+		applied := mv.s.cfg.Hooks.applied(ts.tenant)
+		lag := mv.s.cfg.Hooks.lag(ts.tenant, fence, applied)
 		if err == nil && applied >= fence {
-			s.metrics.clearLag(ts.tenant)
+			mv.s.metrics.clearLag(ts.tenant)
 			ready := schema.TenantSignal{Phase: schema.SignalReady, Epoch: e.Epoch, Applied: applied, Fence: fence, Lag: lag}
 			if e.Phase == schema.PhaseHandoff {
-				s.commit(ctx, ts, e, ready)
+				mv.commit(ctx, ts, e, ready)
 			} else {
-				s.putSignal(ctx, ts, ready)
+				mv.putSignal(ctx, ts, ready)
 			}
 			return
 		}
 		if err != nil {
-			s.cfg.Logger.Warn("warm-up failed; retrying", "tenant", ts.tenant, "fence", fence, "err", err)
+			mv.s.cfg.Logger.Warn("warm-up failed; retrying", "tenant", ts.tenant, "fence", fence, "err", err)
 		}
-		s.metrics.setLag(ts.tenant, lag)
-		s.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalWarming, Epoch: e.Epoch, Applied: applied, Fence: fence, Lag: lag})
-		if !ctxtime.Sleep(ctx, s.cfg.WarmRetry) {
+		mv.s.metrics.setLag(ts.tenant, lag)
+		mv.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalWarming, Epoch: e.Epoch, Applied: applied, Fence: fence, Lag: lag})
+		if !ctxtime.Sleep(ctx, mv.s.cfg.WarmRetry) {
 			return
 		}
 	}
@@ -115,37 +120,37 @@ func (s *Shard) warmTask(ctx context.Context, ts *tenantState, e placement.Entry
 // move's other steps. The rebalancer commits only if no target did within its grace (a target
 // that died after reporting ready). With no sibling to wait for, the ready signal and the
 // commit are written at once: the handoff pause is the source's drain and two writes.
-func (s *Shard) commit(ctx context.Context, ts *tenantState, e placement.Entry, ready schema.TenantSignal) {
-	me := s.cfg.ID.Instance
-	live, _ := s.peers.liveNames(s.cfg.ID.Shard)
+func (mv *mover) commit(ctx context.Context, ts *tenantState, e placement.Entry, ready schema.TenantSignal) {
+	me := mv.s.cfg.ID.Instance
+	live, _ := mv.s.peers.liveNames(mv.s.cfg.ID.Shard)
 	alone := !slices.ContainsFunc(live, func(n string) bool { return n != me })
 	if !alone {
-		s.putSignal(ctx, ts, ready)
-		if !s.awaitSiblings(ctx, ts.tenant, ready) {
+		mv.putSignal(ctx, ts, ready)
+		if !mv.awaitSiblings(ctx, ts.tenant, ready) {
 			return
 		}
 	} else {
 		written := make(chan struct{})
 		go func() {
 			defer close(written)
-			s.putSignal(ctx, ts, ready)
+			mv.putSignal(ctx, ts, ready)
 		}()
 		defer func() { <-written }()
 	}
-	s.commitPlacement(ctx, ts.tenant, e)
+	mv.commitPlacement(ctx, ts.tenant, e)
 }
 
 // awaitSiblings waits until every live instance of this shard reports ready at the fence and
 // epoch of ready (this one counts as ready), or ctx ends (the placement moved on).
-func (s *Shard) awaitSiblings(ctx context.Context, tenant string, ready schema.TenantSignal) bool {
+func (mv *mover) awaitSiblings(ctx context.Context, tenant string, ready schema.TenantSignal) bool {
 	tick := time.NewTicker(time.Second) // heartbeats age without a change to wake on
 	defer tick.Stop()
 	for {
-		live, dirChanged := s.peers.liveNames(s.cfg.ID.Shard)
-		sigs, sigChanged := s.signals.shard(tenant, s.cfg.ID.Shard)
+		live, dirChanged := mv.s.peers.liveNames(mv.s.cfg.ID.Shard)
+		sigs, sigChanged := mv.s.signals.shard(tenant, mv.s.cfg.ID.Shard)
 		all := true
 		for _, n := range live {
-			if n == s.cfg.ID.Instance {
+			if n == mv.s.cfg.ID.Instance {
 				continue
 			}
 			sig, ok := sigs[n]
@@ -170,60 +175,60 @@ func (s *Shard) awaitSiblings(ctx context.Context, tenant string, ready schema.T
 // commitPlacement writes handoff(source -> this shard) -> draining(this shard, epoch + 1) by
 // compare-and-set (the rebalancer audits it as move.commit). Any other outcome (already committed by a
 // sibling or the rebalancer, aborted, rolled back) is left to whoever wrote it.
-func (s *Shard) commitPlacement(ctx context.Context, tenant string, e placement.Entry) {
+func (mv *mover) commitPlacement(ctx context.Context, tenant string, e placement.Entry) {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	// A direct get (any replica, no JetStream API queue: the fast read under load), from the
 	// leader only if it answered older than what the watcher already saw.
-	p, err := s.st.Placement(cctx, s.kind, tenant)
+	p, err := mv.s.st.Placement(cctx, mv.s.kind, tenant)
 	if err == nil && p.Revision < e.Revision {
-		p, err = s.st.LatestPlacement(cctx, s.kind, tenant)
+		p, err = mv.s.st.LatestPlacement(cctx, mv.s.kind, tenant)
 	}
-	if err != nil || p.Phase != schema.PhaseHandoff || p.Target != s.cfg.ID.Shard || p.Epoch != e.Epoch {
+	if err != nil || p.Phase != schema.PhaseHandoff || p.Target != mv.s.cfg.ID.Shard || p.Epoch != e.Epoch {
 		return // moved on meanwhile, or unreadable: the rebalancer commits after its grace
 	}
 	next := schema.Placement{Kind: p.Kind, Tenant: p.Tenant, Shard: p.Target, Epoch: p.Epoch + 1, Phase: schema.PhaseDraining,
-		Source: p.Shard, Move: p.Move, Pinned: p.Pinned, UpdatedBy: "shard/" + s.cfg.ID.Key()}
-	got, err := s.st.UpdatePlacement(cctx, p, next)
+		Source: p.Shard, Move: p.Move, Pinned: p.Pinned, UpdatedBy: "shard/" + mv.s.cfg.ID.Key()}
+	got, err := mv.s.st.UpdatePlacement(cctx, p, next)
 	if err != nil {
 		if !errors.As(err, new(*schema.ConflictError)) {
-			s.cfg.Logger.Warn("committing the move; the rebalancer will", "tenant", tenant, "err", err)
+			mv.s.cfg.Logger.Warn("committing the move; the rebalancer will", "tenant", tenant, "err", err)
 		}
 		return
 	}
-	s.cfg.Logger.Info("move.commit", "tenant", tenant, "from", p.Shard, "to", got.Shard, "epoch", got.Epoch)
+	mv.s.cfg.Logger.Info("move.commit", "tenant", tenant, "from", p.Shard, "to", got.Shard, "epoch", got.Epoch)
 }
 
 // awaitFence watches the source shard's signals for the tenant until every live source
 // instance (at least one) reports drained at epoch, and returns the highest fence reported; a
 // source with no live instance left gives fence 0.
-func (s *Shard) awaitFence(ctx context.Context, tenant, source string, epoch uint64) (uint64, bool) {
+func (mv *mover) awaitFence(ctx context.Context, tenant, source string, epoch uint64) (uint64, bool) {
 	for ctx.Err() == nil {
-		fence, err := s.watchFence(ctx, tenant, source, epoch)
+		fence, err := mv.watchFence(ctx, tenant, source, epoch)
 		if err == nil {
 			return fence, true
 		}
 		if ctx.Err() == nil {
-			s.cfg.Logger.Warn("waiting for the source's fence", "tenant", tenant, "source", source, "err", err)
-			ctxtime.Sleep(ctx, s.cfg.WarmRetry)
+			mv.s.cfg.Logger.Warn("waiting for the source's fence", "tenant", tenant, "source", source, "err", err)
+			ctxtime.Sleep(ctx, mv.s.cfg.WarmRetry)
 		}
 	}
 	return 0, false
 }
 
-func (s *Shard) watchFence(ctx context.Context, tenant, source string, epoch uint64) (uint64, error) {
+func (mv *mover) watchFence(ctx context.Context, tenant, source string, epoch uint64) (uint64, error) {
 	// Instances die while we wait: heartbeats age, so look again every second even without a
 	// change, and take a source shard with no live instance as drained at fence 0 (nothing can
 	// be in flight there; the tenant's data stream is the truth the target warms from).
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
-		live, dirChanged := s.peers.liveNames(source)
+		live, dirChanged := mv.s.peers.liveNames(source)
 		if len(live) == 0 {
-			s.cfg.Logger.Warn("the move's source has no live instance; taking fence 0", "tenant", tenant, "source", source)
+			mv.s.cfg.Logger.Warn("the move's source has no live instance; taking fence 0", "tenant", tenant, "source", source)
 			return 0, nil
 		}
-		sigs, sigChanged := s.signals.shard(tenant, source)
+		sigs, sigChanged := mv.s.signals.shard(tenant, source)
 		if fence, ok := fenceOf(sigs, live, epoch); ok {
 			return fence, nil
 		}
@@ -262,41 +267,41 @@ func fenceOf(sigs map[string]schema.TenantSignal, live []string, epoch uint64) (
 // handoffTask runs on a move's source at handoff: stop accepting, wait for in-flight requests
 // within DrainTimeout, then report drained with the fence (the service's last applied sequence)
 // at the handoff epoch.
-func (s *Shard) handoffTask(ctx context.Context, ts *tenantState, e placement.Entry) {
+func (mv *mover) handoffTask(ctx context.Context, ts *tenantState, e placement.Entry) {
 	ts.draining.Store(true)
 	// Report draining while the in-flight requests finish, not before: the handoff pause is
 	// the time to drained, and this write is for people watching.
 	reported := make(chan struct{})
 	go func() {
 		defer close(reported)
-		s.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalDraining, Epoch: e.Epoch})
+		mv.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalDraining, Epoch: e.Epoch})
 	}()
 	defer func() { <-reported }()
-	if !s.quiesce(ctx, ts) {
+	if !mv.quiesce(ctx, ts) {
 		return
 	}
-	fence := s.cfg.Hooks.fence(ts.tenant)
+	fence := mv.s.cfg.Hooks.fence(ts.tenant)
 	<-reported
-	s.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalDrained, Epoch: e.Epoch, Applied: fence, Fence: fence})
+	mv.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalDrained, Epoch: e.Epoch, Applied: fence, Fence: fence})
 }
 
 // commitTask runs on the former owner once the move committed: make sure nothing is in flight,
 // release the tenant's state and report drained at the new epoch.
-func (s *Shard) commitTask(ctx context.Context, ts *tenantState, e placement.Entry) {
+func (mv *mover) commitTask(ctx context.Context, ts *tenantState, e placement.Entry) {
 	ts.draining.Store(true)
-	if !s.quiesce(ctx, ts) {
+	if !mv.quiesce(ctx, ts) {
 		return
 	}
-	s.release(ctx, ts)
+	mv.release(ctx, ts)
 	ts.mu.Lock()
 	fence := ts.fence
 	ts.mu.Unlock()
-	s.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalDrained, Epoch: e.Epoch, Applied: s.cfg.Hooks.applied(ts.tenant), Fence: fence})
+	mv.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalDrained, Epoch: e.Epoch, Applied: mv.s.cfg.Hooks.applied(ts.tenant), Fence: fence})
 }
 
 // resumeTask runs when this shard owns the tenant again or still (a move aborted, a move to it
 // committed): accept requests again and, once the placement is active, clear the signal.
-func (s *Shard) resumeTask(ctx context.Context, ts *tenantState, e placement.Entry) {
+func (mv *mover) resumeTask(ctx context.Context, ts *tenantState, e placement.Entry) {
 	ts.mu.Lock()
 	manual := ts.manual
 	ts.released = false
@@ -304,9 +309,9 @@ func (s *Shard) resumeTask(ctx context.Context, ts *tenantState, e placement.Ent
 	if !manual {
 		ts.draining.Store(false)
 	}
-	s.metrics.clearLag(ts.tenant)
+	mv.s.metrics.clearLag(ts.tenant)
 	if e.Phase == schema.PhaseActive && !manual {
-		s.clearSignal(ctx, ts)
+		mv.clearSignal(ctx, ts)
 	}
 }
 
@@ -314,15 +319,15 @@ func (s *Shard) resumeTask(ctx context.Context, ts *tenantState, e placement.Ent
 // aborted, the tenant was moved away without a move workflow or deleted, or a move from it
 // finished. In-flight requests finish (within the bound), the state is released if it was not
 // yet, and the signal is removed.
-func (s *Shard) leaveTask(ctx context.Context, ts *tenantState, old placement.Entry) {
+func (mv *mover) leaveTask(ctx context.Context, ts *tenantState, old placement.Entry) {
 	ts.draining.Store(true)
-	s.quiesce(ctx, ts)
+	mv.quiesce(ctx, ts)
 	if ctx.Err() != nil {
 		return
 	}
-	s.release(ctx, ts)
-	s.metrics.clearLag(ts.tenant)
-	s.clearSignal(ctx, ts)
+	mv.release(ctx, ts)
+	mv.s.metrics.clearLag(ts.tenant)
+	mv.clearSignal(ctx, ts)
 	ts.mu.Lock()
 	ts.manual, ts.released = false, false
 	ts.mu.Unlock()
@@ -331,53 +336,53 @@ func (s *Shard) leaveTask(ctx context.Context, ts *tenantState, old placement.En
 
 // quiesce waits up to DrainTimeout for the tenant's in-flight requests to finish (its draining
 // flag must be set). It reports false if ctx ended first.
-func (s *Shard) quiesce(ctx context.Context, ts *tenantState) bool {
-	t := time.NewTimer(s.cfg.DrainTimeout)
+func (mv *mover) quiesce(ctx context.Context, ts *tenantState) bool {
+	t := time.NewTimer(mv.s.cfg.DrainTimeout)
 	defer t.Stop()
 	for ts.inflight.Load() > 0 {
 		select {
 		case <-ts.idle:
 		case <-t.C:
-			s.metrics.drains.WithLabelValues("timeout").Inc()
-			s.cfg.Logger.Warn("drain bound reached with requests in flight", "tenant", ts.tenant, "in_flight", ts.inflight.Load())
+			mv.s.metrics.drains.WithLabelValues("timeout").Inc()
+			mv.s.cfg.Logger.Warn("drain bound reached with requests in flight", "tenant", ts.tenant, "in_flight", ts.inflight.Load())
 			return true
 		case <-ctx.Done():
 			return false
 		}
 	}
-	s.metrics.drains.WithLabelValues("drained").Inc()
+	mv.s.metrics.drains.WithLabelValues("drained").Inc()
 	return true
 }
 
 // release calls the Release hook once per stint of hosting.
-func (s *Shard) release(ctx context.Context, ts *tenantState) {
+func (mv *mover) release(ctx context.Context, ts *tenantState) {
 	ts.mu.Lock()
 	done := ts.released
 	ts.released = true
 	ts.mu.Unlock()
-	if done || s.cfg.Hooks.Release == nil {
+	if done || mv.s.cfg.Hooks.Release == nil {
 		return
 	}
-	if err := s.cfg.Hooks.Release(ctx, ts.tenant); err != nil {
-		s.cfg.Logger.Warn("release hook failed", "tenant", ts.tenant, "err", err)
+	if err := mv.s.cfg.Hooks.Release(ctx, ts.tenant); err != nil {
+		mv.s.cfg.Logger.Warn("release hook failed", "tenant", ts.tenant, "err", err)
 	}
 }
 
 // putSignal writes this instance's signal for the tenant, retrying a few times.
-func (s *Shard) putSignal(ctx context.Context, ts *tenantState, sig schema.TenantSignal) {
-	sig.Kind, sig.Tenant, sig.Shard, sig.Instance = s.kind, ts.tenant, s.cfg.ID.Shard, s.cfg.ID.Instance
+func (mv *mover) putSignal(ctx context.Context, ts *tenantState, sig schema.TenantSignal) {
+	sig.Kind, sig.Tenant, sig.Shard, sig.Instance = mv.s.kind, ts.tenant, mv.s.cfg.ID.Shard, mv.s.cfg.ID.Instance
 	sig.InFlight = int(ts.inflight.Load())
 	ts.mu.Lock()
 	ts.phase, ts.fence, ts.epoch, ts.applied, ts.lag = sig.Phase, sig.Fence, sig.Epoch, sig.Applied, sig.Lag
 	ts.mu.Unlock()
 	for attempt := range 5 {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := s.st.PutSignal(pctx, sig)
+		_, err := mv.s.st.PutSignal(pctx, sig)
 		cancel()
 		if err == nil || ctx.Err() != nil {
 			return
 		}
-		s.cfg.Logger.Warn("writing tenant signal", "tenant", ts.tenant, "phase", sig.Phase, "attempt", attempt+1, "err", err)
+		mv.s.cfg.Logger.Warn("writing tenant signal", "tenant", ts.tenant, "phase", sig.Phase, "attempt", attempt+1, "err", err)
 		if !ctxtime.Sleep(ctx, time.Duration(attempt+1)*200*time.Millisecond) {
 			return
 		}
@@ -385,7 +390,7 @@ func (s *Shard) putSignal(ctx context.Context, ts *tenantState, sig schema.Tenan
 }
 
 // clearSignal removes this instance's signal for the tenant, if it wrote one.
-func (s *Shard) clearSignal(ctx context.Context, ts *tenantState) {
+func (mv *mover) clearSignal(ctx context.Context, ts *tenantState) {
 	ts.mu.Lock()
 	had := ts.phase != ""
 	ts.phase, ts.fence, ts.epoch, ts.applied, ts.lag = "", 0, 0, 0, 0
@@ -395,8 +400,8 @@ func (s *Shard) clearSignal(ctx context.Context, ts *tenantState) {
 	}
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := s.st.DeleteSignal(dctx, s.kind, ts.tenant, s.cfg.ID); err != nil {
-		s.cfg.Logger.Warn("removing tenant signal", "tenant", ts.tenant, "err", err)
+	if err := mv.s.st.DeleteSignal(dctx, mv.s.kind, ts.tenant, mv.s.cfg.ID); err != nil {
+		mv.s.cfg.Logger.Warn("removing tenant signal", "tenant", ts.tenant, "err", err)
 	}
 }
 
@@ -414,14 +419,14 @@ func (s *Shard) Drain(ctx context.Context, tenant string) (int, error) {
 	ts.mu.Unlock()
 	ts.draining.Store(true)
 	e, _ := s.watcher.Lookup(s.kind, tenant)
-	s.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalDraining, Epoch: e.Epoch})
-	if !s.quiesce(ctx, ts) {
+	s.moves.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalDraining, Epoch: e.Epoch})
+	if !s.moves.quiesce(ctx, ts) {
 		return int(ts.inflight.Load()), ctx.Err()
 	}
 	left := int(ts.inflight.Load())
-	s.release(ctx, ts)
+	s.moves.release(ctx, ts)
 	fence := s.cfg.Hooks.fence(tenant)
-	s.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalDrained, Epoch: e.Epoch, Applied: fence, Fence: fence})
+	s.moves.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalDrained, Epoch: e.Epoch, Applied: fence, Fence: fence})
 	return left, nil
 }
 
@@ -435,7 +440,7 @@ func (s *Shard) Undrain(ctx context.Context, tenant string) error {
 	ts.manual, ts.released = false, false
 	ts.mu.Unlock()
 	ts.draining.Store(false)
-	s.clearSignal(ctx, ts)
+	s.moves.clearSignal(ctx, ts)
 	return nil
 }
 
@@ -454,11 +459,11 @@ func (s *Shard) Release(ctx context.Context, tenant string) error {
 		return ErrNotAffinity
 	}
 	for range 16 {
-		err := s.releaseOnce(ctx, tenant)
+		err := s.moves.releaseOnce(ctx, tenant)
 		if !errors.Is(err, schema.ErrConflict) {
 			if err == nil {
 				if ts := s.states.get(tenant); ts != nil {
-					s.clearSignal(ctx, ts)
+					s.moves.clearSignal(ctx, ts)
 				}
 			}
 			return err
@@ -467,8 +472,8 @@ func (s *Shard) Release(ctx context.Context, tenant string) error {
 	return fmt.Errorf("shardkit: release %s: too many concurrent placement writers", tenant)
 }
 
-func (s *Shard) releaseOnce(ctx context.Context, tenant string) error {
-	p, err := s.st.Placement(ctx, s.kind, tenant)
+func (mv *mover) releaseOnce(ctx context.Context, tenant string) error {
+	p, err := mv.s.st.Placement(ctx, mv.s.kind, tenant)
 	if errors.Is(err, schema.ErrNotFound) {
 		return nil
 	}
@@ -476,17 +481,17 @@ func (s *Shard) releaseOnce(ctx context.Context, tenant string) error {
 		return err
 	}
 	owners := slices.DeleteFunc(slices.Clone(p.Owners), func(o string) bool {
-		return o == s.self || o == s.cfg.ID.Instance
+		return o == mv.s.self || o == mv.s.cfg.ID.Instance
 	})
 	switch {
-	case len(owners) == len(p.Owners) && (len(p.Owners) > 0 || p.Shard != s.cfg.ID.Shard):
+	case len(owners) == len(p.Owners) && (len(p.Owners) > 0 || p.Shard != mv.s.cfg.ID.Shard):
 		return nil // not ours
 	case len(owners) == 0:
-		return s.st.DeletePlacement(ctx, s.kind, tenant, p.Revision)
+		return mv.s.st.DeletePlacement(ctx, mv.s.kind, tenant, p.Revision)
 	}
 	next := p
 	next.Owners = owners
-	next.UpdatedBy = s.self
-	_, err = s.st.UpdatePlacement(ctx, p, next)
+	next.UpdatedBy = mv.s.self
+	_, err = mv.s.st.UpdatePlacement(ctx, p, next)
 	return err
 }

@@ -29,6 +29,10 @@ type Shard struct {
 	peers   *peerView   // the kind's directory in memory
 	signals *signalView // the kind's tenant signals in memory
 	proxy   http.Handler
+	api     *adminAPI
+	moves   *mover
+	gk      *gatekeeper
+	fwd     *forwarder
 
 	// servedBy is the x-served-by value, shared by every response (never modified).
 	servedBy []string
@@ -83,6 +87,7 @@ func New(cfg Config) (*Shard, error) {
 		shutDone:  make(chan struct{}),
 		servedBy:  []string{cfg.ID.Key()},
 	}
+	s.api, s.moves, s.gk, s.fwd = &adminAPI{s}, &mover{s}, &gatekeeper{s}, &forwarder{s}
 	s.runCtx, s.cancel = context.WithCancel(context.Background())
 	s.metrics = newMetrics(cfg.Registerer, s)
 	s.states = newStateMap(s.metrics.seriesFor)
@@ -99,7 +104,7 @@ func New(cfg Config) (*Shard, error) {
 	s.watcher = w
 	s.peers, s.signals = newPeerView(s), newSignalView(s)
 	if cfg.Forward {
-		s.proxy = s.newProxy()
+		s.proxy = s.fwd.newProxy()
 	}
 	return s, nil
 }
@@ -226,7 +231,7 @@ func (s *Shard) register(ctx context.Context) error {
 	s.inst = inst
 	s.instMu.Unlock()
 	for _, r := range s.routes() {
-		if _, err := s.st.AddRouteInstance(ctx, r, s.cfg.ID); err != nil {
+		if _, err := s.st.Routes().AddInstance(ctx, r, s.cfg.ID); err != nil {
 			return fmt.Errorf("shardkit: publish route %s %s: %w", r.Method, r.Prefix, err)
 		}
 	}
@@ -238,7 +243,7 @@ func (s *Shard) undoRegister() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for _, r := range s.routes() {
-		_, _ = s.st.RemoveRouteInstance(ctx, r, s.cfg.ID)
+		_, _ = s.st.Routes().RemoveInstance(ctx, r, s.cfg.ID)
 	}
 	_ = s.st.Unregister(ctx, s.cfg.ID)
 }
@@ -314,7 +319,7 @@ func (s *Shard) shutdown(ctx context.Context) error {
 	}
 	var errs []error
 	for _, r := range s.routes() {
-		if _, err := s.st.RemoveRouteInstance(ctx, r, s.cfg.ID); err != nil {
+		if _, err := s.st.Routes().RemoveInstance(ctx, r, s.cfg.ID); err != nil {
 			errs = append(errs, fmt.Errorf("unpublish route %s %s: %w", r.Method, r.Prefix, err))
 		}
 	}
@@ -379,12 +384,12 @@ func (s *Shard) onChange(c placement.Change) {
 func (s *Shard) involved(c placement.Change) bool {
 	me := s.cfg.ID.Shard
 	names := func(ok bool, e placement.Entry) bool {
-		return ok && (e.Shard == me || e.Target == me || e.Source == me || s.inOwners(e.Owners))
+		return ok && (e.Shard == me || e.Target == me || e.Source == me || s.gk.inOwners(e.Owners))
 	}
 	if !names(c.OldOK, c.Old) && !names(c.NewOK, c.New) {
 		return false
 	}
-	quiet := c.NewOK && c.New.Phase == schema.PhaseActive && s.owns(c.New) && (!c.OldOK || c.Old.Phase == schema.PhaseActive && s.owns(c.Old))
+	quiet := c.NewOK && c.New.Phase == schema.PhaseActive && s.gk.owns(c.New) && (!c.OldOK || c.Old.Phase == schema.PhaseActive && s.gk.owns(c.Old))
 	return !quiet || s.states.get(c.Tenant) != nil
 }
 
@@ -426,7 +431,7 @@ func (s *Shard) applyLoop(ctx context.Context) {
 		s.queue = nil
 		s.queueMu.Unlock()
 		for _, c := range q {
-			s.handleChange(c)
+			s.moves.handleChange(c)
 		}
 	}
 }

@@ -32,7 +32,7 @@ func newSignalView(s *Shard) *signalView {
 
 func (v *signalView) start(ctx context.Context, wg *sync.WaitGroup) error {
 	f, err := kvwatch.New(kvwatch.Config{
-		JS:     v.s.st.JetStream(),
+		JS:     v.s.st.JS().JetStream(),
 		Bucket: schema.BucketTenantState,
 		Filter: v.s.kind + ".>",
 		Logger: v.s.cfg.Logger.With("watch", schema.BucketTenantState),

@@ -49,7 +49,7 @@ const routeEvery = 10
 func (s *Shard) republish(ctx context.Context) {
 	for _, r := range s.routes() {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := s.st.AddRouteInstance(rctx, r, s.cfg.ID)
+		_, err := s.st.Routes().AddInstance(rctx, r, s.cfg.ID)
 		cancel()
 		if err != nil && ctx.Err() == nil {
 			s.cfg.Logger.Warn("re-publishing route", "method", r.Method, "prefix", r.Prefix, "err", err)
@@ -89,7 +89,7 @@ func (s *Shard) forgetIdle(states []*tenantState) {
 			continue
 		}
 		e, ok := s.watcher.Lookup(s.kind, ts.tenant)
-		if ok && (s.owns(e) || e.Target == s.cfg.ID.Shard || e.Source == s.cfg.ID.Shard) {
+		if ok && (s.gk.owns(e) || e.Target == s.cfg.ID.Shard || e.Source == s.cfg.ID.Shard) {
 			continue
 		}
 		s.states.removeIf(ts.tenant, func(ts *tenantState) bool {

@@ -16,12 +16,16 @@ func BenchmarkCutoverPause(b *testing.B) {
 	s := startStack(b)
 	st, l, _, stopLoad := underLoad(b, s)
 	var pauses []time.Duration
+	byKind := map[string][]time.Duration{}
 	var windows []window
 	b.ResetTimer()
 	for i := range b.N {
 		tenant := loadTenants[i%len(loadTenants)]
 		windows = append(windows, moveWindow(tenant, func() {
-			pauses = append(pauses, moveAcross(b, st, s.rebalancer, tenant)...)
+			for _, m := range moveAcrossKinds(b, st, s.rebalancer, tenant) {
+				pauses = append(pauses, m.pause)
+				byKind[m.kind] = append(byKind[m.kind], m.pause)
+			}
 		}))
 	}
 	b.StopTimer()
@@ -31,6 +35,10 @@ func BenchmarkCutoverPause(b *testing.B) {
 	b.ReportMetric(ms(pct(pauses, 0.5)), "pause-p50-ms")
 	b.ReportMetric(ms(pct(pauses, 0.99)), "pause-p99-ms")
 	b.ReportMetric(ms(pct(pauses, 1)), "pause-max-ms")
+	for kind, ps := range byKind {
+		b.ReportMetric(ms(pct(ps, 0.5)), kind+"-pause-p50-ms")
+		b.ReportMetric(ms(pct(ps, 0.99)), kind+"-pause-p99-ms")
+	}
 	// What a client of a moved tenant feels: its requests while a move is in flight against
 	// the same tenants' requests outside any move.
 	b.ReportMetric(ms(pct(in, 0.5)), "during-move-p50-ms")

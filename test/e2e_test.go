@@ -284,6 +284,16 @@ func first(s []string, n int) []string { return s[:min(n, len(s))] }
 // and returns the handoff pauses of its kind moves.
 func moveAcross(t testing.TB, st *schema.Store, base, tenant string) []time.Duration {
 	t.Helper()
+	var out []time.Duration
+	for _, m := range moveAcrossKinds(t, st, base, tenant) {
+		out = append(out, m.pause)
+	}
+	return out
+}
+
+// moveAcrossKinds is moveAcross with each pause's kind.
+func moveAcrossKinds(t testing.TB, st *schema.Store, base, tenant string) []movePause {
+	t.Helper()
 	targets := map[string]string{}
 	for _, kind := range []string{"aggregate", "projection", "runner"} {
 		p, err := st.Placement(context.Background(), kind, tenant)
@@ -297,7 +307,13 @@ func moveAcross(t testing.TB, st *schema.Store, base, tenant string) []time.Dura
 	}
 	id := createPlan(t, postOK, base, map[string]any{"strategy": "move-tenant", "tenant": tenant, "targets": targets})
 	postOK(t, base+"/api/plans/"+id+"/apply", nil)
-	return awaitPlan(t, base, id)
+	return awaitPlanMoves(t, base, id)
+}
+
+// movePause is one finished move's pause: from its handoff to its commit.
+type movePause struct {
+	kind  string
+	pause time.Duration
 }
 
 // createPlan creates a plan through the rebalancer API with post (postOK, or postRetry under
@@ -342,8 +358,8 @@ func postOK(t testing.TB, url string, body any) []byte {
 	return out
 }
 
-// awaitPlan waits until the plan finishes, requires every move done, and returns their pauses.
-func awaitPlan(t testing.TB, base, id string) []time.Duration {
+// awaitPlanMoves waits until the plan finishes, requires every move done, and returns their pauses.
+func awaitPlanMoves(t testing.TB, base, id string) []movePause {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
@@ -352,17 +368,17 @@ func awaitPlan(t testing.TB, base, id string) []time.Duration {
 			var p struct {
 				Plan  struct{ Status string } `json:"plan"`
 				Moves []struct {
-					ID, State, Reason string
-					Handoff, Commit   time.Time
+					ID, Kind, State, Reason string
+					Handoff, Commit         time.Time
 				} `json:"moves"`
 			}
 			_ = json.NewDecoder(resp.Body).Decode(&p)
 			resp.Body.Close()
 			switch p.Plan.Status {
 			case "done":
-				var out []time.Duration
+				var out []movePause
 				for _, m := range p.Moves {
-					out = append(out, m.Commit.Sub(m.Handoff))
+					out = append(out, movePause{m.Kind, m.Commit.Sub(m.Handoff)})
 				}
 				return out
 			case "partial", "rolled_back":

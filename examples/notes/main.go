@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/shardmain"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
@@ -39,8 +40,8 @@ type service struct {
 func main() {
 	shardmain.Exit("notes", func(m *shardmain.Main) (shardmain.Builder, error) {
 		return func(ctx context.Context, env shardmain.Env) (shardmain.App, error) {
-			kv, err := env.Store.JetStream().CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-				Bucket: schema.ServiceBucket("notes", "notes"), Replicas: max(m.Replicas, 1)})
+			kv, err := env.Store.JS().EnsureKV(ctx, jsx.KVSpec{
+				Bucket: schema.ServiceBucket("notes", "notes"), Description: "notes service: notes per tenant"})
 			return &service{kv: kv, tenants: map[string]*notes{}}, err
 		}, nil
 	})

@@ -11,6 +11,7 @@ package natsperm
 
 import (
 	"github.com/tenantmesh/tenantmesh/internal/natsauth"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -105,7 +106,7 @@ func Shard(kind, shard string, a Assets) Role {
 		p.readStream(s)
 	}
 	for _, b := range a.KV {
-		p.ownStream(schema.KVStream(b))
+		p.ownStream(jsx.KVStream(b))
 		p.writeKV(b, ">")
 	}
 	for _, b := range a.Objects {
@@ -133,7 +134,7 @@ func base(name string) *perms {
 
 func (p *perms) readKV(buckets ...string) {
 	for _, b := range buckets {
-		p.readStream(schema.KVStream(b))
+		p.readStream(jsx.KVStream(b))
 	}
 }
 
@@ -168,7 +169,7 @@ func (p *perms) ownStream(s string) {
 }
 
 func (p *perms) writeKV(bucket, keys string) {
-	p.Pub = append(p.Pub, schema.KVSubject(bucket, keys))
+	p.Pub = append(p.Pub, jsx.KVSubject(bucket, keys))
 }
 
 func (p *perms) publishAudit(kind string) {

@@ -14,6 +14,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/internal/natsperm"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -104,7 +105,7 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 	ok(t, "heartbeat", err)
 	_, err = sh.st.PutSignal(ctx, schema.TenantSignal{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1", Instance: "a", Phase: schema.SignalWarming, Epoch: 1})
 	ok(t, "own signal", err)
-	_, err = sh.st.AddRouteInstance(ctx, schema.Route{Method: "*", Prefix: "/commands", Kind: "aggregate"}, me)
+	_, err = sh.st.Routes().AddInstance(ctx, schema.Route{Method: "*", Prefix: "/commands", Kind: "aggregate"}, me)
 	ok(t, "route", err)
 	p, err := sh.st.Placement(ctx, "aggregate", "t1")
 	ok(t, "read placement", err)
@@ -118,9 +119,9 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 	ok(t, "read directory", err)
 	ok(t, "load report", sh.st.PublishLoad(schema.LoadReport{InstanceID: me}))
 	ok(t, "events stream", sh.st.EnsureEventsStream(ctx))
-	_, err = sh.st.JetStream().Publish(ctx, schema.EventSubject("t1", "account", "main"), []byte(`{}`))
+	_, err = sh.st.JS().JetStream().Publish(ctx, schema.EventSubject("t1", "account", "main"), []byte(`{}`))
 	ok(t, "append event", err)
-	_, err = sh.st.ObjectStore(ctx, schema.ServiceBucket("aggregate", "snapshots"), "snapshots")
+	_, err = sh.st.JS().ObjectStore(ctx, schema.ServiceBucket("aggregate", "snapshots"), "snapshots")
 	ok(t, "own object store", err)
 
 	// Refused: another shard's entry, another kind's placement, the rebalancer's records,
@@ -140,7 +141,7 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 		t.Logf("refused: %v", err)
 	}
 	sh.refused(t, "tm_placement_projection") // its bucket cannot even be opened
-	if _, err := sh.st.CreateRecord(short(t), "x", map[string]int{"a": 1}); err == nil {
+	if _, err := sh.st.Rebalance().Create(short(t), "x", map[string]int{"a": 1}); err == nil {
 		t.Error("a shard wrote tm_rebalance")
 	}
 	sh.refused(t, "$KV.tm_rebalance.x")
@@ -152,7 +153,7 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 		t.Error("a shard wrote another shard's signal")
 	}
 	sh.refused(t, "$KV.tm_tenant_state.aggregate.t1.aggregate-2.a")
-	if _, err := sh.st.JetStream().Publish(short(t), schema.JobSubject("t1", "any"), []byte(`{}`)); err == nil {
+	if _, err := sh.st.JS().JetStream().Publish(short(t), schema.JobSubject("t1", "any"), []byte(`{}`)); err == nil {
 		t.Error("an aggregate shard enqueued a job")
 	}
 	sh.refused(t, "jobs.t1.any")
@@ -172,14 +173,14 @@ func TestProjectionReadsEventsButCannotWriteThem(t *testing.T) {
 	defer cancel()
 	pr := open(t, url, natsperm.Shard("projection", "projection-1", natsperm.KindAssets("projection")))
 	ok(t, "events stream exists", pr.st.EnsureEventsStream(ctx))
-	_, err := pr.st.EnsureKV(ctx, schema.KVSpec{Bucket: schema.ServiceBucket("projection", "checkpoints"), Description: "checkpoints"})
+	_, err := pr.st.JS().EnsureKV(ctx, jsx.KVSpec{Bucket: schema.ServiceBucket("projection", "checkpoints"), Description: "checkpoints"})
 	ok(t, "own bucket", err)
-	cons, done, err := schema.OrderedRead(ctx, pr.st.JetStream(), schema.StreamEvents, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"events.t1.>"}})
+	cons, done, err := jsx.OrderedRead(ctx, pr.st.JS().JetStream(), schema.StreamEvents, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"events.t1.>"}})
 	ok(t, "read events", err)
 	_, err = cons.Info(ctx)
 	ok(t, "consumer info", err)
 	done()
-	if _, err := pr.st.JetStream().Publish(short(t), schema.EventSubject("t1", "account", "main"), []byte(`{}`)); err == nil {
+	if _, err := pr.st.JS().JetStream().Publish(short(t), schema.EventSubject("t1", "account", "main"), []byte(`{}`)); err == nil {
 		t.Error("a projection shard appended an event")
 	}
 	pr.refused(t, "events.t1.account.main")
@@ -199,7 +200,7 @@ func TestGatewayPlacesButCannotRebalance(t *testing.T) {
 	ok(t, "register an affinity server", err)
 	ok(t, "audit", gw.st.Audit(ctx, schema.AuditEvent{Actor: "gateway/test", Action: "placement.assign", Kind: "aggregate", Tenant: "new"}))
 
-	if _, err := gw.st.CreateRecord(short(t), "plan-x", map[string]int{"a": 1}); err == nil {
+	if _, err := gw.st.Rebalance().Create(short(t), "plan-x", map[string]int{"a": 1}); err == nil {
 		t.Error("the gateway wrote tm_rebalance")
 	}
 	gw.refused(t, "$KV.tm_rebalance.plan-x")

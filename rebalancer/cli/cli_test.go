@@ -468,7 +468,7 @@ func TestApplyRefusedWhileServiceLeads(t *testing.T) {
 	if _, err := e.st.Register(ctx, schema.Instance{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: "s-2", Instance: "i1"}, URL: "http://127.0.0.1:9", Capacity: 10}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.st.AcquireLease(ctx, schema.LeaderLease, "rebalancer-a", time.Minute); err != nil {
+	if _, err := e.st.Rebalance().AcquireLease(ctx, schema.LeaderLease, "rebalancer-a", time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	po := decode[PlanOutput](t, e.run(t, "", "plan", "manual", "acme=s-2", "--kind", "aggregate", "--collect", "0", "--output", "json").stdout)

@@ -100,7 +100,7 @@ func TestAPIOnClusterLosingNodes(t *testing.T) {
 	readPlan(p1)
 
 	// Stop a follower of the plans' stream, write a plan without it, then leave it alone.
-	info, err := st.JetStream().Stream(ctx, "KV_"+schema.BucketRebalance)
+	info, err := st.JS().JetStream().Stream(ctx, "KV_"+schema.BucketRebalance)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -109,7 +109,7 @@ func (s *Server) handleHealthz(w http.ResponseWriter, _ *http.Request) {
 
 // handleReadyz is ready while NATS is connected; it says whether this process leads.
 func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
-	if !s.st.Conn().IsConnected() {
+	if !s.st.JS().Conn().IsConnected() {
 		tmhttp.WriteProblem(w, r, tmhttp.Problem{Type: tmhttp.TypeBase + "not-ready", Title: "Not ready", Status: http.StatusServiceUnavailable,
 			Detail: "not connected to NATS", RetryAfter: 1})
 		return

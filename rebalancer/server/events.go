@@ -101,7 +101,7 @@ func (h *hub) close() {
 
 // startEvents feeds the hub from the audit journal's subjects and a watch of tm_rebalance.
 func (s *Server) startEvents(ctx context.Context) error {
-	sub, err := s.st.Conn().Subscribe(schema.SubjectAuditAll, func(m *nats.Msg) {
+	sub, err := s.st.JS().Conn().Subscribe(schema.SubjectAuditAll, func(m *nats.Msg) {
 		if len(m.Data) > 0 && json.Valid(m.Data) {
 			s.hub.send(Event{Type: "audit", Data: m.Data})
 		}
@@ -125,7 +125,7 @@ func (s *Server) watchRecords(ctx context.Context) {
 	var last uint64    // the last revision seen
 	streaming := false // the first watch has delivered the stored records
 	for ctx.Err() == nil {
-		w, err := s.st.RebalanceKV().WatchAll(ctx)
+		w, err := s.st.KV(schema.BucketRebalance).WatchAll(ctx)
 		if err != nil {
 			ctxtime.Sleep(ctx, time.Second)
 			continue

@@ -46,6 +46,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/rebalancer/dashboard"
 	"github.com/tenantmesh/tenantmesh/rebalancer/sweeper"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
@@ -222,7 +223,7 @@ func (s *Server) Wait() { s.work.Wait() }
 func (s *Server) leadLoop(ctx context.Context) {
 	retry := s.cfg.LeaseTTL / 3
 	for ctx.Err() == nil {
-		l, err := s.st.AcquireLease(ctx, schema.LeaderLease, s.cfg.Holder, s.cfg.LeaseTTL)
+		l, err := s.st.Rebalance().AcquireLease(ctx, schema.LeaderLease, s.cfg.Holder, s.cfg.LeaseTTL)
 		if err != nil {
 			if !errors.Is(err, schema.ErrLeaseHeld) && ctx.Err() == nil {
 				s.log.Warn("leader lease", "err", err)
@@ -235,7 +236,7 @@ func (s *Server) leadLoop(ctx context.Context) {
 }
 
 // lead does the leader's work until ctx ends or the lease is lost.
-func (s *Server) lead(ctx context.Context, l schema.Lease) {
+func (s *Server) lead(ctx context.Context, l jsx.Lease) {
 	lctx, cancel := context.WithCancel(ctx)
 	s.mu.Lock()
 	s.leadCtx = lctx
@@ -253,7 +254,7 @@ func (s *Server) lead(ctx context.Context, l schema.Lease) {
 	for lctx.Err() == nil {
 		select {
 		case <-t.C:
-			nl, err := s.st.RenewLease(lctx, l, s.cfg.LeaseTTL)
+			nl, err := s.st.Rebalance().RenewLease(lctx, l, s.cfg.LeaseTTL)
 			switch {
 			case errors.Is(err, schema.ErrLeaseHeld):
 				s.log.Error("leader lease lost", "err", err)
@@ -275,7 +276,7 @@ func (s *Server) lead(ctx context.Context, l schema.Lease) {
 	s.waitIdle()
 	s.leaderG.Set(0)
 	rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
-	_ = s.st.ReleaseLease(rctx, l)
+	_ = s.st.Rebalance().ReleaseLease(rctx, l)
 	rcancel()
 	s.hub.publish("leader", map[string]any{"holder": s.cfg.Holder, "leading": false})
 }

@@ -335,12 +335,12 @@ func TestLeaderSweeps(t *testing.T) {
 	dead := schema.InstanceID{Kind: "runner", Shard: "runner-1", Instance: "dead"}
 	i := schema.Instance{InstanceID: dead, URL: "http://127.0.0.1:9", Heartbeat: time.Now().Add(-10 * time.Minute), Reported: schema.StatusOnline}
 	raw, _ := json.Marshal(i)
-	if _, err := st.InstancesKV().Put(ctx, dead.Key(), raw); err != nil {
+	if _, err := st.KV(schema.BucketInstances).Put(ctx, dead.Key(), raw); err != nil {
 		t.Fatal(err)
 	}
 	ghost := schema.InstanceID{Kind: "runner", Shard: "runner-1", Instance: "ghost"}
 	for _, id := range []schema.InstanceID{dead, ghost} {
-		if _, err := st.AddRouteInstance(ctx, schema.Route{Method: "*", Prefix: "/jobs", Kind: "runner"}, id); err != nil {
+		if _, err := st.Routes().AddInstance(ctx, schema.Route{Method: "*", Prefix: "/jobs", Kind: "runner"}, id); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -363,7 +363,7 @@ func TestLeaderSweeps(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no alert")
 	}
-	if _, err := st.RouteFor(ctx, "*", "/jobs"); err == nil {
+	if _, err := st.Routes().Get(ctx, "*", "/jobs"); err == nil {
 		t.Fatal("the route of dead instances survived the sweep")
 	}
 }
@@ -432,7 +432,7 @@ func TestLeaderResumesApplyingPlans(t *testing.T) {
 	}
 	// The dead leader had marked it applying before it died.
 	rec.Status = rebalancer.PlanApplying
-	if _, err := st.UpdateRecord(ctx, schema.PlanKey(rec.ID), rec.Revision, rec); err != nil {
+	if _, err := st.Rebalance().Update(ctx, schema.PlanKey(rec.ID), rec.Revision, rec); err != nil {
 		t.Fatal(err)
 	}
 	r := start(t, st, "new-leader", sweeper.Config{})
@@ -457,7 +457,7 @@ func TestMoveStalledGauge(t *testing.T) {
 		m := rebalancer.MoveRecord{Plan: "p1", ID: id, State: state, Updated: updated}
 		key := schema.MoveKey(m.Plan, m.ID)
 		raw, _ := json.Marshal(m)
-		if _, err := st.RebalanceKV().Put(ctx, key, raw); err != nil {
+		if _, err := st.KV(schema.BucketRebalance).Put(ctx, key, raw); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -473,7 +473,7 @@ func TestMoveStalledGauge(t *testing.T) {
 	tmtest.WaitFor(t, 10*time.Second, tmtest.Until("the finished move to be dropped", func() bool { return stalled() == 0 }))
 	put("m00003", rebalancer.MoveHandoff, time.Now().Add(-10*time.Minute))
 	tmtest.WaitFor(t, 10*time.Second, tmtest.Until("a handoff to count", func() bool { return stalled() >= 600 }))
-	if err := st.RebalanceKV().Delete(ctx, schema.MoveKey("p1", "m00003")); err != nil {
+	if err := st.KV(schema.BucketRebalance).Delete(ctx, schema.MoveKey("p1", "m00003")); err != nil {
 		t.Fatal(err)
 	}
 	tmtest.WaitFor(t, 10*time.Second, tmtest.Until("the deleted move to be dropped", func() bool { return stalled() == 0 }))

@@ -246,7 +246,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (Result, error) {
 
 // forget removes a dead instance from every route and from affinity owners.
 func (s *Sweeper) forget(ctx context.Context, id schema.InstanceID) (routes, owners int, err error) {
-	routes, err = s.cfg.Store.RemoveInstanceFromRoutes(ctx, id)
+	routes, err = s.cfg.Store.Routes().RemoveInstanceEverywhere(ctx, id)
 	s.m.routes.Add(float64(routes))
 	if err != nil {
 		return routes, 0, fmt.Errorf("remove %s from routes: %w", id.Key(), err)
@@ -302,7 +302,7 @@ func (s *Sweeper) removeOwner(ctx context.Context, id schema.InstanceID) (int, e
 // offline (Aether routing's cleanup on leader start). Routes are read before the directory, so an
 // instance that registers meanwhile (directory first, routes second) is never removed.
 func (s *Sweeper) CleanupRoutes(ctx context.Context) (int, error) {
-	routes, err := s.cfg.Store.Routes(ctx)
+	routes, err := s.cfg.Store.Routes().List(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -327,7 +327,7 @@ func (s *Sweeper) CleanupRoutes(ctx context.Context) (int, error) {
 			if err != nil {
 				continue
 			}
-			if _, err := s.cfg.Store.RemoveRouteInstance(ctx, r, id); err != nil {
+			if _, err := s.cfg.Store.Routes().RemoveInstance(ctx, r, id); err != nil {
 				return n, err
 			}
 			n++

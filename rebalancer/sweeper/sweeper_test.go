@@ -29,7 +29,7 @@ func putInstance(t *testing.T, st *schema.Store, kind, shard, name string, heart
 	id := schema.InstanceID{Kind: kind, Shard: shard, Instance: name}
 	i := schema.Instance{InstanceID: id, URL: "http://127.0.0.1:9", Capacity: 4, Started: heartbeat, Heartbeat: heartbeat, Reported: schema.StatusOnline}
 	b, _ := json.Marshal(i)
-	if _, err := st.InstancesKV().Put(context.Background(), id.Key(), b); err != nil {
+	if _, err := st.KV(schema.BucketInstances).Put(context.Background(), id.Key(), b); err != nil {
 		t.Fatal(err)
 	}
 	return id
@@ -39,7 +39,7 @@ func addRoute(t *testing.T, st *schema.Store, prefix string, ids ...schema.Insta
 	t.Helper()
 	r := schema.Route{Method: "*", Prefix: prefix, Kind: ids[0].Kind}
 	for _, id := range ids {
-		if _, err := st.AddRouteInstance(context.Background(), r, id); err != nil {
+		if _, err := st.Routes().AddInstance(context.Background(), r, id); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -119,10 +119,10 @@ func TestSweepMarksOfflineAlertsOnceAndCleansUp(t *testing.T) {
 	if err != nil || got.Reported != schema.StatusOffline {
 		t.Fatalf("dead instance after sweep: %+v, %v", got, err)
 	}
-	if r, err := st.RouteFor(ctx, "*", "/render"); err != nil || len(r.Instances) != 1 || r.Instances[0] != live.Key() {
+	if r, err := st.Routes().Get(ctx, "*", "/render"); err != nil || len(r.Instances) != 1 || r.Instances[0] != live.Key() {
 		t.Fatalf("shared route: %+v, %v", r, err)
 	}
-	if _, err := st.RouteFor(ctx, only.Method, only.Prefix); !errors.Is(err, schema.ErrNotFound) {
+	if _, err := st.Routes().Get(ctx, only.Method, only.Prefix); !errors.Is(err, schema.ErrNotFound) {
 		t.Fatalf("a route left without instances must be deleted: %v", err)
 	}
 	if p, err := st.Placement(ctx, "render", "acme"); err != nil || len(p.Owners) != 1 || p.Owners[0] != live.Key() || p.Epoch != both.Epoch {
@@ -178,7 +178,7 @@ func TestCleanupRoutesOnLeaderStart(t *testing.T) {
 	if err != nil || n != 3 {
 		t.Fatalf("cleanup removed %d, %v; want 3", n, err)
 	}
-	routes, _ := st.Routes(ctx)
+	routes, _ := st.Routes().List(ctx)
 	if len(routes) != 1 || len(routes[0].Instances) != 1 || routes[0].Instances[0] != live.Key() {
 		t.Fatalf("routes after cleanup: %+v", routes)
 	}

@@ -17,7 +17,7 @@ import (
 // seedEvents appends n deposit events for tenant over 100 accounts straight to the stream
 // (as a long-lived tenant would have), returning the last sequence.
 func seedEvents(b *testing.B, st *schema.Store, tenant string, n int) {
-	js := st.JetStream()
+	js := st.JS().JetStream()
 	const accounts = 100
 	for i := range n {
 		acc := i % accounts
@@ -67,7 +67,7 @@ func BenchmarkWarm(b *testing.B) {
 		if err := src.Release(ctx, tenant); err != nil { // writes the snapshot
 			b.Fatal(err)
 		}
-		js := st.JetStream()
+		js := st.JS().JetStream()
 		for i := range n / 100 { // the tail after the snapshot
 			ev := Event{Tenant: tenant, AggregateType: AccountType, AggregateID: "tail", Version: uint64(i + 1), Event: EvOpened, CommandKey: fmt.Sprintf("tail-%d", i)}
 			if i > 0 {
@@ -144,7 +144,7 @@ func BenchmarkTenantSize(b *testing.B) {
 	if err := s.Warm(ctx, tenant, 0); err != nil {
 		b.Fatal(err)
 	}
-	stream, err := st.Stream(ctx, schema.StreamEvents)
+	stream, err := st.JS().Stream(ctx, schema.StreamEvents)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -123,7 +123,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if err := cfg.Store.EnsureEventsStream(ctx); err != nil {
 		return nil, err
 	}
-	stream, err := cfg.Store.Stream(ctx, schema.StreamEvents)
+	stream, err := cfg.Store.JS().Stream(ctx, schema.StreamEvents)
 	if err != nil {
 		return nil, fmt.Errorf("aggregate: open %s: %w", schema.StreamEvents, err)
 	}

@@ -34,7 +34,7 @@ func newPublisher(b testing.TB, st *schema.Store) *publisher {
 	if err := st.EnsureEventsStream(context.Background()); err != nil {
 		b.Fatal(err)
 	}
-	return &publisher{b: b, js: st.JetStream(), version: map[string]uint64{}, last: map[string]uint64{}}
+	return &publisher{b: b, js: st.JS().JetStream(), version: map[string]uint64{}, last: map[string]uint64{}}
 }
 
 // add publishes one event for tenant on one of 10 accounts: an open first, then deposits.
@@ -255,14 +255,14 @@ func BenchmarkFilterConsumer(b *testing.B) {
 			for b.Loop() {
 				cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 				start := time.Now()
-				cons, err := st.JetStream().OrderedConsumer(cctx, schema.StreamEvents, jetstream.OrderedConsumerConfig{
+				cons, err := st.JS().JetStream().OrderedConsumer(cctx, schema.StreamEvents, jetstream.OrderedConsumerConfig{
 					FilterSubjects: filters, DeliverPolicy: jetstream.DeliverNewPolicy})
 				cancel()
 				if err != nil {
 					b.Fatal(err)
 				}
 				b.ReportMetric(time.Since(start).Seconds()*1000, "create-ms")
-				_ = st.JetStream().DeleteConsumer(ctx, schema.StreamEvents, cons.CachedInfo().Name)
+				_ = st.JS().JetStream().DeleteConsumer(ctx, schema.StreamEvents, cons.CachedInfo().Name)
 			}
 		})
 	}

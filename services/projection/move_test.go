@@ -271,7 +271,7 @@ func TestCorruptEventSkipped(t *testing.T) {
 	ctx := context.Background()
 	s, _ := newService(t, st, Config{})
 	do(t, a, "acme", command("acc1", aggregate.CmdOpen, 0))
-	ack, err := st.JetStream().Publish(ctx, schema.EventSubject("acme", aggregate.AccountType, "acc1"), []byte("{not json"))
+	ack, err := st.JS().JetStream().Publish(ctx, schema.EventSubject("acme", aggregate.AccountType, "acc1"), []byte("{not json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,14 +280,14 @@ func TestCorruptEventSkipped(t *testing.T) {
 		t.Fatalf("after catch-up: %+v (corrupt event at %d)", res, ack.Sequence)
 	}
 	warm(t, s, "acme", 0)
-	if ack, err = st.JetStream().Publish(ctx, schema.EventSubject("acme", aggregate.AccountType, "acc1"), []byte("[]")); err != nil {
+	if ack, err = st.JS().JetStream().Publish(ctx, schema.EventSubject("acme", aggregate.AccountType, "acc1"), []byte("[]")); err != nil {
 		t.Fatal(err)
 	}
 	// (The aggregate refuses to load a tenant with a corrupt event, so the next event is
 	// appended directly.)
 	ev, _ := json.Marshal(aggregate.Event{Tenant: "acme", AggregateType: aggregate.AccountType, AggregateID: "acc1",
 		Version: 2, Event: aggregate.EvDeposited, Data: json.RawMessage(`{"amount":9}`), At: time.Now().UTC()})
-	ack2, err := st.JetStream().Publish(ctx, schema.EventSubject("acme", aggregate.AccountType, "acc1"), ev)
+	ack2, err := st.JS().JetStream().Publish(ctx, schema.EventSubject("acme", aggregate.AccountType, "acc1"), ev)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tenantmesh/tenantmesh/services/ledger"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -39,17 +40,17 @@ func openEventStore(ctx context.Context, st *schema.Store) (*store, error) {
 	if err := st.EnsureEventsStream(ctx); err != nil {
 		return nil, err
 	}
-	js := st.JetStream()
-	stream, err := st.Stream(ctx, schema.StreamEvents)
+	js := st.JS().JetStream()
+	stream, err := st.JS().Stream(ctx, schema.StreamEvents)
 	if err != nil {
 		return nil, fmt.Errorf("projection: open %s: %w", schema.StreamEvents, err)
 	}
 	bucket := schema.ServiceBucket("projection", "views")
-	views, err := st.ObjectStore(ctx, bucket, "projection service: per-tenant views with the sequence they cover")
+	views, err := st.JS().ObjectStore(ctx, bucket, "projection service: per-tenant views with the sequence they cover")
 	if err != nil {
 		return nil, fmt.Errorf("projection: open %s: %w", bucket, err)
 	}
-	checks, err := st.EnsureKV(ctx, schema.KVSpec{Bucket: schema.ServiceBucket("projection", "checkpoints"), Description: "projection service: per-tenant checkpoints"})
+	checks, err := st.JS().EnsureKV(ctx, jsx.KVSpec{Bucket: schema.ServiceBucket("projection", "checkpoints"), Description: "projection service: per-tenant checkpoints"})
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +110,7 @@ func (s *store) replay(ctx context.Context, filters []string, after, until uint6
 	if maxPending > 0 && len(filters) > 1 && pending > uint64(maxPending) {
 		return 0, errTooFar
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(s.batch), schema.QuickHeartbeat)
+	it, err := cons.Messages(jetstream.PullMaxMessages(s.batch), jsx.QuickHeartbeat)
 	if err != nil {
 		return 0, fmt.Errorf("projection: replay %d subjects: %w", len(filters), err)
 	}

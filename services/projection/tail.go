@@ -15,6 +15,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/internal/tracing"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -200,7 +201,7 @@ func (t *tail) rebuild(ctx context.Context) error {
 		}
 	}
 	all := len(filters) == 1 && filters[0] == schema.SubjectEventsAll
-	it, err := cons.Messages(jetstream.PullMaxMessages(t.s.cfg.TailBatch), schema.QuickHeartbeat)
+	it, err := cons.Messages(jetstream.PullMaxMessages(t.s.cfg.TailBatch), jsx.QuickHeartbeat)
 	if err != nil {
 		return fmt.Errorf("projection: tail consumer over %d tenants: %w", len(t.live), err)
 	}

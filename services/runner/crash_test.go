@@ -27,7 +27,7 @@ func TestCrashRecovery(t *testing.T) {
 			t.Fatal(err)
 		}
 		r.Status, r.Attempts, r.RanOn, r.StartedAt, r.LeaseUntil = StatusRunning, 1, "dead", &past, &past
-		if err := s.putRun(ctx, &r); err != nil {
+		if err := s.store.putRun(ctx, &r); err != nil {
 			t.Fatal(err)
 		}
 		state := markDelivered
@@ -35,7 +35,7 @@ func TestCrashRecovery(t *testing.T) {
 			state = markDelivering
 		}
 		b, _ := json.Marshal(marker{State: state, By: "dead", At: past, Until: past})
-		if _, err := s.markers.Create(ctx, tenant+".job."+id+".0", b); err != nil {
+		if _, err := s.outbox.markers.Create(ctx, tenant+".job."+id+".0", b); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -66,17 +66,17 @@ func TestTakeMarkerRecognisesItsOwnLostWrite(t *testing.T) {
 	ctx := context.Background()
 	now := time.Now().UTC()
 	b, _ := json.Marshal(marker{State: markDelivering, By: "a", Token: "t1", At: now, Until: now.Add(time.Minute)})
-	rev, err := s.markers.Create(ctx, "acme.job.x.0", b)
+	rev, err := s.outbox.markers.Create(ctx, "acme.job.x.0", b)
 	if err != nil {
 		t.Fatal(err)
 	}
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
-	h, err := s.takeMarker(short, "acme.job.x.0", "t1")
+	h, err := s.outbox.takeMarker(short, "acme.job.x.0", "t1")
 	if err != nil || h.rev != rev || h.token != "t1" {
 		t.Fatalf("takeMarker with the writer's token: %+v, %v; want revision %d", h, err, rev)
 	}
-	if _, err := s.takeMarker(short, "acme.job.x.0", "t2"); err == nil {
+	if _, err := s.outbox.takeMarker(short, "acme.job.x.0", "t2"); err == nil {
 		t.Fatal("takeMarker with another token took a marker whose lease runs for a minute")
 	}
 }

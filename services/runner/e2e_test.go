@@ -90,7 +90,7 @@ func awaitSignal(t *testing.T, st *schema.Store, tenant, shard string, phase sch
 
 // readRun reads a run straight from the runs bucket.
 func readRun(t *testing.T, st *schema.Store, tenant, id string) (Run, error) {
-	kv, err := st.JetStream().KeyValue(context.Background(), schema.ServiceBucket(Kind, "runs"))
+	kv, err := st.JS().JetStream().KeyValue(context.Background(), schema.ServiceBucket(Kind, "runs"))
 	if err != nil {
 		return Run{}, err
 	}
@@ -191,7 +191,7 @@ func TestBinaryMove(t *testing.T) {
 		t.Fatalf("receiver got %d deliveries over %d keys, want %d each once", total, len(counts), len(ids))
 	}
 	e, err := func() (string, error) {
-		kv, err := st.JetStream().KeyValue(ctx, schema.ServiceBucket(Kind, "checkpoints"))
+		kv, err := st.JS().JetStream().KeyValue(ctx, schema.ServiceBucket(Kind, "checkpoints"))
 		if err != nil {
 			return "", err
 		}

@@ -115,7 +115,7 @@ func waitDone(t testing.TB, s *Service, tenant string, ids []string, d time.Dura
 	for _, id := range ids {
 		want[id] = true
 	}
-	w, err := s.runs.Watch(ctx, tenant+".*")
+	w, err := s.store.runs.Watch(ctx, tenant+".*")
 	if err != nil {
 		t.Fatal(err)
 	}

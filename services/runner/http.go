@@ -31,18 +31,22 @@ var RouteTable = []schema.Route{
 // Mount registers the tenant routes behind gate (shardkit's placement gate) and the instance
 // views behind admin (shardkit's token check).
 func (s *Service) Mount(r chi.Router, gate, admin func(http.Handler) http.Handler) {
-	r.With(gate).Post("/jobs", s.handleCreate)
-	r.With(gate).Get("/jobs", s.handleList)
-	r.With(gate).Get("/jobs/{id}", s.handleGet)
+	a := &api{s: s}
+	r.With(gate).Post("/jobs", a.handleCreate)
+	r.With(gate).Get("/jobs", a.handleList)
+	r.With(gate).Get("/jobs/{id}", a.handleGet)
 	s.sched.mount(r, gate)
-	r.With(admin).Get("/admin/runner/status", s.handleStatus)
-	r.With(admin).Get("/admin/runner/instances", s.handleInstances)
-	r.With(admin).Get("/admin/runner/tenant", s.handleTenant)
+	r.With(admin).Get("/admin/runner/status", a.handleStatus)
+	r.With(admin).Get("/admin/runner/instances", a.handleInstances)
+	r.With(admin).Get("/admin/runner/tenant", a.handleTenant)
 }
+
+// api serves the runner's HTTP routes.
+type api struct{ s *Service }
 
 func tenantOf(r *http.Request) string { return r.Header.Get(tmhttp.HeaderTenant) }
 
-func (s *Service) handleCreate(w http.ResponseWriter, r *http.Request) {
+func (a *api) handleCreate(w http.ResponseWriter, r *http.Request) {
 	tenant := tenantOf(r)
 	var nj NewJob
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
@@ -58,7 +62,7 @@ func (s *Service) handleCreate(w http.ResponseWriter, r *http.Request) {
 	if nj.IdempotencyKey == "" {
 		nj.IdempotencyKey = r.Header.Get("Idempotency-Key")
 	}
-	run, created, err := s.Create(r.Context(), tenant, nj)
+	run, created, err := a.s.Create(r.Context(), tenant, nj)
 	if err != nil {
 		writeErr(w, r, err, tenant)
 		return
@@ -72,11 +76,11 @@ func (s *Service) handleCreate(w http.ResponseWriter, r *http.Request) {
 	tmhttp.WriteJSON(w, http.StatusAccepted, run)
 }
 
-func (s *Service) handleGet(w http.ResponseWriter, r *http.Request) {
+func (a *api) handleGet(w http.ResponseWriter, r *http.Request) {
 	tenant := tenantOf(r)
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.OpTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), a.s.cfg.OpTimeout)
 	defer cancel()
-	run, err := s.Get(ctx, tenant, chi.URLParam(r, "id"))
+	run, err := a.s.Get(ctx, tenant, chi.URLParam(r, "id"))
 	if err != nil {
 		writeErr(w, r, err, tenant)
 		return
@@ -84,7 +88,7 @@ func (s *Service) handleGet(w http.ResponseWriter, r *http.Request) {
 	tmhttp.WriteJSON(w, http.StatusOK, run)
 }
 
-func (s *Service) handleList(w http.ResponseWriter, r *http.Request) {
+func (a *api) handleList(w http.ResponseWriter, r *http.Request) {
 	tenant := tenantOf(r)
 	limit := 100
 	if v := r.URL.Query().Get("limit"); v != "" {
@@ -95,9 +99,9 @@ func (s *Service) handleList(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 4*s.cfg.OpTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), 4*a.s.cfg.OpTimeout)
 	defer cancel()
-	runs, err := s.List(ctx, tenant, Status(r.URL.Query().Get("status")), limit)
+	runs, err := a.s.List(ctx, tenant, Status(r.URL.Query().Get("status")), limit)
 	if err != nil {
 		writeErr(w, r, err, tenant)
 		return
@@ -108,14 +112,14 @@ func (s *Service) handleList(w http.ResponseWriter, r *http.Request) {
 	}{tenant, runs})
 }
 
-func (s *Service) handleStatus(w http.ResponseWriter, r *http.Request) {
-	tmhttp.WriteJSON(w, http.StatusOK, s.Status())
+func (a *api) handleStatus(w http.ResponseWriter, r *http.Request) {
+	tmhttp.WriteJSON(w, http.StatusOK, a.s.Status())
 }
 
-func (s *Service) handleInstances(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.OpTimeout)
+func (a *api) handleInstances(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), a.s.cfg.OpTimeout)
 	defer cancel()
-	views, err := s.Instances(ctx)
+	views, err := a.s.Instances(ctx)
 	if err != nil {
 		writeErr(w, r, err, "")
 		return

@@ -187,14 +187,14 @@ func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bo
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
 	defer cancel()
-	if nj.Instance != "" && !s.knownInstance(ctx, nj.Instance) {
+	if nj.Instance != "" && !s.store.knownInstance(ctx, nj.Instance) {
 		return Run{}, false, fmt.Errorf("%w: %q is not an instance of shard %s (the multi-host design: the host must exist; an offline one still gets the job)",
 			ErrBadJob, nj.Instance, s.cfg.ID.Shard)
 	}
 	id := newID(tenant, nj.IdempotencyKey)
 	if nj.IdempotencyKey != "" {
 		if r, err := s.Get(ctx, tenant, id); err == nil {
-			return s.replayed(ctx, r)
+			return s.store.replayed(ctx, r)
 		}
 	}
 	depth, err := s.Depth(ctx, tenant)
@@ -203,7 +203,7 @@ func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bo
 	}
 	if depth >= s.cfg.MaxQueued {
 		s.m.rejected.Inc()
-		return Run{}, false, &queueFullError{depth: depth, max: s.cfg.MaxQueued, retry: s.retryAfter(depth)}
+		return Run{}, false, &queueFullError{depth: depth, max: s.cfg.MaxQueued, retry: s.store.retryAfter(depth)}
 	}
 	r := Run{ID: id, Tenant: tenant, Type: nj.Type, Payload: nj.Payload, Instance: nj.Instance,
 		Status: StatusPending, CreatedAt: now, Schedule: nj.schedule}
@@ -216,17 +216,17 @@ func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bo
 	}
 	b, _ := json.Marshal(r)
 	var rev uint64
-	err = s.whileUnavailable(ctx, func(octx context.Context) (err error) {
-		rev, err = s.runs.Create(octx, runKey(tenant, id), b)
+	err = s.cfg.whileUnavailable(ctx, func(octx context.Context) (err error) {
+		rev, err = s.store.runs.Create(octx, runKey(tenant, id), b)
 		return err
 	}, "recording a job", "tenant", tenant, "job", id)
 	if errors.Is(err, jetstream.ErrKeyExists) {
-		got, gerr := s.getLatest(ctx, tenant, id) // it exists: a replica may not have it yet
+		got, gerr := s.store.getLatest(ctx, tenant, id) // it exists: a replica may not have it yet
 		if gerr != nil {
 			return Run{}, false, gerr
 		}
 		if !got.CreatedAt.Equal(r.CreatedAt) || got.Status != StatusPending || got.Attempts != 0 {
-			return s.replayed(ctx, got)
+			return s.store.replayed(ctx, got)
 		}
 		rev, err = got.rev, nil // our own create, whose answer was lost: carry on
 	}
@@ -234,12 +234,12 @@ func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bo
 		return Run{}, false, fmt.Errorf("runner: record job %s: %w", id, err)
 	}
 	r.rev = rev
-	seq, err := s.enqueue(ctx, r)
+	seq, err := s.store.enqueue(ctx, r)
 	if err != nil {
 		if nj.IdempotencyKey == "" {
 			// The client cannot retry this job: remove the run so it does not wait for ever.
 			// (If the entry was stored after all, its claim finds no run and drops it.)
-			_ = s.runs.Delete(context.WithoutCancel(ctx), runKey(tenant, id), jetstream.LastRevision(rev))
+			_ = s.store.runs.Delete(context.WithoutCancel(ctx), runKey(tenant, id), jetstream.LastRevision(rev))
 		}
 		// With a key the run stays: the retry the client is told to make enqueues it.
 		return Run{}, false, err
@@ -249,10 +249,17 @@ func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bo
 	return r, true, nil
 }
 
+// runStore keeps the run records (tm_runner_runs) and the queue entries (TM_JOBS): what a
+// create writes, and the reads a claim must make from the stream leader.
+type runStore struct {
+	s    *Service
+	runs jetstream.KeyValue
+}
+
 // enqueue puts the run's entry on its queue. The message id makes a repeat within the
 // stream's duplicate window a no-op; a later repeat is a second entry, which the claim of
 // whichever comes second finds finished and drops.
-func (s *Service) enqueue(ctx context.Context, r Run) (uint64, error) {
+func (q *runStore) enqueue(ctx context.Context, r Run) (uint64, error) {
 	subj := anySubject(r.Tenant)
 	if r.Instance != "" {
 		subj = pinSubject(r.Tenant, r.Instance)
@@ -261,8 +268,8 @@ func (s *Service) enqueue(ctx context.Context, r Run) (uint64, error) {
 	msg := &nats.Msg{Subject: subj, Data: qb, Header: nats.Header{}}
 	tracing.Inject(ctx, msg.Header)
 	var ack *jetstream.PubAck
-	err := s.whileUnavailable(ctx, func(octx context.Context) (err error) {
-		ack, err = s.js.PublishMsg(octx, msg, jetstream.WithMsgID(r.Tenant+":"+r.ID))
+	err := q.s.cfg.whileUnavailable(ctx, func(octx context.Context) (err error) {
+		ack, err = q.s.js.PublishMsg(octx, msg, jetstream.WithMsgID(r.Tenant+":"+r.ID))
 		return err
 	}, "enqueueing a job", "tenant", r.Tenant, "job", r.ID)
 	if err != nil {
@@ -273,9 +280,9 @@ func (s *Service) enqueue(ctx context.Context, r Run) (uint64, error) {
 
 // replayed answers a create whose idempotency key was used before: the first run. A run still
 // pending is enqueued again, in case the first create failed after recording it.
-func (s *Service) replayed(ctx context.Context, r Run) (Run, bool, error) {
+func (q *runStore) replayed(ctx context.Context, r Run) (Run, bool, error) {
 	if r.Status == StatusPending && r.Attempts == 0 {
-		if _, err := s.enqueue(ctx, r); err != nil {
+		if _, err := q.enqueue(ctx, r); err != nil {
 			return Run{}, false, err
 		}
 	}
@@ -286,7 +293,7 @@ func (s *Service) replayed(ctx context.Context, r Run) (Run, bool, error) {
 // Finished jobs leave the queue, so this is the count of messages on its queue subjects.
 func (s *Service) Depth(ctx context.Context, tenant string) (int, error) {
 	var info *jetstream.StreamInfo
-	err := s.whileUnavailable(ctx, func(octx context.Context) (err error) {
+	err := s.cfg.whileUnavailable(ctx, func(octx context.Context) (err error) {
 		info, err = s.jobs.Info(octx, jetstream.WithSubjectFilter(schema.TenantJobs(tenant)))
 		return err
 	}, "reading a queue's depth", "tenant", tenant)
@@ -309,8 +316,8 @@ func (s *Service) Get(ctx context.Context, tenant, id string) (Run, error) {
 		return Run{}, fmt.Errorf("%w: %q", ErrNoJob, id)
 	}
 	var e jetstream.KeyValueEntry
-	err := s.whileUnavailable(ctx, func(octx context.Context) (err error) {
-		e, err = s.runs.Get(octx, runKey(tenant, id))
+	err := s.cfg.whileUnavailable(ctx, func(octx context.Context) (err error) {
+		e, err = s.store.runs.Get(octx, runKey(tenant, id))
 		return err
 	}, "reading a job", "tenant", tenant, "job", id)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -335,11 +342,11 @@ func decodeRun(id string, b []byte, rev uint64) (Run, error) {
 // which any replica that is nearly caught up (or a mirror) may answer: it can miss a run
 // created a moment ago, or show an older state of it. A claim decides on what it reads (a
 // missing run drops the queue entry for good), so it reads here.
-func (s *Service) getLatest(ctx context.Context, tenant, id string) (Run, error) {
+func (q *runStore) getLatest(ctx context.Context, tenant, id string) (Run, error) {
 	if !validID(id) {
 		return Run{}, fmt.Errorf("%w: %q", ErrNoJob, id)
 	}
-	b, rev, err := s.st.LeaderGet(ctx, s.runs.Bucket(), runKey(tenant, id))
+	b, rev, err := q.s.st.JS().LeaderGet(ctx, q.runs.Bucket(), runKey(tenant, id))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return Run{}, fmt.Errorf("%w: %s", ErrNoJob, id)
 	}
@@ -367,7 +374,7 @@ func (s *Service) List(ctx context.Context, tenant string, status Status, limit 
 	if status != "" && !status.valid() {
 		return nil, fmt.Errorf("%w: status %q is not one of pending, running, succeeded, failed", ErrBadJob, status)
 	}
-	lister, err := s.runs.ListKeysFiltered(ctx, tenant+".*")
+	lister, err := s.store.runs.ListKeysFiltered(ctx, tenant+".*")
 	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
 		return nil, fmt.Errorf("runner: list jobs: %w", err)
 	}
@@ -400,13 +407,13 @@ func (s *Service) List(ctx context.Context, tenant string, status Status, limit 
 }
 
 // putRun writes r by compare-and-set on its revision. A finished run is kept for Retention.
-func (s *Service) putRun(ctx context.Context, r *Run) error {
+func (q *runStore) putRun(ctx context.Context, r *Run) error {
 	b, _ := json.Marshal(r)
 	var ttl time.Duration
 	if r.Status.done() {
-		ttl = s.cfg.Retention
+		ttl = q.s.cfg.Retention
 	}
-	rev, err := s.st.UpdateKV(ctx, s.runs.Bucket(), runKey(r.Tenant, r.ID), b, r.rev, ttl)
+	rev, err := q.s.st.JS().UpdateKV(ctx, q.runs.Bucket(), runKey(r.Tenant, r.ID), b, r.rev, ttl)
 	if err != nil {
 		return err
 	}
@@ -428,10 +435,10 @@ func (e *queueFullError) Is(target error) bool { return target == ErrQueueFull }
 
 // retryAfter estimates when the tenant's queue drops under its cap: the jobs over it at the
 // tenant's rate, if it has one; else a second. At most a minute.
-func (s *Service) retryAfter(depth int) time.Duration {
+func (q *runStore) retryAfter(depth int) time.Duration {
 	d := time.Second
-	if r := s.cfg.TenantJobsPerMinute; r > 0 {
-		d = max(d, time.Duration(depth-s.cfg.MaxQueued+1)*time.Minute/time.Duration(r))
+	if r := q.s.cfg.TenantJobsPerMinute; r > 0 {
+		d = max(d, time.Duration(depth-q.s.cfg.MaxQueued+1)*time.Minute/time.Duration(r))
 	}
 	return min(d, time.Minute)
 }
@@ -439,14 +446,14 @@ func (s *Service) retryAfter(depth int) time.Duration {
 // knownInstance reports whether instance belongs to this shard: it is in the instance
 // directory (online or not: a job for an offline instance waits for it) or has written its
 // runner status.
-func (s *Service) knownInstance(ctx context.Context, instance string) bool {
-	id := schema.InstanceID{Kind: s.cfg.ID.Kind, Shard: s.cfg.ID.Shard, Instance: instance}
-	if instance == s.cfg.ID.Instance {
+func (q *runStore) knownInstance(ctx context.Context, instance string) bool {
+	id := schema.InstanceID{Kind: q.s.cfg.ID.Kind, Shard: q.s.cfg.ID.Shard, Instance: instance}
+	if instance == q.s.cfg.ID.Instance {
 		return true
 	}
-	if _, err := s.status.Get(ctx, id.Key()); err == nil {
+	if _, err := q.s.board.status.Get(ctx, id.Key()); err == nil {
 		return true
 	}
-	_, err := s.st.Instance(ctx, id)
+	_, err := q.s.st.Instance(ctx, id)
 	return err == nil
 }

@@ -157,7 +157,7 @@ func TestReleaseBound(t *testing.T) {
 		t.Fatalf("run %+v, want succeeded on b at attempt 2", r)
 	}
 	rc.await(t, 1, 5*time.Second)
-	e, err := a.checks.Get(context.Background(), drainKey(tenant))
+	e, err := a.sagas.checks.Get(context.Background(), drainKey(tenant))
 	if err != nil {
 		t.Fatalf("drain record: %v", err)
 	}

@@ -20,7 +20,7 @@ import (
 // with the dedupe key as JetStream message id (a second recording within the stream's
 // duplicate window is dropped by the server), then delivered through deliverOnce, then its
 // outbox entry is removed. Entries left behind (a failed delivery, a crash) are delivered by
-// flushOutbox: at release, and by the next owner when it acquires the tenant.
+// outbox.flush: at release, and by the next owner when it acquires the tenant.
 //
 // deliverOnce guards each delivery with a marker in KV tm_runner_outbox, key = dedupe key:
 //
@@ -53,10 +53,22 @@ type marker struct {
 	Attempts int `json:"attempts,omitempty"`
 }
 
+// outbox records a job's effects before they are delivered and delivers each at most once:
+// a delivery marker in tm_runner_outbox (created only if absent) makes a retried job, a
+// second instance or a new owner skip an effect that was delivered. It also flushes the
+// outboxes of tenants an instance takes over.
+type outbox struct {
+	s         *Service
+	markers   jetstream.KeyValue
+	effects   map[string]Effect // providers by name
+	flushq    []*tenantQ        // tenants whose outbox is to be flushed; under s.mu
+	flushWake chan struct{}
+}
+
 // deliverAll records every request in the outbox, then delivers each once. When a delivery
 // fails for good (a permanent error, or last is set: no attempt follows), the entries are
 // removed: the effects are abandoned with the job, which is marked failed.
-func (s *Service) deliverAll(ctx context.Context, reqs []Request, last bool) (err error) {
+func (o *outbox) deliverAll(ctx context.Context, reqs []Request, last bool) (err error) {
 	seqs := make([]uint64, len(reqs))
 	var trace string
 	if tracing.On() {
@@ -66,7 +78,7 @@ func (s *Service) deliverAll(ctx context.Context, reqs []Request, last bool) (er
 	}
 	for i := range reqs {
 		reqs[i].Trace = trace
-		seq, err := s.record(ctx, reqs[i])
+		seq, err := o.record(ctx, reqs[i])
 		if err != nil {
 			return err
 		}
@@ -75,7 +87,7 @@ func (s *Service) deliverAll(ctx context.Context, reqs []Request, last bool) (er
 	defer func() {
 		if err != nil && (last || errors.Is(err, ErrPermanent)) {
 			for _, seq := range seqs {
-				s.dropEntry(seq)
+				o.s.exec.dropEntry(seq)
 			}
 		}
 	}()
@@ -86,21 +98,21 @@ func (s *Service) deliverAll(ctx context.Context, reqs []Request, last bool) (er
 		// A delivery that started is not cancelled with its run: cutting a request the
 		// receiver may already have acted on would make the next attempt repeat it. It is
 		// bounded by RunTimeout instead.
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RunTimeout)
-		err := s.deliverOnce(dctx, req)
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.s.cfg.RunTimeout)
+		err := o.deliverOnce(dctx, req)
 		cancel()
 		if err != nil {
 			return err
 		}
-		s.dropEntry(seqs[i])
+		o.s.exec.dropEntry(seqs[i])
 	}
 	return nil
 }
 
 // record stores req on the tenant's outbox subject; a duplicate returns the first's sequence,
 // so a try whose answer was lost (a leader election) is simply made again.
-func (s *Service) record(ctx context.Context, req Request) (uint64, error) {
-	if s.effects[req.Effect] == nil {
+func (o *outbox) record(ctx context.Context, req Request) (uint64, error) {
+	if o.effects[req.Effect] == nil {
 		return 0, fmt.Errorf("%w: no effect provider %q", ErrPermanent, req.Effect)
 	}
 	b, err := json.Marshal(req)
@@ -108,8 +120,8 @@ func (s *Service) record(ctx context.Context, req Request) (uint64, error) {
 		return 0, err
 	}
 	var seq uint64
-	err = s.whileUnavailable(ctx, func(octx context.Context) error {
-		ack, err := s.js.PublishMsg(octx, &nats.Msg{Subject: outboxSubject(req.Tenant), Data: b}, jetstream.WithMsgID(req.Key))
+	err = o.s.cfg.whileUnavailable(ctx, func(octx context.Context) error {
+		ack, err := o.s.js.PublishMsg(octx, &nats.Msg{Subject: outboxSubject(req.Tenant), Data: b}, jetstream.WithMsgID(req.Key))
 		if err == nil {
 			seq = ack.Sequence
 		}
@@ -123,11 +135,11 @@ func (s *Service) record(ctx context.Context, req Request) (uint64, error) {
 
 // effectLease is how long a delivering marker is trusted before another instance may take the
 // delivery over: longer than any attempt, whose effects run inside RunTimeout.
-func (s *Service) effectLease() time.Duration { return s.cfg.RunTimeout + 10*time.Second }
+func (o *outbox) effectLease() time.Duration { return o.s.cfg.RunTimeout + 10*time.Second }
 
 // deliverOnce delivers req unless it was delivered before (see the outbox comment above).
-func (s *Service) deliverOnce(ctx context.Context, req Request) error {
-	eff := s.effects[req.Effect]
+func (o *outbox) deliverOnce(ctx context.Context, req Request) error {
+	eff := o.effects[req.Effect]
 	if eff == nil {
 		return fmt.Errorf("%w: no effect provider %q", ErrPermanent, req.Effect)
 	}
@@ -137,12 +149,12 @@ func (s *Service) deliverOnce(ctx context.Context, req Request) error {
 			attribute.String("tm.tenant", req.Tenant), attribute.String("tm.effect", req.Effect), attribute.String("tm.effect.key", req.Key)))
 		defer span.End()
 	}
-	h, err := s.takeMarker(ctx, req.Key, newID("", ""))
+	h, err := o.takeMarker(ctx, req.Key, newID("", ""))
 	if errors.Is(err, errDelivered) {
-		s.m.effects.WithLabelValues(req.Effect, "deduped").Inc()
-		s.mu.Lock()
-		s.totals.Deduped++
-		s.mu.Unlock()
+		o.s.m.effects.WithLabelValues(req.Effect, "deduped").Inc()
+		o.s.mu.Lock()
+		o.s.totals.Deduped++
+		o.s.mu.Unlock()
 		return nil
 	}
 	if err != nil {
@@ -154,26 +166,26 @@ func (s *Service) deliverOnce(ctx context.Context, req Request) error {
 	defer cancel()
 	res, err := eff.Do(ctx, req)
 	if err != nil {
-		s.m.effects.WithLabelValues(req.Effect, "failed").Inc()
-		b, _ := json.Marshal(marker{State: markFailed, By: s.cfg.ID.Instance, Token: h.token, At: time.Now().UTC()})
-		_ = s.whileUnavailable(mctx, func(octx context.Context) error {
-			_, err := s.st.UpdateKV(octx, s.markers.Bucket(), req.Key, b, h.rev, s.cfg.Retention)
+		o.s.m.effects.WithLabelValues(req.Effect, "failed").Inc()
+		b, _ := json.Marshal(marker{State: markFailed, By: o.s.cfg.ID.Instance, Token: h.token, At: time.Now().UTC()})
+		_ = o.s.cfg.whileUnavailable(mctx, func(octx context.Context) error {
+			_, err := o.s.st.JS().UpdateKV(octx, o.markers.Bucket(), req.Key, b, h.rev, o.s.cfg.Retention)
 			return err
 		}, "freeing an effect's marker", "key", req.Key)
 		return fmt.Errorf("effect %s (%s): %w", req.Key, req.Effect, err)
 	}
-	s.m.effects.WithLabelValues(req.Effect, "delivered").Inc()
-	s.mu.Lock()
-	s.totals.Effects++
-	s.mu.Unlock()
-	b, _ := json.Marshal(marker{State: markDelivered, By: s.cfg.ID.Instance, Token: h.token, At: time.Now().UTC(), Attempts: res.Attempts})
-	err = s.whileUnavailable(mctx, func(octx context.Context) error {
-		_, err := s.st.UpdateKV(octx, s.markers.Bucket(), req.Key, b, h.rev, s.cfg.Retention)
+	o.s.m.effects.WithLabelValues(req.Effect, "delivered").Inc()
+	o.s.mu.Lock()
+	o.s.totals.Effects++
+	o.s.mu.Unlock()
+	b, _ := json.Marshal(marker{State: markDelivered, By: o.s.cfg.ID.Instance, Token: h.token, At: time.Now().UTC(), Attempts: res.Attempts})
+	err = o.s.cfg.whileUnavailable(mctx, func(octx context.Context) error {
+		_, err := o.s.st.JS().UpdateKV(octx, o.markers.Bucket(), req.Key, b, h.rev, o.s.cfg.Retention)
 		if schema.IsConflict(err) {
 			// Stored by an earlier try whose answer was lost? Ask the leader: a replica may
 			// not have it yet.
 			var m marker
-			if b, _, gerr := s.st.LeaderGet(octx, s.markers.Bucket(), req.Key); gerr == nil &&
+			if b, _, gerr := o.s.st.JS().LeaderGet(octx, o.markers.Bucket(), req.Key); gerr == nil &&
 				json.Unmarshal(b, &m) == nil && m.Token == h.token && m.State == markDelivered {
 				return nil
 			}
@@ -183,7 +195,7 @@ func (s *Service) deliverOnce(ctx context.Context, req Request) error {
 	if err != nil {
 		// Delivered, but the marker says otherwise: a later attempt may repeat the effect
 		// (with the same Idempotency-Key). Say so loudly.
-		s.cfg.Logger.Error("effect delivered but its marker was not written", "key", req.Key, "err", err)
+		o.s.cfg.Logger.Error("effect delivered but its marker was not written", "key", req.Key, "err", err)
 	}
 	return nil
 }
@@ -199,8 +211,8 @@ type held struct {
 }
 
 // readMarker reads key's marker; a corrupt one reads as an expired lease.
-func (s *Service) readMarker(ctx context.Context, key string) (marker, uint64, error) {
-	e, err := s.markers.Get(ctx, key)
+func (o *outbox) readMarker(ctx context.Context, key string) (marker, uint64, error) {
+	e, err := o.markers.Get(ctx, key)
 	if err != nil {
 		return marker{}, 0, err
 	}
@@ -215,22 +227,22 @@ func (s *Service) readMarker(ctx context.Context, key string) (marker, uint64, e
 // another live deliverer holds the key. Each NATS call is tried again while NATS is
 // unavailable; a create or takeover whose answer was lost shows up, on the next read, as a
 // marker carrying token, unique to this call.
-func (s *Service) takeMarker(ctx context.Context, key, token string) (held, error) {
+func (o *outbox) takeMarker(ctx context.Context, key, token string) (held, error) {
 	pause := 10 * time.Millisecond
 	for {
 		var m marker
 		var rev uint64
-		err := s.whileUnavailable(ctx, func(octx context.Context) (err error) {
-			m, rev, err = s.readMarker(octx, key)
+		err := o.s.cfg.whileUnavailable(ctx, func(octx context.Context) (err error) {
+			m, rev, err = o.readMarker(octx, key)
 			return err
 		}, "reading an effect's marker", "key", key)
 		now := time.Now().UTC()
-		h := held{token: token, until: now.Add(s.effectLease())}
-		mine, _ := json.Marshal(marker{State: markDelivering, By: s.cfg.ID.Instance, Token: token, At: now, Until: h.until})
+		h := held{token: token, until: now.Add(o.effectLease())}
+		mine, _ := json.Marshal(marker{State: markDelivering, By: o.s.cfg.ID.Instance, Token: token, At: now, Until: h.until})
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
-			err = s.whileUnavailable(ctx, func(octx context.Context) (err error) {
-				h.rev, err = s.markers.Create(octx, key, mine)
+			err = o.s.cfg.whileUnavailable(ctx, func(octx context.Context) (err error) {
+				h.rev, err = o.markers.Create(octx, key, mine)
 				return err
 			}, "taking an effect's marker", "key", key)
 		case err != nil:
@@ -240,12 +252,12 @@ func (s *Service) takeMarker(ctx context.Context, key, token string) (held, erro
 		case m.State == markDelivered:
 			return held{}, errDelivered
 		case m.State == markFailed || m.Until.Before(now):
-			err = s.whileUnavailable(ctx, func(octx context.Context) (err error) {
-				h.rev, err = s.markers.Update(octx, key, mine, rev)
+			err = o.s.cfg.whileUnavailable(ctx, func(octx context.Context) (err error) {
+				h.rev, err = o.markers.Update(octx, key, mine, rev)
 				return err
 			}, "taking over an effect's marker", "key", key)
 			if err == nil && m.State != markFailed {
-				s.cfg.Logger.Warn("taking over an effect whose deliverer's lease ran out; the receiver may see it twice", "key", key, "was", m.By)
+				o.s.cfg.Logger.Warn("taking over an effect whose deliverer's lease ran out; the receiver may see it twice", "key", key, "was", m.By)
 			}
 		default:
 			err = errHeld // another deliverer is at work
@@ -270,15 +282,15 @@ func (s *Service) takeMarker(ctx context.Context, key, token string) (held, erro
 
 var errHeld = errors.New("held by another deliverer")
 
-// flushOutbox delivers every entry left in the tenant's outbox and removes it. It returns the
+// flush delivers every entry left in the tenant's outbox and removes it. It returns the
 // number of entries it handled.
-func (s *Service) flushOutbox(ctx context.Context, tenant string) (int, error) {
+func (o *outbox) flush(ctx context.Context, tenant string) (int, error) {
 	n := 0
 	var seq uint64 = 1
 	for {
 		var m *jetstream.RawStreamMsg
-		err := s.whileUnavailable(ctx, func(octx context.Context) (err error) {
-			m, err = s.jobs.GetMsg(octx, seq, jetstream.WithGetMsgSubject(outboxSubject(tenant)))
+		err := o.s.cfg.whileUnavailable(ctx, func(octx context.Context) (err error) {
+			m, err = o.s.jobs.GetMsg(octx, seq, jetstream.WithGetMsgSubject(outboxSubject(tenant)))
 			return err
 		}, "reading the outbox", "tenant", tenant)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -290,22 +302,22 @@ func (s *Service) flushOutbox(ctx context.Context, tenant string) (int, error) {
 		seq = m.Sequence + 1
 		var req Request
 		if err := json.Unmarshal(m.Data, &req); err != nil || req.Tenant != tenant {
-			s.cfg.Logger.Warn("dropping a corrupt outbox entry", "tenant", tenant, "seq", m.Sequence)
-			s.dropEntry(m.Sequence)
+			o.s.cfg.Logger.Warn("dropping a corrupt outbox entry", "tenant", tenant, "seq", m.Sequence)
+			o.s.exec.dropEntry(m.Sequence)
 			continue
 		}
-		dctx, cancel := context.WithTimeout(ctx, s.cfg.RunTimeout)
-		err = s.deliverOnce(dctx, req)
+		dctx, cancel := context.WithTimeout(ctx, o.s.cfg.RunTimeout)
+		err = o.deliverOnce(dctx, req)
 		cancel()
 		if err != nil {
 			if errors.Is(err, ErrPermanent) {
-				s.cfg.Logger.Warn("dropping an effect that cannot be delivered", "key", req.Key, "err", err)
-				s.dropEntry(m.Sequence)
+				o.s.cfg.Logger.Warn("dropping an effect that cannot be delivered", "key", req.Key, "err", err)
+				o.s.exec.dropEntry(m.Sequence)
 				continue
 			}
 			return n, err
 		}
-		s.dropEntry(m.Sequence)
+		o.s.exec.dropEntry(m.Sequence)
 		n++
 	}
 }

@@ -130,7 +130,7 @@ func TestLostRunWriteRecognised(t *testing.T) {
 	ctx := context.Background()
 	ids := create(t, s, "acme", 2, NewJob{Type: "log"})
 	claimed := func(id, by string) Run {
-		r, err := s.getLatest(ctx, "acme", id)
+		r, err := s.store.getLatest(ctx, "acme", id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -141,18 +141,18 @@ func TestLostRunWriteRecognised(t *testing.T) {
 	// Ours landed though its answer was lost: the try again (on the old revision) succeeds.
 	ours := claimed(ids[0], "a")
 	landed := ours
-	if err := s.putRun(ctx, &landed); err != nil {
+	if err := s.store.putRun(ctx, &landed); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.putRunRetrying(ctx, &ours, "test"); err != nil || ours.rev != landed.rev {
+	if err := s.exec.putRunRetrying(ctx, &ours, "test"); err != nil || ours.rev != landed.rev {
 		t.Fatalf("retrying a write that landed: %v (revision %d, want %d)", err, ours.rev, landed.rev)
 	}
 	// A sibling's claim landed first: ours conflicts.
 	sibling, mine := claimed(ids[1], "b"), claimed(ids[1], "a")
-	if err := s.putRun(ctx, &sibling); err != nil {
+	if err := s.store.putRun(ctx, &sibling); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.putRunRetrying(ctx, &mine, "test"); !schema.IsConflict(err) {
+	if err := s.exec.putRunRetrying(ctx, &mine, "test"); !schema.IsConflict(err) {
 		t.Fatalf("claiming a job a sibling claimed first: %v, want a conflict", err)
 	}
 }

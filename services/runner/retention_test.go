@@ -24,15 +24,15 @@ func TestFinishedRunsExpire(t *testing.T) {
 		t.Fatalf("run %+v, want succeeded with one effect", r)
 	}
 	ctx := context.Background()
-	if _, err := s.markers.Get(ctx, r.Effects[0]); err != nil {
+	if _, err := s.outbox.markers.Get(ctx, r.Effects[0]); err != nil {
 		t.Fatalf("the effect's marker right after the run: %v", err)
 	}
 	waitUntil(t, 10*time.Second, "the finished run and its marker removed", func() bool {
 		_, err := s.Get(ctx, "acme", r.ID)
-		_, merr := s.markers.Get(ctx, r.Effects[0])
+		_, merr := s.outbox.markers.Get(ctx, r.Effects[0])
 		return errors.Is(err, ErrNoJob) && errors.Is(merr, jetstream.ErrKeyNotFound)
 	})
-	if w, err := s.getLatest(ctx, "initech", waiting[0]); err != nil || w.Status != StatusPending {
+	if w, err := s.store.getLatest(ctx, "initech", waiting[0]); err != nil || w.Status != StatusPending {
 		t.Fatalf("the unfinished run: %+v %v, want it pending still", w, err)
 	}
 }

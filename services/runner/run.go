@@ -17,35 +17,39 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
+// executor claims a tenant's next job, runs the attempt with its effects, and records the
+// outcome; the dispatcher (sched.go) decides which tenant goes next.
+type executor struct{ s *Service }
+
 // claimAndRun claims the entry's job and runs it, or gives the slot and the tokens back.
-func (s *Service) claimAndRun(ctx context.Context, tq *tenantQ, msg *jetstream.RawStreamMsg) {
-	r, err := s.claim(ctx, tq, msg)
+func (x *executor) claimAndRun(ctx context.Context, tq *tenantQ, msg *jetstream.RawStreamMsg) {
+	r, err := x.claim(ctx, tq, msg)
 	if err != nil && ctx.Err() == nil {
-		s.cfg.Logger.Warn("claiming job", "tenant", tq.tenant, "seq", msg.Sequence, "err", err)
-		s.rescanAt(tq, msg.Sequence, time.Now().Add(time.Second))
+		x.s.cfg.Logger.Warn("claiming job", "tenant", tq.tenant, "seq", msg.Sequence, "err", err)
+		x.s.rescanAt(tq, msg.Sequence, time.Now().Add(time.Second))
 	}
 	if r == nil {
-		s.mu.Lock()
-		if s.instRate != nil {
-			s.instRate.refund()
+		x.s.mu.Lock()
+		if x.s.instRate != nil {
+			x.s.instRate.refund()
 		}
 		if tq.rate != nil {
 			tq.rate.refund()
 		}
-		s.mu.Unlock()
-		s.done(tq)
+		x.s.mu.Unlock()
+		x.done(tq)
 		return
 	}
-	s.mu.Lock()
+	x.s.mu.Lock()
 	released := tq.released || !tq.acquired
 	if !released {
-		s.totals.Started++
+		x.s.totals.Started++
 	}
-	s.mu.Unlock()
+	x.s.mu.Unlock()
 	if released {
 		// Released while we claimed: give the job back untouched for the next owner.
-		s.unclaim(r)
-		s.done(tq)
+		x.unclaim(r)
+		x.done(tq)
 		return
 	}
 	if h := nats.Header(msg.Header); tracing.Traced(h) {
@@ -54,7 +58,7 @@ func (s *Service) claimAndRun(ctx context.Context, tq *tenantQ, msg *jetstream.R
 			attribute.String("tm.tenant", r.Tenant), attribute.String("tm.job", r.ID), attribute.String("tm.job.type", r.Type)))
 		defer span.End()
 	}
-	s.execute(ctx, tq, r, msg.Sequence)
+	x.execute(ctx, tq, r, msg.Sequence)
 }
 
 // tracer makes the runner's spans: job.run for a job created in a sampled trace, and
@@ -62,65 +66,65 @@ func (s *Service) claimAndRun(ctx context.Context, tq *tenantQ, msg *jetstream.R
 var tracer = otel.Tracer("github.com/tenantmesh/tenantmesh/services/runner")
 
 // done frees a slot of tenant tq.
-func (s *Service) done(tq *tenantQ) {
-	s.mu.Lock()
-	s.running--
+func (x *executor) done(tq *tenantQ) {
+	x.s.mu.Lock()
+	x.s.running--
 	tq.inflight--
-	s.mu.Unlock()
+	x.s.mu.Unlock()
 	tq.work.Done()
 	select {
 	case tq.idle <- struct{}{}:
 	default:
 	}
-	nudge(s.wake)
+	nudge(x.s.wake)
 }
 
 // claim takes the job of a queue entry if it can run now: pending and due, or running on a
 // lease that ran out. The compare-and-set on the run record makes one claimant win. The run is
 // read from the leader (getLatest): a direct get may miss a run just created, and a missing
 // run drops the entry.
-func (s *Service) claim(ctx context.Context, tq *tenantQ, msg *jetstream.RawStreamMsg) (*Run, error) {
+func (x *executor) claim(ctx context.Context, tq *tenantQ, msg *jetstream.RawStreamMsg) (*Run, error) {
 	var qe queueEntry
 	if err := json.Unmarshal(msg.Data, &qe); err != nil || !validID(qe.ID) {
-		s.dropEntry(msg.Sequence)
+		x.dropEntry(msg.Sequence)
 		return nil, fmt.Errorf("corrupt queue entry %d dropped", msg.Sequence)
 	}
-	gctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
-	r, err := s.getLatest(gctx, tq.tenant, qe.ID)
+	gctx, cancel := context.WithTimeout(ctx, x.s.cfg.OpTimeout)
+	r, err := x.s.store.getLatest(gctx, tq.tenant, qe.ID)
 	cancel()
 	if errors.Is(err, ErrNoJob) {
-		s.dropEntry(msg.Sequence)
+		x.dropEntry(msg.Sequence)
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	if r.Instance != "" && r.Instance != s.cfg.ID.Instance {
+	if r.Instance != "" && r.Instance != x.s.cfg.ID.Instance {
 		return nil, nil // pinned elsewhere (never on our subjects, but be sure)
 	}
 	now := time.Now().UTC()
 	switch r.Status {
 	case StatusSucceeded, StatusFailed:
-		s.dropEntry(msg.Sequence) // finished; its owner died before removing the entry
+		x.dropEntry(msg.Sequence) // finished; its owner died before removing the entry
 		return nil, nil
 	case StatusPending:
 		if r.NotBefore != nil && r.NotBefore.After(now) {
-			s.rescanAt(tq, msg.Sequence, *r.NotBefore)
+			x.s.rescanAt(tq, msg.Sequence, *r.NotBefore)
 			return nil, nil
 		}
 	case StatusRunning:
 		if r.LeaseUntil != nil && r.LeaseUntil.After(now) {
-			s.rescanAt(tq, msg.Sequence, *r.LeaseUntil)
+			x.s.rescanAt(tq, msg.Sequence, *r.LeaseUntil)
 			return nil, nil
 		}
-		s.cfg.Logger.Info("taking over a job whose lease ran out", "tenant", r.Tenant, "job", r.ID, "ran_on", r.RanOn)
+		x.s.cfg.Logger.Info("taking over a job whose lease ran out", "tenant", r.Tenant, "job", r.ID, "ran_on", r.RanOn)
 	}
-	lease := now.Add(s.cfg.RunTimeout + 5*time.Second)
-	r.Status, r.Attempts, r.RanOn = StatusRunning, r.Attempts+1, s.cfg.ID.Instance
+	lease := now.Add(x.s.cfg.RunTimeout + 5*time.Second)
+	r.Status, r.Attempts, r.RanOn = StatusRunning, r.Attempts+1, x.s.cfg.ID.Instance
 	r.StartedAt, r.LeaseUntil, r.NotBefore, r.Seq = &now, &lease, nil, msg.Sequence
 	cctx, cancel := context.WithDeadline(ctx, lease)
 	defer cancel()
-	if err := s.putRunRetrying(cctx, &r, "claiming a job"); err != nil {
+	if err := x.putRunRetrying(cctx, &r, "claiming a job"); err != nil {
 		if schema.IsConflict(err) {
 			return nil, nil // a sibling claimed it first
 		}
@@ -134,11 +138,11 @@ func (s *Service) claim(ctx context.Context, tq *tenantQ, msg *jetstream.RawStre
 // next try conflict; that must not be taken for another instance's write (a claim nobody runs
 // would wait out its lease, an outcome would leave its queue entry), so a conflict reads the
 // run back: the same attempt by us in the same status is our write.
-func (s *Service) putRunRetrying(ctx context.Context, r *Run, what string) error {
-	return s.whileUnavailable(ctx, func(octx context.Context) error {
-		err := s.putRun(octx, r)
+func (x *executor) putRunRetrying(ctx context.Context, r *Run, what string) error {
+	return x.s.cfg.whileUnavailable(ctx, func(octx context.Context) error {
+		err := x.s.store.putRun(octx, r)
 		if schema.IsConflict(err) {
-			cur, gerr := s.getLatest(octx, r.Tenant, r.ID)
+			cur, gerr := x.s.store.getLatest(octx, r.Tenant, r.ID)
 			if schema.IsUnavailable(gerr) {
 				return gerr // read it back on the next try
 			}
@@ -153,40 +157,40 @@ func (s *Service) putRunRetrying(ctx context.Context, r *Run, what string) error
 }
 
 // unclaim returns a claimed, not started job to pending.
-func (s *Service) unclaim(r *Run) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
+func (x *executor) unclaim(r *Run) {
+	ctx, cancel := context.WithTimeout(context.Background(), x.s.cfg.OpTimeout)
 	defer cancel()
 	r.Status, r.Attempts, r.LeaseUntil, r.StartedAt = StatusPending, r.Attempts-1, nil, nil
-	if err := s.putRun(ctx, r); err != nil {
-		s.cfg.Logger.Warn("giving back a job", "tenant", r.Tenant, "job", r.ID, "err", err)
+	if err := x.s.store.putRun(ctx, r); err != nil {
+		x.s.cfg.Logger.Warn("giving back a job", "tenant", r.Tenant, "job", r.ID, "err", err)
 	}
 }
 
-func (s *Service) dropEntry(seq uint64) {
+func (x *executor) dropEntry(seq uint64) {
 	// Bounded like a try: a run waits for it (and a drain waits for the run). An entry left
 	// behind is dropped by the next claim, which finds its run finished.
-	ctx, cancel := context.WithTimeout(context.Background(), min(s.cfg.OpTimeout, tryTimeout))
+	ctx, cancel := context.WithTimeout(context.Background(), min(x.s.cfg.OpTimeout, tryTimeout))
 	defer cancel()
 	// Removing an entry twice (a flush and the run racing) fails harmlessly: log at debug.
-	if err := s.jobs.DeleteMsg(ctx, seq); err != nil {
-		s.cfg.Logger.Debug("removing queue entry", "seq", seq, "err", err)
+	if err := x.s.jobs.DeleteMsg(ctx, seq); err != nil {
+		x.s.cfg.Logger.Debug("removing queue entry", "seq", seq, "err", err)
 	}
 }
 
 // execute runs one attempt and records its outcome.
-func (s *Service) execute(ctx context.Context, tq *tenantQ, r *Run, seq uint64) {
+func (x *executor) execute(ctx context.Context, tq *tenantQ, r *Run, seq uint64) {
 	start := time.Now()
-	rctx, cancel := context.WithTimeout(ctx, s.cfg.RunTimeout)
-	out, err := s.attempt(rctx, r)
+	rctx, cancel := context.WithTimeout(ctx, x.s.cfg.RunTimeout)
+	out, err := x.attempt(rctx, r)
 	cancel()
-	s.m.runSeconds.Observe(time.Since(start).Seconds())
-	s.finish(ctx, tq, r, seq, out, err)
-	s.done(tq)
+	x.s.m.runSeconds.Observe(time.Since(start).Seconds())
+	x.finish(ctx, tq, r, seq, out, err)
+	x.done(tq)
 }
 
 // attempt runs the job's handler, records its effects in the outbox and delivers them.
-func (s *Service) attempt(ctx context.Context, r *Run) (Output, error) {
-	h := s.handlers[r.Type]
+func (x *executor) attempt(ctx context.Context, r *Run) (Output, error) {
+	h := x.s.handlers[r.Type]
 	if h == nil {
 		return Output{}, fmt.Errorf("%w %q", ErrUnknownType, r.Type)
 	}
@@ -200,7 +204,7 @@ func (s *Service) attempt(ctx context.Context, r *Run) (Output, error) {
 		e.Tenant = r.Tenant
 		reqs[i] = e
 	}
-	if err := s.deliverAll(ctx, reqs, r.Attempts >= s.cfg.MaxAttempts); err != nil {
+	if err := x.s.outbox.deliverAll(ctx, reqs, r.Attempts >= x.s.cfg.MaxAttempts); err != nil {
 		return out, err
 	}
 	for _, e := range reqs {
@@ -214,10 +218,10 @@ func (s *Service) attempt(ctx context.Context, r *Run) (Output, error) {
 // out before anyone took it up again. The first try is made even if ctx has ended (a drain
 // cancelled the run). A conflict means the lease ran out and another instance took the job
 // over: its outcome wins.
-func (s *Service) recordOutcome(ctx context.Context, r *Run, until time.Time) error {
+func (x *executor) recordOutcome(ctx context.Context, r *Run, until time.Time) error {
 	ctx, cancel := context.WithDeadline(ctx, until)
 	defer cancel()
-	return s.putRunRetrying(ctx, r, "recording job outcome")
+	return x.putRunRetrying(ctx, r, "recording job outcome")
 }
 
 // whileUnavailable runs op, and again after a short wait while it fails because NATS is
@@ -226,16 +230,16 @@ func (s *Service) recordOutcome(ctx context.Context, r *Run, until time.Time) er
 // was lost in an election would otherwise hold the caller for all of ctx's time (a run's 30 s;
 // and a drain at handoff waits for its runs). op must be safe to repeat: its first try may
 // have been stored though its answer was lost.
-func (s *Service) whileUnavailable(ctx context.Context, op func(context.Context) error, what string, attrs ...any) error {
+func (c Config) whileUnavailable(ctx context.Context, op func(context.Context) error, what string, attrs ...any) error {
 	wait := 100 * time.Millisecond
 	for {
-		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(s.cfg.OpTimeout, tryTimeout))
+		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(c.OpTimeout, tryTimeout))
 		err := op(octx)
 		cancel()
 		if err == nil || !schema.IsUnavailable(err) || ctx.Err() != nil {
 			return err
 		}
-		s.cfg.Logger.Info(what+": NATS unavailable, trying again", append(attrs, "err", err)...)
+		c.Logger.Info(what+": NATS unavailable, trying again", append(attrs, "err", err)...)
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
@@ -253,9 +257,9 @@ func (s *Service) whileUnavailable(ctx context.Context, op func(context.Context)
 const tryTimeout = 1500 * time.Millisecond
 
 // finish writes the attempt's outcome: succeeded, failed, or pending again after a backoff.
-func (s *Service) finish(ctx context.Context, tq *tenantQ, r *Run, seq uint64, out Output, err error) {
+func (x *executor) finish(ctx context.Context, tq *tenantQ, r *Run, seq uint64, out Output, err error) {
 	now := time.Now().UTC()
-	until := now.Add(s.cfg.OpTimeout) // how long to keep trying: while the lease is ours
+	until := now.Add(x.s.cfg.OpTimeout) // how long to keep trying: while the lease is ours
 	if r.LeaseUntil != nil && r.LeaseUntil.After(until) {
 		until = *r.LeaseUntil
 	}
@@ -264,32 +268,32 @@ func (s *Service) finish(ctx context.Context, tq *tenantQ, r *Run, seq uint64, o
 	switch {
 	case err == nil:
 		r.Status, r.Result, r.Error, r.FinishedAt = StatusSucceeded, out.Result, "", &now
-	case errors.Is(err, ErrPermanent) || r.Attempts >= s.cfg.MaxAttempts:
+	case errors.Is(err, ErrPermanent) || r.Attempts >= x.s.cfg.MaxAttempts:
 		r.Status, r.Error, r.FinishedAt = StatusFailed, err.Error(), &now
 	default:
-		retryAt = now.Add(min(s.cfg.RetryBackoff<<(r.Attempts-1), time.Minute))
+		retryAt = now.Add(min(x.s.cfg.RetryBackoff<<(r.Attempts-1), time.Minute))
 		r.Status, r.Error, r.NotBefore = StatusPending, err.Error(), &retryAt
 	}
-	if perr := s.recordOutcome(ctx, r, until); perr != nil {
-		s.cfg.Logger.Warn("recording job outcome", "tenant", r.Tenant, "job", r.ID, "err", perr)
+	if perr := x.recordOutcome(ctx, r, until); perr != nil {
+		x.s.cfg.Logger.Warn("recording job outcome", "tenant", r.Tenant, "job", r.ID, "err", perr)
 		return
 	}
-	s.mu.Lock()
+	x.s.mu.Lock()
 	switch r.Status {
 	case StatusSucceeded:
-		s.totals.Succeeded++
+		x.s.totals.Succeeded++
 	case StatusFailed:
-		s.totals.Failed++
+		x.s.totals.Failed++
 	default:
-		s.totals.Retried++
+		x.s.totals.Retried++
 	}
-	s.mu.Unlock()
-	s.m.finished.WithLabelValues(string(r.Status)).Inc()
+	x.s.mu.Unlock()
+	x.s.m.finished.WithLabelValues(string(r.Status)).Inc()
 	if r.Status.done() {
-		s.dropEntry(seq)
+		x.dropEntry(seq)
 		return
 	}
-	s.rescanAt(tq, seq, retryAt)
+	x.s.rescanAt(tq, seq, retryAt)
 }
 
 // Release stops acquiring the tenant, waits for its runs in flight (within DrainTimeout, then
@@ -308,17 +312,17 @@ func (s *Service) Release(ctx context.Context, tenant string) error {
 	s.unsubscribe(tq)
 	bound, cancel := context.WithTimeout(ctx, s.cfg.DrainTimeout)
 	defer cancel()
-	left := s.waitIdle(bound, tq)
+	left := s.exec.waitIdle(bound, tq)
 	if left > 0 {
 		s.cfg.Logger.Warn("drain bound reached: cancelling runs", "tenant", tenant, "in_flight", left)
 		cancelRuns()
 	}
 	tq.work.Wait()
-	flushed, err := s.flushOutbox(ctx, tenant)
+	flushed, err := s.outbox.flush(ctx, tenant)
 	if err != nil {
 		return fmt.Errorf("runner: release %s: flush outbox: %w", tenant, err)
 	}
-	if err := s.writeDrainRecord(ctx, tenant, left, flushed); err != nil {
+	if err := s.sagas.writeDrainRecord(ctx, tenant, left, flushed); err != nil {
 		return err
 	}
 	s.cfg.Logger.Info("tenant released", "tenant", tenant, "cancelled", left, "outbox_flushed", flushed)
@@ -326,11 +330,11 @@ func (s *Service) Release(ctx context.Context, tenant string) error {
 }
 
 // waitIdle waits until the tenant has no run in flight or ctx ends; it returns the runs left.
-func (s *Service) waitIdle(ctx context.Context, tq *tenantQ) int {
+func (x *executor) waitIdle(ctx context.Context, tq *tenantQ) int {
 	for {
-		s.mu.Lock()
+		x.s.mu.Lock()
 		n := tq.inflight
-		s.mu.Unlock()
+		x.s.mu.Unlock()
 		if n == 0 {
 			return 0
 		}

@@ -390,7 +390,7 @@ func TestFailedDeliveryRetriedByTheNextAttempt(t *testing.T) {
 	if r.Status != StatusSucceeded || r.Attempts != 2 || counts[key] != 1 {
 		t.Fatalf("run %+v, deliveries %v: want succeeded at attempt 2, delivered once", r, counts)
 	}
-	m, _, err := s.readMarker(context.Background(), key)
+	m, _, err := s.outbox.readMarker(context.Background(), key)
 	if err != nil || m.State != markDelivered {
 		t.Fatalf("marker %+v %v, want delivered", m, err)
 	}

@@ -81,9 +81,18 @@ type checkpointState struct {
 func sagaKey(tenant string) string  { return "saga." + tenant }
 func drainKey(tenant string) string { return "drain." + tenant }
 
+// sagas run the sagas over the events of the tenants this instance owns, one batch per ready
+// tenant in turn, and keep each tenant's checkpoint.
+type sagas struct {
+	s      *Service
+	checks jetstream.KeyValue // saga checkpoints and drain records per tenant
+	ring   []*tenantQ         // tenants with events for the sagas, round robin; under s.mu
+	wake   chan struct{}      // nudges the saga loop
+}
+
 // checkpoint reads the tenant's saga checkpoint and its revision (0 if none).
-func (s *Service) checkpoint(ctx context.Context, tenant string) (checkpointState, uint64, error) {
-	e, err := s.checks.Get(ctx, sagaKey(tenant))
+func (g *sagas) checkpoint(ctx context.Context, tenant string) (checkpointState, uint64, error) {
+	e, err := g.checks.Get(ctx, sagaKey(tenant))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return checkpointState{}, 0, nil
 	}
@@ -99,61 +108,61 @@ func (s *Service) checkpoint(ctx context.Context, tenant string) (checkpointStat
 
 // Checkpoint is the stream sequence of the last event the tenant's sagas handled.
 func (s *Service) Checkpoint(ctx context.Context, tenant string) (uint64, error) {
-	cp, _, err := s.checkpoint(ctx, tenant)
+	cp, _, err := s.sagas.checkpoint(ctx, tenant)
 	return cp.Seq, err
 }
 
-// markSagaReady puts the tenant in the saga ring if it is acquired and not there yet.
-func (s *Service) markSagaReady(tq *tenantQ) {
-	if len(s.cfg.Sagas) == 0 {
+// markReady puts the tenant in the saga ring if it is acquired and not there yet.
+func (g *sagas) markReady(tq *tenantQ) {
+	if len(g.s.cfg.Sagas) == 0 {
 		return
 	}
-	s.mu.Lock()
+	g.s.mu.Lock()
 	if !tq.sagaReady && tq.acquired && !tq.released {
 		tq.sagaReady = true
-		s.sagaRing = append(s.sagaRing, tq)
+		g.ring = append(g.ring, tq)
 	}
-	s.mu.Unlock()
-	nudge(s.sagaWake)
+	g.s.mu.Unlock()
+	nudge(g.wake)
 }
 
-// sagaLoop feeds ready tenants' new events to the sagas: one batch per tenant in turn (round
+// loop feeds ready tenants' new events to the sagas: one batch per tenant in turn (round
 // robin over the saga ring, so one busy tenant does not hold the others back).
-func (s *Service) sagaLoop(ctx context.Context) {
-	if len(s.cfg.Sagas) == 0 {
+func (g *sagas) loop(ctx context.Context) {
+	if len(g.s.cfg.Sagas) == 0 {
 		return
 	}
 	for {
 		select {
-		case <-s.sagaWake:
+		case <-g.wake:
 		case <-ctx.Done():
 			return
 		}
 		for ctx.Err() == nil {
-			s.mu.Lock()
-			if len(s.sagaRing) == 0 {
-				s.sagaRing = nil
-				s.mu.Unlock()
+			g.s.mu.Lock()
+			if len(g.ring) == 0 {
+				g.ring = nil
+				g.s.mu.Unlock()
 				break
 			}
-			tq := s.sagaRing[0]
-			s.sagaRing[0] = nil
-			s.sagaRing = s.sagaRing[1:]
+			tq := g.ring[0]
+			g.ring[0] = nil
+			g.ring = g.ring[1:]
 			tq.sagaReady = false
 			if !tq.acquired || tq.released {
-				s.mu.Unlock()
+				g.s.mu.Unlock()
 				continue
 			}
 			tq.work.Add(1)
 			tctx := tq.ctx
-			s.mu.Unlock()
-			more, err := s.sagaBatch(tctx, tq)
+			g.s.mu.Unlock()
+			more, err := g.batch(tctx, tq)
 			tq.work.Done()
 			if err != nil && ctx.Err() == nil {
-				s.cfg.Logger.Warn("saga step failed; retrying", "tenant", tq.tenant, "err", err)
-				time.AfterFunc(time.Second, func() { s.markSagaReady(tq) })
+				g.s.cfg.Logger.Warn("saga step failed; retrying", "tenant", tq.tenant, "err", err)
+				time.AfterFunc(time.Second, func() { g.markReady(tq) })
 			} else if more {
-				s.markSagaReady(tq)
+				g.markReady(tq)
 			}
 		}
 	}
@@ -162,11 +171,11 @@ func (s *Service) sagaLoop(ctx context.Context) {
 // sagaBatchSize bounds the events one tenant handles per turn.
 const sagaBatchSize = 128
 
-// sagaBatch handles up to sagaBatchSize of the tenant's events after its checkpoint, then
+// batch handles up to sagaBatchSize of the tenant's events after its checkpoint, then
 // advances the checkpoint (compare-and-set: if a sibling moved it, its progress wins; the
 // effects both recorded are deduplicated). more: the tenant may have further events.
-func (s *Service) sagaBatch(ctx context.Context, tq *tenantQ) (more bool, err error) {
-	cp, rev, err := s.checkpoint(ctx, tq.tenant)
+func (g *sagas) batch(ctx context.Context, tq *tenantQ) (more bool, err error) {
+	cp, rev, err := g.checkpoint(ctx, tq.tenant)
 	if err != nil {
 		return false, err
 	}
@@ -175,36 +184,36 @@ func (s *Service) sagaBatch(ctx context.Context, tq *tenantQ) (more bool, err er
 		if last == cp.Seq {
 			return
 		}
-		b, _ := json.Marshal(checkpointState{Seq: last, At: time.Now().UTC(), By: s.cfg.ID.Instance})
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.OpTimeout)
+		b, _ := json.Marshal(checkpointState{Seq: last, At: time.Now().UTC(), By: g.s.cfg.ID.Instance})
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.s.cfg.OpTimeout)
 		defer cancel()
 		var werr error
 		if rev == 0 {
-			_, werr = s.checks.Create(wctx, sagaKey(tq.tenant), b)
+			_, werr = g.checks.Create(wctx, sagaKey(tq.tenant), b)
 		} else {
-			_, werr = s.checks.Update(wctx, sagaKey(tq.tenant), b, rev)
+			_, werr = g.checks.Update(wctx, sagaKey(tq.tenant), b, rev)
 		}
 		if werr != nil && !schema.IsConflict(werr) && err == nil {
 			err = fmt.Errorf("runner: write checkpoint of %s: %w", tq.tenant, werr)
 		}
 	}()
 	for range sagaBatchSize {
-		s.mu.Lock()
+		g.s.mu.Lock()
 		stop := tq.released || !tq.acquired
-		s.mu.Unlock()
+		g.s.mu.Unlock()
 		if stop {
 			return false, nil
 		}
-		gctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
-		m, gerr := s.events.GetMsg(gctx, last+1, jetstream.WithGetMsgSubject(schema.TenantEvents(tq.tenant)))
+		gctx, cancel := context.WithTimeout(ctx, g.s.cfg.OpTimeout)
+		m, gerr := g.s.events.GetMsg(gctx, last+1, jetstream.WithGetMsgSubject(schema.TenantEvents(tq.tenant)))
 		cancel()
 		if errors.Is(gerr, jetstream.ErrMsgNotFound) {
 			// The event that woke us may not be stored yet (see wakeWindow): look again soon.
-			s.mu.Lock()
+			g.s.mu.Lock()
 			recent := time.Since(tq.sagaWokeAt) < wakeWindow
-			s.mu.Unlock()
+			g.s.mu.Unlock()
 			if recent {
-				time.AfterFunc(20*time.Millisecond, func() { s.markSagaReady(tq) })
+				time.AfterFunc(20*time.Millisecond, func() { g.markReady(tq) })
 			}
 			return false, nil
 		}
@@ -214,7 +223,7 @@ func (s *Service) sagaBatch(ctx context.Context, tq *tenantQ) (more bool, err er
 		var ev ledger.Event
 		if json.Unmarshal(m.Data, &ev) == nil {
 			ev.Seq = m.Sequence
-			for _, sg := range s.cfg.Sagas {
+			for _, sg := range g.s.cfg.Sagas {
 				reqs := sg.Step(ev)
 				for i := range reqs {
 					reqs[i].Key = fmt.Sprintf("%s.saga.%s.%d.%d", tq.tenant, sg.Name(), m.Sequence, i)
@@ -223,18 +232,18 @@ func (s *Service) sagaBatch(ctx context.Context, tq *tenantQ) (more bool, err er
 				if len(reqs) == 0 {
 					continue
 				}
-				dctx, cancel := context.WithTimeout(ctx, s.cfg.RunTimeout)
-				derr := s.deliverAll(dctx, reqs, false)
+				dctx, cancel := context.WithTimeout(ctx, g.s.cfg.RunTimeout)
+				derr := g.s.outbox.deliverAll(dctx, reqs, false)
 				cancel()
 				if derr != nil && !errors.Is(derr, ErrPermanent) {
 					return false, derr // retried from this event; delivered effects are skipped
 				}
 				if derr != nil {
-					s.cfg.Logger.Warn("saga effect cannot be delivered; skipped", "tenant", tq.tenant, "saga", sg.Name(), "seq", m.Sequence, "err", derr)
+					g.s.cfg.Logger.Warn("saga effect cannot be delivered; skipped", "tenant", tq.tenant, "saga", sg.Name(), "seq", m.Sequence, "err", derr)
 				}
 			}
 		} else {
-			s.cfg.Logger.Warn("skipping a corrupt event", "tenant", tq.tenant, "seq", m.Sequence)
+			g.s.cfg.Logger.Warn("skipping a corrupt event", "tenant", tq.tenant, "seq", m.Sequence)
 		}
 		last = m.Sequence
 	}
@@ -243,8 +252,8 @@ func (s *Service) sagaBatch(ctx context.Context, tq *tenantQ) (more bool, err er
 
 // writeDrainRecord persists what a release left: when, by whom, the runs it had to cancel,
 // the outbox entries it flushed and the saga checkpoint.
-func (s *Service) writeDrainRecord(ctx context.Context, tenant string, cancelled, flushed int) error {
-	cp, _, err := s.checkpoint(ctx, tenant)
+func (g *sagas) writeDrainRecord(ctx context.Context, tenant string, cancelled, flushed int) error {
+	cp, _, err := g.checkpoint(ctx, tenant)
 	if err != nil {
 		return err
 	}
@@ -255,9 +264,9 @@ func (s *Service) writeDrainRecord(ctx context.Context, tenant string, cancelled
 		Cancelled int       `json:"cancelled"`
 		Flushed   int       `json:"outbox_flushed"`
 		SagaSeq   uint64    `json:"saga_seq"`
-	}{tenant, s.cfg.ID.Key(), time.Now().UTC(), cancelled, flushed, cp.Seq})
-	err = s.whileUnavailable(ctx, func(octx context.Context) error {
-		_, err := s.checks.Put(octx, drainKey(tenant), b)
+	}{tenant, g.s.cfg.ID.Key(), time.Now().UTC(), cancelled, flushed, cp.Seq})
+	err = g.s.cfg.whileUnavailable(ctx, func(octx context.Context) error {
+		_, err := g.checks.Put(octx, drainKey(tenant), b)
 		return err
 	}, "writing a drain record", "tenant", tenant)
 	if err != nil {

@@ -65,7 +65,7 @@ func TestTenThousandTenants(t *testing.T) {
 	created := time.Since(start)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	w, err := s.runs.WatchAll(ctx)
+	w, err := s.store.runs.WatchAll(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -121,9 +121,9 @@ func (s *Service) reconcile(ctx context.Context, tenant string) {
 		s.subscribe(tq)
 	}
 	if own && !was {
-		s.goFlush(tq)
+		s.outbox.goFlush(tq)
 		s.markReady(tq)
-		s.markSagaReady(tq)
+		s.sagas.markReady(tq)
 		s.sched.acquired()
 		s.cfg.Logger.Debug("acquiring tenant", "tenant", tenant, "epoch", e.Epoch, "phase", e.Phase)
 	}
@@ -137,50 +137,50 @@ func (s *Service) reconcile(ctx context.Context, tenant string) {
 // goFlush queues the tenant for an outbox flush: what a former owner (or an earlier turn
 // here) left in its outbox is delivered. A few workers (flushLoop) do the flushes, so
 // acquiring 10,000 tenants at once does not fire 10,000 reads together.
-func (s *Service) goFlush(tq *tenantQ) {
-	s.mu.Lock()
+func (o *outbox) goFlush(tq *tenantQ) {
+	o.s.mu.Lock()
 	if tq.released || !tq.acquired {
-		s.mu.Unlock()
+		o.s.mu.Unlock()
 		return
 	}
 	tq.work.Add(1)
-	s.flushq = append(s.flushq, tq)
-	s.mu.Unlock()
-	nudge(s.flushWake)
+	o.flushq = append(o.flushq, tq)
+	o.s.mu.Unlock()
+	nudge(o.flushWake)
 }
 
 // flushWorkers is how many outbox flushes run at once.
 const flushWorkers = 4
 
-func (s *Service) flushLoop(ctx context.Context) {
+func (o *outbox) flushLoop(ctx context.Context) {
 	var wg sync.WaitGroup
 	for range flushWorkers {
 		wg.Go(func() {
 			for {
-				s.mu.Lock()
+				o.s.mu.Lock()
 				var tq *tenantQ
-				if len(s.flushq) > 0 {
-					tq = s.flushq[0]
-					s.flushq = s.flushq[1:]
+				if len(o.flushq) > 0 {
+					tq = o.flushq[0]
+					o.flushq = o.flushq[1:]
 				}
 				var tctx context.Context
 				if tq != nil {
 					tctx = tq.ctx
 				}
-				s.mu.Unlock()
+				o.s.mu.Unlock()
 				if tq == nil {
 					select {
-					case <-s.flushWake:
+					case <-o.flushWake:
 						continue
 					case <-ctx.Done():
 						return
 					}
 				}
-				nudge(s.flushWake) // more may be queued: let another worker look too
-				if n, err := s.flushOutbox(tctx, tq.tenant); err != nil && tctx.Err() == nil {
-					s.cfg.Logger.Warn("flushing the outbox of an acquired tenant", "tenant", tq.tenant, "err", err)
+				nudge(o.flushWake) // more may be queued: let another worker look too
+				if n, err := o.flush(tctx, tq.tenant); err != nil && tctx.Err() == nil {
+					o.s.cfg.Logger.Warn("flushing the outbox of an acquired tenant", "tenant", tq.tenant, "err", err)
 				} else if n > 0 {
-					s.cfg.Logger.Info("delivered effects left in the outbox", "tenant", tq.tenant, "effects", n)
+					o.s.cfg.Logger.Info("delivered effects left in the outbox", "tenant", tq.tenant, "effects", n)
 				}
 				tq.work.Done()
 			}
@@ -188,10 +188,10 @@ func (s *Service) flushLoop(ctx context.Context) {
 	}
 	wg.Wait()
 	// Flushes still queued will not run: let their tenants' waiters go.
-	s.mu.Lock()
-	left := s.flushq
-	s.flushq = nil
-	s.mu.Unlock()
+	o.s.mu.Lock()
+	left := o.flushq
+	o.flushq = nil
+	o.s.mu.Unlock()
 	for _, tq := range left {
 		tq.work.Done()
 	}
@@ -202,7 +202,7 @@ func (s *Service) flushLoop(ctx context.Context) {
 // All subscriptions share one channel and one goroutine (wakeLoop), so 10,000 tenants cost
 // 20,000-30,000 subscriptions but no goroutine each.
 func (s *Service) subscribe(tq *tenantQ) {
-	nc := s.st.Conn()
+	nc := s.st.JS().Conn()
 	subjects := s.subjects(tq.tenant)
 	all := subjects[:]
 	if len(s.cfg.Sagas) > 0 {
@@ -250,7 +250,7 @@ func (s *Service) wake1(subject string) {
 		s.mu.Lock()
 		tq.sagaWokeAt = time.Now()
 		s.mu.Unlock()
-		s.markSagaReady(tq)
+		s.sagas.markReady(tq)
 	case rest == "any":
 		s.markDirty(tq, 1)
 	case strings.HasPrefix(rest, "pin."):
@@ -344,7 +344,7 @@ func (s *Service) sweepLoop(ctx context.Context) {
 		s.mu.Unlock()
 		for _, tq := range all {
 			s.markReady(tq)
-			s.markSagaReady(tq)
+			s.sagas.markReady(tq)
 		}
 	}
 }
@@ -432,7 +432,7 @@ func (s *Service) dispatch(ctx context.Context) time.Duration {
 		// Back to the end of the ring: the tenant may have more, after every other ready one.
 		s.requeue(tq)
 		s.mu.Unlock()
-		go s.claimAndRun(rctx, tq, msg)
+		go s.exec.claimAndRun(rctx, tq, msg)
 	}
 	return 0
 }

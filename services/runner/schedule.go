@@ -155,7 +155,7 @@ func (sc *Scheduler) Get(ctx context.Context, tenant, id string) (Schedule, erro
 
 // latest reads one schedule from its stream's leader: a fire decides on what it reads.
 func (sc *Scheduler) latest(ctx context.Context, tenant, id string) (Schedule, error) {
-	b, rev, err := sc.s.st.LeaderGet(ctx, sc.kv.Bucket(), runKey(tenant, id))
+	b, rev, err := sc.s.st.JS().LeaderGet(ctx, sc.kv.Bucket(), runKey(tenant, id))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return Schedule{}, fmt.Errorf("%w: %s", ErrNoSchedule, id)
 	}

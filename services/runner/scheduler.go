@@ -16,6 +16,7 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/tenantmesh/tenantmesh/internal/promreg"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -46,7 +47,7 @@ const maxCatchUp = 100
 const dueTopN = 10
 
 func newScheduler(ctx context.Context, s *Service) (*Scheduler, error) {
-	kv, err := s.st.EnsureKV(ctx, schema.KVSpec{Bucket: schema.BucketRunnerSchedules,
+	kv, err := s.st.JS().EnsureKV(ctx, jsx.KVSpec{Bucket: schema.BucketRunnerSchedules,
 		Description: "runner: recurring schedules, <tenant>.<schedule id>"})
 	if err != nil {
 		return nil, err
@@ -125,8 +126,8 @@ func (sc *Scheduler) run(ctx context.Context) {
 func (sc *Scheduler) until(t time.Time) time.Duration { return t.Sub(sc.now()) }
 
 // sync makes the in-memory set follow the acquired tenants: a tenant newly acquired has its
-// schedules loaded; one no longer acquired is dropped. full also reconciles every acquired
-// tenant with the bucket (schedules made or deleted through a sibling), in one key listing.
+// schedules loaded; one no longer acquired is dropped. full also loads, for every acquired
+// tenant, the schedules made through a sibling, in one key listing of the bucket.
 func (sc *Scheduler) sync(ctx context.Context, full bool) {
 	owned := sc.s.Owned()
 	set := make(map[string]bool, len(owned))
@@ -186,7 +187,9 @@ func (sc *Scheduler) reconcileAll(ctx context.Context, owned map[string]bool) {
 	}
 }
 
-// load makes tenant's in-memory schedules the ids given: known ones are kept, new ones read.
+// load reads the schedules of ids that tenant's in-memory set lacks. It never drops one the
+// listing did not show: the listing may predate a create that remembered it meanwhile. A
+// schedule deleted through a sibling is dropped when its due time comes (fire reads it).
 func (sc *Scheduler) load(ctx context.Context, tenant string, ids []string) {
 	sc.mu.Lock()
 	m := sc.tenants[tenant]
@@ -195,16 +198,9 @@ func (sc *Scheduler) load(ctx context.Context, tenant string, ids []string) {
 		return
 	}
 	var missing []string
-	keep := map[string]bool{}
 	for _, id := range ids {
-		keep[id] = true
 		if m[id] == nil {
 			missing = append(missing, id)
-		}
-	}
-	for id := range m {
-		if !keep[id] {
-			delete(m, id)
 		}
 	}
 	sc.mu.Unlock()
@@ -301,7 +297,7 @@ func (sc *Scheduler) fire(ctx context.Context, sch Schedule) error {
 		sch.Last, sch.Fired, sch.Next = &due, sch.Fired+1, cs.Next(due).UTC()
 		b, _ := json.Marshal(sch)
 		uctx, cancel := context.WithTimeout(ctx, sc.s.cfg.OpTimeout)
-		rev, err := sc.s.st.UpdateKV(uctx, sc.kv.Bucket(), runKey(sch.Tenant, sch.ID), b, sch.rev, 0)
+		rev, err := sc.s.st.JS().UpdateKV(uctx, sc.kv.Bucket(), runKey(sch.Tenant, sch.ID), b, sch.rev, 0)
 		cancel()
 		if schema.IsConflict(err) {
 			continue // advanced meanwhile (or our write's answer was lost): read it again

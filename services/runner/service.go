@@ -43,6 +43,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -160,34 +161,30 @@ type Service struct {
 	js       jetstream.JetStream
 	jobs     jetstream.Stream
 	events   jetstream.Stream
-	runs     jetstream.KeyValue
-	markers  jetstream.KeyValue
-	checks   jetstream.KeyValue
-	status   jetstream.KeyValue
 	watcher  *placement.Watcher
 	handlers map[string]Handler
-	effects  map[string]Effect
+	outbox   *outbox
+	sagas    *sagas
+	board    *statusBoard
+	exec     *executor
+	store    *runStore
 	m        *metrics
 	sched    *Scheduler
 	sizes    *sizer
 	started  time.Time
 
-	mu        sync.Mutex
-	tenants   map[string]*tenantQ
-	ring      []*tenantQ // ready tenants, round robin
-	sagaRing  []*tenantQ // tenants with events for the sagas, round robin
-	running   int
-	siblings  int // live instances of the shard, for the per-tenant rate split
-	resplits  int // times siblings changed (tests check the split stayed in force)
-	instRate  *limiter
-	changed   map[string]struct{} // tenants whose placement changed, to reconcile
-	wake      chan struct{}       // nudges the dispatcher
-	recon     chan struct{}       // nudges the reconciler
-	sagaWake  chan struct{}       // nudges the saga loop
-	wakeCh    chan *nats.Msg      // every wake-up subscription delivers here
-	flushq    []*tenantQ          // tenants whose outbox is to be flushed
-	flushWake chan struct{}
-	totals    Totals
+	mu       sync.Mutex
+	tenants  map[string]*tenantQ
+	ring     []*tenantQ // ready tenants, round robin
+	running  int
+	siblings int // live instances of the shard, for the per-tenant rate split
+	resplits int // times siblings changed (tests check the split stayed in force)
+	instRate *limiter
+	changed  map[string]struct{} // tenants whose placement changed, to reconcile
+	wake     chan struct{}       // nudges the dispatcher
+	recon    chan struct{}       // nudges the reconciler
+	wakeCh   chan *nats.Msg      // every wake-up subscription delivers here
+	totals   Totals
 }
 
 // Totals are the instance's counters since start.
@@ -219,13 +216,18 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if err := st.EnsureEventsStream(ctx); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, st: st, js: st.JetStream(), tenants: map[string]*tenantQ{}, changed: map[string]struct{}{},
-		wake: make(chan struct{}, 1), recon: make(chan struct{}, 1), sagaWake: make(chan struct{}, 1), wakeCh: make(chan *nats.Msg, 8192), flushWake: make(chan struct{}, 1), started: time.Now().UTC()}
+	s := &Service{cfg: cfg, st: st, js: st.JS().JetStream(), tenants: map[string]*tenantQ{}, changed: map[string]struct{}{},
+		wake: make(chan struct{}, 1), recon: make(chan struct{}, 1), wakeCh: make(chan *nats.Msg, 8192), started: time.Now().UTC()}
+	s.outbox = &outbox{s: s, flushWake: make(chan struct{}, 1)}
+	s.sagas = &sagas{s: s, wake: make(chan struct{}, 1)}
+	s.board = &statusBoard{s: s}
+	s.exec = &executor{s: s}
+	s.store = &runStore{s: s}
 	var err error
-	if s.jobs, err = st.Stream(ctx, schema.StreamJobs); err != nil {
+	if s.jobs, err = st.JS().Stream(ctx, schema.StreamJobs); err != nil {
 		return nil, fmt.Errorf("runner: open %s: %w", schema.StreamJobs, err)
 	}
-	if s.events, err = st.Stream(ctx, schema.StreamEvents); err != nil {
+	if s.events, err = st.JS().Stream(ctx, schema.StreamEvents); err != nil {
 		return nil, fmt.Errorf("runner: open %s: %w", schema.StreamEvents, err)
 	}
 	buckets := []struct {
@@ -234,14 +236,14 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		desc    string
 		ttl     bool // finished runs and delivered markers expire after Retention
 	}{
-		{&s.runs, "runs", "runner: job runs, <tenant>.<job id>", true},
-		{&s.markers, "outbox", "runner: effect delivery markers, by dedupe key", true},
-		{&s.checks, "checkpoints", "runner: saga checkpoints and drain records per tenant", false},
-		{&s.status, "status", "runner: each instance's running count, limits and totals", false},
+		{&s.store.runs, "runs", "runner: job runs, <tenant>.<job id>", true},
+		{&s.outbox.markers, "outbox", "runner: effect delivery markers, by dedupe key", true},
+		{&s.sagas.checks, "checkpoints", "runner: saga checkpoints and drain records per tenant", false},
+		{&s.board.status, "status", "runner: each instance's running count, limits and totals", false},
 	}
 	for _, b := range buckets {
-		spec := schema.KVSpec{Bucket: schema.ServiceBucket(Kind, b.purpose), Description: b.desc, PerKeyTTL: b.ttl}
-		if *b.dst, err = st.EnsureKV(ctx, spec); err != nil {
+		spec := jsx.KVSpec{Bucket: schema.ServiceBucket(Kind, b.purpose), Description: b.desc, PerKeyTTL: b.ttl}
+		if *b.dst, err = st.JS().EnsureKV(ctx, spec); err != nil {
 			return nil, err
 		}
 	}
@@ -252,9 +254,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	for name, h := range cfg.Handlers {
 		s.handlers[name] = h
 	}
-	s.effects = map[string]Effect{"log": LogEffect{Logger: cfg.Logger}, "webhook": &Webhook{}}
+	s.outbox.effects = map[string]Effect{"log": LogEffect{Logger: cfg.Logger}, "webhook": &Webhook{}}
 	for name, e := range cfg.Effects {
-		s.effects[name] = e
+		s.outbox.effects[name] = e
 	}
 	s.m = newMetrics(cfg.Registerer, s)
 	if s.sched, err = newScheduler(ctx, s); err != nil {
@@ -273,7 +275,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 // Run follows the placement and runs jobs, sagas and effects until ctx ends; then it waits for
 // the runs in flight (they end with ctx) and returns.
 func (s *Service) Run(ctx context.Context) error {
-	s.writeStatus(ctx) // siblings may pin jobs to this instance from now on
+	s.board.write(ctx) // siblings may pin jobs to this instance from now on
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = s.watcher.Run(ctx) })
 	if err := s.watcher.WaitReady(ctx); err != nil {
@@ -281,11 +283,11 @@ func (s *Service) Run(ctx context.Context) error {
 		return nil
 	}
 	wg.Go(func() { s.wakeLoop(ctx) })
-	wg.Go(func() { s.flushLoop(ctx) })
+	wg.Go(func() { s.outbox.flushLoop(ctx) })
 	wg.Go(func() { s.reconcileLoop(ctx) })
 	wg.Go(func() { s.dispatchLoop(ctx) })
-	wg.Go(func() { s.sagaLoop(ctx) })
-	wg.Go(func() { s.statusLoop(ctx) })
+	wg.Go(func() { s.sagas.loop(ctx) })
+	wg.Go(func() { s.board.loop(ctx) })
 	wg.Go(func() { s.sweepLoop(ctx) })
 	wg.Go(func() { s.sched.run(ctx) })
 	wg.Go(func() { s.sizes.run(ctx) })
@@ -313,27 +315,34 @@ func (s *Service) Hooks() shardkit.Hooks {
 // reachable. The runner has no state to load: its queue, runs and checkpoints are in NATS, and
 // it starts acquiring when its shard becomes the owner.
 func (s *Service) Warm(ctx context.Context, tenant string, _ uint64) error {
-	_, _, err := s.checkpoint(ctx, tenant)
+	_, _, err := s.sagas.checkpoint(ctx, tenant)
 	return err
 }
 
 // Fence is called by shardkit on a move's source at handoff, after its HTTP requests
-// finished: the runner stops acquiring the tenant and drains it (in-flight runs within
-// DrainTimeout, outbox flushed, checkpoints written) before the source reports drained, so the
-// new owner starts from a quiet queue. The runner has no sequence to fence on: 0.
+// finished. The runner has no sequence to fence on: 0.
 //
-// The move may have been aborted meanwhile, its placement back on this shard before the
-// release: reconciling the tenant afterwards takes it up again (a released tenant this shard
-// owns starts a new turn), where it used to stay released until the next placement change.
+// It only stops acquiring the tenant; it does not wait for the tenant's runs in flight, nor
+// flush its outbox, so the source reports drained at once and the handoff pause does not
+// carry a job's run time or NATS round trips. The new owner needs no quiet queue: a claim is
+// a compare-and-set on the run record, so it never runs an attempt that is still running here
+// (it waits for that attempt's lease), and every effect is delivered once by its marker. The
+// runs in flight finish (or are cancelled at DrainTimeout) and the outbox is flushed in
+// Release, which shardkit calls once the tenant has moved away.
+//
+// The move may have been aborted meanwhile, its placement back on this shard: reconciling the
+// tenant afterwards takes it up again (a released tenant this shard owns starts a new turn).
 func (s *Service) Fence(tenant string) uint64 {
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout+5*time.Second)
-	defer cancel()
-	if err := s.Release(ctx, tenant); err != nil {
-		s.cfg.Logger.Warn("drain at handoff", "tenant", tenant, "err", err)
-	}
 	s.mu.Lock()
+	tq := s.tenants[tenant]
+	if tq != nil {
+		tq.released = true
+	}
 	s.changed[tenant] = struct{}{}
 	s.mu.Unlock()
+	if tq != nil {
+		s.unsubscribe(tq)
+	}
 	nudge(s.recon)
 	return 0
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -35,8 +36,8 @@ func TestClaimReadsTheLatestRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	bucket := schema.ServiceBucket(Kind, "runs")
-	js := admin.JetStream()
-	runs, err := js.Stream(ctx, schema.KVStream(bucket))
+	js := admin.JS().JetStream()
+	runs, err := js.Stream(ctx, jsx.KVStream(bucket))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +65,7 @@ func TestClaimReadsTheLatestRun(t *testing.T) {
 	// placement" until then): setting the scene, so tried until it is placed.
 	tmtest.WaitFor(t, time.Minute, func() error {
 		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "STALE_RUNS", Replicas: 3, MirrorDirect: true,
-			Mirror: &jetstream.StreamSource{Name: schema.KVStream(bucket), FilterSubject: schema.KVSubject(bucket, "stale.>")}})
+			Mirror: &jetstream.StreamSource{Name: jsx.KVStream(bucket), FilterSubject: jsx.KVSubject(bucket, "stale.>")}})
 		return err
 	})
 	// Wait until the mirror answers there: a run the bucket has is not found through it. A

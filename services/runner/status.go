@@ -43,48 +43,55 @@ func (s *Service) Status() InstanceStatus {
 	return st
 }
 
-func (s *Service) statusLoop(ctx context.Context) {
-	t := time.NewTicker(s.cfg.StatusEvery)
+// statusBoard writes the instance's runner status to tm_runner_status every StatusEvery, and
+// counts the shard's live instances from it for the per-tenant rate split.
+type statusBoard struct {
+	s      *Service
+	status jetstream.KeyValue
+}
+
+func (b *statusBoard) loop(ctx context.Context) {
+	t := time.NewTicker(b.s.cfg.StatusEvery)
 	defer t.Stop()
 	for {
 		select {
 		case <-t.C:
 		case <-ctx.Done():
-			dctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
-			_ = s.status.Delete(dctx, s.cfg.ID.Key())
+			dctx, cancel := context.WithTimeout(context.Background(), b.s.cfg.OpTimeout)
+			_ = b.status.Delete(dctx, b.s.cfg.ID.Key())
 			cancel()
 			return
 		}
-		s.writeStatus(ctx)
-		if s.cfg.TenantJobsPerMinute > 0 {
-			pctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
-			s.setSiblings(s.countSiblings(pctx))
+		b.write(ctx)
+		if b.s.cfg.TenantJobsPerMinute > 0 {
+			pctx, cancel := context.WithTimeout(ctx, b.s.cfg.OpTimeout)
+			b.s.setSiblings(b.countSiblings(pctx))
 			cancel()
 		}
 	}
 }
 
-// writeStatus puts the instance's runner status in tm_runner_status.
-func (s *Service) writeStatus(ctx context.Context) {
-	b, _ := json.Marshal(s.Status())
-	pctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+// write puts the instance's runner status in tm_runner_status.
+func (b *statusBoard) write(ctx context.Context) {
+	data, _ := json.Marshal(b.s.Status())
+	pctx, cancel := context.WithTimeout(ctx, b.s.cfg.OpTimeout)
 	defer cancel()
-	if _, err := s.status.Put(pctx, s.cfg.ID.Key(), b); err != nil && ctx.Err() == nil {
-		s.cfg.Logger.Debug("writing runner status", "err", err)
+	if _, err := b.status.Put(pctx, b.s.cfg.ID.Key(), data); err != nil && ctx.Err() == nil {
+		b.s.cfg.Logger.Debug("writing runner status", "err", err)
 	}
 }
 
 // countSiblings counts the live instances of this shard (itself included) from their runner
 // status: written within the last three StatusEvery (plus a second).
-func (s *Service) countSiblings(ctx context.Context) int {
-	lister, err := s.status.ListKeysFiltered(ctx, s.cfg.ID.Kind+"."+s.cfg.ID.Shard+".*")
+func (b *statusBoard) countSiblings(ctx context.Context) int {
+	lister, err := b.status.ListKeysFiltered(ctx, b.s.cfg.ID.Kind+"."+b.s.cfg.ID.Shard+".*")
 	if err != nil {
 		return 0
 	}
 	n := 0
-	fresh := time.Now().Add(-3*s.cfg.StatusEvery - time.Second)
+	fresh := time.Now().Add(-3*b.s.cfg.StatusEvery - time.Second)
 	for k := range lister.Keys() {
-		e, err := s.status.Get(ctx, k)
+		e, err := b.status.Get(ctx, k)
 		if err != nil {
 			continue
 		}
@@ -149,13 +156,13 @@ func (s *Service) Instances(ctx context.Context) ([]InstanceView, error) {
 		return nil, err
 	}
 	statuses := map[string]*InstanceStatus{}
-	lister, err := s.status.ListKeys(ctx)
+	lister, err := s.board.status.ListKeys(ctx)
 	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
 		return nil, err
 	}
 	if lister != nil {
 		for k := range lister.Keys() {
-			e, err := s.status.Get(ctx, k)
+			e, err := s.board.status.Get(ctx, k)
 			if err != nil {
 				continue
 			}

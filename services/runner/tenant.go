@@ -92,11 +92,11 @@ func (s *Service) Stats(ctx context.Context, tenant string) (TenantStats, error)
 	return st, nil
 }
 
-func (s *Service) handleTenant(w http.ResponseWriter, r *http.Request) {
+func (a *api) handleTenant(w http.ResponseWriter, r *http.Request) {
 	tenant := r.URL.Query().Get("tenant_id")
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.OpTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), a.s.cfg.OpTimeout)
 	defer cancel()
-	st, err := s.Stats(ctx, tenant)
+	st, err := a.s.Stats(ctx, tenant)
 	if err != nil {
 		writeErr(w, r, err, tenant)
 		return

@@ -32,7 +32,7 @@ func openStore(t testing.TB) *schema.Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.JetStream().CreateStream(ctx, jetstream.StreamConfig{Name: "COUNTERS", Subjects: []string{"counters.>"}}); err != nil {
+	if _, err := st.JS().JetStream().CreateStream(ctx, jetstream.StreamConfig{Name: "COUNTERS", Subjects: []string{"counters.>"}}); err != nil {
 		t.Fatal(err)
 	}
 	return st

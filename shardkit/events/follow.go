@@ -5,8 +5,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 )
 
 // followFor bounds how long a warmed target keeps following a tenant it does not own yet.
@@ -60,12 +59,12 @@ func (ts *tenant[S]) stopFollow() {
 func (l *Log[S]) tail(ctx context.Context, ts *tenant[S], from uint64) error {
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{l.es.tenantFilter(ts.name)},
 		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from + 1}
-	cons, done, err := schema.OrderedRead(ctx, l.es.js, l.es.name, cfg)
+	cons, done, err := jsx.OrderedRead(ctx, l.es.js, l.es.name, cfg)
 	if err != nil {
 		return err
 	}
 	defer done()
-	it, err := cons.Messages(schema.QuickHeartbeat)
+	it, err := cons.Messages(jsx.QuickHeartbeat)
 	if err != nil {
 		return err
 	}

@@ -117,13 +117,13 @@ func New[S any](ctx context.Context, cfg Config[S]) (*Log[S], error) {
 	if err != nil {
 		return nil, err
 	}
-	stream, err := cfg.Store.Stream(ctx, cfg.Stream)
+	stream, err := cfg.Store.JS().Stream(ctx, cfg.Stream)
 	if err != nil {
 		return nil, fmt.Errorf("events: open %s: %w", cfg.Stream, err)
 	}
-	es := &store{st: cfg.Store, js: cfg.Store.JetStream(), name: cfg.Stream, stream: stream, prefix: cfg.Prefix, batch: 4096}
+	es := &store{st: cfg.Store, js: cfg.Store.JS().JetStream(), name: cfg.Stream, stream: stream, prefix: cfg.Prefix, batch: 4096}
 	if cfg.Snapshots != "" {
-		if es.snaps, err = cfg.Store.ObjectStore(ctx, cfg.Snapshots, cfg.Kind+" service: per-tenant snapshots"); err != nil {
+		if es.snaps, err = cfg.Store.JS().ObjectStore(ctx, cfg.Snapshots, cfg.Kind+" service: per-tenant snapshots"); err != nil {
 			return nil, fmt.Errorf("events: %w", err)
 		}
 	}

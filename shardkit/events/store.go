@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tenantmesh/tenantmesh/internal/tracing"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -134,7 +135,7 @@ func (es *store) replay(ctx context.Context, tenant, filter string, after uint64
 		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
 		cfg.OptStartSeq = after + 1
 	}
-	cons, done, err := schema.OrderedRead(ctx, es.js, es.name, cfg)
+	cons, done, err := jsx.OrderedRead(ctx, es.js, es.name, cfg)
 	if err != nil {
 		return 0, fmt.Errorf("%w: replay %s: %w", ErrStore, filter, err)
 	}
@@ -172,7 +173,7 @@ func (es *store) replay(ctx context.Context, tenant, filter string, after uint64
 // the stream leader: it covers every append acknowledged before, which a replica's direct get
 // might not (a catch-up skipped, a rejection decided on old state, a fence too low).
 func (es *store) lastSeq(ctx context.Context, subject string) (uint64, error) {
-	seq, err := es.st.LastSeq(ctx, es.name, subject)
+	seq, err := es.st.JS().LastSeq(ctx, es.name, subject)
 	if err != nil {
 		return 0, fmt.Errorf("%w: %w", ErrStore, err)
 	}

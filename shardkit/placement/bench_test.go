@@ -146,7 +146,7 @@ func BenchmarkColdStart(b *testing.B) {
 		b.Fatal(err)
 	}
 	loadStart := time.Now()
-	js := st.JetStream()
+	js := st.JS().JetStream()
 	prefix := schema.PlacementSubjectPrefix("aggregate")
 	for i := range n {
 		val := fmt.Sprintf(`{"kind":"aggregate","tenant":"%s","shard":"aggregate-%d","epoch":1,"phase":"active","updated_at":"2026-11-22T10:00:00Z"}`, tenantKey(i), i%1000)

@@ -163,7 +163,7 @@ func TestWatcherSurvivesClusterNodeLoss(t *testing.T) {
 	rec.await(t, want[len(want)-1], 10*time.Second)
 
 	// Find the node that holds the watcher's consumer and kill it.
-	stream, err := st.JetStream().Stream(ctx, schema.PlacementStream("aggregate"))
+	stream, err := st.JS().JetStream().Stream(ctx, schema.PlacementStream("aggregate"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -229,7 +229,7 @@ func (w *Watcher) Staleness() time.Duration {
 
 // Run follows every kind until ctx ends. It returns an error only if it cannot start.
 func (w *Watcher) Run(ctx context.Context) error {
-	nc := w.cfg.Store.Conn()
+	nc := w.cfg.Store.JS().Conn()
 	status := nc.StatusChanged(nats.CONNECTED, nats.DISCONNECTED, nats.RECONNECTING, nats.CLOSED)
 	defer nc.RemoveStatusListener(status)
 	if !nc.IsConnected() {
@@ -277,7 +277,7 @@ func (ks *kindState) start(ctx context.Context) error {
 		}
 	}
 	f, err := kvwatch.New(kvwatch.Config{
-		JS:        w.cfg.Store.JetStream(),
+		JS:        w.cfg.Store.JS().JetStream(),
 		Bucket:    schema.PlacementBucket(ks.kind),
 		After:     after,
 		Heartbeat: w.cfg.Heartbeat,
@@ -311,7 +311,7 @@ func (ks *kindState) loadSnapshot(ctx context.Context) (*table, uint64, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	stream, err := st.JetStream().Stream(ctx, schema.PlacementStream(ks.kind))
+	stream, err := st.JS().JetStream().Stream(ctx, schema.PlacementStream(ks.kind))
 	if err != nil {
 		return nil, 0, err
 	}

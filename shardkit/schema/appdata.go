@@ -10,7 +10,7 @@ import (
 // EnsureEventsStream creates TM_EVENTS (events.<tenant>.<type>.<id>), the aggregate service's
 // event store, read by projections and runners.
 func (s *Store) EnsureEventsStream(ctx context.Context) error {
-	return s.ensureStream(ctx, jetstream.StreamConfig{
+	return s.js.EnsureStream(ctx, jetstream.StreamConfig{
 		Name:              StreamEvents,
 		Description:       "tenantmesh application events",
 		Subjects:          []string{SubjectEventsAll},
@@ -25,7 +25,7 @@ func (s *Store) EnsureEventsStream(ctx context.Context) error {
 
 // EnsureJobsStream creates TM_JOBS (jobs.<tenant>.>), the runner's per-tenant queues.
 func (s *Store) EnsureJobsStream(ctx context.Context) error {
-	return s.ensureStream(ctx, jetstream.StreamConfig{
+	return s.js.EnsureStream(ctx, jetstream.StreamConfig{
 		Name:        StreamJobs,
 		Description: "tenantmesh per-tenant job queues",
 		Subjects:    []string{SubjectJobsAll},

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 )
 
 // AuditEvent records one placement change or workflow step in TM_AUDIT.
@@ -51,19 +52,13 @@ func (s *Store) Audit(ctx context.Context, ev AuditEvent) error {
 	if err != nil {
 		return fmt.Errorf("schema: encode audit event: %w", err)
 	}
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
 	// An unanswered publish is made again with the same message id, which the stream's
 	// duplicate window drops if the first one was stored.
 	id := ev.ID
 	if id == "" {
 		id = nuid.Next()
 	}
-	err = retry(ctx, transient, tryFor(writeTry, func(ctx context.Context) error {
-		_, err := s.js.Publish(ctx, AuditSubject(ev.Kind, ev.Tenant), b, jetstream.WithMsgID(id))
-		return err
-	}))
-	if err != nil {
+	if err := s.js.PublishOnce(ctx, AuditSubject(ev.Kind, ev.Tenant), b, id); err != nil {
 		return fmt.Errorf("schema: publish audit %s: %w", ev.Action, err)
 	}
 	return nil
@@ -79,10 +74,8 @@ type AuditQuery struct {
 // ReadAudit returns the newest entries matching q, oldest first. A read that fails transiently
 // (see ErrUnavailable) is started again within the store's timeout.
 func (s *Store) ReadAudit(ctx context.Context, q AuditQuery) ([]AuditEvent, error) {
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
 	var out []AuditEvent
-	err := retry(ctx, transient, func(ctx context.Context) (err error) {
+	err := s.js.Read(ctx, func(ctx context.Context) (err error) {
 		out, err = s.readAudit(ctx, q)
 		return err
 	})
@@ -101,14 +94,12 @@ func (s *Store) readAudit(ctx context.Context, q AuditQuery) ([]AuditEvent, erro
 	if tenant == "" {
 		tenant = "*"
 	}
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{"tm.audit." + kind + "." + tenant}}
 	if !q.Since.IsZero() {
 		cfg.DeliverPolicy = jetstream.DeliverByStartTimePolicy
 		cfg.OptStartTime = &q.Since
 	} else if q.Kind == "" && q.Tenant == "" {
-		info, err := s.js.Stream(ctx, StreamAudit)
+		info, err := s.js.JetStream().Stream(ctx, StreamAudit)
 		if err != nil {
 			return nil, fmt.Errorf("schema: audit stream: %w", err)
 		}
@@ -123,7 +114,7 @@ func (s *Store) readAudit(ctx context.Context, q AuditQuery) ([]AuditEvent, erro
 		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
 		cfg.OptStartSeq = start
 	}
-	cons, done, err := OrderedRead(ctx, s.js, StreamAudit, cfg)
+	cons, done, err := jsx.OrderedRead(ctx, s.js.JetStream(), StreamAudit, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("schema: read audit: %w", err)
 	}

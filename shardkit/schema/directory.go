@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/url"
 	"time"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 )
 
 // Status is an instance's health as the directory shows it.
@@ -114,7 +116,7 @@ func (s *Store) Register(ctx context.Context, i Instance) (Instance, error) {
 	if err := i.Validate(); err != nil {
 		return Instance{}, err
 	}
-	rev, err := s.putJSON(ctx, s.instances, i.Key(), i)
+	rev, err := s.js.PutJSON(ctx, s.instances, i.Key(), i)
 	if err != nil {
 		return Instance{}, err
 	}
@@ -129,7 +131,7 @@ func (s *Store) Heartbeat(ctx context.Context, i Instance) (Instance, error) {
 	if err := i.Validate(); err != nil {
 		return Instance{}, err
 	}
-	rev, err := s.putJSON(ctx, s.instances, i.Key(), i)
+	rev, err := s.js.PutJSON(ctx, s.instances, i.Key(), i)
 	if err != nil {
 		return Instance{}, err
 	}
@@ -142,7 +144,7 @@ func (s *Store) Unregister(ctx context.Context, id InstanceID) error {
 	if err := id.Check(); err != nil {
 		return err
 	}
-	return s.deleteKey(ctx, s.instances, id.Key(), 0)
+	return s.js.DeleteKey(ctx, s.instances, id.Key(), 0)
 }
 
 // Instance reads one entry.
@@ -151,7 +153,7 @@ func (s *Store) Instance(ctx context.Context, id InstanceID) (Instance, error) {
 		return Instance{}, err
 	}
 	var i Instance
-	rev, err := s.getJSON(ctx, s.instances, id.Key(), &i)
+	rev, err := s.js.GetJSON(ctx, s.instances, id.Key(), &i)
 	if err != nil {
 		return Instance{}, err
 	}
@@ -169,7 +171,7 @@ func (s *Store) Instances(ctx context.Context, kind string) ([]Instance, error) 
 		filter = kind + ".>"
 	}
 	var out []Instance
-	_, err := listJSON(ctx, s, s.instances, filter, func(_ string, rev uint64, i Instance) {
+	_, err := jsx.ListJSON(ctx, s.js, s.instances, filter, func(_ string, rev uint64, i Instance) {
 		i.Revision = rev
 		out = append(out, i)
 	})
@@ -180,13 +182,13 @@ func (s *Store) Instances(ctx context.Context, kind string) ([]Instance, error) 
 // so a heartbeat that lands meanwhile wins.
 func (s *Store) MarkOffline(ctx context.Context, i Instance) error {
 	i.Reported = StatusOffline
-	_, err := s.casJSON(ctx, s.instances, i.Key(), i.Revision, i)
+	_, err := s.js.UpdateJSON(ctx, s.instances, i.Key(), i.Revision, i)
 	return err
 }
 
 // RemoveInstance deletes an entry if it is unchanged since it was read (sweeper).
 func (s *Store) RemoveInstance(ctx context.Context, i Instance) error {
-	err := s.deleteKey(ctx, s.instances, i.Key(), i.Revision)
+	err := s.js.DeleteKey(ctx, s.instances, i.Key(), i.Revision)
 	if errors.Is(err, ErrNotFound) {
 		return nil
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 )
 
 // Policy is how a kind places tenants (docs/design.md "Policies").
@@ -252,7 +253,7 @@ func (s *Store) Kind(ctx context.Context, kind string) (KindConfig, error) {
 		return KindConfig{}, err
 	}
 	var c KindConfig
-	if _, err := s.getJSON(ctx, s.kinds, kind, &c); err != nil {
+	if _, err := s.js.GetJSON(ctx, s.kinds, kind, &c); err != nil {
 		if errors.Is(err, ErrNotFound) {
 			return KindConfig{}, fmt.Errorf("%w: %q is not registered in %s ; register the kind first", ErrUnknownKind, kind, BucketKinds)
 		}
@@ -264,7 +265,7 @@ func (s *Store) Kind(ctx context.Context, kind string) (KindConfig, error) {
 // Kinds lists every registered kind's config.
 func (s *Store) Kinds(ctx context.Context) ([]KindConfig, error) {
 	var out []KindConfig
-	_, err := listJSON(ctx, s, s.kinds, ">", func(_ string, _ uint64, c KindConfig) {
+	_, err := jsx.ListJSON(ctx, s.js, s.kinds, ">", func(_ string, _ uint64, c KindConfig) {
 		out = append(out, c.WithDefaults())
 	})
 	return out, err
@@ -279,7 +280,7 @@ func (s *Store) PutKind(ctx context.Context, c KindConfig) (KindConfig, error) {
 	if _, err := s.placementKVCreate(ctx, c.Kind); err != nil {
 		return KindConfig{}, err
 	}
-	if _, err := s.putJSON(ctx, s.kinds, c.Kind, c); err != nil {
+	if _, err := s.js.PutJSON(ctx, s.kinds, c.Kind, c); err != nil {
 		return KindConfig{}, err
 	}
 	return c, nil
@@ -294,7 +295,7 @@ func (s *Store) EnsureKind(ctx context.Context, c KindConfig) (KindConfig, error
 	if _, err := s.placementKVCreate(ctx, c.Kind); err != nil {
 		return KindConfig{}, err
 	}
-	if _, err := s.casJSON(ctx, s.kinds, c.Kind, 0, c); err != nil {
+	if _, err := s.js.UpdateJSON(ctx, s.kinds, c.Kind, 0, c); err != nil {
 		if errors.Is(err, ErrConflict) {
 			return s.Kind(ctx, c.Kind)
 		}
@@ -303,8 +304,9 @@ func (s *Store) EnsureKind(ctx context.Context, c KindConfig) (KindConfig, error
 	return c, nil
 }
 
-// placementKV opens kind's placement bucket, which exists only for registered kinds.
-func (s *Store) placementKV(ctx context.Context, kind string) (jetstream.KeyValue, error) {
+// PlacementKV opens kind's placement bucket, for writers and watchers. It exists only for
+// registered kinds: others are ErrUnknownKind.
+func (s *Store) PlacementKV(ctx context.Context, kind string) (jetstream.KeyValue, error) {
 	if err := CheckName("kind", kind); err != nil {
 		return nil, err
 	}
@@ -327,7 +329,7 @@ func (s *Store) placementKVCreate(ctx context.Context, kind string) (jetstream.K
 	if ok {
 		return kv, nil
 	}
-	kv, err := s.ensureKV(ctx, KVSpec{Bucket: PlacementBucket(kind), Description: "tenantmesh placement of kind " + kind})
+	kv, err := s.js.EnsureSharedKV(ctx, jsx.KVSpec{Bucket: PlacementBucket(kind), Description: "tenantmesh placement of kind " + kind})
 	if err != nil {
 		return nil, err
 	}
@@ -335,9 +337,4 @@ func (s *Store) placementKVCreate(ctx context.Context, kind string) (jetstream.K
 	s.placements[kind] = kv
 	s.mu.Unlock()
 	return kv, nil
-}
-
-// PlacementKV returns kind's placement bucket, for watchers. Unregistered kinds are ErrUnknownKind.
-func (s *Store) PlacementKV(ctx context.Context, kind string) (jetstream.KeyValue, error) {
-	return s.placementKV(ctx, kind)
 }

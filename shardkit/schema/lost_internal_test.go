@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 )
 
 // relay is a TCP relay between a NATS client and the server that can hold back what the server
@@ -91,7 +92,7 @@ func (r *relay) down(c, s net.Conn) {
 // attempt times out after the server stored it; the next attempt's answer comes through.
 func loseAnswers(r *relay) {
 	r.hold(true)
-	time.AfterFunc(writeTry+150*time.Millisecond, func() { r.hold(false) })
+	time.AfterFunc(jsx.WriteTry+150*time.Millisecond, func() { r.hold(false) })
 }
 
 // A compare-and-set, a create, a delete and an audit publish whose answers are lost are

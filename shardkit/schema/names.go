@@ -23,6 +23,8 @@ import (
 	"encoding/base64"
 	"fmt"
 	"strings"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 )
 
 // Buckets and streams.
@@ -65,10 +67,10 @@ const (
 func PlacementBucket(kind string) string { return placementBucketPrefix + kind }
 
 // PlacementStream names the stream behind the placement bucket of kind.
-func PlacementStream(kind string) string { return KVStream(PlacementBucket(kind)) }
+func PlacementStream(kind string) string { return jsx.KVStream(PlacementBucket(kind)) }
 
 // PlacementSubjectPrefix is the subject prefix of placement keys of kind in its stream.
-func PlacementSubjectPrefix(kind string) string { return KVSubject(PlacementBucket(kind), "") }
+func PlacementSubjectPrefix(kind string) string { return jsx.KVSubject(PlacementBucket(kind), "") }
 
 // SnapshotObject names the object holding kind's compacted placement snapshot.
 func SnapshotObject(kind string) string { return "placement." + kind }
@@ -109,12 +111,6 @@ func TenantJobs(tenant string) string { return "jobs." + tenant + ".>" }
 
 // ServiceBucket names a service's own KV bucket (snapshots, views, job runs) for kind.
 func ServiceBucket(kind, purpose string) string { return "tm_" + kind + "_" + purpose }
-
-// KVStream is the stream that holds KV bucket's values.
-func KVStream(bucket string) string { return "KV_" + bucket }
-
-// KVSubject is the subject key's values of KV bucket are stored on.
-func KVSubject(bucket, key string) string { return "$KV." + bucket + "." + key }
 
 // MaxTenantLen is the longest tenant id accepted.
 const MaxTenantLen = 128

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 )
 
 // Phase is where a tenant's placement stands in the move state machine:
@@ -163,14 +164,14 @@ func CheckTransition(prev, next Placement) error {
 
 // Placement reads tenant's placement for kind. Absent: ErrNotFound.
 func (s *Store) Placement(ctx context.Context, kind, tenant string) (Placement, error) {
-	return s.readPlacement(ctx, kind, tenant, s.getJSON)
+	return s.readPlacement(ctx, kind, tenant, s.js.GetJSON)
 }
 
 // LatestPlacement is Placement answered by the bucket's stream leader, so it sees every write
 // acknowledged before the call (Placement may be answered by a replica that is behind): for a
 // writer about to compare-and-set on what it read.
 func (s *Store) LatestPlacement(ctx context.Context, kind, tenant string) (Placement, error) {
-	return s.readPlacement(ctx, kind, tenant, s.getLeaderJSON)
+	return s.readPlacement(ctx, kind, tenant, s.js.LeaderGetJSON)
 }
 
 func (s *Store) readPlacement(ctx context.Context, kind, tenant string,
@@ -178,7 +179,7 @@ func (s *Store) readPlacement(ctx context.Context, kind, tenant string,
 	if err := CheckTenant(tenant); err != nil {
 		return Placement{}, err
 	}
-	kv, err := s.placementKV(ctx, kind)
+	kv, err := s.PlacementKV(ctx, kind)
 	if err != nil {
 		return Placement{}, err
 	}
@@ -206,11 +207,11 @@ func (s *Store) CreatePlacement(ctx context.Context, p Placement) (Placement, er
 	if err := p.Validate(); err != nil {
 		return Placement{}, err
 	}
-	kv, err := s.placementKV(ctx, p.Kind)
+	kv, err := s.PlacementKV(ctx, p.Kind)
 	if err != nil {
 		return Placement{}, err
 	}
-	rev, err := s.casJSON(ctx, kv, p.Tenant, 0, p)
+	rev, err := s.js.UpdateJSON(ctx, kv, p.Tenant, 0, p)
 	if err != nil {
 		return Placement{}, err
 	}
@@ -246,11 +247,11 @@ func (s *Store) UpdatePlacement(ctx context.Context, prev, next Placement) (Plac
 	if prev.Revision == 0 {
 		return Placement{}, fmt.Errorf("%w: %s/%s: prev has no revision; pass the placement as read", ErrInvalid, prev.Kind, prev.Tenant)
 	}
-	kv, err := s.placementKV(ctx, next.Kind)
+	kv, err := s.PlacementKV(ctx, next.Kind)
 	if err != nil {
 		return Placement{}, err
 	}
-	rev, err := s.casJSON(ctx, kv, next.Tenant, prev.Revision, next)
+	rev, err := s.js.UpdateJSON(ctx, kv, next.Tenant, prev.Revision, next)
 	if err != nil {
 		return Placement{}, err
 	}
@@ -263,21 +264,21 @@ func (s *Store) DeletePlacement(ctx context.Context, kind, tenant string, rev ui
 	if err := CheckTenant(tenant); err != nil {
 		return err
 	}
-	kv, err := s.placementKV(ctx, kind)
+	kv, err := s.PlacementKV(ctx, kind)
 	if err != nil {
 		return err
 	}
-	return s.deleteKey(ctx, kv, tenant, rev)
+	return s.js.DeleteKey(ctx, kv, tenant, rev)
 }
 
 // Placements lists every placement of kind (for planners and tools; routers use the watcher).
 func (s *Store) Placements(ctx context.Context, kind string) ([]Placement, int, error) {
-	kv, err := s.placementKV(ctx, kind)
+	kv, err := s.PlacementKV(ctx, kind)
 	if err != nil {
 		return nil, 0, err
 	}
 	var out []Placement
-	corrupt, err := listJSON(ctx, s, kv, ">", func(_ string, rev uint64, p Placement) {
+	corrupt, err := jsx.ListJSON(ctx, s.js, kv, ">", func(_ string, rev uint64, p Placement) {
 		p.Revision = rev
 		out = append(out, p)
 	})

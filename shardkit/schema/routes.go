@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 )
 
 // Route is one entry of the route registry (Aether routing's HttpRouteValue): requests whose method
@@ -33,12 +35,19 @@ func (r Route) Validate() error {
 	return CheckName("kind", r.Kind)
 }
 
+// RouteRegistry is tm_routes, the route registry: which kind, and which of its instances, serve
+// a method and path prefix.
+type RouteRegistry struct{ s *Store }
+
+// Routes is the route registry.
+func (s *Store) Routes() RouteRegistry { return RouteRegistry{s} }
+
 // maxCASAttempts bounds read-modify-write retries on contended keys.
 const maxCASAttempts = 32
 
-// AddRouteInstance adds id to the route (creating it), by CAS: Aether routing's publish.
-func (s *Store) AddRouteInstance(ctx context.Context, r Route, id InstanceID) (Route, error) {
-	return s.editRoute(ctx, r, func(cur *Route) bool {
+// AddInstance adds id to the route (creating it), by CAS: Aether routing's publish.
+func (rr RouteRegistry) AddInstance(ctx context.Context, r Route, id InstanceID) (Route, error) {
+	return rr.edit(ctx, r, func(cur *Route) bool {
 		if cur.Kind != r.Kind {
 			cur.Kind = r.Kind
 		}
@@ -51,10 +60,10 @@ func (s *Store) AddRouteInstance(ctx context.Context, r Route, id InstanceID) (R
 	})
 }
 
-// RemoveRouteInstance removes id from the route, deleting the route when it becomes empty:
+// RemoveInstance removes id from the route, deleting the route when it becomes empty:
 // Aether routing's unpublish.
-func (s *Store) RemoveRouteInstance(ctx context.Context, r Route, id InstanceID) (Route, error) {
-	return s.editRoute(ctx, r, func(cur *Route) bool {
+func (rr RouteRegistry) RemoveInstance(ctx context.Context, r Route, id InstanceID) (Route, error) {
+	return rr.edit(ctx, r, func(cur *Route) bool {
 		k := id.Key()
 		if i, found := slices.BinarySearch(cur.Instances, k); found {
 			cur.Instances = slices.Delete(cur.Instances, i, i+1)
@@ -64,21 +73,21 @@ func (s *Store) RemoveRouteInstance(ctx context.Context, r Route, id InstanceID)
 	})
 }
 
-// editRoute applies edit to the stored route by CAS, retrying on conflict. edit reports whether
+// edit applies edit to the stored route by CAS, retrying on conflict. edit reports whether
 // it changed anything. An emptied route is deleted.
-func (s *Store) editRoute(ctx context.Context, r Route, edit func(*Route) bool) (Route, error) {
+func (rr RouteRegistry) edit(ctx context.Context, r Route, edit func(*Route) bool) (Route, error) {
 	if err := r.Validate(); err != nil {
 		return Route{}, err
 	}
 	key := r.Key()
 	for range maxCASAttempts {
 		var cur Route
-		rev, err := s.getJSON(ctx, s.routes, key, &cur)
+		rev, err := rr.s.js.GetJSON(ctx, rr.s.routes, key, &cur)
 		switch {
 		case errors.Is(err, ErrNotFound):
 			cur = Route{Method: r.Method, Prefix: r.Prefix, Kind: r.Kind}
 		case errors.Is(err, ErrCorrupt):
-			s.opts.Logger.Warn("replacing corrupt route", "key", key, "err", err)
+			rr.s.opts.Logger.Warn("replacing corrupt route", "key", key, "err", err)
 			cur = Route{Method: r.Method, Prefix: r.Prefix, Kind: r.Kind}
 		case err != nil:
 			return Route{}, err
@@ -91,14 +100,14 @@ func (s *Store) editRoute(ctx context.Context, r Route, edit func(*Route) bool) 
 			if rev == 0 {
 				return cur, nil
 			}
-			err = s.deleteKey(ctx, s.routes, key, rev)
+			err = rr.s.js.DeleteKey(ctx, rr.s.routes, key, rev)
 			if err == nil {
 				cur.Revision = 0
 				return cur, nil
 			}
 		} else {
 			var nrev uint64
-			nrev, err = s.casJSON(ctx, s.routes, key, rev, cur)
+			nrev, err = rr.s.js.UpdateJSON(ctx, rr.s.routes, key, rev, cur)
 			if err == nil {
 				cur.Revision = nrev
 				return cur, nil
@@ -111,10 +120,10 @@ func (s *Store) editRoute(ctx context.Context, r Route, edit func(*Route) bool) 
 	return Route{}, fmt.Errorf("schema: route %s %s: gave up after %d conflicting writers", r.Method, r.Prefix, maxCASAttempts)
 }
 
-// RouteFor reads one route.
-func (s *Store) RouteFor(ctx context.Context, method, prefix string) (Route, error) {
+// Get reads one route.
+func (rr RouteRegistry) Get(ctx context.Context, method, prefix string) (Route, error) {
 	var r Route
-	rev, err := s.getJSON(ctx, s.routes, routeKey(method, prefix), &r)
+	rev, err := rr.s.js.GetJSON(ctx, rr.s.routes, routeKey(method, prefix), &r)
 	if err != nil {
 		return Route{}, err
 	}
@@ -122,20 +131,20 @@ func (s *Store) RouteFor(ctx context.Context, method, prefix string) (Route, err
 	return r, nil
 }
 
-// Routes lists the registry.
-func (s *Store) Routes(ctx context.Context) ([]Route, error) {
+// List lists the registry.
+func (rr RouteRegistry) List(ctx context.Context) ([]Route, error) {
 	var out []Route
-	_, err := listJSON(ctx, s, s.routes, ">", func(_ string, rev uint64, r Route) {
+	_, err := jsx.ListJSON(ctx, rr.s.js, rr.s.routes, ">", func(_ string, rev uint64, r Route) {
 		r.Revision = rev
 		out = append(out, r)
 	})
 	return out, err
 }
 
-// RemoveInstanceFromRoutes removes id from every route (the sweeper's cleanup of a dead
+// RemoveInstanceEverywhere removes id from every route (the sweeper's cleanup of a dead
 // instance, Aether routing). It returns how many routes changed.
-func (s *Store) RemoveInstanceFromRoutes(ctx context.Context, id InstanceID) (int, error) {
-	routes, err := s.Routes(ctx)
+func (rr RouteRegistry) RemoveInstanceEverywhere(ctx context.Context, id InstanceID) (int, error) {
+	routes, err := rr.List(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -144,7 +153,7 @@ func (s *Store) RemoveInstanceFromRoutes(ctx context.Context, id InstanceID) (in
 		if !slices.Contains(r.Instances, id.Key()) {
 			continue
 		}
-		if _, err := s.RemoveRouteInstance(ctx, r, id); err != nil {
+		if _, err := rr.RemoveInstance(ctx, r, id); err != nil {
 			return n, err
 		}
 		n++

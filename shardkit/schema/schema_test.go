@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -263,32 +264,32 @@ func TestRoutesAddRemove(t *testing.T) {
 	// Concurrent publishers all land (CAS retries).
 	errs := make(chan error, 2)
 	for _, id := range []schema.InstanceID{a, b} {
-		go func() { _, err := st.AddRouteInstance(ctx, r, id); errs <- err }()
+		go func() { _, err := st.Routes().AddInstance(ctx, r, id); errs <- err }()
 	}
 	for range 2 {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
 	}
-	got, err := st.RouteFor(ctx, "POST", "/commands")
+	got, err := st.Routes().Get(ctx, "POST", "/commands")
 	if err != nil || len(got.Instances) != 2 {
 		t.Fatalf("route = %+v, %v", got, err)
 	}
 	// Adding again is idempotent.
-	if got2, _ := st.AddRouteInstance(ctx, r, a); len(got2.Instances) != 2 {
+	if got2, _ := st.Routes().AddInstance(ctx, r, a); len(got2.Instances) != 2 {
 		t.Fatalf("re-add: %+v", got2)
 	}
-	if _, err := st.RemoveRouteInstance(ctx, r, a); err != nil {
+	if _, err := st.Routes().RemoveInstance(ctx, r, a); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := st.RemoveInstanceFromRoutes(ctx, b); err != nil || n != 1 {
+	if n, err := st.Routes().RemoveInstanceEverywhere(ctx, b); err != nil || n != 1 {
 		t.Fatalf("sweep = %d, %v", n, err)
 	}
 	// The emptied route is deleted.
-	if _, err := st.RouteFor(ctx, "POST", "/commands"); !errors.Is(err, schema.ErrNotFound) {
+	if _, err := st.Routes().Get(ctx, "POST", "/commands"); !errors.Is(err, schema.ErrNotFound) {
 		t.Fatalf("empty route not deleted: %v", err)
 	}
-	if _, err := st.AddRouteInstance(ctx, schema.Route{Method: "get", Prefix: "/x", Kind: "aggregate"}, a); !errors.Is(err, schema.ErrInvalid) {
+	if _, err := st.Routes().AddInstance(ctx, schema.Route{Method: "get", Prefix: "/x", Kind: "aggregate"}, a); !errors.Is(err, schema.ErrInvalid) {
 		t.Fatalf("lower-case method: %v", err)
 	}
 }
@@ -296,26 +297,26 @@ func TestRoutesAddRemove(t *testing.T) {
 func TestLease(t *testing.T) {
 	st := open(t)
 	ctx := context.Background()
-	l1, err := st.AcquireLease(ctx, schema.LeaderLease, "r1", time.Minute)
+	l1, err := st.Rebalance().AcquireLease(ctx, schema.LeaderLease, "r1", time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.AcquireLease(ctx, schema.LeaderLease, "r2", time.Minute); !errors.Is(err, schema.ErrLeaseHeld) || !strings.Contains(err.Error(), "r1") {
+	if _, err := st.Rebalance().AcquireLease(ctx, schema.LeaderLease, "r2", time.Minute); !errors.Is(err, schema.ErrLeaseHeld) || !strings.Contains(err.Error(), "r1") {
 		t.Fatalf("second holder: %v", err)
 	}
-	l1, err = st.RenewLease(ctx, l1, time.Minute)
+	l1, err = st.Rebalance().RenewLease(ctx, l1, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.ReleaseLease(ctx, l1); err != nil {
+	if err := st.Rebalance().ReleaseLease(ctx, l1); err != nil {
 		t.Fatal(err)
 	}
-	l2, err := st.AcquireLease(ctx, schema.LeaderLease, "r2", time.Millisecond)
+	l2, err := st.Rebalance().AcquireLease(ctx, schema.LeaderLease, "r2", time.Millisecond)
 	if err != nil {
 		t.Fatalf("after release: %v", err)
 	}
 	// r1's stale copy cannot renew over r2.
-	if _, err := st.RenewLease(ctx, l1, time.Minute); !errors.Is(err, schema.ErrLeaseHeld) {
+	if _, err := st.Rebalance().RenewLease(ctx, l1, time.Minute); !errors.Is(err, schema.ErrLeaseHeld) {
 		t.Fatalf("stale renew: %v", err)
 	}
 	_ = l2
@@ -352,24 +353,24 @@ func TestRecords(t *testing.T) {
 	st := open(t)
 	ctx := context.Background()
 	type rec struct{ N int }
-	rev, err := st.CreateRecord(ctx, schema.PlanKey("p1"), rec{1})
+	rev, err := st.Rebalance().Create(ctx, schema.PlanKey("p1"), rec{1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var got rec
-	if r, err := st.GetRecord(ctx, schema.PlanKey("p1"), &got); err != nil || r != rev || got.N != 1 {
+	if r, err := st.Rebalance().Get(ctx, schema.PlanKey("p1"), &got); err != nil || r != rev || got.N != 1 {
 		t.Fatalf("GetRecord = %d %+v %v, want %d {1}", r, got, err, rev)
 	}
-	if _, err := st.CreateRecord(ctx, schema.PlanKey("p1"), rec{2}); !errors.Is(err, schema.ErrConflict) {
+	if _, err := st.Rebalance().Create(ctx, schema.PlanKey("p1"), rec{2}); !errors.Is(err, schema.ErrConflict) {
 		t.Fatalf("second create: %v, want a conflict", err)
 	}
-	if err := st.DeleteRecord(ctx, schema.PlanKey("p1"), 0); err != nil {
+	if err := st.Rebalance().Delete(ctx, schema.PlanKey("p1"), 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.GetRecord(ctx, schema.PlanKey("p1"), &got); !errors.Is(err, schema.ErrNotFound) {
+	if _, err := st.Rebalance().Get(ctx, schema.PlanKey("p1"), &got); !errors.Is(err, schema.ErrNotFound) {
 		t.Fatalf("deleted record: %v, want ErrNotFound", err)
 	}
-	if _, err := st.GetRecord(ctx, schema.PlanKey("never"), &got); !errors.Is(err, schema.ErrNotFound) {
+	if _, err := st.Rebalance().Get(ctx, schema.PlanKey("never"), &got); !errors.Is(err, schema.ErrNotFound) {
 		t.Fatalf("absent record: %v, want ErrNotFound", err)
 	}
 }
@@ -387,10 +388,10 @@ func TestUnavailable(t *testing.T) {
 	srv.Stop()
 	var v struct{}
 	for name, call := range map[string]func() error{
-		"get record": func() error { _, err := st.GetRecord(ctx, schema.PlanKey("p1"), &v); return err },
+		"get record": func() error { _, err := st.Rebalance().Get(ctx, schema.PlanKey("p1"), &v); return err },
 		"kind":       func() error { _, err := st.Kind(ctx, "aggregate"); return err },
 		"kinds":      func() error { _, err := st.Kinds(ctx); return err },
-		"create":     func() error { _, err := st.CreateRecord(ctx, schema.PlanKey("p2"), v); return err },
+		"create":     func() error { _, err := st.Rebalance().Create(ctx, schema.PlanKey("p2"), v); return err },
 		"audit":      func() error { _, err := st.ReadAudit(ctx, schema.AuditQuery{}); return err },
 	} {
 		start := time.Now()
@@ -411,7 +412,7 @@ func TestLastSeq(t *testing.T) {
 	if err := st.EnsureEventsStream(ctx); err != nil {
 		t.Fatal(err)
 	}
-	js := st.JetStream()
+	js := st.JS().JetStream()
 	var last uint64
 	for i, subj := range []string{"events.acme.account.a", "events.globex.account.a", "events.acme.account.b", "events.globex.account.b"} {
 		ack, err := js.Publish(ctx, subj, []byte(fmt.Sprint(i)))
@@ -423,7 +424,7 @@ func TestLastSeq(t *testing.T) {
 		}
 	}
 	for filter, want := range map[string]uint64{schema.TenantEvents("acme"): last, schema.TenantEvents("initech"): 0} {
-		if got, err := st.LastSeq(ctx, schema.StreamEvents, filter); err != nil || got != want {
+		if got, err := st.JS().LastSeq(ctx, schema.StreamEvents, filter); err != nil || got != want {
 			t.Errorf("LastSeq(%s) = %d %v, want %d", filter, got, err, want)
 		}
 	}
@@ -435,30 +436,30 @@ func TestLastSeq(t *testing.T) {
 func TestPerKeyTTL(t *testing.T) {
 	st := open(t)
 	ctx := context.Background()
-	spec := schema.KVSpec{Bucket: "tm_test_runs", Description: "test"}
-	if _, err := st.EnsureKV(ctx, spec); err != nil {
+	spec := jsx.KVSpec{Bucket: "tm_test_runs", Description: "test"}
+	if _, err := st.JS().EnsureKV(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
 	spec.PerKeyTTL = true
-	kv, err := st.EnsureKV(ctx, spec)
+	kv, err := st.JS().EnsureKV(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := st.JetStream().Stream(ctx, schema.KVStream(spec.Bucket))
+	info, err := st.JS().JetStream().Stream(ctx, jsx.KVStream(spec.Bucket))
 	if err != nil || !info.CachedInfo().Config.AllowMsgTTL {
 		t.Fatalf("per-message TTLs not allowed on the bucket's stream: %v", err)
 	}
-	rev, err := st.UpdateKV(ctx, spec.Bucket, "done", []byte("1"), 0, time.Second)
+	rev, err := st.JS().UpdateKV(ctx, spec.Bucket, "done", []byte("1"), 0, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.UpdateKV(ctx, spec.Bucket, "done", []byte("2"), rev+7, time.Second); !errors.Is(err, jetstream.ErrKeyExists) {
+	if _, err := st.JS().UpdateKV(ctx, spec.Bucket, "done", []byte("2"), rev+7, time.Second); !errors.Is(err, jetstream.ErrKeyExists) {
 		t.Fatalf("write on a stale revision: %v, want jetstream.ErrKeyExists", err)
 	}
-	if _, err := st.UpdateKV(ctx, spec.Bucket, "open", []byte("1"), 0, 0); err != nil {
+	if _, err := st.JS().UpdateKV(ctx, spec.Bucket, "open", []byte("1"), 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	if b, got, err := st.LeaderGet(ctx, spec.Bucket, "done"); err != nil || got != rev || string(b) != "1" {
+	if b, got, err := st.JS().LeaderGet(ctx, spec.Bucket, "done"); err != nil || got != rev || string(b) != "1" {
 		t.Fatalf("leader read: %q rev %d %v, want \"1\" rev %d", b, got, err, rev)
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -472,7 +473,7 @@ func TestPerKeyTTL(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond) // JetStream expires it on its own clock
 	}
-	if _, _, err := st.LeaderGet(ctx, spec.Bucket, "done"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+	if _, _, err := st.JS().LeaderGet(ctx, spec.Bucket, "done"); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Fatalf("leader read of an expired value: %v, want jetstream.ErrKeyNotFound", err)
 	}
 	keys, err := kv.ListKeys(ctx)

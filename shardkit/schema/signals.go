@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 )
 
 // SignalPhase is a tenant's state on one instance of a shard.
@@ -52,7 +53,7 @@ func (s *Store) PutSignal(ctx context.Context, sig TenantSignal) (TenantSignal, 
 		return TenantSignal{}, err
 	}
 	sig.Updated = time.Now().UTC()
-	rev, err := s.putJSON(ctx, s.signals, signalKey(sig.Kind, sig.Tenant, sig.id()), sig)
+	rev, err := s.js.PutJSON(ctx, s.signals, signalKey(sig.Kind, sig.Tenant, sig.id()), sig)
 	if err != nil {
 		return TenantSignal{}, err
 	}
@@ -65,7 +66,7 @@ func (s *Store) DeleteSignal(ctx context.Context, kind, tenant string, id Instan
 	if err := CheckTenant(tenant); err != nil {
 		return err
 	}
-	return s.deleteKey(ctx, s.signals, signalKey(kind, tenant, id), 0)
+	return s.js.DeleteKey(ctx, s.signals, signalKey(kind, tenant, id), 0)
 }
 
 // Signals lists the signals of a tenant on one shard (every instance), or on every shard when
@@ -85,27 +86,31 @@ func (s *Store) Signals(ctx context.Context, kind, tenant, shard string) ([]Tena
 		filter = kind + "." + tenant + "." + shard + ".*"
 	}
 	var out []TenantSignal
-	_, err := listJSON(ctx, s, s.signals, filter, func(_ string, rev uint64, t TenantSignal) {
+	_, err := jsx.ListJSON(ctx, s.js, s.signals, filter, func(_ string, rev uint64, t TenantSignal) {
 		t.Revision = rev
 		out = append(out, t)
 	})
 	return out, err
 }
 
-// SignalsKV is the tenant-signal bucket, for watchers (the rebalancer awaits ready and drained).
-func (s *Store) SignalsKV() jetstream.KeyValue { return s.signals }
-
 // SignalFilter is the watch filter for one tenant's signals on one shard.
 func SignalFilter(kind, tenant, shard string) string { return kind + "." + tenant + "." + shard + ".*" }
 
-// RoutesKV is the route bucket, for the gateway's route table.
-func (s *Store) RoutesKV() jetstream.KeyValue { return s.routes }
-
-// InstancesKV is the directory bucket, for watchers.
-func (s *Store) InstancesKV() jetstream.KeyValue { return s.instances }
-
-// KindsKV is the kind-config bucket, for watchers.
-func (s *Store) KindsKV() jetstream.KeyValue { return s.kinds }
-
-// RebalanceKV is the rebalancer's bucket.
-func (s *Store) RebalanceKV() jetstream.KeyValue { return s.rebalance }
+// KV is one of the shared buckets the store opened, for watchers: BucketKinds, BucketInstances,
+// BucketRoutes, BucketTenantState (the rebalancer awaits ready and drained there) or
+// BucketRebalance. Any other name is nil; a kind's placements are PlacementKV.
+func (s *Store) KV(bucket string) jetstream.KeyValue {
+	switch bucket {
+	case BucketKinds:
+		return s.kinds
+	case BucketInstances:
+		return s.instances
+	case BucketRoutes:
+		return s.routes
+	case BucketTenantState:
+		return s.signals
+	case BucketRebalance:
+		return s.rebalance
+	}
+	return nil
+}

@@ -54,7 +54,7 @@ func (s *Store) PublishLoad(r LoadReport) error {
 	if err != nil {
 		return fmt.Errorf("schema: encode load report: %w", err)
 	}
-	return s.nc.Publish(LoadSubject(r.InstanceID), b)
+	return s.js.Conn().Publish(LoadSubject(r.InstanceID), b)
 }
 
 // SubscribeLoad calls fn with every load report of kind ("" for all kinds). Corrupt reports are
@@ -67,7 +67,7 @@ func (s *Store) SubscribeLoad(kind string, fn func(LoadReport)) (*nats.Subscript
 		}
 		subj = LoadSubjectKind(kind)
 	}
-	sub, err := s.nc.Subscribe(subj, func(m *nats.Msg) {
+	sub, err := s.js.Conn().Subscribe(subj, func(m *nats.Msg) {
 		var r LoadReport
 		if err := json.Unmarshal(m.Data, &r); err != nil {
 			s.opts.Logger.Warn("skipping corrupt load report", "subject", m.Subject, "err", err)

@@ -77,7 +77,7 @@ func run(backends []string, tenants, port int, dir string) error {
 			return err
 		}
 		insts = append(insts, in)
-		if _, err := st.AddRouteInstance(octx, route, in.InstanceID); err != nil {
+		if _, err := st.Routes().AddInstance(octx, route, in.InstanceID); err != nil {
 			return err
 		}
 	}

@@ -1,4 +1,4 @@
-package schema
+package jsx
 
 import (
 	"context"
@@ -14,19 +14,19 @@ func TestPerKeyTTLBucketCreatedTwice(t *testing.T) {
 	srv := natstest.Server(t)
 	nc := natstest.Connect(t, srv.URL())
 	ctx := context.Background()
-	st, err := Open(ctx, nc, Options{})
+	c, err := New(nc, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	spec := KVSpec{Bucket: "tm_test_ttl", Description: "test", PerKeyTTL: true}
-	if _, err := st.EnsureKV(ctx, spec); err != nil {
+	if _, err := c.EnsureKV(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
 	// What the other process sends after its open found no bucket.
-	if _, err := st.js.CreateOrUpdateKeyValue(ctx, st.kvConfig(spec)); err != nil {
+	if _, err := c.js.CreateOrUpdateKeyValue(ctx, c.kvConfig(spec)); err != nil {
 		t.Fatalf("creating the bucket a second time: %v", err)
 	}
-	info, err := st.js.Stream(ctx, KVStream(spec.Bucket))
+	info, err := c.js.Stream(ctx, KVStream(spec.Bucket))
 	if err != nil || !info.CachedInfo().Config.AllowMsgTTL {
 		t.Fatalf("per-message TTLs not allowed: %v", err)
 	}

@@ -1,0 +1,415 @@
+package jsx
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// retry runs op until it succeeds, fails for good, or ctx ends, backing off between attempts
+// that failed transiently (see ErrUnavailable). retryIf picks the failures worth another
+// attempt: any transient one for a read, only "reached nobody" for a write. The error returned
+// is op's last, marked ErrUnavailable when transient.
+func retry(ctx context.Context, retryIf func(error) bool, op func(context.Context) error) error {
+	wait := 25 * time.Millisecond
+	for {
+		err := op(ctx)
+		if err == nil || !retryIf(err) || ctx.Err() != nil {
+			return unavailable(err)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return unavailable(err)
+		}
+		wait = min(2*wait, 500*time.Millisecond)
+	}
+}
+
+// Read runs op, bounded by ctx or the client's timeout, again while it fails transiently (see
+// ErrUnavailable): for reads, which may be made twice.
+func (c *Client) Read(ctx context.Context, op func(context.Context) error) error {
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	return retry(ctx, transient, op)
+}
+
+// PublishOnce publishes data on subject to a stream with message id msgID, made again while
+// unanswered: the stream's duplicate window drops a second copy if the first was stored.
+func (c *Client) PublishOnce(ctx context.Context, subject string, data []byte, msgID string) error {
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	return retry(ctx, transient, tryFor(WriteTry, func(ctx context.Context) error {
+		_, err := c.js.Publish(ctx, subject, data, jetstream.WithMsgID(msgID))
+		return err
+	}))
+}
+
+// readAttempt bounds one attempt of a single-key read (tryFor): a request whose server went
+// away (a stream leader stopped) gets no answer, and the next attempt, after the election,
+// should not wait the whole store timeout for it. A read is idempotent, so an attempt that
+// timed out is simply made again.
+const readAttempt = time.Second
+
+// GetJSON reads key into v and returns its revision. It reads with a direct get, which any
+// replica of the bucket may answer, so on a cluster it can miss a write acknowledged just
+// before (a replica that is behind): use LeaderGetJSON where the caller must see its own or
+// another process's acknowledged writes.
+func (c *Client) GetJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	var e jetstream.KeyValueEntry
+	err := retry(ctx, transient, tryFor(readAttempt, func(ctx context.Context) (err error) {
+		e, err = kv.Get(ctx, key)
+		return err
+	}))
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return 0, fmt.Errorf("%s/%s: %w", kv.Bucket(), key, ErrNotFound)
+		}
+		return 0, fmt.Errorf("get %s/%s: %w", kv.Bucket(), key, err)
+	}
+	if err := json.Unmarshal(e.Value(), v); err != nil {
+		return e.Revision(), fmt.Errorf("%s/%s revision %d: %w: %v", kv.Bucket(), key, e.Revision(), ErrCorrupt, err)
+	}
+	return e.Revision(), nil
+}
+
+// LeaderGetJSON is GetJSON answered by the bucket's stream leader (JetStream's STREAM.MSG.GET
+// rather than a direct get): it sees every write acknowledged before it was sent, by this
+// process or any other. While the stream has no leader it fails with ErrUnavailable.
+func (c *Client) LeaderGetJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
+	data, rev, err := c.LeaderGet(ctx, kv.Bucket(), key)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return 0, fmt.Errorf("%s/%s: %w", kv.Bucket(), key, ErrNotFound)
+		}
+		return 0, fmt.Errorf("get %s/%s from the leader: %w", kv.Bucket(), key, err)
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return rev, fmt.Errorf("%s/%s revision %d: %w: %v", kv.Bucket(), key, rev, ErrCorrupt, err)
+	}
+	return rev, nil
+}
+
+// leaderGet asks the stream leader of bucket for key's last message. A deleted or purged key,
+// or one never written, is jetstream.ErrKeyNotFound.
+func (c *Client) leaderGet(ctx context.Context, bucket, key string) ([]byte, uint64, error) {
+	m, err := c.leaderLast(ctx, KVStream(bucket), KVSubject(bucket, key))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, 0, jetstream.ErrKeyNotFound
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(m.Header) > 0 {
+		h, err := nats.DecodeHeadersMsg(m.Header)
+		if err != nil {
+			return nil, 0, fmt.Errorf("invalid message headers: %w", err)
+		}
+		// A delete, a purge, or the marker JetStream leaves where a value's TTL ran out.
+		if op := h.Get("KV-Operation"); op == "DEL" || op == "PURGE" || h.Get("Nats-Marker-Reason") != "" {
+			return nil, 0, jetstream.ErrKeyNotFound
+		}
+	}
+	return m.Data, m.Sequence, nil
+}
+
+// storedMsg is a message as JetStream's STREAM.MSG.GET answers it.
+type storedMsg struct {
+	Sequence uint64 `json:"seq"`
+	Header   []byte `json:"hdrs"`
+	Data     []byte `json:"data"`
+}
+
+// leaderLast asks stream's leader for the last message on subject (wildcards allowed): unlike
+// a direct get, which any replica may answer, it sees every write acknowledged before it was
+// sent. None is jetstream.ErrMsgNotFound.
+func (c *Client) leaderLast(ctx context.Context, stream, subject string) (*storedMsg, error) {
+	req, err := json.Marshal(map[string]string{"last_by_subj": subject})
+	if err != nil {
+		return nil, err
+	}
+	msg, err := c.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+	if err != nil {
+		return nil, err
+	}
+	var resp struct {
+		Error   *jetstream.APIError `json:"error"`
+		Message *storedMsg          `json:"message"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return nil, fmt.Errorf("invalid JetStream response: %w", err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, jetstream.ErrMsgNotFound
+	case resp.Error != nil:
+		return nil, resp.Error
+	case resp.Message == nil:
+		return nil, jetstream.ErrInvalidJetStreamResponse
+	}
+	return resp.Message, nil
+}
+
+// LastSeq is the stream sequence of the newest message of stream on subject (wildcards
+// allowed; 0 if none), answered by the stream leader, so it covers every append acknowledged
+// before the call: a move's fence is read this way. Transient failures are retried within the
+// store's timeout.
+func (c *Client) LastSeq(ctx context.Context, stream, subject string) (uint64, error) {
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	var seq uint64
+	err := retry(ctx, transient, tryFor(readAttempt, func(ctx context.Context) error {
+		m, err := c.leaderLast(ctx, stream, subject)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			seq = 0
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		seq = m.Sequence
+		return nil
+	}))
+	if err != nil {
+		return 0, fmt.Errorf("last message of %s on %s: %w", stream, subject, err)
+	}
+	return seq, nil
+}
+
+// UpdateJSON writes v to key if its revision is still rev (0: only if absent) and returns the
+// new revision. A lost race is a *ConflictError.
+//
+// Each attempt is bounded to WriteTry, and an attempt that went unanswered is made again: after
+// a stream leader dies, the next leader answers in about two seconds, and waiting out the
+// store's whole timeout would hold a move's handoff that long. An unanswered attempt may have
+// been stored, so a conflict after one is checked against the key's newest value: if it is
+// what this call wrote, the write was ours and succeeded.
+func (c *Client) UpdateJSON(ctx context.Context, kv jetstream.KeyValue, key string, rev uint64, v any) (uint64, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return 0, fmt.Errorf("encode %s/%s: %w", kv.Bucket(), key, err)
+	}
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	var newRev uint64
+	var doubt inDoubt
+	err = retry(ctx, doubt.note, tryFor(WriteTry, func(ctx context.Context) (err error) {
+		if rev == 0 {
+			newRev, err = kv.Create(ctx, key, b)
+		} else {
+			newRev, err = kv.Update(ctx, key, b, rev)
+		}
+		return err
+	}))
+	if err != nil && IsConflict(err) && doubt.was {
+		if got, ok := c.recognise(ctx, kv.Bucket(), key, b); ok {
+			return got, nil
+		}
+	}
+	if err != nil {
+		if IsConflict(err) {
+			return 0, &ConflictError{Bucket: kv.Bucket(), Key: key, Expected: rev, Err: err}
+		}
+		return 0, fmt.Errorf("write %s/%s: %w", kv.Bucket(), key, err)
+	}
+	return newRev, nil
+}
+
+// WriteTry bounds one attempt of a write (see UpdateJSON). A healthy write takes milliseconds,
+// under load tens of them.
+const WriteTry = 1500 * time.Millisecond
+
+// tryFor is op with each call bounded to d.
+func tryFor(d time.Duration, op func(context.Context) error) func(context.Context) error {
+	return func(ctx context.Context) error {
+		actx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		return op(actx)
+	}
+}
+
+// inDoubt is a write's retry rule that remembers whether an attempt may have been stored: any
+// transient failure but "reached nobody" leaves the outcome unknown.
+type inDoubt struct{ was bool }
+
+func (d *inDoubt) note(err error) bool {
+	if !transient(err) {
+		return false
+	}
+	if !noResponders(err) {
+		d.was = true
+	}
+	return true
+}
+
+// recognise reports whether key's newest value, read from the stream leader, is exactly b (a
+// write whose answer was lost landed), and its revision. Values written through the store
+// carry their write time, so another writer's value does not match by accident.
+func (c *Client) recognise(ctx context.Context, bucket, key string, b []byte) (uint64, bool) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), WriteTry)
+	defer cancel()
+	var data []byte
+	var rev uint64
+	err := retry(rctx, transient, func(ctx context.Context) (err error) {
+		data, rev, err = c.leaderGet(ctx, bucket, key)
+		return err
+	})
+	return rev, err == nil && bytes.Equal(data, b)
+}
+
+// PutJSON writes v to key unconditionally. An unanswered attempt is simply made again (see
+// UpdateJSON): writing the same value twice leaves the same value.
+func (c *Client) PutJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return 0, fmt.Errorf("encode %s/%s: %w", kv.Bucket(), key, err)
+	}
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	var rev uint64
+	err = retry(ctx, transient, tryFor(WriteTry, func(ctx context.Context) (err error) {
+		rev, err = kv.Put(ctx, key, b)
+		return err
+	}))
+	if err != nil {
+		return 0, fmt.Errorf("put %s/%s: %w", kv.Bucket(), key, err)
+	}
+	return rev, nil
+}
+
+// DeleteKey deletes key; with rev > 0 only if its revision is still rev. An unanswered
+// attempt is made again; a conflict after one, with the key gone, was our delete.
+func (c *Client) DeleteKey(ctx context.Context, kv jetstream.KeyValue, key string, rev uint64) error {
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	var opts []jetstream.KVDeleteOpt
+	if rev > 0 {
+		opts = append(opts, jetstream.LastRevision(rev))
+	}
+	var doubt inDoubt
+	err := retry(ctx, doubt.note, tryFor(WriteTry, func(ctx context.Context) error { return kv.Delete(ctx, key, opts...) }))
+	if err != nil && IsConflict(err) && doubt.was {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), WriteTry)
+		_, _, gerr := c.leaderGet(rctx, kv.Bucket(), key)
+		cancel()
+		if errors.Is(gerr, jetstream.ErrKeyNotFound) {
+			return nil
+		}
+	}
+	if err != nil {
+		if IsConflict(err) {
+			return &ConflictError{Bucket: kv.Bucket(), Key: key, Expected: rev, Err: err}
+		}
+		return fmt.Errorf("delete %s/%s: %w", kv.Bucket(), key, err)
+	}
+	return nil
+}
+
+// ListJSON decodes every live value under filter, calling fn once per key (in key order) with
+// its newest value. Corrupt values are logged and skipped; their count is returned.
+//
+// It reads the bucket's stream with an ordered consumer delivering the last message per key,
+// until the server reports nothing pending. (nats.go's KeyValue.Watch marks the end of the
+// initial values after the first message when its consumer-info call fails, which truncates a
+// list under load.)
+//
+// On a cluster, making the consumer or fetching from it can fail for a moment (no responders
+// while a leader is elected or before the new consumer's interest reached this server): such
+// a read is started again, with a new consumer, within the store's timeout.
+func ListJSON[T any](ctx context.Context, c *Client, kv jetstream.KeyValue, filter string, fn func(key string, rev uint64, v T)) (corrupt int, err error) {
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	var latest map[string]listItem
+	err = retry(ctx, transient, func(ctx context.Context) (err error) {
+		latest, err = c.listLatest(ctx, kv, filter)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("list %s: %w", kv.Bucket(), err)
+	}
+	keys := make([]string, 0, len(latest))
+	for k, it := range latest {
+		if !it.del {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		it := latest[k]
+		var v T
+		if err := json.Unmarshal(it.data, &v); err != nil {
+			corrupt++
+			c.opts.Logger.Warn("skipping corrupt value", "bucket", kv.Bucket(), "key", k, "revision", it.rev, "err", err)
+			continue
+		}
+		fn(k, it.rev, v)
+	}
+	return corrupt, nil
+}
+
+// listItem is the newest message of one key, as listLatest read it.
+type listItem struct {
+	rev  uint64
+	data []byte
+	del  bool
+}
+
+// listLatest is one attempt of ListJSON: the newest message of every key under filter.
+func (c *Client) listLatest(ctx context.Context, kv jetstream.KeyValue, filter string) (map[string]listItem, error) {
+	prefix := KVSubject(kv.Bucket(), "")
+	cons, done, err := OrderedRead(ctx, c.js, KVStream(kv.Bucket()), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{prefix + filter},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	latest := map[string]listItem{}
+	pending := cons.CachedInfo().NumPending
+	for pending > 0 {
+		batch, err := cons.Fetch(int(min(pending, 1000)), jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			return nil, err
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			md, err := m.Metadata()
+			if err != nil {
+				return nil, err
+			}
+			pending = md.NumPending
+			op := m.Headers().Get("KV-Operation")
+			del := op == "DEL" || op == "PURGE" || m.Headers().Get("Nats-Marker-Reason") != ""
+			latest[strings.TrimPrefix(m.Subject(), prefix)] = listItem{rev: md.Sequence.Stream, data: m.Data(), del: del}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			return nil, err
+		}
+		if got == 0 {
+			// Nothing arrived within the fetch's wait though messages are pending: the
+			// consumer is stuck (its server went away, say); a new one may do better.
+			return nil, fmt.Errorf("%w: no progress with %d pending", ErrUnavailable, pending)
+		}
+	}
+	return latest, nil
+}
+
+// KVStream is the stream that holds KV bucket's values.
+func KVStream(bucket string) string { return "KV_" + bucket }
+
+// KVSubject is the subject key's values of KV bucket are stored on.
+func KVSubject(bucket, key string) string { return "$KV." + bucket + "." + key }
