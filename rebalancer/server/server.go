@@ -12,6 +12,7 @@
 //	POST /api/plans/{id}/rollback   roll back in the background: 202; 409 likewise
 //	GET  /api/instances             the directory with derived statuses (?kind=)
 //	GET  /api/audit                 the audit journal (?kind= &tenant= &since= &limit=)
+//	GET  /api/tenants               the largest tenants by stored size, from telemetry (?kind= &limit=)
 //	GET  /api/kinds                 kind configs
 //	PUT  /api/kinds/{kind}          register or replace a kind's config (schema.KindConfig)
 //	GET  /api/leader                the leader lease and whether this process holds it
@@ -409,6 +410,7 @@ func (s *Server) Handler() http.Handler {
 	r.Use(writesNeedToken(s.cfg.AdminToken))
 	s.registerPlanRoutes(r)
 	s.registerDirectoryRoutes(r)
+	s.registerTenantRoutes(r)
 	s.registerEventRoutes(r)
 	r.Get("/healthz", s.handleHealthz)
 	r.Get("/readyz", s.handleReadyz)

@@ -134,6 +134,22 @@ function humanBytes(n) {
   return n.toFixed(1) + " " + "KMGTPE"[u] + "iB";
 }
 
+// Largest tenants by stored size, from telemetry: what a move carries (bytes), the queue,
+// outbox and due schedules.
+async function loadTenants() {
+  let list;
+  try { list = await getJSON("/api/tenants?limit=10"); } catch { return; }
+  const tb = $("#tenants tbody");
+  tb.replaceChildren();
+  const num = (n) => el("td", { class: "num", text: n ? String(n) : "–" });
+  for (const t of list) {
+    tb.append(el("tr", { "data-tenant": t.kind + "/" + t.tenant },
+      el("td", { text: t.kind }), el("td", { text: t.shard }), el("td", { text: t.tenant }),
+      el("td", { class: "num", text: t.bytes ? humanBytes(t.bytes) : "–" }), num(t.events),
+      el("td", { class: "num", text: t.view_bytes ? humanBytes(t.view_bytes) : "–" }), num(t.queued), num(t.outbox), num(t.due)));
+  }
+}
+
 // Audit journal.
 async function loadAudit() {
   try { state.audit = (await getJSON("/api/audit?limit=30")).reverse(); } catch { return; }
@@ -183,7 +199,8 @@ function connect() {
   es.addEventListener("leader", () => loadLeader());
 }
 
-loadInstances(); loadPlans(); loadAudit(); loadLeader(); connect();
+loadInstances(); loadPlans(); loadAudit(); loadLeader(); loadTenants(); connect();
 setInterval(loadInstances, 2000); // heartbeat ages and metrics move on their own
 setInterval(loadPlans, 2000);     // events are the fast path; this catches any a stream missed
 setInterval(loadLeader, 5000);
+setInterval(loadTenants, 5000); // telemetry: the sizes move on their own
