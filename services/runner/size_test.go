@@ -21,21 +21,7 @@ func TestQueueDepthInTelemetryAndAdmin(t *testing.T) {
 	const tenant = "acme"
 	place(t, st, tenant, "runner-1")
 	svc := startService(t, st, "runner-1", "a", Config{SizeEvery: 100 * time.Millisecond})
-	r := chi.NewRouter()
-	srv := httptest.NewUnstartedServer(r)
-	sk, err := shardkit.New(shardkit.Config{Store: st, ID: svc.cfg.ID, URL: "http://" + srv.Listener.Addr().String(),
-		Routes: svc.Routes(), Hooks: svc.Hooks(), AdminToken: "token", Heartbeat: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sk.Mount(r)
-	svc.Mount(r, sk.Gate, sk.RequireAdmin)
-	srv.Start()
-	t.Cleanup(srv.Close)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = sk.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	url := startShardkit(t, st, svc)
 	owning(t, svc, tenant, true)
 	reports := make(chan schema.LoadReport, 64)
 	sub, err := st.SubscribeLoad(Kind, func(r schema.LoadReport) {
@@ -61,7 +47,7 @@ func TestQueueDepthInTelemetryAndAdmin(t *testing.T) {
 			t.Fatal("no load report with acme's 3 queued jobs within 10s")
 		}
 	}
-	req, _ := http.NewRequest("GET", srv.URL+"/admin/tenants", nil)
+	req, _ := http.NewRequest("GET", url+"/admin/tenants", nil)
 	req.Header.Set("Authorization", "Bearer token")
 	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
 	if err != nil {
@@ -74,4 +60,31 @@ func TestQueueDepthInTelemetryAndAdmin(t *testing.T) {
 	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil || len(body.Sizes) != 1 || body.Sizes[0].Queued != 3 {
 		t.Fatalf("/admin/tenants sizes %+v (%v), want acme with 3 queued", body.Sizes, err)
 	}
+}
+
+// startShardkit serves svc behind shardkit (the gate, the admin API, the move protocol) on a
+// real HTTP server, as the binary does, until the test ends; it returns the URL.
+func startShardkit(t *testing.T, st *schema.Store, svc *Service) string {
+	t.Helper()
+	r := chi.NewRouter()
+	srv := httptest.NewUnstartedServer(r)
+	sk, err := shardkit.New(shardkit.Config{Store: st, ID: svc.cfg.ID, URL: "http://" + srv.Listener.Addr().String(),
+		Routes: svc.Routes(), Hooks: svc.Hooks(), AdminToken: "token", Heartbeat: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sk.Mount(r)
+	svc.Mount(r, sk.Gate, sk.RequireAdmin)
+	srv.Start()
+	t.Cleanup(srv.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = sk.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-sk.Running():
+	case <-time.After(15 * time.Second):
+		t.Fatal("shard did not start")
+	}
+	return srv.URL
 }
