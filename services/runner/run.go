@@ -296,9 +296,15 @@ func (x *executor) finish(ctx context.Context, tq *tenantQ, r *Run, seq uint64, 
 	x.s.rescanAt(tq, seq, retryAt)
 }
 
-// Release stops acquiring the tenant, waits for its runs in flight (within DrainTimeout, then
-// cancels them: their next attempt is the new owner's), flushes its outbox and writes its
-// checkpoint and a drain record. shardkit calls it when this shard stops serving the tenant.
+// Release stops acquiring the tenant and waits for its runs in flight (within DrainTimeout,
+// then cancels them: their next attempt is the new owner's). shardkit calls it when this shard
+// stops serving the tenant, and reports the tenant released (drained) when it returns.
+//
+// The outbox flush and the drain record come after, in the background (bounded by
+// DrainTimeout; Run waits for them): they are housekeeping, not part of letting go. The next
+// owner flushes the outbox too when it acquires the tenant, and the markers keep each effect
+// once; the record is for people. So a move's finish does not wait for their NATS round trips,
+// each of which can wait out a stream leader's election after a NATS node stops.
 func (s *Service) Release(ctx context.Context, tenant string) error {
 	s.mu.Lock()
 	tq := s.tenants[tenant]
@@ -318,14 +324,18 @@ func (s *Service) Release(ctx context.Context, tenant string) error {
 		cancelRuns()
 	}
 	tq.work.Wait()
-	flushed, err := s.outbox.flush(ctx, tenant)
-	if err != nil {
-		return fmt.Errorf("runner: release %s: flush outbox: %w", tenant, err)
-	}
-	if err := s.sagas.writeDrainRecord(ctx, tenant, left, flushed); err != nil {
-		return err
-	}
-	s.cfg.Logger.Info("tenant released", "tenant", tenant, "cancelled", left, "outbox_flushed", flushed)
+	s.housekeeping.Go(func() {
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.DrainTimeout)
+		defer cancel()
+		flushed, err := s.outbox.flush(hctx, tenant)
+		if err != nil {
+			s.cfg.Logger.Warn("flushing a released tenant's outbox; its next owner flushes it", "tenant", tenant, "err", err)
+		}
+		if err := s.sagas.writeDrainRecord(hctx, tenant, left, flushed); err != nil {
+			s.cfg.Logger.Warn("writing a drain record", "tenant", tenant, "err", err)
+		}
+		s.cfg.Logger.Info("tenant released", "tenant", tenant, "cancelled", left, "outbox_flushed", flushed)
+	})
 	return nil
 }
 

@@ -185,6 +185,8 @@ type Service struct {
 	recon    chan struct{}       // nudges the reconciler
 	wakeCh   chan *nats.Msg      // every wake-up subscription delivers here
 	totals   Totals
+
+	housekeeping sync.WaitGroup // released tenants' outbox flushes and drain records
 }
 
 // Totals are the instance's counters since start.
@@ -303,6 +305,7 @@ func (s *Service) Run(ctx context.Context) error {
 		s.unsubscribe(tq)
 		tq.work.Wait()
 	}
+	s.housekeeping.Wait()
 	return nil
 }
 
