@@ -15,6 +15,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
@@ -308,4 +309,37 @@ func postScheduleVia(t *testing.T, base, tenant string, epoch uint64, body strin
 		t.Fatalf("POST /schedules through the gate: %d, %v", resp.StatusCode, err)
 	}
 	return sch
+}
+
+// The runner binary, connected as the runner role with least privilege, keeps and fires a
+// schedule: its user may create, read (from the stream leader), list and update
+// tm_runner_schedules.
+func TestBinaryFiresSchedule(t *testing.T) {
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv.URL())
+	ctx := context.Background()
+	st, err := schema.Open(ctx, nc, schema.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const tenant = "acme"
+	p := place(t, st, tenant, "runner-1")
+	url := binary(t, srv.URL(), "runner-1", "a")
+	sch := postScheduleVia(t, url, tenant, p.Epoch, `{"id":"tick","cron":"@every 1s","job":{"type":"noop"}}`)
+	kv, err := nc.JetStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := kv.KeyValue(schema.BucketRunnerSchedules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "the binary to fire the schedule twice", func() bool {
+		e, err := b.Get(tenant + "." + sch.ID)
+		var got Schedule
+		return err == nil && json.Unmarshal(e.Value(), &got) == nil && got.Fired >= 2
+	})
 }
