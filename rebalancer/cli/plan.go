@@ -70,7 +70,7 @@ func (c *PlanCommand) Run(ctx context.Context, args []string) error {
 	fs.Var(&c.to, "to", "move: the target shard per kind, kind=shard[,kind=shard]")
 	fs.StringVar(&c.out, "out", "", "also write the plan as JSON to this file (for 'rebalance apply <file>')")
 	fs.BoolVar(&c.dryRun, "dry-run", false, "print the plan without storing it")
-	fs.DurationVar(&c.collect, "collect", 3*time.Second, "how long to listen to load telemetry before planning (0: plan by tenant count)")
+	fs.DurationVar(&c.collect, "collect", 3*time.Second, "how long to listen to load telemetry (load and tenant sizes) before planning (0: plan by tenant count, warm-ups by the targets' default)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
