@@ -173,7 +173,12 @@ func (e *Engine) warm(ctx context.Context, m *MoveRecord, p schema.Placement, w 
 	if err != nil {
 		return nil, err
 	}
-	m.State, m.Handoff = MoveHandoff, time.Now().UTC()
+	// The handoff's own write time, as the commit's is (Commit = the draining placement's
+	// UpdatedAt): a target that commits before this returns must not make the pause negative.
+	m.State, m.Handoff = MoveHandoff, got.UpdatedAt
+	if m.Handoff.IsZero() {
+		m.Handoff = time.Now().UTC()
+	}
 	if err := e.saveMove(ctx, m); err != nil {
 		return nil, err
 	}

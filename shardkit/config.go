@@ -120,6 +120,9 @@ type Hooks struct {
 	// Report adds the service's own figures (the runner's recent runs) to each load report
 	// before it is published. It runs on the heartbeat loop and must not block.
 	Report func(r *schema.LoadReport)
+	// Sizes lists the stored size of every tenant the instance hosts, from figures the service
+	// keeps (it is called every heartbeat: no NATS round trip). Default: none.
+	Sizes func() []schema.TenantSize
 }
 
 func (h Hooks) applied(tenant string) uint64 {

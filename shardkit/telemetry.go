@@ -179,6 +179,7 @@ func (t *telemetry) sample(s *Shard, states []*tenantState) schema.LoadReport {
 	if dreq > 0 {
 		r.ErrorRate = float64(derr) / float64(dreq)
 	}
+	s.topSizes(&r)
 	t.at, t.requests, t.errors, t.latency, t.cpu = now, reqs, errs, lat, cpu
 	return r
 }

@@ -79,7 +79,7 @@ func KindAssets(kind string) Assets {
 	case "runner":
 		return Assets{Streams: []string{schema.StreamJobs}, ReadStreams: []string{schema.StreamEvents},
 			KV: []string{schema.ServiceBucket(kind, "runs"), schema.ServiceBucket(kind, "outbox"),
-				schema.ServiceBucket(kind, "checkpoints"), schema.ServiceBucket(kind, "status")},
+				schema.ServiceBucket(kind, "checkpoints"), schema.ServiceBucket(kind, "status"), schema.BucketRunnerSchedules},
 			Publish:   []string{schema.SubjectJobsAll},
 			Subscribe: []string{schema.SubjectJobsAll, schema.SubjectEventsAll}}
 	}

@@ -302,6 +302,7 @@ func TestRenderGolden(t *testing.T) {
 		mv("m00002", "globex", rebalancer.MoveSkipped, 1, 0, "the tenant changed since the plan"),
 		mv("m00003", "initech", rebalancer.MoveAborted, 2, 0, "the target aggregate-2 was not ready within 2m0s"),
 	}
+	moves[0].Strategy, moves[0].WarmupSeconds = "snapshot", 0.046 // chosen by size: shown with its prediction
 	for _, m := range moves {
 		rec.Plan.Moves = append(rec.Plan.Moves, m.Move)
 	}

@@ -90,13 +90,13 @@ func renderPlanDetail(w io.Writer, rec rebalancer.PlanRecord, moves []rebalancer
 	}
 	fmt.Fprintln(w)
 	tw := newTable(w)
-	fmt.Fprintln(tw, "MOVE\tWAVE\tKIND\tTENANT\tFROM\tTO\tSTATE\tPAUSE\tREASON")
+	fmt.Fprintln(tw, "MOVE\tWAVE\tKIND\tTENANT\tFROM\tTO\tWARM-UP\tSTATE\tPAUSE\tREASON")
 	for _, m := range moves {
 		pause := "-"
 		if d := m.Pause(); d > 0 {
 			pause = d.Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, m.Wave, m.Kind, m.Tenant, m.From, m.To, m.State, pause, dash(m.Reason))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, m.Wave, m.Kind, m.Tenant, m.From, m.To, warmup(m), m.State, pause, dash(m.Reason))
 	}
 	return tw.Flush()
 }
@@ -236,4 +236,15 @@ func renderMoveList(w io.Writer, moves []rebalancer.MoveRecord, n int) {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s -> %s\t%s\n", m.ID, m.Kind, m.Tenant, m.From, m.To, m.State)
 	}
 	tw.Flush()
+}
+
+// warmup is a move's warm-up strategy and predicted time, "default" if none was chosen.
+func warmup(m rebalancer.MoveRecord) string {
+	if m.Strategy == "" {
+		return "default"
+	}
+	if m.WarmupSeconds > 0 {
+		return fmt.Sprintf("%s (~%v)", m.Strategy, time.Duration(m.WarmupSeconds*float64(time.Second)).Round(time.Millisecond))
+	}
+	return m.Strategy
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -80,7 +81,9 @@ func TestDashboardShowsInstancesAndMoveProgress(t *testing.T) {
 	}
 	// The target's warm-up waits for the test, so the page can be seen showing "warming".
 	release := make(chan struct{})
-	startShard(t, st, "s-1", shardkit.Hooks{})
+	startShard(t, st, "s-1", shardkit.Hooks{Sizes: func() []schema.TenantSize {
+		return []schema.TenantSize{{Tenant: "acme", Events: 1500, EventBytes: 3 << 20}, {Tenant: "globex", Queued: 4}}
+	}})
 	startShard(t, st, "s-2", shardkit.Hooks{Warm: func(ctx context.Context, _ string, _ uint64) error {
 		select {
 		case <-release:
@@ -125,6 +128,13 @@ func TestDashboardShowsInstancesAndMoveProgress(t *testing.T) {
 	)
 	if err != nil {
 		t.Fatalf("dashboard did not show the instances: %v", err)
+	}
+	// The largest tenants by stored size, from the shards' telemetry (the page polls every 5s).
+	if err := chromedp.Do(bctx, chromedp.WaitVisible(chromedp.CSS(`tr[data-tenant="aggregate/acme"]`))); err != nil {
+		t.Fatalf("dashboard did not show the tenant sizes: %v", err)
+	}
+	if sz, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(`tr[data-tenant="aggregate/acme"]`))); err != nil || !strings.Contains(sz, "3.0 MiB") {
+		t.Fatalf("acme's row %q (%v), want its 3.0 MiB", sz, err)
 	}
 	statusText, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(`tr[data-instance="aggregate.s-1.i1"] .pill`)))
 	if err != nil {

@@ -15,6 +15,7 @@
 //	PUT  /api/instances/{key}/degraded   flag it degraded by hand ({"reason": ...})
 //	DELETE /api/instances/{key}/degraded clear that flag
 //	GET  /api/audit                 the audit journal (?kind= &tenant= &since= &limit=)
+//	GET  /api/tenants               the largest tenants by stored size, from telemetry (?kind= &limit=)
 //	GET  /api/kinds                 kind configs
 //	PUT  /api/kinds/{kind}          register or replace a kind's config (schema.KindConfig)
 //	GET  /api/leader                the leader lease and whether this process holds it
@@ -423,6 +424,7 @@ func (s *Server) Handler() http.Handler {
 	s.registerPlanRoutes(r)
 	s.registerDirectoryRoutes(r)
 	s.registerInstanceRoutes(r)
+	s.registerTenantRoutes(r)
 	s.registerEventRoutes(r)
 	r.Get("/healthz", s.handleHealthz)
 	r.Get("/readyz", s.handleReadyz)

@@ -125,6 +125,7 @@ func (s *Service) reconcile(ctx context.Context, tenant string) {
 		s.outbox.goFlush(tq)
 		s.markReady(tq)
 		s.sagas.markReady(tq)
+		s.sched.acquired()
 		s.cfg.Logger.Debug("acquiring tenant", "tenant", tenant, "epoch", e.Epoch, "phase", e.Phase)
 	}
 	if !own && was {

@@ -88,6 +88,11 @@ type Config struct {
 	// markers are kept; then JetStream removes them, and a create with the run's
 	// idempotency key makes a new job. Default 7 days.
 	Retention time.Duration
+	// SizeEvery is how often the acquired tenants' queue and outbox depths are counted for
+	// telemetry and /admin/tenants. Default 10s.
+	SizeEvery time.Duration
+	// MaxSchedules is the number of recurring schedules a tenant may have. Default 100.
+	MaxSchedules int
 	// Handlers are job types beyond the built-ins (webhook, email, log, sleep, noop).
 	Handlers map[string]Handler
 	// Effects are providers by name, beyond or replacing the built-ins: log, webhook (a
@@ -131,6 +136,12 @@ func (c Config) withDefaults() Config {
 	if c.OpTimeout <= 0 {
 		c.OpTimeout = 5 * time.Second
 	}
+	if c.SizeEvery <= 0 {
+		c.SizeEvery = 10 * time.Second
+	}
+	if c.MaxSchedules <= 0 {
+		c.MaxSchedules = 100
+	}
 	if c.Retention <= 0 {
 		c.Retention = 7 * 24 * time.Hour
 	}
@@ -158,6 +169,8 @@ type Service struct {
 	exec     *executor
 	store    *runStore
 	m        *metrics
+	sched    *Scheduler
+	sizes    *sizer
 	started  time.Time
 
 	mu       sync.Mutex
@@ -249,6 +262,10 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		s.outbox.effects[name] = e
 	}
 	s.m = newMetrics(cfg.Registerer, s)
+	if s.sched, err = newScheduler(ctx, s); err != nil {
+		return nil, err
+	}
+	s.sizes = newSizer(s)
 	// NoSnapshot: every placement then comes through OnChange, so the owned set is complete.
 	s.watcher, err = placement.New(placement.Config{Store: st, Kinds: []string{Kind}, NoSnapshot: true,
 		OnChange: s.onChange, Logger: cfg.Logger})
@@ -275,6 +292,8 @@ func (s *Service) Run(ctx context.Context) error {
 	wg.Go(func() { s.sagas.loop(ctx) })
 	wg.Go(func() { s.board.loop(ctx) })
 	wg.Go(func() { s.sweepLoop(ctx) })
+	wg.Go(func() { s.sched.run(ctx) })
+	wg.Go(func() { s.sizes.run(ctx) })
 	<-ctx.Done()
 	wg.Wait()
 	s.mu.Lock()
@@ -293,7 +312,7 @@ func (s *Service) Run(ctx context.Context) error {
 
 // Hooks connect the runner to shardkit's move protocol.
 func (s *Service) Hooks() shardkit.Hooks {
-	return shardkit.Hooks{Warm: s.Warm, Fence: s.Fence, Release: s.Release, Reload: s.Reload, Report: s.recent.report}
+	return shardkit.Hooks{Warm: s.Warm, Fence: s.Fence, Release: s.Release, Reload: s.Reload, Report: s.recent.report, Sizes: s.sizes.Sizes}
 }
 
 // Warm prepares a tenant moving here: it reads the tenant's saga checkpoint so the bucket is
@@ -344,6 +363,9 @@ func (s *Service) Reload(context.Context) error {
 	nudge(s.recon)
 	return nil
 }
+
+// Schedules is the service's scheduler: its tenants' recurring schedules.
+func (s *Service) Schedules() *Scheduler { return s.sched }
 
 // Routes are the routes the service publishes in the registry.
 func (s *Service) Routes() []schema.Route { return RouteTable }

@@ -70,6 +70,39 @@ type KindConfig struct {
 	Affinity *AffinityConfig `json:"affinity,omitempty"`
 	// Load configures PolicyLoad.
 	Load *LoadConfig `json:"load,omitempty"`
+	// Warmup makes the rebalancer choose each move's warm-up strategy (snapshot migration or
+	// cold replay) from the tenant's size. Default: on for aggregate (see WarmupConfig).
+	Warmup *WarmupConfig `json:"warmup,omitempty"`
+}
+
+// WarmupConfig is a kind's rule for choosing a move's warm-up strategy by tenant size (the
+// Cloudlysis PRD's "the rebalancer selecting the strategy based on tenant size/SLO"): a tenant
+// with a snapshot loads it when its events weigh more than SnapshotAboveBytes, or when a cold
+// replay is predicted to take longer than SLO; otherwise it replays. Predictions are bytes
+// over the two throughputs. Zero fields take the defaults, measured by the aggregate's
+// BenchmarkWarm on 2 cores (docs/benchmarks.md): 100,000 events of ~250 bytes replay in ~1.1 s.
+type WarmupConfig struct {
+	SnapshotAboveBytes  uint64   `json:"snapshot_above_bytes"`   // default 1 MiB
+	SLO                 Duration `json:"slo"`                    // default 5s
+	ReplayBytesPerSec   float64  `json:"replay_bytes_per_sec"`   // default 20 MiB/s
+	SnapshotBytesPerSec float64  `json:"snapshot_bytes_per_sec"` // default 50 MiB/s
+}
+
+// WithDefaults fills zero fields with their documented defaults.
+func (w WarmupConfig) WithDefaults() WarmupConfig {
+	if w.SnapshotAboveBytes == 0 {
+		w.SnapshotAboveBytes = 1 << 20
+	}
+	if w.SLO <= 0 {
+		w.SLO = Duration(5 * time.Second)
+	}
+	if !(w.ReplayBytesPerSec > 0) {
+		w.ReplayBytesPerSec = 20 << 20
+	}
+	if !(w.SnapshotBytesPerSec > 0) {
+		w.SnapshotBytesPerSec = 50 << 20
+	}
+	return w
 }
 
 // RateLimit is a token bucket per tenant.
@@ -110,7 +143,11 @@ type LoadConfig struct {
 
 // DefaultKindConfig is the configuration a kind gets when it is first registered.
 func DefaultKindConfig(kind string) KindConfig {
-	return KindConfig{Kind: kind, SingleWriter: kind == "aggregate", Idempotent: kind == "aggregate" || kind == "runner"}.WithDefaults()
+	c := KindConfig{Kind: kind, SingleWriter: kind == "aggregate", Idempotent: kind == "aggregate" || kind == "runner"}
+	if kind == "aggregate" {
+		c.Warmup = &WarmupConfig{}
+	}
+	return c.WithDefaults()
 }
 
 // WithDefaults fills zero fields with their documented defaults.
@@ -135,6 +172,10 @@ func (c KindConfig) WithDefaults() KindConfig {
 	}
 	if c.DegradedErrorRate == 0 {
 		c.DegradedErrorRate = 0.5
+	}
+	if c.Warmup != nil {
+		w := c.Warmup.WithDefaults()
+		c.Warmup = &w
 	}
 	if c.Policy == PolicyAffinity {
 		a := AffinityConfig{}

@@ -108,6 +108,14 @@ var suite = []entry{
 		},
 	},
 	{
+		title:     "Aggregate: a tenant's stored size, counter vs stream info",
+		pkg:       "./services/aggregate/",
+		bench:     "^BenchmarkTenantSize$",
+		benchtime: "1s", count: 5, benchmem: true,
+		ratios: []ratio{same("ns/op", "TenantSize/counter", "TenantSize/stream-info")},
+		note:   "One tenant of 10,000 events on 100 subjects: the event log's counter of events and bytes (what telemetry reads every heartbeat) against a subject-filtered stream info of TM_EVENTS (one request, message counts only).",
+	},
+	{
 		title:     "Aggregate: commands",
 		pkg:       "./services/aggregate/",
 		bench:     "^BenchmarkCommands$",

@@ -106,13 +106,16 @@ function drawPlans() {
     const done = moves.filter((m) => ["done", "skipped", "aborted", "failed"].includes(m.state)).length;
     const bar = el("div");
     bar.style.width = (100 * done / total).toFixed(0) + "%";
-    const table = el("table", {}, el("thead", {}, el("tr", {}, ...["move", "kind", "tenant", "from", "to", "phase", "pause", "reason"].map((h) => el("th", { text: h })))));
+    const table = el("table", {}, el("thead", {}, el("tr", {}, ...["move", "kind", "tenant", "from", "to", "bytes", "warm-up", "phase", "pause", "reason"].map((h) => el("th", { text: h })))));
     const tb = el("tbody");
     for (const m of moves.slice(0, 50)) {
       const pause = m.handoff && m.commit ? (new Date(m.commit) - new Date(m.handoff)) + " ms" : "–";
+      // The warm-up strategy chosen by the tenant's size, and its predicted time (the plan's dry run).
+      const warm = m.warmup ? m.warmup + " (~" + Math.round(1000 * (m.warmup_seconds || 0)) + " ms)" : "default";
       tb.append(el("tr", { "data-move": m.plan + "/" + m.id, "data-state": m.state },
         el("td", { text: m.id }), el("td", { text: m.kind }), el("td", { text: m.tenant }), el("td", { text: m.from }),
-        el("td", { text: m.to }), el("td", {}, pill(m.state)), el("td", { text: pause }), el("td", { class: "muted", text: m.reason || "" })));
+        el("td", { text: m.to }), el("td", { text: m.bytes ? humanBytes(m.bytes) : "–" }),
+        el("td", { text: warm, title: m.warmup_reason || "" }), el("td", {}, pill(m.state)), el("td", { text: pause }), el("td", { class: "muted", text: m.reason || "" })));
     }
     table.append(tb);
     root.append(el("div", { class: "plan", "data-plan": p.id },
@@ -120,6 +123,30 @@ function drawPlans() {
         el("span", { class: "muted", text: (p.plan ? p.plan.strategy : "") + " · " + done + "/" + total + " moves" }),
         el("div", { class: "progress" }, bar)),
       table));
+  }
+}
+
+// humanBytes renders n as 512 B, 1.5 KiB, 3.2 MiB (the CLI's planner.HumanBytes).
+function humanBytes(n) {
+  if (n < 1024) return n + " B";
+  let u = -1;
+  do { n /= 1024; u++; } while (n >= 1024 && u < 5);
+  return n.toFixed(1) + " " + "KMGTPE"[u] + "iB";
+}
+
+// Largest tenants by stored size, from telemetry: what a move carries (bytes), the queue,
+// outbox and due schedules.
+async function loadTenants() {
+  let list;
+  try { list = await getJSON("/api/tenants?limit=10"); } catch { return; }
+  const tb = $("#tenants tbody");
+  tb.replaceChildren();
+  const num = (n) => el("td", { class: "num", text: n ? String(n) : "–" });
+  for (const t of list) {
+    tb.append(el("tr", { "data-tenant": t.kind + "/" + t.tenant },
+      el("td", { text: t.kind }), el("td", { text: t.shard }), el("td", { text: t.tenant }),
+      el("td", { class: "num", text: t.bytes ? humanBytes(t.bytes) : "–" }), num(t.events),
+      el("td", { class: "num", text: t.view_bytes ? humanBytes(t.view_bytes) : "–" }), num(t.queued), num(t.outbox), num(t.due)));
   }
 }
 
@@ -214,8 +241,9 @@ async function loadInstancePage() {
 }
 
 window.addEventListener("hashchange", loadInstancePage);
-loadInstances(); loadPlans(); loadAudit(); loadLeader(); loadInstancePage(); connect();
+loadInstances(); loadPlans(); loadAudit(); loadLeader(); loadTenants(); loadInstancePage(); connect();
 setInterval(loadInstancePage, 2000);
 setInterval(loadInstances, 2000); // heartbeat ages and metrics move on their own
 setInterval(loadPlans, 2000);     // events are the fast path; this catches any a stream missed
 setInterval(loadLeader, 5000);
+setInterval(loadTenants, 5000); // telemetry: the sizes move on their own
