@@ -12,11 +12,11 @@ import (
 // circuitEvery is how many housekeeping ticks (1s) pass between circuit reports.
 const circuitEvery = 2
 
-// circuitReport lists the instances whose circuit this gateway does not hold closed, for the
+// circuitReport lists the instances whose circuit gateway does not hold closed, for the
 // rebalancer's instance view (schema.CircuitReport).
-func (g *Gateway) circuitReport() schema.CircuitReport {
-	r := schema.CircuitReport{Gateway: g.telemetryName}
-	for _, in := range g.reg.instances() {
+func (reg *registry) circuitReport(gateway string) schema.CircuitReport {
+	r := schema.CircuitReport{Gateway: gateway}
+	for _, in := range reg.instances() {
 		if in.breaker.State() == breaker.Closed {
 			continue
 		}
@@ -29,7 +29,7 @@ func (g *Gateway) circuitReport() schema.CircuitReport {
 
 // publishCircuits sends the circuit report; telemetry is lossy, so a failure is only logged.
 func (g *Gateway) publishCircuits() {
-	r := g.circuitReport()
+	r := g.reg.circuitReport(g.telemetryName)
 	r.Time = time.Now().UTC()
 	if err := g.store.PublishCircuits(r); err != nil {
 		g.log.Debug("publishing circuits", "err", err)

@@ -317,7 +317,7 @@ func (s *Service) Release(ctx context.Context, tenant string) error {
 	tq.released = true
 	cancelRuns := tq.cancel
 	s.mu.Unlock()
-	s.unsubscribe(tq)
+	s.wakes.unsubscribe(tq)
 	bound, cancel := context.WithTimeout(ctx, s.cfg.DrainTimeout)
 	defer cancel()
 	left := s.exec.waitIdle(bound, tq)

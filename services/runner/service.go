@@ -167,6 +167,7 @@ type Service struct {
 	sagas    *sagas
 	board    *statusBoard
 	exec     *executor
+	wakes    *wakeups
 	store    *runStore
 	m        *metrics
 	sched    *Scheduler
@@ -183,7 +184,6 @@ type Service struct {
 	changed  map[string]struct{} // tenants whose placement changed, to reconcile
 	wake     chan struct{}       // nudges the dispatcher
 	recon    chan struct{}       // nudges the reconciler
-	wakeCh   chan *nats.Msg      // every wake-up subscription delivers here
 	totals   Totals
 	recent   recentRuns // the newest runs, for the instance's load reports
 
@@ -220,11 +220,12 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, st: st, js: st.JS().JetStream(), tenants: map[string]*tenantQ{}, changed: map[string]struct{}{},
-		wake: make(chan struct{}, 1), recon: make(chan struct{}, 1), wakeCh: make(chan *nats.Msg, 8192), started: time.Now().UTC()}
+		wake: make(chan struct{}, 1), recon: make(chan struct{}, 1), started: time.Now().UTC()}
 	s.outbox = &outbox{s: s, flushWake: make(chan struct{}, 1)}
 	s.sagas = &sagas{s: s, wake: make(chan struct{}, 1)}
 	s.board = &statusBoard{s: s}
 	s.exec = &executor{s: s}
+	s.wakes = &wakeups{s: s, wakeCh: make(chan *nats.Msg, 8192)}
 	s.store = &runStore{s: s}
 	var err error
 	if s.jobs, err = st.JS().Stream(ctx, schema.StreamJobs); err != nil {
@@ -285,7 +286,7 @@ func (s *Service) Run(ctx context.Context) error {
 		wg.Wait()
 		return nil
 	}
-	wg.Go(func() { s.wakeLoop(ctx) })
+	wg.Go(func() { s.wakes.wakeLoop(ctx) })
 	wg.Go(func() { s.outbox.flushLoop(ctx) })
 	wg.Go(func() { s.reconcileLoop(ctx) })
 	wg.Go(func() { s.dispatchLoop(ctx) })
@@ -303,7 +304,7 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	for _, tq := range all {
-		s.unsubscribe(tq)
+		s.wakes.unsubscribe(tq)
 		tq.work.Wait()
 	}
 	s.housekeeping.Wait()
@@ -345,7 +346,7 @@ func (s *Service) Fence(tenant string) uint64 {
 	s.changed[tenant] = struct{}{}
 	s.mu.Unlock()
 	if tq != nil {
-		s.unsubscribe(tq)
+		s.wakes.unsubscribe(tq)
 	}
 	nudge(s.recon)
 	return 0
