@@ -187,6 +187,9 @@ type Gateway struct {
 	reqCtx    context.Context
 	reqCancel context.CancelFunc
 
+	// telemetryName is cfg.ID as a subject token, naming the gateway's circuit reports.
+	telemetryName string
+
 	// changed is closed and replaced on a placement change while someone waits (after a 421).
 	changed atomic.Pointer[chan struct{}]
 	waiters atomic.Int64
@@ -220,6 +223,8 @@ func New(cfg Config) (*Gateway, error) {
 		assigning: map[holdKey]*assignCall{},
 		ready:     make(chan struct{}),
 		synced:    make(chan struct{}),
+
+		telemetryName: tokenName(cfg.ID),
 	}
 	ch := make(chan struct{})
 	g.changed.Store(&ch)
@@ -451,6 +456,9 @@ func (g *Gateway) housekeeping() {
 			if g.reg.allSynced() {
 				g.reg.rebuild()
 			}
+			if n%circuitEvery == 0 {
+				g.publishCircuits()
+			}
 			if n++; n%30 == 0 {
 				now := time.Now()
 				for _, ke := range g.reg.snap.Load().kinds {
@@ -466,13 +474,17 @@ func (g *Gateway) housekeeping() {
 	}
 }
 
-// onLoad keeps each instance's last load report for /admin/balance.
+// onLoad keeps each instance's last load report for /admin/balance, and its waiting consumers
+// for producer routes.
 func (g *Gateway) onLoad(r schema.LoadReport) {
 	g.reg.mu.Lock()
 	in := g.reg.insts[r.Key()]
 	g.reg.mu.Unlock()
 	if in != nil {
 		in.load.Store(&r)
+		if len(r.Consumers) > 0 || in.consumers.Load() != nil {
+			in.consumers.Store(newConsumerSet(r.Consumers))
+		}
 	}
 	if ke := g.reg.snap.Load().kinds[r.Kind]; ke != nil {
 		ke.lt.Observe(r.Key(), r.InFlight, r.Queued, r.CPU)

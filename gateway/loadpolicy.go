@@ -19,8 +19,18 @@ func breakerConfig(base breaker.Config, kc schema.KindConfig) breaker.Config {
 
 // chooseByLoad is the load policy's choice of an instance of the tenant's shard: a soft
 // affinity cache with a TTL and the Queen coordinator's decision table on smoothed load scores,
-// with the power-of-two pick as the "local" choice.
+// with the power-of-two pick as the "local" choice; a producer route's request then goes where
+// consumers wait for its key (producer.go).
 func (ke *kindEntry) chooseByLoad(x *exchange, insts, tried []*instance) *instance {
+	in := ke.chooseByScore(x, insts, tried)
+	if x.rt.producer != nil {
+		return ke.producerTarget(x, insts, tried, in)
+	}
+	return in
+}
+
+// chooseByScore is chooseByLoad's choice by the affinity cache and load scores.
+func (ke *kindEntry) chooseByScore(x *exchange, insts, tried []*instance) *instance {
 	var candArr [16]string
 	cands := candArr[:0]
 	for _, in := range insts {

@@ -21,6 +21,7 @@ type gwMetrics struct {
 	retries       *prometheus.CounterVec // kind, reason
 	assigned      *prometheus.CounterVec // kind
 	loadDecisions *prometheus.CounterVec // kind, decision (load policy)
+	producer      *prometheus.CounterVec // kind, decision (producer routes)
 	corrupt       *prometheus.CounterVec // bucket
 }
 
@@ -52,6 +53,9 @@ func newMetrics(g *Gateway, reg prometheus.Registerer) *gwMetrics {
 		loadDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tm_gateway_load_decisions_total", Help: "Load policy choices, by decision (local, forward, respect, migrate, break).",
 		}, []string{"kind", "decision"}),
+		producer: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tm_gateway_producer_decisions_total", Help: "Producer route choices (load policy), by decision: local (the usual pick has consumers for the key), consumer (sent to an instance that has), none (no instance has).",
+		}, []string{"kind", "decision"}),
 		corrupt: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tm_gateway_corrupt_total", Help: "Registry, directory or kind values skipped because they could not be decoded.",
 		}, []string{"bucket"}),
@@ -64,6 +68,7 @@ func newMetrics(g *Gateway, reg prometheus.Registerer) *gwMetrics {
 	m.retries = promreg.Register(reg, m.retries)
 	m.assigned = promreg.Register(reg, m.assigned)
 	m.loadDecisions = promreg.Register(reg, m.loadDecisions)
+	m.producer = promreg.Register(reg, m.producer)
 	m.corrupt = promreg.Register(reg, m.corrupt)
 	promreg.Register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tm_gateway_snapshot_staleness_seconds",
@@ -83,11 +88,22 @@ type kindMetrics struct {
 	duration prometheus.Observer
 	holdWait prometheus.Observer
 	codes    [600]atomic.Pointer[prometheus.Counter]
+	// producer counts producer-route decisions: local, consumer, none.
+	producer [3]prometheus.Counter
 }
+
+// Producer-route decisions, indexes of kindMetrics.producer.
+const (
+	producerLocal = iota
+	producerConsumer
+	producerNone
+)
 
 func (m *gwMetrics) forKind(kind string) *kindMetrics {
 	return &kindMetrics{m: m, kind: kind,
-		duration: m.duration.WithLabelValues(kind), holdWait: m.holdWait.WithLabelValues(kind)}
+		duration: m.duration.WithLabelValues(kind), holdWait: m.holdWait.WithLabelValues(kind),
+		producer: [3]prometheus.Counter{m.producer.WithLabelValues(kind, "local"), m.producer.WithLabelValues(kind, "consumer"),
+			m.producer.WithLabelValues(kind, "none")}}
 }
 
 func (k *kindMetrics) code(code int) {

@@ -37,6 +37,8 @@ type instance struct {
 	load     atomic.Pointer[schema.LoadReport]
 	capacity atomic.Int64 // registered capacity (0: the kind's default)
 	external atomic.Bool  // registered through the gateway's HTTP API (no shardkit gate)
+	// consumers are the waiting consumers its newest load report announced (producer routes).
+	consumers atomic.Pointer[consumerSet]
 }
 
 // ewmaAlpha weighs a new latency sample (the Queen coordinator smooths with 0.3).
@@ -68,6 +70,7 @@ func (in *instance) score() float64 {
 type route struct {
 	method, prefix, kind string
 	byShard              map[string][]*instance
+	producer             *producerSpec // nil: not a producer route
 }
 
 // kindEntry is one kind's configuration and per-kind machinery. It lives as long as the gateway.
@@ -401,7 +404,7 @@ func (r *registry) rebuild() {
 
 	// Routes.
 	for _, rt := range r.routes {
-		nr := &route{method: rt.Method, prefix: rt.Prefix, kind: rt.Kind, byShard: map[string][]*instance{}}
+		nr := &route{method: rt.Method, prefix: rt.Prefix, kind: rt.Kind, byShard: map[string][]*instance{}, producer: newProducerSpec(rt.Producer)}
 		for _, key := range rt.Instances {
 			it := live[key]
 			if it == nil || it.id.Kind != rt.Kind {

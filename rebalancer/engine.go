@@ -116,7 +116,7 @@ func (e *Engine) CreatePlanMoves(ctx context.Context, p *planner.Plan, actor str
 func (e *Engine) storePlan(ctx context.Context, rec *PlanRecord) ([]MoveRecord, error) {
 	moves := make([]MoveRecord, 0, len(rec.Plan.Moves))
 	for i, m := range rec.Plan.Moves {
-		mr := MoveRecord{Plan: rec.ID, ID: moveID(i), Move: m, State: MovePending, Updated: rec.Created}
+		mr := MoveRecord{Plan: rec.ID, ID: moveID(i), Move: m, Strategy: m.Warmup, State: MovePending, Updated: rec.Created}
 		rev, err := e.st.Rebalance().Create(ctx, schema.MoveKey(rec.ID, mr.ID), mr)
 		if err != nil {
 			return nil, fmt.Errorf("rebalancer: store move %d of plan %s: %w", i+1, rec.ID, err)

@@ -21,6 +21,9 @@ import (
 
 // drive runs one move to a terminal state. Each round reads the placement, works out where the
 // move really stands (the placement names the move while it runs) and takes the next step.
+// The placement is read from its stream's leader: a replica that is behind could show the
+// placement as it was before this move's own last write, and the round would take the move
+// for aborted while its warming stays in place (a chaos run found one so).
 func (e *Engine) drive(ctx context.Context, m *MoveRecord) (err error) {
 	ctx, span := tracer.Start(ctx, "move", trace.WithAttributes(attribute.String("tm.kind", m.Kind),
 		attribute.String("tm.tenant", m.Tenant), attribute.String("tm.from", m.From), attribute.String("tm.to", m.To),
@@ -32,7 +35,7 @@ func (e *Engine) drive(ctx context.Context, m *MoveRecord) (err error) {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		p, err := e.st.Placement(ctx, m.Kind, m.Tenant)
+		p, err := e.st.LatestPlacement(ctx, m.Kind, m.Tenant)
 		if errors.Is(err, schema.ErrNotFound) {
 			m.State, m.Reason = MoveSkipped, "the tenant is no longer placed"
 			if err := e.saveMove(ctx, m); err != nil {
@@ -173,7 +176,12 @@ func (e *Engine) warm(ctx context.Context, m *MoveRecord, p schema.Placement, w 
 	if err != nil {
 		return nil, err
 	}
-	m.State, m.Handoff = MoveHandoff, time.Now().UTC()
+	// The handoff's own write time, as the commit's is (Commit = the draining placement's
+	// UpdatedAt): a target that commits before this returns must not make the pause negative.
+	m.State, m.Handoff = MoveHandoff, got.UpdatedAt
+	if m.Handoff.IsZero() {
+		m.Handoff = time.Now().UTC()
+	}
 	if err := e.saveMove(ctx, m); err != nil {
 		return nil, err
 	}
@@ -243,7 +251,7 @@ func (e *Engine) awaitTargetCommit(ctx context.Context, m *MoveRecord, p schema.
 		if werr != nil && !errors.Is(werr, errTimeout) {
 			return false, werr
 		}
-		cur, err := e.st.Placement(ctx, m.Kind, m.Tenant)
+		cur, err := e.st.LatestPlacement(ctx, m.Kind, m.Tenant)
 		if err != nil {
 			return false, err
 		}

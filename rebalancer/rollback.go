@@ -37,7 +37,7 @@ func (e *Engine) Rollback(ctx context.Context, id string) (PlanRecord, error) {
 		if m.State != MoveDone {
 			continue
 		}
-		p, err := e.st.Placement(lctx, m.Kind, m.Tenant)
+		p, err := e.st.LatestPlacement(lctx, m.Kind, m.Tenant)
 		if err != nil {
 			return rec, err
 		}
@@ -69,7 +69,7 @@ func (e *Engine) stopMove(ctx context.Context, m *MoveRecord) error {
 	w := e.newSignalWatch(m)
 	defer w.stop()
 	for !m.State.Terminal() {
-		p, err := e.st.Placement(ctx, m.Kind, m.Tenant)
+		p, err := e.st.LatestPlacement(ctx, m.Kind, m.Tenant)
 		if err != nil && !errors.Is(err, schema.ErrNotFound) {
 			return err
 		}

@@ -2,6 +2,7 @@ package rebalancer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -160,6 +161,11 @@ func (o WorldOptions) withDefaults() WorldOptions {
 // limit bites only well above a fair share. When no instance reports any rate (an idle system,
 // or no telemetry), every tenant weighs TenantFloor and Capacity is MaxTenants times
 // TenantFloor: balance then evens out tenant counts relative to capacity.
+//
+// Size: a tenant's Bytes (what a move carries), ReplayBytes and SnapshotBytes are the largest
+// figures the live instances report for it in their Sizes lists (the largest tenants of each
+// instance); a tenant none of them lists is small and counts 0. The kind's warm-up rule
+// (KindConfig.Warmup) becomes World.Warmup, so each move's warm-up strategy is chosen by size.
 func BuildWorld(ctx context.Context, st *schema.Store, kind string, opts WorldOptions) (planner.World, error) {
 	opts = opts.withDefaults()
 	insts, err := st.Instances(ctx, kind)
@@ -171,7 +177,16 @@ func BuildWorld(ctx context.Context, st *schema.Store, kind string, opts WorldOp
 		return planner.World{}, fmt.Errorf("rebalancer: read placements of %s: %w", kind, err)
 	}
 	reports := opts.Telemetry.Reports(kind, opts.Now(), opts.MaxReportAge)
-	return assembleWorld(kind, insts, pls, reports, opts), nil
+	w := assembleWorld(kind, insts, pls, reports, opts)
+	kc, err := st.Kind(ctx, kind)
+	if err != nil && !errors.Is(err, schema.ErrUnknownKind) {
+		return planner.World{}, fmt.Errorf("rebalancer: read the config of %s: %w", kind, err)
+	}
+	if wc := kc.Warmup; err == nil && wc != nil {
+		w.Warmup = &planner.Warmup{SnapshotAbove: wc.SnapshotAboveBytes, SLO: wc.SLO.D(),
+			ReplayBytesPerSec: wc.ReplayBytesPerSec, SnapshotBytesPerSec: wc.SnapshotBytesPerSec}
+	}
+	return w, nil
 }
 
 // shardAcc accumulates one shard's figures while the world is built.
@@ -217,12 +232,20 @@ func assembleWorld(kind string, insts []schema.Instance, pls []schema.Placement,
 			maps.DeleteFunc(s.labels, func(k, v string) bool { return i.Labels[k] != v })
 		}
 	}
-	// Per-tenant rates from the live instances' newest reports.
+	// Per-tenant rates and sizes from the live instances' newest reports. Instances of one
+	// shard that report the same tenant (a runner's siblings all acquire it) count once: the
+	// largest figure.
 	rates := map[string]float64{}
+	sizes := map[string]schema.TenantSize{}
 	total := 0.0
 	for _, r := range reports {
 		if !live[r.Key()] {
 			continue
+		}
+		for _, z := range r.Sizes {
+			if cur, ok := sizes[z.Tenant]; !ok || z.Bytes() > cur.Bytes() {
+				sizes[z.Tenant] = z
+			}
 		}
 		s := get(r.Shard)
 		s.rate += r.RatePerSec
@@ -255,6 +278,9 @@ func assembleWorld(kind string, insts []schema.Instance, pls []schema.Placement,
 			} else {
 				t.Load = max(shards[p.Shard].unnamedPerTenant, opts.TenantFloor)
 			}
+		}
+		if z, ok := sizes[p.Tenant]; ok {
+			t.Bytes, t.ReplayBytes, t.SnapshotBytes = z.Bytes(), z.EventBytes, z.SnapshotBytes
 		}
 		totalLoad += t.Load
 		w.Tenants = append(w.Tenants, t)

@@ -120,6 +120,8 @@ type TenantStatus struct {
 	Applied   uint64       `json:"applied"`
 	Fence     uint64       `json:"fence,omitempty"`
 	Lag       uint64       `json:"lag"`
+	// Size is the tenant's stored size, if the service measures it (Hooks.Sizes).
+	Size *schema.TenantSize `json:"size,omitempty"`
 }
 
 func (a *adminAPI) tenantStatus(ts *tenantState) TenantStatus {
@@ -153,7 +155,21 @@ func (s *Shard) Tenants() []TenantStatus {
 }
 
 func (a *adminAPI) handleTenants(w http.ResponseWriter, _ *http.Request) {
-	tmhttp.WriteJSON(w, http.StatusOK, map[string]any{"instance": a.s.self, "tenants": a.s.Tenants()})
+	sizes, total := a.s.sizes()
+	by := make(map[string]*schema.TenantSize, len(sizes))
+	for i := range sizes {
+		by[sizes[i].Tenant] = &sizes[i]
+	}
+	tenants := a.s.Tenants()
+	for i := range tenants {
+		tenants[i].Size = by[tenants[i].Tenant]
+	}
+	if sizes == nil {
+		sizes = []schema.TenantSize{}
+	}
+	// sizes lists every hosted tenant the service measures (largest first), also those
+	// without requests since start, which tenants leaves out.
+	tmhttp.WriteJSON(w, http.StatusOK, map[string]any{"instance": a.s.self, "tenants": tenants, "sizes": sizes, "stored_bytes": total})
 }
 
 // adminTenant reads and checks the tenant_id parameter.
@@ -225,6 +241,9 @@ func (s *Shard) Reload(ctx context.Context) error {
 	kc, err := s.st.Kind(ctx, s.kind)
 	if err != nil {
 		return err
+	}
+	if err := s.checkFallback(kc); err != nil {
+		s.cfg.Logger.Warn("forward fallback off", "err", err)
 	}
 	s.kindCfg.Store(&kc)
 	if s.ready.Load() {

@@ -46,6 +46,14 @@ type Config struct {
 	// Forward makes the gate proxy requests for tenants this shard does not own to the owner's
 	// live instances instead of answering 421 (the Queen coordinator: clients may call any instance).
 	Forward bool
+	// ForwardFallback lets this instance serve a forwarded tenant itself when forwarding fails
+	// safely twice (the owner's instances refused the connection, or the request is idempotent
+	// and failed before an answer), or when the owner has no live instance: the answer carries
+	// X-Fallback: true (the Queen coordinator's local fallback). The request then runs here
+	// without ownership, so it is only for kinds whose requests any instance may serve; a kind
+	// with single_writer (aggregate) refuses it: Run fails, and a kind switched to single
+	// writer later never falls back. Requires Forward.
+	ForwardFallback bool
 	// ForwardRetries is how many other instances of the owner a forwarded request may try after
 	// the first, when that is safe. Default 2.
 	ForwardRetries int
@@ -111,6 +119,12 @@ type Hooks struct {
 	Release func(ctx context.Context, tenant string) error
 	// Reload is called by POST /admin/reload after the instance re-registered.
 	Reload func(ctx context.Context) error
+	// Report adds the service's own figures (the runner's recent runs) to each load report
+	// before it is published. It runs on the heartbeat loop and must not block.
+	Report func(r *schema.LoadReport)
+	// Sizes lists the stored size of every tenant the instance hosts, from figures the service
+	// keeps (it is called every heartbeat: no NATS round trip). Default: none.
+	Sizes func() []schema.TenantSize
 }
 
 func (h Hooks) applied(tenant string) uint64 {
@@ -206,6 +220,9 @@ func (c Config) valid() error {
 	}
 	if c.Watcher != nil && !c.Watcher.Has(c.ID.Kind) {
 		return fmt.Errorf("%w: Watcher does not follow kind %s", ErrConfig, c.ID.Kind)
+	}
+	if c.ForwardFallback && !c.Forward {
+		return fmt.Errorf("%w: ForwardFallback needs Forward", ErrConfig)
 	}
 	for _, r := range c.Routes {
 		if r.Kind == "" {

@@ -41,7 +41,10 @@
 // instance directory, and retries on another instance only when the request never reached the
 // first (dial failure) or the method is idempotent and the body was buffered. It adds
 // x-forwarded-by; a request that already carries it is never forwarded again (421, or 508 if it
-// names this instance), so forwarding cannot loop.
+// names this instance), so forwarding cannot loop. With Config.ForwardFallback, a kind whose
+// requests any instance may serve has this instance serve the request itself when the owner
+// fails twice in a way that is safe to repeat, or has no live instance (X-Fallback: true); a
+// single-writer kind refuses it.
 //
 // # Moves
 //

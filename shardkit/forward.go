@@ -183,6 +183,13 @@ type forwardPlan struct {
 	body    []byte // buffered body; nil when there is none or it was too big to buffer
 	retry   bool   // retrying is allowed at all (body buffered or empty)
 	tenant  string
+	// fallback is the local handler to serve with when every attempt failed safely
+	// (ForwardFallback); nil when falling back is not allowed. in is the request as it came.
+	fallback http.Handler
+	in       *http.Request
+	// exhausted is set by the transport when every target was tried and each failure was
+	// safe to repeat.
+	exhausted bool
 }
 
 type planKey struct{}
@@ -191,8 +198,10 @@ type planKey struct{}
 type forwarder struct{ s *Shard }
 
 // forward proxies r to a live instance of shard, trying others when the request provably never
-// reached one (or, for idempotent methods, failed before an answer).
-func (fw *forwarder) forward(w http.ResponseWriter, r *http.Request, tenant, shard string) {
+// reached one (or, for idempotent methods, failed before an answer). With ForwardFallback, next
+// (nil: never) serves the request here when that fails (see serveFallback).
+func (fw *forwarder) forward(next http.Handler, w http.ResponseWriter, r *http.Request, tenant, shard string) {
+	next = fw.fallbackHandler(next)
 	if fb := r.Header.Values(tmhttp.HeaderForwardedBy); len(fb) > 0 {
 		fw.s.metrics.forwards.WithLabelValues("loop").Inc()
 		if forwardedBy(fb, fw.s.self) {
@@ -207,6 +216,10 @@ func (fw *forwarder) forward(w http.ResponseWriter, r *http.Request, tenant, sha
 		return
 	}
 	peers := fw.s.peers.live(shard)
+	if len(peers) == 0 && next != nil {
+		fw.serveFallback(next, w, r)
+		return
+	}
 	if len(peers) == 0 {
 		fw.s.metrics.forwards.WithLabelValues("no_instance").Inc()
 		p := fw.s.problem(http.StatusServiceUnavailable, "no-live-instance", "No live instance", tenant,
@@ -224,6 +237,14 @@ func (fw *forwarder) forward(w http.ResponseWriter, r *http.Request, tenant, sha
 	if n := 1 + fw.s.cfg.ForwardRetries; len(plan.targets) > n {
 		plan.targets = plan.targets[:n]
 	}
+	// With a fallback, the Queen coordinator's order: the preferred instance, the next (the same
+	// one again when it is the only one), then the local handler.
+	switch {
+	case next != nil && len(plan.targets) > 2:
+		plan.targets = plan.targets[:2]
+	case next != nil && len(plan.targets) == 1:
+		plan.targets = append(plan.targets, plan.targets[0])
+	}
 	if r.Body != nil && r.Body != http.NoBody {
 		buf, err := io.ReadAll(io.LimitReader(r.Body, fw.s.cfg.MaxForwardBody+1))
 		if err != nil {
@@ -240,6 +261,9 @@ func (fw *forwarder) forward(w http.ResponseWriter, r *http.Request, tenant, sha
 			plan.body = buf
 			r.Body = io.NopCloser(bytes.NewReader(buf))
 		}
+	}
+	if next != nil && plan.retry {
+		plan.fallback, plan.in = next, r
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), fw.s.cfg.ForwardTimeout)
 	defer cancel()
@@ -275,6 +299,15 @@ func (fw *forwarder) newProxy() http.Handler {
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			plan, _ := r.Context().Value(planKey{}).(*forwardPlan)
+			if plan != nil && plan.exhausted && plan.fallback != nil && r.Context().Err() == nil {
+				fw.s.cfg.Logger.Warn("forward failed; serving here", "tenant", plan.tenant, "err", err)
+				in := plan.in
+				if plan.body != nil {
+					in.Body = io.NopCloser(bytes.NewReader(plan.body))
+				}
+				fw.serveFallback(plan.fallback, w, in)
+				return
+			}
 			tenant := ""
 			if plan != nil {
 				tenant = plan.tenant
@@ -320,6 +353,10 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", target.Host, err))
 		if !plan.retry || !retriable(req, err) || req.Context().Err() != nil {
+			break
+		}
+		if i == len(plan.targets)-1 {
+			plan.exhausted = true
 			break
 		}
 		t.s.metrics.forwards.WithLabelValues("retry").Inc()

@@ -111,13 +111,13 @@ func (g *gatekeeper) serveGate(next http.Handler, w http.ResponseWriter, r *http
 	}
 	v := g.judge(e, ok, want)
 	if v != serve {
-		g.refuse(w, r, tenant, v, e)
+		g.refuse(next, w, r, tenant, v, e)
 		return
 	}
 	g.s.inflight.Add(1)
 	defer g.releaseInstance()
 	if g.s.closing.Load() {
-		g.refuse(w, r, tenant, closing, e)
+		g.refuse(next, w, r, tenant, closing, e)
 		return
 	}
 	ts := g.s.states.getOrCreate(tenant)
@@ -127,7 +127,7 @@ func (g *gatekeeper) serveGate(next http.Handler, w http.ResponseWriter, r *http
 			break
 		}
 		if !dead {
-			g.refuse(w, r, tenant, draining, e)
+			g.refuse(next, w, r, tenant, draining, e)
 			return
 		}
 		ts = g.s.states.getOrCreate(tenant)
@@ -222,8 +222,9 @@ func (g *gatekeeper) awaitEpoch(ctx context.Context, tenant string, want uint64)
 	}
 }
 
-// refuse answers a request the gate does not serve here: a problem, or a forward.
-func (g *gatekeeper) refuse(w http.ResponseWriter, r *http.Request, tenant string, v verdict, e placement.Entry) {
+// refuse answers a request the gate does not serve here: a problem, or a forward (which may
+// fall back to next).
+func (g *gatekeeper) refuse(next http.Handler, w http.ResponseWriter, r *http.Request, tenant string, v verdict, e placement.Entry) {
 	g.s.metrics.refused.WithLabelValues(refuseReasons[v]).Inc()
 	w.Header()[tmhttp.HeaderRefused] = refusedValues[v]
 	if tracing.On() {
@@ -239,7 +240,7 @@ func (g *gatekeeper) refuse(w http.ResponseWriter, r *http.Request, tenant strin
 			break
 		}
 		if g.s.cfg.Forward {
-			g.s.fwd.forward(w, r, tenant, owner)
+			g.s.fwd.forward(next, w, r, tenant, owner)
 			return
 		}
 		p := g.s.problem(http.StatusMisdirectedRequest, "not-owner", "Not the owner", tenant,
@@ -253,7 +254,7 @@ func (g *gatekeeper) refuse(w http.ResponseWriter, r *http.Request, tenant strin
 		return
 	case closing:
 		if g.s.cfg.Forward {
-			g.s.fwd.forward(w, r, tenant, g.s.cfg.ID.Shard)
+			g.s.fwd.forward(nil, w, r, tenant, g.s.cfg.ID.Shard)
 			return
 		}
 		p := g.s.problem(http.StatusServiceUnavailable, "instance-draining", "Instance shutting down", tenant,

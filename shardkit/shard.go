@@ -67,6 +67,8 @@ type Shard struct {
 	instMu sync.Mutex
 	inst   schema.Instance
 
+	consumers consumers // waiting consumers per affinity key (Waiting)
+
 	// member is what the membership entry (tm_members) last written holds; memberStale asks
 	// the next heartbeat to write it again whatever it holds.
 	memberMu    sync.Mutex
@@ -222,6 +224,9 @@ func (s *Shard) start(ctx context.Context) error {
 	kc, err := s.st.Kind(wctx, s.kind)
 	if err != nil {
 		return fmt.Errorf("shardkit: read kind %s: %w", s.kind, err)
+	}
+	if err := s.checkFallback(kc); err != nil {
+		return err
 	}
 	s.kindCfg.Store(&kc)
 	return s.register(wctx)

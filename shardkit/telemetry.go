@@ -26,6 +26,10 @@ func (s *Shard) heartbeatLoop(ctx context.Context) {
 		}
 		states := s.states.all()
 		report := tel.sample(s, states)
+		report.Consumers = s.consumers.report()
+		if s.cfg.Hooks.Report != nil {
+			s.cfg.Hooks.Report(&report)
+		}
 		if time.Since(lastTop) >= s.cfg.TopNEvery {
 			s.metrics.setTop(states, s.cfg.TopN)
 			lastTop = time.Now()
@@ -69,9 +73,7 @@ func (s *Shard) heartbeat(ctx context.Context, r schema.LoadReport) {
 	inst.Metrics = &schema.InstanceMetrics{InFlight: r.InFlight, RatePerSec: r.RatePerSec, LatencyMS: r.LatencyMS,
 		CPU: r.CPU, Tenants: r.Tenants, ErrorRate: r.ErrorRate}
 	s.instMu.Unlock()
-	if !s.ready.Load() {
-		inst.Reported = schema.StatusDraining
-	}
+	inst.Reported = s.reportedStatus(r)
 	hctx, cancel := context.WithTimeout(ctx, s.cfg.Heartbeat*3)
 	defer cancel()
 	got, err := s.st.Heartbeat(hctx, inst)
@@ -105,6 +107,20 @@ func (s *Shard) syncMember(ctx context.Context, inst schema.Instance) {
 		return
 	}
 	s.member = inst
+}
+
+// reportedStatus is what the instance says of itself: draining once it stops taking traffic,
+// degraded while its error rate is at least the kind's DegradedErrorRate, else online.
+func (s *Shard) reportedStatus(r schema.LoadReport) schema.Status {
+	if !s.ready.Load() {
+		return schema.StatusDraining
+	}
+	kc := s.kindCfg.Load()
+	requests := r.RatePerSec * s.cfg.Heartbeat.Seconds()
+	if kc != nil && kc.DegradedErrorRate > 0 && requests+0.5 >= schema.DegradedMinRequests && r.ErrorRate >= kc.DegradedErrorRate {
+		return schema.StatusDegraded
+	}
+	return schema.StatusOnline
 }
 
 // forgetIdle drops the state of tenants that are idle, not draining or moving, and no longer
@@ -189,6 +205,7 @@ func (t *telemetry) sample(s *Shard, states []*tenantState) schema.LoadReport {
 	if dreq > 0 {
 		r.ErrorRate = float64(derr) / float64(dreq)
 	}
+	s.topSizes(&r)
 	t.at, t.requests, t.errors, t.latency, t.cpu = now, reqs, errs, lat, cpu
 	return r
 }

@@ -96,14 +96,14 @@ func tryStack(t testing.TB, bin string, extra ...string) (*stack, error) {
 	}
 	t.Cleanup(func() {
 		_ = s.cmd.Process.Signal(syscall.SIGKILL)
+		logs := s.logs.String()
 		if t.Failed() {
-			logs := s.logs.String()
 			t.Logf("dev stack logs (last 8 KiB):\n%s", logs[max(0, len(logs)-8<<10):])
-			if dir := os.Getenv("TM_STACK_LOGS"); dir != "" { // all of them, for a closer look
-				name := filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_")+".log")
-				if err := os.WriteFile(name, []byte(logs), 0o644); err == nil {
-					t.Logf("dev stack logs written to %s", name)
-				}
+		}
+		if dir := os.Getenv("TM_STACK_LOGS"); dir != "" { // all of them, pass or fail, for a closer look
+			name := filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_")+".log")
+			if err := os.WriteFile(name, []byte(logs), 0o644); err == nil {
+				t.Logf("dev stack logs written to %s", name)
 			}
 		}
 	})

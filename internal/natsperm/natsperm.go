@@ -24,7 +24,8 @@ func Rebalancer() Role { return natsauth.Admin() }
 
 // Gateway reads placements of kinds, kind config, routes and the directory; writes placements
 // (the unplaced-tenant rule and the affinity policy), the directory entries and routes of the
-// servers that register with it for affinityKinds, and audit events; reads load reports.
+// servers that register with it for affinityKinds, and audit events; reads load reports and
+// publishes its circuit reports.
 func Gateway(kinds, affinityKinds []string) Role {
 	p := base("gateway")
 	p.readKV(schema.BucketKinds, schema.BucketInstances, schema.BucketMembers, schema.BucketRoutes, schema.BucketTenantState)
@@ -42,6 +43,7 @@ func Gateway(kinds, affinityKinds []string) Role {
 	}
 	p.publishAudit("*")
 	p.Sub = append(p.Sub, schema.SubjectLoadAll)
+	p.Pub = append(p.Pub, schema.SubjectCircuitAll)
 	return p.Role
 }
 
@@ -78,7 +80,7 @@ func KindAssets(kind string) Assets {
 	case "runner":
 		return Assets{Streams: []string{schema.StreamJobs}, ReadStreams: []string{schema.StreamEvents},
 			KV: []string{schema.ServiceBucket(kind, "runs"), schema.ServiceBucket(kind, "outbox"),
-				schema.ServiceBucket(kind, "checkpoints"), schema.ServiceBucket(kind, "status")},
+				schema.ServiceBucket(kind, "checkpoints"), schema.ServiceBucket(kind, "status"), schema.BucketRunnerSchedules},
 			Publish:   []string{schema.SubjectJobsAll},
 			Subscribe: []string{schema.SubjectJobsAll, schema.SubjectEventsAll}}
 	}

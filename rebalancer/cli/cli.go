@@ -54,6 +54,7 @@ var commands = []commandInfo{
 	{"audit", "read the audit journal", func(m *Main) command { return &AuditCommand{m: m} }},
 	{"kinds", "list kinds, or set a kind's config", func(m *Main) command { return &KindsCommand{m: m} }},
 	{"instances", "the instance directory: status, heartbeat age, labels, metrics", func(m *Main) command { return &InstancesCommand{m: m} }},
+	{"tenants", "the largest tenants by stored size: events, snapshot, views, queue, outbox, due", func(m *Main) command { return &TenantsCommand{m: m} }},
 	{"serve", "run the rebalancer service: HTTP API, sweeper, leader lease", func(m *Main) command { return &ServeCommand{m: m} }},
 	{"auth", "the NATS trust chain and each role's credentials: init, creds, permissions", func(m *Main) command { return &AuthCommand{m: m} }},
 }

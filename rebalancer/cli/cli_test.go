@@ -266,6 +266,14 @@ func TestKindsAndInstances(t *testing.T) {
 	if r := e.run(t, "", "kinds", "set", "render", "--policy", "affinity", "--multiplex", "2"); r.code != 0 {
 		t.Fatalf("register an affinity kind: %d %s", r.code, r.stderr)
 	}
+	if r := e.run(t, "", "kinds", "set", "mq", "--policy", "load", "--queue-affinity-threshold", "4", "--degraded-error-rate", "0.2", "--output", "json"); r.code != 0 {
+		t.Fatalf("register a load kind: %d %s", r.code, r.stderr)
+	} else if kc := decode[schema.KindConfig](t, r.stdout); kc.Load == nil || kc.Load.QueueAffinityThreshold != 4 || kc.DegradedErrorRate != 0.2 {
+		t.Fatalf("load kind: %+v", kc)
+	}
+	if r := e.run(t, "", "kinds", "set", "render", "--queue-affinity-threshold", "4"); r.code != 2 {
+		t.Fatalf("--queue-affinity-threshold on an affinity kind: exit %d", r.code)
+	}
 	views := decode[[]rebalancer.InstanceView](t, e.run(t, "", "instances", "--output", "json").stdout)
 	if len(views) != 1 || views[0].Status != schema.StatusOnline || views[0].Labels["region"] != "eu" {
 		t.Fatalf("instances: %+v", views)
@@ -294,6 +302,7 @@ func TestRenderGolden(t *testing.T) {
 		mv("m00002", "globex", rebalancer.MoveSkipped, 1, 0, "the tenant changed since the plan"),
 		mv("m00003", "initech", rebalancer.MoveAborted, 2, 0, "the target aggregate-2 was not ready within 2m0s"),
 	}
+	moves[0].Strategy, moves[0].WarmupSeconds = "snapshot", 0.046 // chosen by size: shown with its prediction
 	for _, m := range moves {
 		rec.Plan.Moves = append(rec.Plan.Moves, m.Move)
 	}
@@ -565,5 +574,44 @@ func TestAuthPermissionsKV(t *testing.T) {
 	}
 	if code := m.Exit(context.Background(), []string{"auth", "permissions", "--kind", "notes", "--kv", "a.b"}); code != 2 {
 		t.Errorf("--kv a.b: exit %d, want 2 (%s)", code, errb.String())
+	}
+}
+
+// `rebalance instances <key>` shows one instance's page; --degrade and --undegrade set and clear
+// the operator's flag, which the derived status follows and the status history records.
+func TestInstancePageAndFlag(t *testing.T) {
+	e := newEnv(t)
+	e.startShard(t, "s-1")
+	key := "aggregate.s-1.i1"
+	if _, err := e.st.CreatePlacement(t.Context(), schema.Placement{Kind: "aggregate", Tenant: "acme", Shard: "s-1"}); err != nil {
+		t.Fatal(err)
+	}
+	d := decode[rebalancer.InstanceDetail](t, e.run(t, "", "instances", key, "--listen", "0", "--output", "json").stdout)
+	if d.Key != key || d.Status != schema.StatusOnline || d.TenantsTotal != 1 || d.Tenants[0].Tenant != "acme" || d.Flag != nil {
+		t.Fatalf("page: %+v", d)
+	}
+	r := e.run(t, "", "instances", key, "--degrade", "disk replacement")
+	if r.code != 0 || !strings.Contains(r.stdout, "degraded") {
+		t.Fatalf("--degrade: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	r = e.run(t, "", "instances", key, "--listen", "0")
+	if r.code != 0 || !strings.Contains(r.stdout, "flagged degraded by cli/") || !strings.Contains(r.stdout, "disk replacement") ||
+		!strings.Contains(r.stdout, "TENANTS (1)") || !strings.Contains(r.stdout, "acme") {
+		t.Fatalf("page table:\n%s%s", r.stdout, r.stderr)
+	}
+	if r := e.run(t, "", "instances", key, "--undegrade"); r.code != 0 {
+		t.Fatalf("--undegrade: %d %s", r.code, r.stderr)
+	}
+	d = decode[rebalancer.InstanceDetail](t, e.run(t, "", "instances", key, "--listen", "0", "--output", "json").stdout)
+	if d.Flag != nil || d.Status != schema.StatusOnline {
+		t.Fatalf("after --undegrade: %+v", d)
+	}
+	for _, args := range [][]string{{"instances", "--degrade", "x"}, {"instances", key, "--degrade", "x", "--undegrade"}, {"instances", "a", "b"}} {
+		if r := e.run(t, "", args...); r.code != 2 {
+			t.Errorf("%v: exit %d, want 2", args, r.code)
+		}
+	}
+	if r := e.run(t, "", "instances", "aggregate.s-9.none", "--listen", "0"); r.code != 1 || !strings.Contains(r.stderr, "not found") {
+		t.Errorf("unknown instance: %d %s", r.code, r.stderr)
 	}
 }

@@ -21,6 +21,8 @@ type KindsCommand struct {
 	idempotent            bool
 	rateLimit             float64
 	rateBurst             int
+	degradedErrorRate     float64
+	queueThreshold        int
 }
 
 const kindsAbout = `Lists the registered kinds and their config, or with 'set <kind>' registers a kind or changes
@@ -48,6 +50,8 @@ func (c *KindsCommand) Run(ctx context.Context, args []string) error {
 	fs.BoolVar(&c.idempotent, "idempotent", false, "set: the kind's services apply a request with an Idempotency-Key once, so gateways may resend one whose answer was lost (--idempotent=false: never)")
 	fs.Float64Var(&c.rateLimit, "rate-limit", 0, "set: per-tenant requests per second (0: unchanged, -1: remove)")
 	fs.IntVar(&c.rateBurst, "rate-burst", 0, "set: per-tenant burst with --rate-limit (default: the rate, at least 1)")
+	fs.Float64Var(&c.degradedErrorRate, "degraded-error-rate", 0, "set: error rate at which an instance reports itself degraded (negative: never)")
+	fs.IntVar(&c.queueThreshold, "queue-affinity-threshold", 0, "set (load policy): groups of a queue beyond which a producer route's key is the queue alone")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -136,6 +140,20 @@ func (c *KindsCommand) set(ctx context.Context, st *schema.Store, kind string, s
 		}
 		a.Multiplex = c.multiplex
 		kc.Affinity = &a
+	}
+	if set["degraded-error-rate"] {
+		kc.DegradedErrorRate = c.degradedErrorRate
+	}
+	if set["queue-affinity-threshold"] {
+		if kc.Policy != schema.PolicyLoad {
+			return schema.KindConfig{}, usagef("--queue-affinity-threshold applies to the load policy; kind %s is %s", kind, kc.Policy)
+		}
+		l := schema.LoadConfig{}
+		if kc.Load != nil {
+			l = *kc.Load
+		}
+		l.QueueAffinityThreshold = c.queueThreshold
+		kc.Load = &l
 	}
 	switch {
 	case set["rate-limit"] && c.rateLimit < 0:

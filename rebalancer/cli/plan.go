@@ -23,6 +23,7 @@ type PlanCommand struct {
 	kind        string
 	tolerance   float64
 	budget      int
+	maxBytes    uint64
 	concurrency int
 	require     labelsFlag
 	to          labelsFlag
@@ -63,12 +64,13 @@ func (c *PlanCommand) Run(ctx context.Context, args []string) error {
 	fs.StringVar(&c.kind, "kind", "", "the kind to plan for (may be omitted when only one kind has shards)")
 	fs.Float64Var(&c.tolerance, "tolerance", 0, "balance: how far above the mean utilisation a shard may end (default 0.05)")
 	fs.IntVar(&c.budget, "budget", 0, "the most moves the plan may hold (0: no limit)")
+	fs.Uint64Var(&c.maxBytes, "max-bytes", 0, "the most bytes the plan may move, from the tenants' sizes in telemetry (0: no limit)")
 	fs.IntVar(&c.concurrency, "concurrency", 0, "moves applied at once (default 4)")
 	fs.Var(&c.require, "require", "target shards must carry these labels, k=v[,k=v] (repeatable)")
 	fs.Var(&c.to, "to", "move: the target shard per kind, kind=shard[,kind=shard]")
 	fs.StringVar(&c.out, "out", "", "also write the plan as JSON to this file (for 'rebalance apply <file>')")
 	fs.BoolVar(&c.dryRun, "dry-run", false, "print the plan without storing it")
-	fs.DurationVar(&c.collect, "collect", 3*time.Second, "how long to listen to load telemetry before planning (0: plan by tenant count)")
+	fs.DurationVar(&c.collect, "collect", 3*time.Second, "how long to listen to load telemetry (load and tenant sizes) before planning (0: plan by tenant count, warm-ups by the targets' default)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -128,7 +130,7 @@ func (c *PlanCommand) request(pos []string) (planner.Request, error) {
 	if len(pos) == 0 {
 		return planner.Request{}, usagef("name a strategy: balance, evacuate <shard>, fill <shard>, move <tenant>, manual <tenant>=<shard>... (see rebalance plan --help)")
 	}
-	req := planner.Request{Kind: c.kind, Options: planner.Options{Tolerance: c.tolerance, Budget: c.budget, Concurrency: c.concurrency, Require: c.require.m}}
+	req := planner.Request{Kind: c.kind, Options: planner.Options{Tolerance: c.tolerance, Budget: c.budget, MaxBytes: c.maxBytes, Concurrency: c.concurrency, Require: c.require.m}}
 	strategy, rest := pos[0], pos[1:]
 	want := func(n int, what string) error {
 		if len(rest) != n {

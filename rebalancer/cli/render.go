@@ -90,13 +90,13 @@ func renderPlanDetail(w io.Writer, rec rebalancer.PlanRecord, moves []rebalancer
 	}
 	fmt.Fprintln(w)
 	tw := newTable(w)
-	fmt.Fprintln(tw, "MOVE\tWAVE\tKIND\tTENANT\tFROM\tTO\tSTATE\tPAUSE\tREASON")
+	fmt.Fprintln(tw, "MOVE\tWAVE\tKIND\tTENANT\tFROM\tTO\tWARM-UP\tSTATE\tPAUSE\tREASON")
 	for _, m := range moves {
 		pause := "-"
 		if d := m.Pause(); d > 0 {
 			pause = d.Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, m.Wave, m.Kind, m.Tenant, m.From, m.To, m.State, pause, dash(m.Reason))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, m.Wave, m.Kind, m.Tenant, m.From, m.To, warmup(m), m.State, pause, dash(m.Reason))
 	}
 	return tw.Flush()
 }
@@ -118,6 +118,54 @@ func renderInstances(w io.Writer, insts []rebalancer.InstanceView) error {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s ago\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", i.Key, i.Status, age(i.HeartbeatAge), i.Capacity,
 			tenants, inflight, rate, lat, errs, cpu, dash(i.Version), dash(rebalancer.LabelString(i.Labels)), i.URL)
+	}
+	return tw.Flush()
+}
+
+// renderInstance renders one instance's page: fields, then tenants, runs, circuits and history.
+func renderInstance(w io.Writer, d rebalancer.InstanceDetail, now time.Time) error {
+	if err := renderInstances(w, []rebalancer.InstanceView{d.InstanceView}); err != nil {
+		return err
+	}
+	if f := d.Flag; f != nil && f.Degraded {
+		fmt.Fprintf(w, "\nflagged degraded by %s %s ago: %s\n", dash(f.By), age(now.Sub(f.Since).Seconds()), dash(f.Reason))
+	}
+	fmt.Fprintf(w, "\nTENANTS (%d", d.TenantsTotal)
+	if len(d.Tenants) < d.TenantsTotal {
+		fmt.Fprintf(w, ", first %d", len(d.Tenants))
+	}
+	fmt.Fprintln(w, ")")
+	tw := newTable(w)
+	for _, t := range d.Tenants {
+		fmt.Fprintf(tw, "  %s\t%s\tepoch %d\n", t.Tenant, t.Phase, t.Epoch)
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "\nRECENT RUNS")
+	if len(d.Runs) == 0 {
+		fmt.Fprintln(w, "  none reported")
+	}
+	tw = newTable(w)
+	for _, r := range d.Runs {
+		when := "-"
+		if r.Finished != nil {
+			when = age(now.Sub(*r.Finished).Seconds()) + " ago"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\tattempts %d\t%s\t%s\n", r.ID, r.Tenant, r.Type, r.Status, r.Attempts, when, r.Error)
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "\nCIRCUITS (per gateway)")
+	if len(d.Circuits) == 0 {
+		fmt.Fprintln(w, "  no gateway reported")
+	}
+	tw = newTable(w)
+	for _, c := range d.Circuits {
+		fmt.Fprintf(tw, "  %s\t%s\tfailures %d\n", c.Gateway, c.State, c.Failures)
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "\nSTATUS HISTORY")
+	tw = newTable(w)
+	for _, c := range d.History {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", c.Time.UTC().Format(time.RFC3339), c.To, c.Reason)
 	}
 	return tw.Flush()
 }
@@ -188,4 +236,15 @@ func renderMoveList(w io.Writer, moves []rebalancer.MoveRecord, n int) {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s -> %s\t%s\n", m.ID, m.Kind, m.Tenant, m.From, m.To, m.State)
 	}
 	tw.Flush()
+}
+
+// warmup is a move's warm-up strategy and predicted time, "default" if none was chosen.
+func warmup(m rebalancer.MoveRecord) string {
+	if m.Strategy == "" {
+		return "default"
+	}
+	if m.WarmupSeconds > 0 {
+		return fmt.Sprintf("%s (~%v)", m.Strategy, time.Duration(m.WarmupSeconds*float64(time.Second)).Round(time.Millisecond))
+	}
+	return m.Strategy
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/rebalancer/server"
+	"github.com/tenantmesh/tenantmesh/rebalancer/sweeper"
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -79,7 +81,9 @@ func TestDashboardShowsInstancesAndMoveProgress(t *testing.T) {
 	}
 	// The target's warm-up waits for the test, so the page can be seen showing "warming".
 	release := make(chan struct{})
-	startShard(t, st, "s-1", shardkit.Hooks{})
+	startShard(t, st, "s-1", shardkit.Hooks{Sizes: func() []schema.TenantSize {
+		return []schema.TenantSize{{Tenant: "acme", Events: 1500, EventBytes: 3 << 20}, {Tenant: "globex", Queued: 4}}
+	}})
 	startShard(t, st, "s-2", shardkit.Hooks{Warm: func(ctx context.Context, _ string, _ uint64) error {
 		select {
 		case <-release:
@@ -124,6 +128,13 @@ func TestDashboardShowsInstancesAndMoveProgress(t *testing.T) {
 	)
 	if err != nil {
 		t.Fatalf("dashboard did not show the instances: %v", err)
+	}
+	// The largest tenants by stored size, from the shards' telemetry (the page polls every 5s).
+	if err := chromedp.Do(bctx, chromedp.WaitVisible(chromedp.CSS(`tr[data-tenant="aggregate/acme"]`))); err != nil {
+		t.Fatalf("dashboard did not show the tenant sizes: %v", err)
+	}
+	if sz, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(`tr[data-tenant="aggregate/acme"]`))); err != nil || !strings.Contains(sz, "3.0 MiB") {
+		t.Fatalf("acme's row %q (%v), want its 3.0 MiB", sz, err)
 	}
 	statusText, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(`tr[data-instance="aggregate.s-1.i1"] .pill`)))
 	if err != nil {
@@ -176,5 +187,79 @@ func TestDashboardShowsInstancesAndMoveProgress(t *testing.T) {
 		if err := os.WriteFile(filepath.Clean(out), shot, 0o644); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestDashboardInstancePage opens one instance's page (seed 003's host page) in headless
+// Chromium: its status with the operator's flag, its tenants and its status history.
+func TestDashboardInstancePage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("browser test")
+	}
+	path := chromium(t)
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv.URL())
+	ctx := context.Background()
+	st, err := schema.Open(ctx, nc, schema.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startShard(t, st, "s-1", shardkit.Hooks{})
+	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "acme", Shard: "s-1"}); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := server.New(server.Config{Store: st, Holder: "dash-test", NoCompact: true, AdminToken: adminToken,
+		Sweep: sweeper.Config{Interval: 200 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, stop := context.WithCancel(ctx)
+	if err := rs.Start(sctx); err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(rs.Handler())
+	t.Cleanup(func() { stop(); rs.Wait(); ts.Close() })
+	key := "aggregate.s-1.i1"
+	req, _ := http.NewRequest(http.MethodPut, ts.URL+"/api/instances/"+key+"/degraded", bytes.NewReader([]byte(`{"reason":"disk replacement"}`)))
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("flag: %v %v", err, resp)
+	}
+	resp.Body.Close()
+
+	alloc, cancelAlloc := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.Flag("disable-gpu", true), chromedp.UserDataDir(t.TempDir()),
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.Flag("no-first-run", true), chromedp.Flag("disable-quic", true))...)
+	defer cancelAlloc()
+	bctx, cancelBrowser := chromedp.NewContext(alloc)
+	defer cancelBrowser()
+	bctx, cancelTimeout := context.WithTimeout(bctx, 60*time.Second)
+	defer cancelTimeout()
+
+	// From the list, the instance's link opens its page.
+	page := `#instance-page[data-instance="` + key + `"]`
+	err = chromedp.Do(bctx,
+		chromedp.Navigate(ts.URL+"/"),
+		chromedp.WaitVisible(chromedp.CSS(`tr[data-instance="`+key+`"] a`)),
+		chromedp.Click(chromedp.CSS(`tr[data-instance="`+key+`"] a`)),
+		chromedp.WaitVisible(chromedp.CSS(page)),
+		chromedp.WaitVisible(chromedp.CSS(`#ip-tenants li[data-tenant="acme"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#ip-history li[data-to="degraded"]`)),
+	)
+	if err != nil {
+		t.Fatalf("the instance page did not show: %v", err)
+	}
+	flag, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(`#ip-flag`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	status, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(`#ip-fields .pill`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status != "degraded" || flag != "flagged degraded by api/dash-test: disk replacement" {
+		t.Fatalf("page: status %q flag %q", status, flag)
 	}
 }

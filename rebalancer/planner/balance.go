@@ -184,7 +184,9 @@ func (b *balancer) step(d int32) bool {
 func (b *balancer) pick(d int32, seg []int32, room, excess float64) int32 {
 	s := b.s
 	ts := s.w.Tenants
-	avail := func(t int32) bool { return s.owner[t] == d && !b.skip[t] && !ts[t].Pinned && ts[t].Load > 0 }
+	avail := func(t int32) bool {
+		return s.owner[t] == d && !b.skip[t] && !ts[t].Pinned && ts[t].Load > 0 && s.fitsBytes(t)
+	}
 	// Entries before head[d] are gone for good (moved or skipped): donors never receive.
 	h := int(b.head[d])
 	for h < len(seg) && !avail(seg[h]) {

@@ -2,6 +2,7 @@ package planner
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 )
 
@@ -26,6 +27,9 @@ type Plan struct {
 	// MinMoves is, for balance, a lower bound on the moves any plan needs to reach the tolerance
 	// (see [Balance]); 0 for other strategies.
 	MinMoves int `json:"min_moves,omitempty"`
+	// Bytes is the sum of the moves' bytes; WarmupSeconds the sum of their predicted warm-ups.
+	Bytes         uint64  `json:"bytes,omitempty"`
+	WarmupSeconds float64 `json:"warmup_seconds,omitempty"`
 }
 
 // Move is one tenant changing owner in one kind.
@@ -40,6 +44,13 @@ type Move struct {
 	Revision uint64 `json:"revision"`
 	// Wave is the move's group, from 1: the engine runs wave n+1 after wave n.
 	Wave int `json:"wave"`
+	// Bytes is what the move carries (the tenant's Bytes).
+	Bytes uint64 `json:"bytes,omitempty"`
+	// Warmup is the warm-up strategy chosen for the target ("snapshot" or "replay"; empty: the
+	// target's default), WarmupSeconds its predicted time and WarmupReason why it was chosen.
+	Warmup        string  `json:"warmup,omitempty"`
+	WarmupSeconds float64 `json:"warmup_seconds,omitempty"`
+	WarmupReason  string  `json:"warmup_reason,omitempty"`
 }
 
 // ShardDiff is one shard's predicted change.
@@ -102,6 +113,9 @@ func newPlan(st Strategy, o Options) *Plan {
 // add appends state s's moves, shard figures and summary to the plan.
 func (p *Plan) add(s *state) {
 	p.Moves = append(p.Moves, s.moves...)
+	if s.bytesBlocked {
+		p.Notes = append(p.Notes, fmt.Sprintf("%s: the byte budget of %s left tenants unmoved: raise max_bytes or plan again after these moves", s.w.Kind, HumanBytes(s.opts.MaxBytes)))
+	}
 	for _, si := range s.order {
 		sh := &s.w.Shards[si]
 		p.Shards = append(p.Shards, ShardDiff{
@@ -146,6 +160,11 @@ func (p *Plan) finish() *Plan {
 		m.Wave = wave
 	}
 	p.Waves = wave
+	p.Bytes, p.WarmupSeconds = 0, 0
+	for _, m := range p.Moves {
+		p.Bytes += m.Bytes
+		p.WarmupSeconds += m.WarmupSeconds
+	}
 	slices.SortStableFunc(p.Kinds, func(a, b KindSummary) int { return cmp.Compare(kindRank(a.Kind), kindRank(b.Kind)) })
 	return p
 }

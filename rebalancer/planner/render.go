@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 )
 
 // String renders the plan as Render does.
@@ -34,6 +35,9 @@ func (p *Plan) Render(w io.Writer) error {
 		status = "incomplete"
 	}
 	fmt.Fprintf(&b, "status: %s\n", status)
+	if p.Bytes > 0 || p.WarmupSeconds > 0 {
+		fmt.Fprintf(&b, "to move: %s, predicted warm-up %s in total\n", HumanBytes(p.Bytes), secs(p.WarmupSeconds))
+	}
 	for _, n := range p.Notes {
 		fmt.Fprintf(&b, "note: %s\n", n)
 	}
@@ -58,9 +62,22 @@ func (p *Plan) Render(w io.Writer) error {
 	if len(p.Moves) > 0 {
 		b.WriteString("\nmoves:\n")
 		tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "#\tWAVE\tKIND\tTENANT\tFROM\tTO\tLOAD\tREVISION")
+		sized := p.Bytes > 0 || slices.ContainsFunc(p.Moves, func(m Move) bool { return m.Warmup != "" })
+		if sized {
+			fmt.Fprintln(tw, "#\tWAVE\tKIND\tTENANT\tFROM\tTO\tLOAD\tREVISION\tBYTES\tWARM-UP\tPREDICTED\tWHY")
+		} else {
+			fmt.Fprintln(tw, "#\tWAVE\tKIND\tTENANT\tFROM\tTO\tLOAD\tREVISION")
+		}
 		for i, m := range p.Moves {
-			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\n", i+1, m.Wave, m.Kind, m.Tenant, m.From, m.To, num(m.Load), m.Revision)
+			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d", i+1, m.Wave, m.Kind, m.Tenant, m.From, m.To, num(m.Load), m.Revision)
+			if sized {
+				warm, pred := "default", "-"
+				if m.Warmup != "" {
+					warm, pred = m.Warmup, secs(m.WarmupSeconds)
+				}
+				fmt.Fprintf(tw, "\t%s\t%s\t%s\t%s", HumanBytes(m.Bytes), warm, pred, m.WarmupReason)
+			}
+			fmt.Fprintln(tw)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -69,6 +86,9 @@ func (p *Plan) Render(w io.Writer) error {
 	_, err := io.WriteString(w, b.String())
 	return err
 }
+
+// secs renders a predicted duration in seconds, to the millisecond.
+func secs(f float64) string { return seconds(f).Round(time.Millisecond).String() }
 
 func count(n int, noun string) string {
 	if n == 1 {

@@ -24,6 +24,9 @@ type state struct {
 
 	owner []int32 // per tenant: current shard index
 	moves []Move
+	// movedBytes is the bytes the moves carry; bytesBlocked is set when MaxBytes kept a tenant.
+	movedBytes   uint64
+	bytesBlocked bool
 
 	// seg[off[s]:off[s+1]] lists the tenants first placed on shard s (built on demand).
 	seg []int32
@@ -95,7 +98,8 @@ func (s *state) buildSegments() {
 	}
 }
 
-// tenantsOf returns shard si's original tenants; sortDesc orders them heaviest first (ties: input order).
+// tenantsOf returns shard si's original tenants; sortDesc orders them heaviest first (ties:
+// fewer bytes, then input order).
 func (s *state) tenantsOf(si int32, sortDesc bool) []int32 {
 	seg := s.seg[s.off[si]:s.off[si+1]]
 	if sortDesc {
@@ -103,6 +107,9 @@ func (s *state) tenantsOf(si int32, sortDesc bool) []int32 {
 		slices.SortFunc(seg, func(a, b int32) int {
 			if c := cmp.Compare(ts[b].Load, ts[a].Load); c != 0 {
 				return c
+			}
+			if c := cmp.Compare(ts[a].Bytes, ts[b].Bytes); c != 0 {
+				return c // equal load: the one with less to carry first
 			}
 			return cmp.Compare(a, b)
 		})
@@ -148,6 +155,9 @@ func (s *state) canHost(si int32, t int32) bool {
 	if !leq(s.load[si]+ten.Load, sh.Capacity) {
 		return false
 	}
+	if !s.fitsBytes(t) {
+		return false
+	}
 	return matches(sh.Labels, ten.Requires) && matches(sh.Labels, s.opts.Require)
 }
 
@@ -162,10 +172,23 @@ func (s *state) move(t, to int32) {
 	s.out[from]++
 	s.in[to]++
 	s.owner[t] = to
-	s.moves = append(s.moves, Move{
+	s.movedBytes += ten.Bytes
+	m := Move{
 		Kind: s.w.Kind, Tenant: ten.ID, From: s.w.Shards[from].Name, To: s.w.Shards[to].Name,
-		Load: ten.Load, Revision: ten.Revision,
-	})
+		Load: ten.Load, Revision: ten.Revision, Bytes: ten.Bytes,
+	}
+	s.w.Warmup.choose(&m, ten)
+	s.moves = append(s.moves, m)
+}
+
+// fitsBytes reports whether tenant t's bytes fit in what is left of the byte budget.
+func (s *state) fitsBytes(t int32) bool {
+	b := s.w.Tenants[t].Bytes
+	if s.opts.MaxBytes == 0 || s.movedBytes+b <= s.opts.MaxBytes {
+		return true
+	}
+	s.bytesBlocked = true
+	return false
 }
 
 func (s *state) budgetLeft() bool { return s.opts.Budget == 0 || len(s.moves) < s.opts.Budget }

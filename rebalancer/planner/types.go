@@ -45,6 +45,13 @@ type Tenant struct {
 	Pinned bool `json:"pinned,omitempty"`
 	// Requires are labels a shard must carry to host the tenant (for example region=eu).
 	Requires map[string]string `json:"requires,omitempty"`
+	// Bytes is what a move of the tenant carries (events replayed or snapshot loaded, views):
+	// the planner's second dimension beside Load. 0 if unknown.
+	Bytes uint64 `json:"bytes,omitempty"`
+	// ReplayBytes is what a cold replay reads (the tenant's events) and SnapshotBytes its
+	// newest snapshot (0: none): the inputs of the warm-up strategy (see [Warmup]).
+	ReplayBytes   uint64 `json:"replay_bytes,omitempty"`
+	SnapshotBytes uint64 `json:"snapshot_bytes,omitempty"`
 }
 
 // World is a snapshot of one kind: its shards and its tenants. The planner reads it and never
@@ -54,6 +61,8 @@ type World struct {
 	Kind    string   `json:"kind"`
 	Shards  []Shard  `json:"shards"`
 	Tenants []Tenant `json:"tenants"`
+	// Warmup, if set, makes the plan choose each move's warm-up strategy (see [Warmup]).
+	Warmup *Warmup `json:"warmup,omitempty"`
 }
 
 // Options tune every strategy. The zero value works.
@@ -69,6 +78,9 @@ type Options struct {
 	Concurrency int `json:"concurrency"`
 	// Require restricts target shards to those carrying these labels (for example region=eu).
 	Require map[string]string `json:"require,omitempty"`
+	// MaxBytes is the most bytes (Tenant.Bytes) a plan may move: a tenant that would go over
+	// it is not moved, and a lighter one is chosen where one does. 0: no limit.
+	MaxBytes uint64 `json:"max_bytes,omitempty"`
 }
 
 // DefaultTolerance and DefaultConcurrency are the values a zero Options field stands for.

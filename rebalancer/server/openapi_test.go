@@ -85,6 +85,14 @@ func TestOpenAPI(t *testing.T) {
 		return err == nil && len(insts) == 2
 	}))
 	c.Do("GET", "/api/instances", "/api/instances?kind=aggregate", nil, nil)
+	inst := "/api/instances/aggregate.aggregate-1.i1"
+	c.Do("PUT", "/api/instances/{key}/degraded", inst+"/degraded", map[string]any{"reason": "disk replacement"}, admin)
+	c.Do("PUT", "/api/instances/{key}/degraded", inst+"/degraded", map[string]any{"reason": "x"}, nil)
+	c.Do("PUT", "/api/instances/{key}/degraded", inst+"/degraded", map[string]any{"typo": "x"}, admin)
+	c.Do("GET", "/api/instances/{key}", inst, nil, nil)
+	c.Do("DELETE", "/api/instances/{key}/degraded", inst+"/degraded", nil, admin)
+	c.Do("GET", "/api/instances/{key}", "/api/instances/aggregate.aggregate-9.i1", nil, nil)
+	c.Do("GET", "/api/instances/{key}", "/api/instances/nodots", nil, nil)
 	for _, tenant := range []string{"acme", "globex", "initech"} {
 		if _, err := st.CreatePlacement(t.Context(), schema.Placement{Kind: "aggregate", Tenant: tenant, Shard: "aggregate-1"}); err != nil {
 			t.Fatal(err)
@@ -121,7 +129,9 @@ func TestOpenAPI(t *testing.T) {
 	for _, want := range []string{"POST /api/plans 201", "POST /api/plans 200", "POST /api/plans 422", "POST /api/plans 400",
 		"POST /api/plans/{id}/apply 202", "POST /api/plans/{id}/apply 401", "POST /api/plans/{id}/apply 404",
 		"POST /api/plans/{id}/apply 409", "GET /api/plans/{id} 404", "PUT /api/kinds/{kind} 200", "PUT /api/kinds/{kind} 400",
-		"PUT /api/kinds/{kind} 401", "GET /api/audit 200", "GET /api/audit 400", "GET /api/instances 200"} {
+		"PUT /api/kinds/{kind} 401", "GET /api/audit 200", "GET /api/audit 400", "GET /api/instances 200",
+		"GET /api/instances/{key} 200", "GET /api/instances/{key} 404", "GET /api/instances/{key} 400", "PUT /api/instances/{key}/degraded 200",
+		"PUT /api/instances/{key}/degraded 401", "PUT /api/instances/{key}/degraded 400", "DELETE /api/instances/{key}/degraded 200"} {
 		if !c.Seen[want] {
 			t.Errorf("no answer %s was validated (validated: %v)", want, c.Seen)
 		}

@@ -11,7 +11,11 @@
 //	POST /api/plans/{id}/apply      apply in the background: 202; 409 if not the leader or busy
 //	POST /api/plans/{id}/rollback   roll back in the background: 202; 409 likewise
 //	GET  /api/instances             the directory with derived statuses (?kind=)
+//	GET  /api/instances/{key}       one instance: fields, tenants, recent runs, circuits, history
+//	PUT  /api/instances/{key}/degraded   flag it degraded by hand ({"reason": ...})
+//	DELETE /api/instances/{key}/degraded clear that flag
 //	GET  /api/audit                 the audit journal (?kind= &tenant= &since= &limit=)
+//	GET  /api/tenants               the largest tenants by stored size, from telemetry (?kind= &limit=)
 //	GET  /api/kinds                 kind configs
 //	PUT  /api/kinds/{kind}          register or replace a kind's config (schema.KindConfig)
 //	GET  /api/leader                the leader lease and whether this process holds it
@@ -88,9 +92,11 @@ type Server struct {
 	eng   *rebalancer.Engine
 	sweep *sweeper.Sweeper
 	tel   *rebalancer.Telemetry
-	hub   *hub
-	log   *slog.Logger
-	reg   *prometheus.Registry
+	// circuits are the gateways' circuit reports, for an instance's page.
+	circuits *rebalancer.Circuits
+	hub      *hub
+	log      *slog.Logger
+	reg      *prometheus.Registry
 
 	mu       sync.Mutex
 	leadCtx  context.Context // non-nil while this process holds the lease
@@ -203,13 +209,21 @@ func (s *Server) Start(ctx context.Context) error {
 		return err
 	}
 	s.tel = tel
+	circuits, err := rebalancer.WatchCircuits(s.st)
+	if err != nil {
+		tel.Stop()
+		return err
+	}
+	s.circuits = circuits
 	if err := s.startEvents(ctx); err != nil {
 		tel.Stop()
+		circuits.Stop()
 		return err
 	}
 	s.work.Go(func() {
 		<-ctx.Done()
 		tel.Stop()
+		circuits.Stop()
 		s.hub.close() // ends the event streams
 	})
 	s.work.Go(func() { s.leadLoop(ctx) })
@@ -409,6 +423,8 @@ func (s *Server) Handler() http.Handler {
 	r.Use(writesNeedToken(s.cfg.AdminToken))
 	s.registerPlanRoutes(r)
 	s.registerDirectoryRoutes(r)
+	s.registerInstanceRoutes(r)
+	s.registerTenantRoutes(r)
 	s.registerEventRoutes(r)
 	r.Get("/healthz", s.handleHealthz)
 	r.Get("/readyz", s.handleReadyz)

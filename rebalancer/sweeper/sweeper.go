@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -232,6 +233,13 @@ func (s *Sweeper) Sweep(ctx context.Context) (Result, error) {
 			if ok && s.cfg.OnEvent != nil {
 				s.cfg.OnEvent(Event{Instance: key, Kind: i.Kind, Shard: i.Shard, From: prev, To: st, Time: now})
 			}
+			// The history keeps the newest change; a first sight after a leader change adds
+			// nothing when the status is what the history already ends in.
+			c := schema.StatusChange{From: prev, To: st, Time: now, Reason: s.reason(i, st, now)}
+			if err := s.cfg.Store.AppendStatus(ctx, i.InstanceID, c); err != nil {
+				errs = append(errs, fmt.Errorf("status history of %s: %w", key, err))
+				continue // the next sweep tries again
+			}
 			s.last[key] = st
 		}
 	}
@@ -239,9 +247,35 @@ func (s *Sweeper) Sweep(ctx context.Context) (Result, error) {
 		if !seen[k] {
 			delete(s.last, k)
 			delete(s.cleaned, k)
+			if id, err := schema.ParseInstanceID(k); err == nil {
+				if err := s.cfg.Store.DeleteHistory(ctx, id); err != nil {
+					errs = append(errs, fmt.Errorf("status history of %s: %w", k, err))
+				}
+			}
 		}
 	}
 	return res, errors.Join(errs...)
+}
+
+// reason says why i has status st at now, for its status history.
+func (s *Sweeper) reason(i schema.Instance, st schema.Status, now time.Time) string {
+	switch st {
+	case schema.StatusOffline:
+		return "no heartbeat since " + i.Heartbeat.Format(time.RFC3339)
+	case schema.StatusDraining:
+		return "the instance reports draining"
+	case schema.StatusDegraded:
+		switch {
+		case i.Flag != nil && i.Flag.Degraded:
+			return strings.TrimSpace("flagged degraded by " + i.Flag.By + ": " + i.Flag.Reason)
+		case i.Reported == schema.StatusDegraded:
+			return "the instance reports degraded (error rate over its kind's degraded_error_rate)"
+		case i.Metrics != nil && s.cfg.Health.Status(i, now) == schema.StatusDegraded && s.cfg.Health.Thresholds.Status(i, now) == schema.StatusOnline:
+			return fmt.Sprintf("error rate %.2f", i.Metrics.ErrorRate)
+		}
+		return "heartbeat late: last " + i.Heartbeat.Format(time.RFC3339)
+	}
+	return ""
 }
 
 // forget removes a dead instance from every route and from affinity owners.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/nats-io/nats.go/jetstream"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -125,4 +126,42 @@ func BenchmarkCommands(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64(n.Load())/time.Since(start).Seconds(), "cmds/s")
+}
+
+// BenchmarkTenantSize compares the two ways of knowing a tenant's stored size: the counter the
+// event log keeps as it applies events (what telemetry reads every heartbeat, for every hosted
+// tenant) and a subject-filtered stream info of TM_EVENTS (one NATS request per tenant, which
+// counts the tenant's messages per subject but not their bytes).
+func BenchmarkTenantSize(b *testing.B) {
+	st := openStore(b)
+	ctx := context.Background()
+	if err := st.EnsureEventsStream(ctx); err != nil {
+		b.Fatal(err)
+	}
+	const tenant = "big"
+	seedEvents(b, st, tenant, 10_000)
+	s := newService(b, st, Config{})
+	if err := s.Warm(ctx, tenant, 0); err != nil {
+		b.Fatal(err)
+	}
+	stream, err := st.JS().Stream(ctx, schema.StreamEvents)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("counter", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if z := s.log.Sizes(); len(z) != 1 || z[0].Events != 10_000 {
+				b.Fatalf("sizes %+v", z)
+			}
+		}
+	})
+	b.Run("stream-info", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := stream.Info(ctx, jetstream.WithSubjectFilter(schema.TenantEvents(tenant))); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

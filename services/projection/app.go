@@ -13,7 +13,7 @@ import (
 // sequence (also the fence a drained source reports), exact lag, release after a drain or a
 // move away, and a placement re-check on reload.
 func (s *Service) Hooks() shardkit.Hooks {
-	return shardkit.Hooks{Warm: s.Warm, Applied: s.Applied, Lag: s.Lag, Release: s.Release, Reload: s.Reload}
+	return shardkit.Hooks{Warm: s.Warm, Applied: s.Applied, Lag: s.Lag, Release: s.Release, Reload: s.Reload, Sizes: s.Sizes}
 }
 
 // Routes are the routes the service publishes in the registry.
@@ -25,4 +25,14 @@ func (s *Service) Handler(sk *shardkit.Shard) http.Handler {
 	r := chi.NewRouter()
 	s.Mount(r, sk.Gate, sk.RequireAdmin)
 	return r
+}
+
+// Sizes are the stored views' sizes of the tenants this instance hosts. shardkit hook.
+func (s *Service) Sizes() []schema.TenantSize {
+	hosted := s.hosted()
+	out := make([]schema.TenantSize, 0, len(hosted))
+	for _, ts := range hosted {
+		out = append(out, schema.TenantSize{Tenant: ts.tenant, ViewBytes: ts.viewBytes.Load()})
+	}
+	return out
 }

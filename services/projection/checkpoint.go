@@ -29,6 +29,7 @@ func (s *Service) flush(ctx context.Context, ts *tenantState) error {
 	}
 	ts.since = 0
 	ts.mu.Unlock()
+	ts.viewBytes.Store(uint64(len(b)))
 	s.m.flushes.Inc()
 	s.m.flushBytes.Observe(float64(len(b)))
 	return nil

@@ -197,6 +197,7 @@ func (s *store) load(ctx context.Context, tenant string) (*snapshot, error) {
 	if err := json.Unmarshal(b, &snap); err != nil || snap.Tenant != tenant {
 		return nil, fmt.Errorf("projection: stored views of %s are corrupt: %v", tenant, err)
 	}
+	snap.size = len(b)
 	return &snap, nil
 }
 

@@ -3,6 +3,7 @@ package projection
 import (
 	"encoding/json"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/services/ledger"
@@ -61,6 +62,8 @@ type tenantState struct {
 	flushed uint64
 	since   int
 	waiters []waiter
+	// viewBytes is the size of the tenant's stored views (last loaded or stored).
+	viewBytes atomic.Uint64
 }
 
 type waiter struct {
@@ -149,6 +152,8 @@ type snapshot struct {
 	Applied      uint64        `json:"applied"`
 	Accounts     []*AccountRow `json:"accounts"`
 	Transactions []TxRow       `json:"transactions"`
+
+	size int // bytes as stored (not stored itself)
 }
 
 // encode marshals the tenant's views. The caller holds ts.mu (read).

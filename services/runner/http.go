@@ -23,6 +23,9 @@ const MaxBodyBytes = MaxPayloadBytes + 4<<10
 var RouteTable = []schema.Route{
 	{Method: "POST", Prefix: "/jobs", Kind: Kind},
 	{Method: "GET", Prefix: "/jobs", Kind: Kind},
+	{Method: "POST", Prefix: "/schedules", Kind: Kind},
+	{Method: "GET", Prefix: "/schedules", Kind: Kind},
+	{Method: "DELETE", Prefix: "/schedules", Kind: Kind},
 }
 
 // Mount registers the tenant routes behind gate (shardkit's placement gate) and the instance
@@ -32,6 +35,7 @@ func (s *Service) Mount(r chi.Router, gate, admin func(http.Handler) http.Handle
 	r.With(gate).Post("/jobs", a.handleCreate)
 	r.With(gate).Get("/jobs", a.handleList)
 	r.With(gate).Get("/jobs/{id}", a.handleGet)
+	s.sched.mount(r, gate)
 	r.With(admin).Get("/admin/runner/status", a.handleStatus)
 	r.With(admin).Get("/admin/runner/instances", a.handleInstances)
 	r.With(admin).Get("/admin/runner/tenant", a.handleTenant)
@@ -133,6 +137,12 @@ func writeErr(w http.ResponseWriter, r *http.Request, err error, tenant string) 
 		e = &tmhttp.Error{Status: http.StatusBadRequest, Type: "bad-tenant", Title: "Bad tenant id"}
 	case errors.Is(err, ErrBadJob), errors.Is(err, ErrUnknownType):
 		e = &tmhttp.Error{Status: http.StatusBadRequest, Type: "bad-job", Title: "Bad job"}
+	case errors.Is(err, ErrBadSchedule):
+		e = &tmhttp.Error{Status: http.StatusBadRequest, Type: "bad-schedule", Title: "Bad schedule"}
+	case errors.Is(err, ErrNoSchedule):
+		e = &tmhttp.Error{Status: http.StatusNotFound, Type: "not-found", Title: "No such schedule"}
+	case errors.Is(err, ErrScheduleExists):
+		e = &tmhttp.Error{Status: http.StatusConflict, Type: "schedule-exists", Title: "Schedule exists"}
 	case errors.Is(err, ErrNoJob):
 		e = &tmhttp.Error{Status: http.StatusNotFound, Type: "not-found", Title: "No such job"}
 	case errors.Is(err, ErrQueueFull):

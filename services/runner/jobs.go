@@ -54,6 +54,45 @@ type NewJob struct {
 	// IdempotencyKey makes a retried create return the first job (also the Idempotency-Key
 	// header).
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	// RunAt holds the job until this time; Delay (a Go duration such as "90s") until that long
+	// after the create. At most one of them; see [MaxDelay].
+	RunAt *time.Time `json:"run_at,omitempty"`
+	Delay string     `json:"delay,omitempty"`
+
+	// schedule and due are set by the scheduler for the job of one due time of a schedule.
+	schedule string
+	due      time.Time
+}
+
+// MaxDelay bounds how far ahead run_at and delay may hold a job (a recurring schedule has no
+// such bound).
+const MaxDelay = 366 * 24 * time.Hour
+
+// notBefore is the time nj asks to wait for (zero: run now).
+func (nj NewJob) notBefore(now time.Time) (time.Time, error) {
+	if nj.RunAt != nil && nj.Delay != "" {
+		return time.Time{}, fmt.Errorf("%w: give run_at or delay, not both", ErrBadJob)
+	}
+	var at time.Time
+	switch {
+	case nj.RunAt != nil:
+		at = nj.RunAt.UTC()
+	case nj.Delay != "":
+		d, err := time.ParseDuration(nj.Delay)
+		if err != nil || d < 0 {
+			return time.Time{}, fmt.Errorf("%w: delay %q is not a duration >= 0 such as \"90s\" or \"2h\"", ErrBadJob, nj.Delay)
+		}
+		at = now.Add(d)
+	default:
+		return time.Time{}, nil
+	}
+	if at.Sub(now) > MaxDelay {
+		return time.Time{}, fmt.Errorf("%w: the job would wait until %s, more than %v ahead; use a schedule", ErrBadJob, at.Format(time.RFC3339), MaxDelay)
+	}
+	if !at.After(now) {
+		return time.Time{}, nil
+	}
+	return at, nil
 }
 
 // Run is a job and its run state, the value of key <tenant>.<id> in tm_runner_runs.
@@ -80,6 +119,10 @@ type Run struct {
 	LeaseUntil *time.Time `json:"lease_until,omitempty"`
 	// Seq is the queue entry's stream sequence (0 until enqueued).
 	Seq uint64 `json:"seq,omitempty"`
+	// Due is when the job was asked to run (run_at, delay, or its schedule's due time);
+	// Schedule names the schedule that created it.
+	Due      *time.Time `json:"due,omitempty"`
+	Schedule string     `json:"schedule,omitempty"`
 
 	rev uint64
 }
@@ -137,6 +180,11 @@ func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bo
 	if len(nj.IdempotencyKey) > 200 {
 		return Run{}, false, fmt.Errorf("%w: idempotency key longer than 200 bytes", ErrBadJob)
 	}
+	now := time.Now().UTC()
+	notBefore, err := nj.notBefore(now)
+	if err != nil {
+		return Run{}, false, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
 	defer cancel()
 	if nj.Instance != "" && !s.store.knownInstance(ctx, nj.Instance) {
@@ -158,7 +206,14 @@ func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bo
 		return Run{}, false, &queueFullError{depth: depth, max: s.cfg.MaxQueued, retry: s.store.retryAfter(depth)}
 	}
 	r := Run{ID: id, Tenant: tenant, Type: nj.Type, Payload: nj.Payload, Instance: nj.Instance,
-		Status: StatusPending, CreatedAt: time.Now().UTC()}
+		Status: StatusPending, CreatedAt: now, Schedule: nj.schedule}
+	switch {
+	case !notBefore.IsZero():
+		r.NotBefore, r.Due = &notBefore, &notBefore
+	case !nj.due.IsZero():
+		due := nj.due.UTC()
+		r.Due = &due
+	}
 	b, _ := json.Marshal(r)
 	var rev uint64
 	err = s.cfg.whileUnavailable(ctx, func(octx context.Context) (err error) {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -157,10 +158,12 @@ func TestReleaseBound(t *testing.T) {
 		t.Fatalf("run %+v, want succeeded on b at attempt 2", r)
 	}
 	rc.await(t, 1, 5*time.Second)
-	e, err := a.sagas.checks.Get(context.Background(), drainKey(tenant))
-	if err != nil {
-		t.Fatalf("drain record: %v", err)
-	}
+	var e jetstream.KeyValueEntry
+	waitUntil(t, 10*time.Second, "the source's drain record (written after the release)", func() bool {
+		var err error
+		e, err = a.sagas.checks.Get(context.Background(), drainKey(tenant))
+		return err == nil
+	})
 	t.Logf("drain record: %s", e.Value())
 }
 

@@ -52,6 +52,7 @@ func (x *executor) claimAndRun(ctx context.Context, tq *tenantQ, msg *jetstream.
 		x.done(tq)
 		return
 	}
+	x.s.recent.note(r)
 	if h := nats.Header(msg.Header); tracing.Traced(h) {
 		var span trace.Span
 		ctx, span = tracer.Start(tracing.Extract(ctx, h), "job.run", trace.WithAttributes(
@@ -289,6 +290,7 @@ func (x *executor) finish(ctx context.Context, tq *tenantQ, r *Run, seq uint64, 
 	}
 	x.s.mu.Unlock()
 	x.s.m.finished.WithLabelValues(string(r.Status)).Inc()
+	x.s.recent.note(r)
 	if r.Status.done() {
 		x.dropEntry(seq)
 		return
@@ -296,9 +298,15 @@ func (x *executor) finish(ctx context.Context, tq *tenantQ, r *Run, seq uint64, 
 	x.s.rescanAt(tq, seq, retryAt)
 }
 
-// Release stops acquiring the tenant, waits for its runs in flight (within DrainTimeout, then
-// cancels them: their next attempt is the new owner's), flushes its outbox and writes its
-// checkpoint and a drain record. shardkit calls it when this shard stops serving the tenant.
+// Release stops acquiring the tenant and waits for its runs in flight (within DrainTimeout,
+// then cancels them: their next attempt is the new owner's). shardkit calls it when this shard
+// stops serving the tenant, and reports the tenant released (drained) when it returns.
+//
+// The outbox flush and the drain record come after, in the background (bounded by
+// DrainTimeout; Run waits for them): they are housekeeping, not part of letting go. The next
+// owner flushes the outbox too when it acquires the tenant, and the markers keep each effect
+// once; the record is for people. So a move's finish does not wait for their NATS round trips,
+// each of which can wait out a stream leader's election after a NATS node stops.
 func (s *Service) Release(ctx context.Context, tenant string) error {
 	s.mu.Lock()
 	tq := s.tenants[tenant]
@@ -309,23 +317,36 @@ func (s *Service) Release(ctx context.Context, tenant string) error {
 	tq.released = true
 	cancelRuns := tq.cancel
 	s.mu.Unlock()
-	s.unsubscribe(tq)
+	s.wakes.unsubscribe(tq)
 	bound, cancel := context.WithTimeout(ctx, s.cfg.DrainTimeout)
 	defer cancel()
 	left := s.exec.waitIdle(bound, tq)
 	if left > 0 {
 		s.cfg.Logger.Warn("drain bound reached: cancelling runs", "tenant", tenant, "in_flight", left)
 		cancelRuns()
+		// Cancelled runs end at once, but an effect delivery under way completes (bounded by
+		// RunTimeout) so that it is never half done.
+		ended, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RunTimeout)
+		s.exec.waitIdle(ended, tq)
+		cancel()
 	}
-	tq.work.Wait()
-	flushed, err := s.outbox.flush(ctx, tenant)
-	if err != nil {
-		return fmt.Errorf("runner: release %s: flush outbox: %w", tenant, err)
-	}
-	if err := s.sagas.writeDrainRecord(ctx, tenant, left, flushed); err != nil {
-		return err
-	}
-	s.cfg.Logger.Info("tenant released", "tenant", tenant, "cancelled", left, "outbox_flushed", flushed)
+	// A saga batch or an outbox flush of the tenant may still be going: it is not waited for.
+	// Checkpoints are written by compare-and-set and effects are delivered once by their
+	// markers, so the next owner doing the same at the same time is safe; the batch stops at
+	// its next event, seeing the tenant released. (After a NATS node stops, such a batch's
+	// checkpoint write can wait seconds for a stream leader, and a move's finish with it.)
+	s.housekeeping.Go(func() {
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.DrainTimeout)
+		defer cancel()
+		flushed, err := s.outbox.flush(hctx, tenant)
+		if err != nil {
+			s.cfg.Logger.Warn("flushing a released tenant's outbox; its next owner flushes it", "tenant", tenant, "err", err)
+		}
+		if err := s.sagas.writeDrainRecord(hctx, tenant, left, flushed); err != nil {
+			s.cfg.Logger.Warn("writing a drain record", "tenant", tenant, "err", err)
+		}
+		s.cfg.Logger.Info("tenant released", "tenant", tenant, "cancelled", left, "outbox_flushed", flushed)
+	})
 	return nil
 }
 

@@ -38,7 +38,8 @@ type tenantQ struct {
 	subs   []*nats.Subscription
 	// sagaReady: the tenant is in the saga ring (it may have events its sagas have not seen).
 	sagaReady bool
-	// work counts runs and outbox deliveries in flight for the tenant (not under mu).
+	// work counts the tenant's runs, saga batches and outbox flushes in flight (not under
+	// mu); Run waits for it at shutdown. Release waits only for the runs (inflight).
 	work sync.WaitGroup
 	// ctx is cancelled when a release gives up waiting for the tenant's runs.
 	ctx    context.Context
@@ -118,17 +119,18 @@ func (s *Service) reconcile(ctx context.Context, tenant string) {
 	subscribe := own && tq.subs == nil
 	s.mu.Unlock()
 	if subscribe {
-		s.subscribe(tq)
+		s.wakes.subscribe(tq)
 	}
 	if own && !was {
 		s.outbox.goFlush(tq)
 		s.markReady(tq)
 		s.sagas.markReady(tq)
+		s.sched.acquired()
 		s.cfg.Logger.Debug("acquiring tenant", "tenant", tenant, "epoch", e.Epoch, "phase", e.Phase)
 	}
 	if !own && was {
 		// Stop acquiring now; runs in flight finish, Release (shardkit) waits for them.
-		s.unsubscribe(tq)
+		s.wakes.unsubscribe(tq)
 		s.cfg.Logger.Debug("stopped acquiring tenant", "tenant", tenant, "phase", e.Phase, "owner", e.Shard)
 	}
 }
@@ -196,37 +198,44 @@ func (o *outbox) flushLoop(ctx context.Context) {
 	}
 }
 
+// wakeups hold a core NATS interest in each acquired tenant's queue and event subjects, and
+// turn what arrives on them into wake-ups of the tenant's queue and sagas.
+type wakeups struct {
+	s      *Service
+	wakeCh chan *nats.Msg // every wake-up subscription delivers here
+}
+
 // subscribe registers core NATS interest in the tenant's queue and event subjects: every
 // enqueue or event is also delivered here and wakes the tenant. Lossy by design; Sweep covers.
 // All subscriptions share one channel and one goroutine (wakeLoop), so 10,000 tenants cost
 // 20,000-30,000 subscriptions but no goroutine each.
-func (s *Service) subscribe(tq *tenantQ) {
-	nc := s.st.JS().Conn()
-	subjects := s.subjects(tq.tenant)
+func (w *wakeups) subscribe(tq *tenantQ) {
+	nc := w.s.st.JS().Conn()
+	subjects := w.s.subjects(tq.tenant)
 	all := subjects[:]
-	if len(s.cfg.Sagas) > 0 {
+	if len(w.s.cfg.Sagas) > 0 {
 		all = append(all, schema.TenantEvents(tq.tenant))
 	}
 	var subs []*nats.Subscription
 	for _, subj := range all {
-		sub, err := nc.ChanSubscribe(subj, s.wakeCh)
+		sub, err := nc.ChanSubscribe(subj, w.wakeCh)
 		if err != nil {
-			s.cfg.Logger.Warn("wake-up subscription", "subject", subj, "err", err)
+			w.s.cfg.Logger.Warn("wake-up subscription", "subject", subj, "err", err)
 			continue
 		}
 		subs = append(subs, sub)
 	}
-	s.mu.Lock()
+	w.s.mu.Lock()
 	tq.subs = subs
-	s.mu.Unlock()
+	w.s.mu.Unlock()
 }
 
 // wakeLoop turns wake-up messages into ready tenants.
-func (s *Service) wakeLoop(ctx context.Context) {
+func (w *wakeups) wakeLoop(ctx context.Context) {
 	for {
 		select {
-		case m := <-s.wakeCh:
-			s.wake1(m.Subject)
+		case m := <-w.wakeCh:
+			w.wake1(m.Subject)
 		case <-ctx.Done():
 			return
 		}
@@ -235,34 +244,34 @@ func (s *Service) wakeLoop(ctx context.Context) {
 
 // wake1 handles one wake-up: jobs.<tenant>.pin.<instance>, jobs.<tenant>.any or
 // events.<tenant>.<...>.
-func (s *Service) wake1(subject string) {
+func (w *wakeups) wake1(subject string) {
 	prefix, rest, _ := strings.Cut(subject, ".")
 	tenant, rest, _ := strings.Cut(rest, ".")
-	s.mu.Lock()
-	tq := s.tenants[tenant]
-	s.mu.Unlock()
+	w.s.mu.Lock()
+	tq := w.s.tenants[tenant]
+	w.s.mu.Unlock()
 	if tq == nil {
 		return
 	}
 	switch {
 	case prefix == "events":
-		s.mu.Lock()
+		w.s.mu.Lock()
 		tq.sagaWokeAt = time.Now()
-		s.mu.Unlock()
-		s.sagas.markReady(tq)
+		w.s.mu.Unlock()
+		w.s.sagas.markReady(tq)
 	case rest == "any":
-		s.markDirty(tq, 1)
+		w.s.markDirty(tq, 1)
 	case strings.HasPrefix(rest, "pin."):
-		s.markDirty(tq, 0)
+		w.s.markDirty(tq, 0)
 	}
 }
 
 // unsubscribe drops the tenant's wake-up subscriptions.
-func (s *Service) unsubscribe(tq *tenantQ) {
-	s.mu.Lock()
+func (w *wakeups) unsubscribe(tq *tenantQ) {
+	w.s.mu.Lock()
 	subs := tq.subs
 	tq.subs = nil
-	s.mu.Unlock()
+	w.s.mu.Unlock()
 	for _, sub := range subs {
 		_ = sub.Unsubscribe()
 	}

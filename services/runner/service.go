@@ -88,6 +88,11 @@ type Config struct {
 	// markers are kept; then JetStream removes them, and a create with the run's
 	// idempotency key makes a new job. Default 7 days.
 	Retention time.Duration
+	// SizeEvery is how often the acquired tenants' queue and outbox depths are counted for
+	// telemetry and /admin/tenants. Default 10s.
+	SizeEvery time.Duration
+	// MaxSchedules is the number of recurring schedules a tenant may have. Default 100.
+	MaxSchedules int
 	// Handlers are job types beyond the built-ins (webhook, email, log, sleep, noop).
 	Handlers map[string]Handler
 	// Effects are providers by name, beyond or replacing the built-ins: log, webhook (a
@@ -131,6 +136,12 @@ func (c Config) withDefaults() Config {
 	if c.OpTimeout <= 0 {
 		c.OpTimeout = 5 * time.Second
 	}
+	if c.SizeEvery <= 0 {
+		c.SizeEvery = 10 * time.Second
+	}
+	if c.MaxSchedules <= 0 {
+		c.MaxSchedules = 100
+	}
 	if c.Retention <= 0 {
 		c.Retention = 7 * 24 * time.Hour
 	}
@@ -156,8 +167,11 @@ type Service struct {
 	sagas    *sagas
 	board    *statusBoard
 	exec     *executor
+	wakes    *wakeups
 	store    *runStore
 	m        *metrics
+	sched    *Scheduler
+	sizes    *sizer
 	started  time.Time
 
 	mu       sync.Mutex
@@ -170,8 +184,10 @@ type Service struct {
 	changed  map[string]struct{} // tenants whose placement changed, to reconcile
 	wake     chan struct{}       // nudges the dispatcher
 	recon    chan struct{}       // nudges the reconciler
-	wakeCh   chan *nats.Msg      // every wake-up subscription delivers here
 	totals   Totals
+	recent   recentRuns // the newest runs, for the instance's load reports
+
+	housekeeping sync.WaitGroup // released tenants' outbox flushes and drain records
 }
 
 // Totals are the instance's counters since start.
@@ -204,11 +220,12 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, st: st, js: st.JS().JetStream(), tenants: map[string]*tenantQ{}, changed: map[string]struct{}{},
-		wake: make(chan struct{}, 1), recon: make(chan struct{}, 1), wakeCh: make(chan *nats.Msg, 8192), started: time.Now().UTC()}
+		wake: make(chan struct{}, 1), recon: make(chan struct{}, 1), started: time.Now().UTC()}
 	s.outbox = &outbox{s: s, flushWake: make(chan struct{}, 1)}
 	s.sagas = &sagas{s: s, wake: make(chan struct{}, 1)}
 	s.board = &statusBoard{s: s}
 	s.exec = &executor{s: s}
+	s.wakes = &wakeups{s: s, wakeCh: make(chan *nats.Msg, 8192)}
 	s.store = &runStore{s: s}
 	var err error
 	if s.jobs, err = st.JS().Stream(ctx, schema.StreamJobs); err != nil {
@@ -246,6 +263,10 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		s.outbox.effects[name] = e
 	}
 	s.m = newMetrics(cfg.Registerer, s)
+	if s.sched, err = newScheduler(ctx, s); err != nil {
+		return nil, err
+	}
+	s.sizes = newSizer(s)
 	// NoSnapshot: every placement then comes through OnChange, so the owned set is complete.
 	s.watcher, err = placement.New(placement.Config{Store: st, Kinds: []string{Kind}, NoSnapshot: true,
 		OnChange: s.onChange, Logger: cfg.Logger})
@@ -265,13 +286,15 @@ func (s *Service) Run(ctx context.Context) error {
 		wg.Wait()
 		return nil
 	}
-	wg.Go(func() { s.wakeLoop(ctx) })
+	wg.Go(func() { s.wakes.wakeLoop(ctx) })
 	wg.Go(func() { s.outbox.flushLoop(ctx) })
 	wg.Go(func() { s.reconcileLoop(ctx) })
 	wg.Go(func() { s.dispatchLoop(ctx) })
 	wg.Go(func() { s.sagas.loop(ctx) })
 	wg.Go(func() { s.board.loop(ctx) })
 	wg.Go(func() { s.sweepLoop(ctx) })
+	wg.Go(func() { s.sched.run(ctx) })
+	wg.Go(func() { s.sizes.run(ctx) })
 	<-ctx.Done()
 	wg.Wait()
 	s.mu.Lock()
@@ -281,15 +304,16 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	for _, tq := range all {
-		s.unsubscribe(tq)
+		s.wakes.unsubscribe(tq)
 		tq.work.Wait()
 	}
+	s.housekeeping.Wait()
 	return nil
 }
 
 // Hooks connect the runner to shardkit's move protocol.
 func (s *Service) Hooks() shardkit.Hooks {
-	return shardkit.Hooks{Warm: s.Warm, Fence: s.Fence, Release: s.Release, Reload: s.Reload}
+	return shardkit.Hooks{Warm: s.Warm, Fence: s.Fence, Release: s.Release, Reload: s.Reload, Report: s.recent.report, Sizes: s.sizes.Sizes}
 }
 
 // Warm prepares a tenant moving here: it reads the tenant's saga checkpoint so the bucket is
@@ -322,7 +346,7 @@ func (s *Service) Fence(tenant string) uint64 {
 	s.changed[tenant] = struct{}{}
 	s.mu.Unlock()
 	if tq != nil {
-		s.unsubscribe(tq)
+		s.wakes.unsubscribe(tq)
 	}
 	nudge(s.recon)
 	return 0
@@ -340,6 +364,9 @@ func (s *Service) Reload(context.Context) error {
 	nudge(s.recon)
 	return nil
 }
+
+// Schedules is the service's scheduler: its tenants' recurring schedules.
+func (s *Service) Schedules() *Scheduler { return s.sched }
 
 // Routes are the routes the service publishes in the registry.
 func (s *Service) Routes() []schema.Route { return RouteTable }

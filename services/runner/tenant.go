@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -30,6 +31,12 @@ type TenantStats struct {
 	// them it runs.
 	Acquired bool `json:"acquired"`
 	Running  int  `json:"running"`
+	// Schedules is the tenant's recurring schedules; Due how many of them have a due time that
+	// came and whose job is not created yet (the Cloudlysis PRD's "schedule due items");
+	// NextDue the soonest due time.
+	Schedules int        `json:"schedules"`
+	Due       int        `json:"due"`
+	NextDue   *time.Time `json:"next_due,omitempty"`
 }
 
 // Stats reads a tenant's figures.
@@ -62,6 +69,21 @@ func (s *Service) Stats(ctx context.Context, tenant string) (TenantStats, error)
 		st.LastEvent = m.Sequence
 	}
 	st.SagaBehind = len(s.cfg.Sagas) > 0 && st.LastEvent > st.SagaCheckpoint
+	schs, err := s.sched.List(ctx, tenant)
+	if err != nil {
+		return TenantStats{}, err
+	}
+	now := s.sched.now()
+	for _, sch := range schs {
+		st.Schedules++
+		if !sch.Next.After(now) {
+			st.Due++
+		}
+		if st.NextDue == nil || sch.Next.Before(*st.NextDue) {
+			next := sch.Next
+			st.NextDue = &next
+		}
+	}
 	s.mu.Lock()
 	if tq := s.tenants[tenant]; tq != nil {
 		st.Acquired, st.Running = tq.acquired && !tq.released, tq.inflight

@@ -366,12 +366,13 @@ func (l *Log[S]) writeSnapshot(ctx context.Context, tenant string) {
 		return
 	}
 	l.m.SnapshotBytes.Set(float64(len(b)))
+	ts.snapBytes.Store(uint64(len(b)))
 	l.cfg.Logger.Debug("snapshot written", "tenant", tenant, "applied", snap.Applied, "bytes", len(b))
 }
 
 // Hooks are the Log's part of shardkit's move protocol: Warm, Applied, Fence and Release.
 func (l *Log[S]) Hooks() shardkit.Hooks {
-	return shardkit.Hooks{Warm: l.Warm, Applied: l.Applied, Fence: l.Fence, Release: l.Release}
+	return shardkit.Hooks{Warm: l.Warm, Applied: l.Applied, Fence: l.Fence, Release: l.Release, Sizes: l.Sizes}
 }
 
 // Warm loads tenant (with the move's strategy, else the default) and catches it up until its
@@ -497,6 +498,26 @@ func (l *Log[S]) TenantSize(ctx context.Context, tenant string) (Size, error) {
 		}
 	}
 	return sz, nil
+}
+
+// Sizes are the stored sizes of the tenants in memory: their events and bytes, counted as
+// they are applied (no NATS round trip), and the size of the snapshot last loaded or written.
+// shardkit's Sizes hook.
+func (l *Log[S]) Sizes() []schema.TenantSize {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]schema.TenantSize, 0, len(l.tenants))
+	for name, sl := range l.tenants {
+		select {
+		case <-sl.done:
+		default:
+			continue // loading
+		}
+		if ts := sl.ts; ts != nil {
+			out = append(out, schema.TenantSize{Tenant: name, Events: ts.events.Load(), EventBytes: ts.bytes.Load(), SnapshotBytes: ts.snapBytes.Load()})
+		}
+	}
+	return out
 }
 
 // Hosted lists the tenants in memory.

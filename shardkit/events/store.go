@@ -205,6 +205,10 @@ type snapshot[S any] struct {
 	Subjects map[string]Position `json:"subjects"`
 	Recent   []Event             `json:"recent"`
 	State    S                   `json:"state"`
+	// Events and Bytes are the tenant's size up to the snapshot (see eventBytes); a snapshot
+	// written before they were kept has 0, and the size counts from its sequence on.
+	Events uint64 `json:"events,omitempty"`
+	Bytes  uint64 `json:"bytes,omitempty"`
 }
 
 func (es *store) saveSnapshot(ctx context.Context, tenant string, b []byte) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -89,6 +90,11 @@ type tenant[S any] struct {
 	// applied is the highest sequence applied.
 	applied   uint64
 	sinceSnap int
+	// events and bytes count the events applied and their bytes (eventBytes), kept in
+	// snapshots: the tenant's size, read without its lock.
+	events, bytes atomic.Uint64
+	// snapBytes is the size of the snapshot last loaded or written.
+	snapBytes atomic.Uint64
 
 	// A move's target follows the stream between warm-up and its first command (follow.go).
 	unfollow    context.CancelFunc
@@ -107,6 +113,8 @@ func (ts *tenant[S]) add(ev Event) error {
 		return fmt.Errorf("events: event %d on %s of %s: %w", ev.Seq, ev.Subject, ts.name, err)
 	}
 	ts.subjects[ev.Subject] = Position{Version: ev.Version, Seq: ev.Seq}
+	ts.events.Add(1)
+	ts.bytes.Add(eventBytes(ts.name, ev))
 	ts.idem.put(ev)
 	ts.applied = max(ts.applied, ev.Seq)
 	ts.sinceSnap++
@@ -153,7 +161,14 @@ func (ts *tenant[S]) snapshot() *snapshot[S] {
 	for k, v := range ts.subjects {
 		subj[k] = v
 	}
-	return &snapshot[S]{Format: snapshotFormat, Tenant: ts.name, Applied: ts.contig, Subjects: subj, Recent: ts.idem.entries(), State: ts.state}
+	return &snapshot[S]{Format: snapshotFormat, Tenant: ts.name, Applied: ts.contig, Subjects: subj, Recent: ts.idem.entries(), State: ts.state,
+		Events: ts.events.Load(), Bytes: ts.bytes.Load()}
+}
+
+// eventBytes is what one event stores beyond JetStream's fixed overhead: its subject
+// (events.<tenant>.<subject>), its type and key headers and its body.
+func eventBytes(tenant string, ev Event) uint64 {
+	return uint64(len("events.") + len(tenant) + 1 + len(ev.Subject) + len(ev.Type) + len(ev.Key) + len(ev.Data))
 }
 
 // Strategy is how a tenant's state is rebuilt when a shard takes it over.
@@ -189,6 +204,9 @@ func load[S any](ctx context.Context, es *store, cfg *Config[S], name string, st
 		}
 		if s != nil {
 			ts.state, ts.contig, ts.applied = s.State, s.Applied, s.Applied
+			ts.events.Store(s.Events)
+			ts.bytes.Store(s.Bytes)
+			ts.snapBytes.Store(uint64(n))
 			for k, v := range s.Subjects {
 				ts.subjects[k] = v
 			}

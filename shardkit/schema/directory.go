@@ -36,6 +36,8 @@ type Instance struct {
 	Reported Status `json:"status"`
 	// Metrics are the instance's last figures (the multi-host design's lastMetrics).
 	Metrics *InstanceMetrics `json:"metrics,omitempty"`
+	// Flag is the operator's manual flag (SetInstanceFlag); registrations and heartbeats keep it.
+	Flag *InstanceFlag `json:"flag,omitempty"`
 
 	Revision uint64 `json:"-"`
 }
@@ -95,7 +97,7 @@ func (t Thresholds) Status(i Instance, now time.Time) Status {
 		return StatusOffline
 	case i.Reported == StatusDraining:
 		return StatusDraining
-	case age >= t.DegradedAfter || i.Reported == StatusDegraded:
+	case age >= t.DegradedAfter || i.Reported == StatusDegraded || i.Flag.degraded():
 		return StatusDegraded
 	}
 	return StatusOnline
@@ -104,7 +106,8 @@ func (t Thresholds) Status(i Instance, now time.Time) Status {
 // Live reports whether an instance in status st may receive new requests.
 func (st Status) Live() bool { return st == StatusOnline || st == StatusDegraded }
 
-// Register writes the instance's entry (replacing any previous one of the same id).
+// Register writes the instance's entry (replacing any previous one of the same id, but keeping
+// its operator flag).
 func (s *Store) Register(ctx context.Context, i Instance) (Instance, error) {
 	now := time.Now().UTC()
 	if i.Started.IsZero() {
@@ -116,6 +119,12 @@ func (s *Store) Register(ctx context.Context, i Instance) (Instance, error) {
 	}
 	if err := i.Validate(); err != nil {
 		return Instance{}, err
+	}
+	if i.Flag == nil {
+		var prev Instance
+		if _, err := s.js.GetJSON(ctx, s.instances, i.Key(), &prev); err == nil {
+			i.Flag = prev.Flag
+		}
 	}
 	rev, err := s.js.PutJSON(ctx, s.instances, i.Key(), i)
 	if err != nil {
@@ -131,11 +140,27 @@ func (s *Store) Register(ctx context.Context, i Instance) (Instance, error) {
 // Heartbeat refreshes the entry's heartbeat time and metrics in tm_instances only; the
 // membership entry (tm_members) changes only through PutMember, MarkOffline and the removals.
 // It re-creates the entry if a sweeper removed it, so an instance that was wrongly declared
-// dead comes back.
+// dead comes back. With the revision of the instance's last write (i.Revision) it writes by
+// compare-and-set, and when someone else wrote the entry since (an operator's flag, the
+// sweeper), it keeps their flag.
 func (s *Store) Heartbeat(ctx context.Context, i Instance) (Instance, error) {
 	i.Heartbeat = time.Now().UTC()
 	if err := i.Validate(); err != nil {
 		return Instance{}, err
+	}
+	if i.Revision != 0 {
+		rev, err := s.js.UpdateJSON(ctx, s.instances, i.Key(), i.Revision, i)
+		if err == nil {
+			i.Revision = rev
+			return i, nil
+		}
+		if !IsConflict(err) {
+			return Instance{}, err
+		}
+		var cur Instance
+		if _, err := s.js.GetJSON(ctx, s.instances, i.Key(), &cur); err == nil {
+			i.Flag = cur.Flag
+		}
 	}
 	rev, err := s.js.PutJSON(ctx, s.instances, i.Key(), i)
 	if err != nil {
@@ -217,9 +242,11 @@ func (s *Store) RemoveInstance(ctx context.Context, i Instance) error {
 	return err
 }
 
-// Member is i as its membership entry holds it: no metrics, Heartbeat the time of the change.
+// Member is i as its membership entry holds it: no metrics, no operator flag (a flag only
+// degrades, which shards treat as live), Heartbeat the time of the change.
 func (i Instance) Member() Instance {
 	i.Metrics = nil
+	i.Flag = nil
 	i.Revision = 0
 	if i.Reported == "" {
 		i.Reported = StatusOnline

@@ -57,6 +57,11 @@ type KindConfig struct {
 	// unknown (the connection broke after it was sent), so the client gets one answer instead
 	// of a 502 to retry itself. Default: on for aggregate and runner.
 	Idempotent bool `json:"idempotent,omitempty"`
+	// DegradedErrorRate makes an instance report itself degraded while its error rate (5xx
+	// answers over requests, per heartbeat interval with at least DegradedMinRequests requests)
+	// is at least this (the multi-host design's "degraded: high failure rate"). Default 0.5;
+	// negative: never.
+	DegradedErrorRate float64 `json:"degraded_error_rate,omitempty"`
 	// UpstreamTimeout bounds one proxied request. Default 30s.
 	UpstreamTimeout Duration `json:"upstream_timeout,omitempty"`
 	// RateLimit, if set, limits each tenant's requests to this kind (429 beyond it).
@@ -65,6 +70,39 @@ type KindConfig struct {
 	Affinity *AffinityConfig `json:"affinity,omitempty"`
 	// Load configures PolicyLoad.
 	Load *LoadConfig `json:"load,omitempty"`
+	// Warmup makes the rebalancer choose each move's warm-up strategy (snapshot migration or
+	// cold replay) from the tenant's size. Default: on for aggregate (see WarmupConfig).
+	Warmup *WarmupConfig `json:"warmup,omitempty"`
+}
+
+// WarmupConfig is a kind's rule for choosing a move's warm-up strategy by tenant size (the
+// Cloudlysis PRD's "the rebalancer selecting the strategy based on tenant size/SLO"): a tenant
+// with a snapshot loads it when its events weigh more than SnapshotAboveBytes, or when a cold
+// replay is predicted to take longer than SLO; otherwise it replays. Predictions are bytes
+// over the two throughputs. Zero fields take the defaults, measured by the aggregate's
+// BenchmarkWarm on 2 cores (docs/benchmarks.md): 100,000 events of ~250 bytes replay in ~1.1 s.
+type WarmupConfig struct {
+	SnapshotAboveBytes  uint64   `json:"snapshot_above_bytes"`   // default 1 MiB
+	SLO                 Duration `json:"slo"`                    // default 5s
+	ReplayBytesPerSec   float64  `json:"replay_bytes_per_sec"`   // default 20 MiB/s
+	SnapshotBytesPerSec float64  `json:"snapshot_bytes_per_sec"` // default 50 MiB/s
+}
+
+// WithDefaults fills zero fields with their documented defaults.
+func (w WarmupConfig) WithDefaults() WarmupConfig {
+	if w.SnapshotAboveBytes == 0 {
+		w.SnapshotAboveBytes = 1 << 20
+	}
+	if w.SLO <= 0 {
+		w.SLO = Duration(5 * time.Second)
+	}
+	if !(w.ReplayBytesPerSec > 0) {
+		w.ReplayBytesPerSec = 20 << 20
+	}
+	if !(w.SnapshotBytesPerSec > 0) {
+		w.SnapshotBytesPerSec = 50 << 20
+	}
+	return w
 }
 
 // RateLimit is a token bucket per tenant.
@@ -98,11 +136,18 @@ type LoadConfig struct {
 	CircuitFailures  int      `json:"circuit_failures"`  // default 3
 	CircuitRetry     Duration `json:"circuit_retry"`     // default 5s
 	CircuitMaxRetry  Duration `json:"circuit_max_retry"` // default 5m
+	// QueueAffinityThreshold: a producer route's key is queue:group while the queue has at most
+	// this many groups with waiting consumers, and the queue alone beyond it. Default 10.
+	QueueAffinityThreshold int `json:"queue_affinity_threshold"`
 }
 
 // DefaultKindConfig is the configuration a kind gets when it is first registered.
 func DefaultKindConfig(kind string) KindConfig {
-	return KindConfig{Kind: kind, SingleWriter: kind == "aggregate", Idempotent: kind == "aggregate" || kind == "runner"}.WithDefaults()
+	c := KindConfig{Kind: kind, SingleWriter: kind == "aggregate", Idempotent: kind == "aggregate" || kind == "runner"}
+	if kind == "aggregate" {
+		c.Warmup = &WarmupConfig{}
+	}
+	return c.WithDefaults()
 }
 
 // WithDefaults fills zero fields with their documented defaults.
@@ -124,6 +169,13 @@ func (c KindConfig) WithDefaults() KindConfig {
 	}
 	if c.UpstreamTimeout <= 0 {
 		c.UpstreamTimeout = Duration(30 * time.Second)
+	}
+	if c.DegradedErrorRate == 0 {
+		c.DegradedErrorRate = 0.5
+	}
+	if c.Warmup != nil {
+		w := c.Warmup.WithDefaults()
+		c.Warmup = &w
 	}
 	if c.Policy == PolicyAffinity {
 		a := AffinityConfig{}
@@ -179,6 +231,9 @@ func (l LoadConfig) withDefaults() LoadConfig {
 	}
 	defD(&l.CircuitRetry, 5*time.Second)
 	defD(&l.CircuitMaxRetry, 5*time.Minute)
+	if l.QueueAffinityThreshold <= 0 {
+		l.QueueAffinityThreshold = 10
+	}
 	return l
 }
 

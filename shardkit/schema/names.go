@@ -49,6 +49,11 @@ const (
 	placementBucketPrefix = "tm_placement_"
 )
 
+// BucketRunnerSchedules holds the runner's recurring schedules, key <tenant>.<schedule id>:
+// the cron expression, the job to create and the next due time (advanced by compare-and-set,
+// so each due time fires once whichever instance reaches it).
+var BucketRunnerSchedules = ServiceBucket("runner", "schedules")
+
 // Subjects.
 const (
 	subjectAuditPrefix = "tm.audit."

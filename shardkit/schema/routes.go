@@ -21,6 +21,8 @@ type Route struct {
 	Prefix    string   `json:"prefix"`
 	Kind      string   `json:"kind"`
 	Instances []string `json:"instances"` // InstanceID keys, sorted
+	// Producer, if set, makes the route a producer route (see ProducerRoute).
+	Producer *ProducerRoute `json:"producer,omitempty"`
 
 	Revision uint64 `json:"-"`
 }
@@ -35,6 +37,11 @@ func (r Route) Validate() error {
 	}
 	if !strings.HasPrefix(r.Prefix, "/") || len(r.Prefix) > 512 {
 		return fmt.Errorf("%w: route prefix %q must start with / and be at most 512 bytes", ErrInvalid, truncate(r.Prefix, 40))
+	}
+	if r.Producer != nil {
+		if err := r.Producer.Validate(); err != nil {
+			return err
+		}
 	}
 	return CheckName("kind", r.Kind)
 }
@@ -52,16 +59,24 @@ const maxCASAttempts = 32
 // AddInstance adds id to the route (creating it), by CAS: Aether routing's publish.
 func (rr RouteRegistry) AddInstance(ctx context.Context, r Route, id InstanceID) (Route, error) {
 	return rr.edit(ctx, r, func(cur *Route) bool {
+		changed := false
 		if cur.Kind != r.Kind {
-			cur.Kind = r.Kind
+			cur.Kind, changed = r.Kind, true
+		}
+		if !sameProducer(cur.Producer, r.Producer) {
+			cur.Producer, changed = r.Producer, true // the newest publisher's declaration wins
 		}
 		k := id.Key()
 		if i, found := slices.BinarySearch(cur.Instances, k); !found {
 			cur.Instances = slices.Insert(cur.Instances, i, k)
 			return true
 		}
-		return cur.Revision == 0
+		return changed || cur.Revision == 0
 	})
+}
+
+func sameProducer(a, b *ProducerRoute) bool {
+	return a == nil && b == nil || a != nil && b != nil && *a == *b
 }
 
 // RemoveInstance removes id from the route, deleting the route when it becomes empty:

@@ -28,6 +28,31 @@ type LoadReport struct {
 	Tenants  int `json:"tenants"`
 	// Top is the busiest tenants, by rate, at most a few dozen.
 	Top []TenantLoad `json:"top,omitempty"`
+	// Runs are the instance's most recent job runs, newest first, at most MaxReportRuns (the
+	// runner; the multi-host design's recent job runs of a host).
+	Runs []RunSummary `json:"runs,omitempty"`
+	// Consumers are the affinity keys this instance has consumers waiting for, most waiting
+	// first, at most MaxReportConsumers (producer routes: see ProducerRoute).
+	Consumers []ConsumerPresence `json:"consumers,omitempty"`
+	// StoredBytes is the sum of Bytes over every tenant the instance hosts; Sizes the largest
+	// of them (by bytes, then depth), as many as Top.
+	StoredBytes uint64       `json:"stored_bytes,omitempty"`
+	Sizes       []TenantSize `json:"sizes,omitempty"`
+}
+
+// MaxReportRuns bounds LoadReport.Runs.
+const MaxReportRuns = 20
+
+// RunSummary is one job run as an instance's telemetry shows it.
+type RunSummary struct {
+	ID       string     `json:"id"`
+	Tenant   string     `json:"tenant"`
+	Type     string     `json:"type"`
+	Status   string     `json:"status"`
+	Attempts int        `json:"attempts"`
+	Started  *time.Time `json:"started_at,omitempty"`
+	Finished *time.Time `json:"finished_at,omitempty"`
+	Error    string     `json:"error,omitempty"`
 }
 
 // TenantLoad is one tenant's figures in a LoadReport.
@@ -76,3 +101,36 @@ func (s *Store) SubscribeLoad(kind string, fn func(LoadReport)) (*nats.Subscript
 	}
 	return sub, nil
 }
+
+// TenantSize is a tenant's stored state as its owning instance measures it (the Cloudlysis
+// PRD's "storage size per tenant"), for every kind: events (aggregate), views (projection),
+// queue, outbox and due schedules (runner). It travels in load reports (the largest tenants)
+// and in /admin/tenants, and the rebalancer's planner weighs moves by its Bytes.
+type TenantSize struct {
+	Tenant string `json:"tenant"`
+	// Events and EventBytes are the tenant's events and their stored bytes (subject, headers
+	// and body) in TM_EVENTS; SnapshotBytes is its newest snapshot.
+	Events        uint64 `json:"events,omitempty"`
+	EventBytes    uint64 `json:"event_bytes,omitempty"`
+	SnapshotBytes uint64 `json:"snapshot_bytes,omitempty"`
+	// ViewBytes is the size of the tenant's stored views.
+	ViewBytes uint64 `json:"view_bytes,omitempty"`
+	// Queued is the tenant's unfinished jobs, Outbox its undelivered effects, Due its schedules
+	// whose due time came and whose job is not created yet.
+	Queued int `json:"queued,omitempty"`
+	Outbox int `json:"outbox,omitempty"`
+	Due    int `json:"due,omitempty"`
+}
+
+// Bytes is what a move of the tenant carries to its new owner: the events it replays (or the
+// snapshot it loads instead, when smaller) and the views it loads.
+func (t TenantSize) Bytes() uint64 {
+	ev := t.EventBytes
+	if t.SnapshotBytes > 0 && t.SnapshotBytes < ev {
+		ev = t.SnapshotBytes
+	}
+	return ev + t.ViewBytes
+}
+
+// Depth is the tenant's waiting work: queued jobs, undelivered effects and due schedules.
+func (t TenantSize) Depth() int { return t.Queued + t.Outbox + t.Due }

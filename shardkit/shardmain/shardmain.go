@@ -118,6 +118,9 @@ type Main struct {
 	Capacity, Replicas int
 	// Forward proxies other shards' tenants to their owner instead of answering 421.
 	Forward bool
+	// ForwardFallback serves a forwarded tenant here when its owner fails twice (not for
+	// single-writer kinds; see shardkit.Config.ForwardFallback).
+	ForwardFallback bool
 	// DrainTimeout bounds a drain's wait for in-flight requests; Heartbeat is the directory
 	// heartbeat and telemetry interval.
 	DrainTimeout, Heartbeat time.Duration
@@ -175,6 +178,7 @@ func (m *Main) ParseFlags(kind string, args []string) error {
 	envflag.Int(fs, &m.Capacity, "capacity", 0, "tenants this instance can host (0: the kind's default)")
 	envflag.Int(fs, &m.Replicas, "replicas", 1, "replicas for buckets and streams this process creates (3 in a cluster)")
 	envflag.Bool(fs, &m.Forward, "forward", false, "proxy requests for other shards' tenants to their owner instead of answering 421")
+	envflag.Bool(fs, &m.ForwardFallback, "forward-fallback", false, "with --forward, serve a tenant here when its owner fails twice (answers carry X-Fallback: true; refused for single-writer kinds)")
 	envflag.Duration(fs, &m.DrainTimeout, "drain-timeout", 10*time.Second, "how long a drain waits for in-flight requests")
 	envflag.Duration(fs, &m.Heartbeat, "heartbeat", time.Second, "directory heartbeat and telemetry interval")
 	envflag.Duration(fs, &m.ShutdownGrace, "shutdown-grace", 2*time.Second, "how long a stopping instance keeps serving after it reports not ready")
@@ -294,7 +298,7 @@ func (m *Main) Run(ctx context.Context, build Builder) error {
 	}
 	sk, err := shardkit.New(shardkit.Config{
 		Store: st, ID: id, URL: url, Capacity: m.Capacity, Labels: labels, Version: m.Version,
-		Routes: app.Routes(), Hooks: app.Hooks(), Forward: m.Forward, AdminToken: m.AdminToken,
+		Routes: app.Routes(), Hooks: app.Hooks(), Forward: m.Forward, ForwardFallback: m.ForwardFallback, AdminToken: m.AdminToken,
 		DrainTimeout: m.DrainTimeout, Heartbeat: m.Heartbeat, ShutdownGrace: m.ShutdownGrace,
 		Registerer: reg, Gatherer: reg, Logger: log,
 	})

@@ -24,6 +24,9 @@ const (
 	HeaderRequestID   = "X-Request-Id"
 	HeaderServedBy    = "X-Served-By"
 	HeaderForwardedBy = "X-Forwarded-By"
+	// HeaderFallback is "true" on an answer the instance served itself after forwarding to the
+	// owner failed (shardkit Config.ForwardFallback, the Queen coordinator's fallback).
+	HeaderFallback    = "X-Fallback"
 	HeaderTraceparent = "Traceparent"
 	// HeaderRefused marks an answer of shardkit's gate that refused a request before the
 	// service saw it (the value says why: not_owner, handoff, closing, ...). Such a request is

@@ -69,10 +69,11 @@ var suite = []entry{
 	{
 		title:     "Gateway: request path",
 		pkg:       "./gateway/",
-		bench:     "^Benchmark(Lookup|Proxy|ProxyRaw|PickWriter)$",
+		bench:     "^Benchmark(Lookup|Proxy|ProxyRaw|PickWriter|PickLoad)$",
 		benchtime: "1s", count: 3, benchmem: true,
-		ratios: []ratio{same("ns/op", "Proxy/jwt", "Proxy/plain")},
-		note:   "Lookup: route match + placement lookup in memory. Proxy: client -> gateway -> shard over loopback, 1,000 tenants over 4 shards, parallel clients (net/http client and shard: their allocations count too); jwt checks each tenant's ES256 bearer token (first sight, then remembered). ProxyRaw: the same with a raw TCP client and shard that allocate nothing, so allocs/op is the gateway's own per proxied request (goal 0). PickWriter: a single-writer kind's rendezvous choice among 3 instances.",
+		ratios: []ratio{same("ns/op", "Proxy/jwt", "Proxy/plain"), same("ns/op", "PickLoad/plain", "PickLoad/score"),
+			same("ns/op", "PickLoad/producer", "PickLoad/score")},
+		note: "Lookup: route match + placement lookup in memory. Proxy: client -> gateway -> shard over loopback, 1,000 tenants over 4 shards, parallel clients (net/http client and shard: their allocations count too); jwt checks each tenant's ES256 bearer token (first sight, then remembered). ProxyRaw: the same with a raw TCP client and shard that allocate nothing, so allocs/op is the gateway's own per proxied request (goal 0). PickWriter: a single-writer kind's rendezvous choice among 3 instances. PickLoad: a load kind's pick among 3 instances: score (load scores alone, the pre-producer-route path), plain (a route that is not a producer route), producer (a producer route redirected to the instance with consumers).",
 	},
 	{
 		title:     "Gateway: tenant identity at the edge (JWT check)",
@@ -105,6 +106,14 @@ var suite = []entry{
 			same("warm-ms", "Warm/events=10000/snapshot", "Warm/events=10000/replay"),
 			same("warm-ms", "Warm/events=100000/snapshot", "Warm/events=100000/replay"),
 		},
+	},
+	{
+		title:     "Aggregate: a tenant's stored size, counter vs stream info",
+		pkg:       "./services/aggregate/",
+		bench:     "^BenchmarkTenantSize$",
+		benchtime: "1s", count: 5, benchmem: true,
+		ratios: []ratio{same("ns/op", "TenantSize/counter", "TenantSize/stream-info")},
+		note:   "One tenant of 10,000 events on 100 subjects: the event log's counter of events and bytes (what telemetry reads every heartbeat) against a subject-filtered stream info of TM_EVENTS (one request, message counts only).",
 	},
 	{
 		title:     "Aggregate: commands",

@@ -38,7 +38,7 @@ async function loadInstances() {
     const labels = el("td", { class: "labels" });
     for (const [k, v] of Object.entries(i.labels || {})) labels.append(el("code", { text: k + "=" + v }));
     const tr = el("tr", { "data-instance": i.key, class: i.kind !== lastKind ? "kind-first" : "" },
-      el("td", { text: i.kind !== lastKind ? i.kind : "" }), el("td", { text: i.shard }), el("td", { text: i.instance }),
+      el("td", { text: i.kind !== lastKind ? i.kind : "" }), el("td", { text: i.shard }), el("td", {}, el("a", { href: "#/instances/" + i.key, text: i.instance })),
       el("td", {}, pill(st)), el("td", { text: ago(i.heartbeat_age_seconds || 0) }),
       el("td", { class: "num", text: fmt(m.tenants) }), el("td", { class: "num", text: fmt(m.in_flight) }),
       el("td", { class: "num", text: fmt(m.rate_per_sec, 1) }), el("td", { class: "num", text: fmt(m.latency_ms, 1) + " ms" }),
@@ -106,13 +106,16 @@ function drawPlans() {
     const done = moves.filter((m) => ["done", "skipped", "aborted", "failed"].includes(m.state)).length;
     const bar = el("div");
     bar.style.width = (100 * done / total).toFixed(0) + "%";
-    const table = el("table", {}, el("thead", {}, el("tr", {}, ...["move", "kind", "tenant", "from", "to", "phase", "pause", "reason"].map((h) => el("th", { text: h })))));
+    const table = el("table", {}, el("thead", {}, el("tr", {}, ...["move", "kind", "tenant", "from", "to", "bytes", "warm-up", "phase", "pause", "reason"].map((h) => el("th", { text: h })))));
     const tb = el("tbody");
     for (const m of moves.slice(0, 50)) {
       const pause = m.handoff && m.commit ? (new Date(m.commit) - new Date(m.handoff)) + " ms" : "–";
+      // The warm-up strategy chosen by the tenant's size, and its predicted time (the plan's dry run).
+      const warm = m.warmup ? m.warmup + " (~" + Math.round(1000 * (m.warmup_seconds || 0)) + " ms)" : "default";
       tb.append(el("tr", { "data-move": m.plan + "/" + m.id, "data-state": m.state },
         el("td", { text: m.id }), el("td", { text: m.kind }), el("td", { text: m.tenant }), el("td", { text: m.from }),
-        el("td", { text: m.to }), el("td", {}, pill(m.state)), el("td", { text: pause }), el("td", { class: "muted", text: m.reason || "" })));
+        el("td", { text: m.to }), el("td", { text: m.bytes ? humanBytes(m.bytes) : "–" }),
+        el("td", { text: warm, title: m.warmup_reason || "" }), el("td", {}, pill(m.state)), el("td", { text: pause }), el("td", { class: "muted", text: m.reason || "" })));
     }
     table.append(tb);
     root.append(el("div", { class: "plan", "data-plan": p.id },
@@ -120,6 +123,30 @@ function drawPlans() {
         el("span", { class: "muted", text: (p.plan ? p.plan.strategy : "") + " · " + done + "/" + total + " moves" }),
         el("div", { class: "progress" }, bar)),
       table));
+  }
+}
+
+// humanBytes renders n as 512 B, 1.5 KiB, 3.2 MiB (the CLI's planner.HumanBytes).
+function humanBytes(n) {
+  if (n < 1024) return n + " B";
+  let u = -1;
+  do { n /= 1024; u++; } while (n >= 1024 && u < 5);
+  return n.toFixed(1) + " " + "KMGTPE"[u] + "iB";
+}
+
+// Largest tenants by stored size, from telemetry: what a move carries (bytes), the queue,
+// outbox and due schedules.
+async function loadTenants() {
+  let list;
+  try { list = await getJSON("/api/tenants?limit=10"); } catch { return; }
+  const tb = $("#tenants tbody");
+  tb.replaceChildren();
+  const num = (n) => el("td", { class: "num", text: n ? String(n) : "–" });
+  for (const t of list) {
+    tb.append(el("tr", { "data-tenant": t.kind + "/" + t.tenant },
+      el("td", { text: t.kind }), el("td", { text: t.shard }), el("td", { text: t.tenant }),
+      el("td", { class: "num", text: t.bytes ? humanBytes(t.bytes) : "–" }), num(t.events),
+      el("td", { class: "num", text: t.view_bytes ? humanBytes(t.view_bytes) : "–" }), num(t.queued), num(t.outbox), num(t.due)));
   }
 }
 
@@ -172,7 +199,51 @@ function connect() {
   es.addEventListener("leader", () => loadLeader());
 }
 
-loadInstances(); loadPlans(); loadAudit(); loadLeader(); connect();
+// One instance's page (seed 003's GET /hosts/:hostId), shown while the URL is #/instances/<key>.
+function pageKey() {
+  const m = location.hash.match(/^#\/instances\/([A-Za-z0-9_.-]+)$/);
+  return m ? m[1] : "";
+}
+
+async function loadInstancePage() {
+  const key = pageKey();
+  const sec = $("#instance-page");
+  if (!key) { sec.hidden = true; return; }
+  let d;
+  try { d = await getJSON("/api/instances/" + encodeURIComponent(key)); } catch (e) {
+    sec.hidden = false;
+    $("#ip-key").textContent = key;
+    $("#ip-fields").textContent = "not found: " + e.message;
+    return;
+  }
+  if (key !== pageKey()) return; // the page changed while loading
+  sec.hidden = false;
+  sec.dataset.instance = d.key;
+  $("#ip-key").textContent = d.key;
+  const m = d.metrics || {};
+  $("#ip-fields").replaceChildren(pill(d.derived_status), " ", d.url, " · heartbeat " + ago(d.heartbeat_age_seconds || 0),
+    " · capacity " + d.capacity, " · version " + (d.version || "–"),
+    " · " + fmt(m.rate_per_sec, 1) + " req/s · errors " + fmt(100 * (m.error_rate || 0), 1) + "%");
+  const flag = $("#ip-flag");
+  flag.hidden = !(d.flag && d.flag.degraded);
+  if (!flag.hidden) flag.textContent = "flagged degraded by " + (d.flag.by || "?") + ": " + (d.flag.reason || "");
+  $("#ip-tenants-n").textContent = d.tenants.length < d.tenants_total ? d.tenants.length + " of " + d.tenants_total : String(d.tenants_total);
+  $("#ip-tenants").replaceChildren(...d.tenants.map((t) => el("li", { "data-tenant": t.tenant, text: t.tenant + (t.phase !== "active" ? " (" + t.phase + ")" : "") })));
+  $("#ip-circuits tbody").replaceChildren(...(d.circuits.length ? d.circuits.map((c) => el("tr", { "data-gateway": c.gateway },
+    el("td", { text: c.gateway }), el("td", {}, pill(c.state)), el("td", { class: "num", text: c.failures + " failures" })))
+    : [el("tr", {}, el("td", { class: "muted", text: "no gateway reported" }))]));
+  $("#ip-runs tbody").replaceChildren(...d.recent_runs.map((r) => el("tr", { "data-run": r.id },
+    el("td", {}, el("code", { text: r.id })), el("td", { text: r.tenant }), el("td", { text: r.type }), el("td", {}, pill(r.status)),
+    el("td", { class: "num", text: String(r.attempts) }), el("td", { text: r.finished_at ? hhmmss(r.finished_at) : "–" }),
+    el("td", { text: r.error || "" }))));
+  $("#ip-history").replaceChildren(...d.history.slice().reverse().map((c) => el("li", { "data-to": c.to },
+    el("span", { class: "t", text: hhmmss(c.time) }), el("span", {}, pill(c.to)), el("span", { text: c.reason || "" }))));
+}
+
+window.addEventListener("hashchange", loadInstancePage);
+loadInstances(); loadPlans(); loadAudit(); loadLeader(); loadTenants(); loadInstancePage(); connect();
+setInterval(loadInstancePage, 2000);
 setInterval(loadInstances, 2000); // heartbeat ages and metrics move on their own
 setInterval(loadPlans, 2000);     // events are the fast path; this catches any a stream missed
 setInterval(loadLeader, 5000);
+setInterval(loadTenants, 5000); // telemetry: the sizes move on their own

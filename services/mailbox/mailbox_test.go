@@ -1,0 +1,162 @@
+package mailbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/tenantmesh/tenantmesh/gateway"
+	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+	"github.com/tenantmesh/tenantmesh/services/mailbox"
+	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
+)
+
+const adminToken = "mailbox-test-token"
+
+// instance runs one mailbox instance of shard mailbox-1 behind a real HTTP server.
+func instance(t *testing.T, st *schema.Store, name string) (*shardkit.Shard, string) {
+	t.Helper()
+	r := chi.NewRouter()
+	srv := httptest.NewUnstartedServer(r)
+	t.Cleanup(srv.Close)
+	svc := mailbox.New()
+	sk, err := shardkit.New(shardkit.Config{Store: st, ID: schema.InstanceID{Kind: mailbox.Kind, Shard: "mailbox-1", Instance: name},
+		URL: "http://" + srv.Listener.Addr().String(), Routes: svc.Routes(), Heartbeat: 100 * time.Millisecond,
+		DrainTimeout: 2 * time.Second, AdminToken: adminToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sk.Mount(r)
+	svc.SetWaiter(sk)
+	svc.Mount(r, sk.Gate)
+	srv.Start()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = sk.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-sk.Running():
+	case <-time.After(20 * time.Second):
+		t.Fatal("instance did not start")
+	}
+	return sk, srv.URL
+}
+
+func send(t *testing.T, method, url, body string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	if strings.Contains(url, "/admin/") {
+		req.Header.Set("Authorization", "Bearer "+adminToken)
+	} else {
+		req.Header.Set(tmhttp.HeaderTenant, "t1")
+	}
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+// End to end through a real gateway: a consumer long-polls one instance; the producer's request
+// reaches the gateway, which sends it to that instance (its load reports announce the waiting
+// consumer), so the message is handed over locally; with no consumer anywhere, it goes to the
+// tenant's usual instance and is kept there.
+func TestProducerFindsTheWaitingConsumer(t *testing.T) {
+	srv := natstest.Server(t)
+	st := tmtest.StoreAt(t, srv.URL())
+	if _, err := st.PutKind(t.Context(), mailbox.KindConfig()); err != nil {
+		t.Fatal(err)
+	}
+	a, aURL := instance(t, st, "a")
+	b, bURL := instance(t, st, "b")
+	urls := map[string]string{a.ID().Key(): aURL, b.ID().Key(): bURL}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := gateway.New(gateway.Config{Store: st, Listener: ln, AdminToken: adminToken, ShutdownTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gctx, gcancel := context.WithCancel(context.Background())
+	gdone := make(chan struct{})
+	go func() { defer close(gdone); _ = gw.Run(gctx) }()
+	t.Cleanup(func() { gcancel(); <-gdone })
+	<-gw.Ready()
+	gwURL := "http://" + ln.Addr().String()
+
+	// The tenant's first request fixes its usual instance (the load policy's affinity).
+	var resp *http.Response
+	tmtest.WaitFor(t, 20*time.Second, tmtest.Until("the gateway routing mailbox requests", func() bool {
+		resp, _ = send(t, "GET", gwURL+"/mailbox/orders?group=g1&wait=0s", "")
+		return resp.StatusCode == http.StatusNoContent
+	}))
+	usual := resp.Header.Get(tmhttp.HeaderServedBy)
+	other := a.ID().Key()
+	if other == usual {
+		other = b.ID().Key()
+	}
+
+	// A consumer waits on the other instance.
+	got := make(chan string, 1)
+	go func() {
+		resp, body := send(t, "GET", urls[other]+"/mailbox/orders?group=g1&wait=20s", "")
+		if resp.StatusCode != http.StatusOK {
+			body = resp.Status
+		}
+		got <- body
+	}()
+	tmtest.WaitFor(t, 10*time.Second, tmtest.Until("the gateway to hear of the waiting consumer", func() bool {
+		var bal struct {
+			Instances []struct {
+				Instance string             `json:"instance"`
+				Load     *schema.LoadReport `json:"load"`
+			} `json:"instances"`
+		}
+		resp, body := send(t, "GET", gwURL+"/admin/balance", "")
+		if resp.StatusCode != 200 || json.Unmarshal([]byte(body), &bal) != nil {
+			return false
+		}
+		for _, in := range bal.Instances {
+			if in.Instance == other && in.Load != nil && len(in.Load.Consumers) == 1 && in.Load.Consumers[0] == (schema.ConsumerPresence{Queue: "orders", Group: "g1", Waiting: 1}) {
+				return true
+			}
+		}
+		return false
+	}))
+	resp, body := send(t, "POST", gwURL+"/mailbox/orders?group=g1", "hello")
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(tmhttp.HeaderServedBy) != other || !strings.Contains(body, `"consumer"`) {
+		t.Fatalf("producer: %d served by %s (consumer on %s, usual %s): %s", resp.StatusCode, resp.Header.Get(tmhttp.HeaderServedBy), other, usual, body)
+	}
+	select {
+	case msg := <-got:
+		if msg != "hello" {
+			t.Fatalf("the consumer got %q", msg)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the consumer got nothing")
+	}
+
+	// No consumer anywhere: the usual instance keeps the message for its next consumer.
+	tmtest.WaitFor(t, 10*time.Second, tmtest.Until("the consumer's announcement to end", func() bool {
+		resp, body = send(t, "POST", gwURL+"/mailbox/orders?group=g2", "kept")
+		return resp.StatusCode == http.StatusAccepted && resp.Header.Get(tmhttp.HeaderServedBy) == usual
+	}))
+	if resp, body := send(t, "GET", gwURL+"/mailbox/orders?group=g2&wait=1s", ""); resp.StatusCode != 200 || body != "kept" {
+		t.Fatalf("the kept message: %d %q", resp.StatusCode, body)
+	}
+}
