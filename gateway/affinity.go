@@ -426,7 +426,7 @@ func (c affinityControl) healthTick(due map[string]time.Duration) {
 			r := <-res
 			if r.ok {
 				ctx, cancel := context.WithTimeout(g.bgCtx, assignTimeout)
-				if _, err := g.store.Heartbeat(ctx, r.in); err != nil {
+				if _, err := g.store.Directory().Heartbeat(ctx, r.in); err != nil {
 					g.log.Warn("heartbeat for a registered server failed", "instance", r.in.Key(), "err", err)
 				}
 				cancel()
@@ -471,7 +471,7 @@ func (c affinityControl) unregisterServer(ke *kindEntry, id schema.InstanceID) {
 	g := c.g
 	ctx, cancel := context.WithTimeout(g.bgCtx, assignTimeout)
 	defer cancel()
-	if err := g.store.Unregister(ctx, id); err != nil {
+	if err := g.store.Directory().Unregister(ctx, id); err != nil {
 		g.log.Warn("unregistering server failed", "instance", id.Key(), "err", err)
 	}
 	if _, err := g.store.Routes().RemoveInstanceEverywhere(ctx, id); err != nil {

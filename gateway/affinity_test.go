@@ -186,7 +186,7 @@ func TestAffinityRegistration(t *testing.T) {
 		if a.id != first {
 			t.Fatalf("second registration gave id %s, first %s", a.id, first)
 		}
-		insts, err := e.st.Instances(context.Background(), "render")
+		insts, err := e.st.Directory().Instances(context.Background(), "render")
 		if err != nil || len(insts) != 1 || insts[0].Capacity != 2 || insts[0].URL != a.URL {
 			t.Fatalf("directory %+v %v", insts, err)
 		}
@@ -196,7 +196,7 @@ func TestAffinityRegistration(t *testing.T) {
 		if resp.StatusCode != 204 || resp.Header.Get(HeaderServerID) != a.id {
 			t.Fatalf("inferred registration: %d %s id %q want %q", resp.StatusCode, b, resp.Header.Get(HeaderServerID), a.id)
 		}
-		insts, _ := e.st.Instances(context.Background(), "render")
+		insts, _ := e.st.Directory().Instances(context.Background(), "render")
 		if len(insts) != 1 || insts[0].Capacity != 4 {
 			t.Fatalf("directory after inferred registration (default capacity 4): %+v", insts)
 		}
@@ -443,7 +443,7 @@ func TestAffinityHealthDownRemovesMappings(t *testing.T) {
 	eventually(t, 10*time.Second, "a dropped from every mapping", func() bool {
 		return slices.Equal(e.owners("r1"), []string{b.id}) && slices.Equal(e.owners("r2"), []string{b.id})
 	})
-	if _, err := e.st.Instance(context.Background(), schema.InstanceID{Kind: "render", Shard: strings.Split(a.id, ".")[1], Instance: strings.Split(a.id, ".")[2]}); !errors.Is(err, schema.ErrNotFound) {
+	if _, err := e.st.Directory().Instance(context.Background(), schema.InstanceID{Kind: "render", Shard: strings.Split(a.id, ".")[1], Instance: strings.Split(a.id, ".")[2]}); !errors.Is(err, schema.ErrNotFound) {
 		t.Fatalf("a still in the directory: %v", err)
 	}
 	if code, got := e.render("r1"); code != 200 || got != b.id {

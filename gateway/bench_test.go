@@ -345,7 +345,7 @@ func benchProxyRaw(b *testing.B) {
 		for i := 1; i <= 4; i++ {
 			addr := rawShard(b, answer)
 			id := schema.InstanceID{Kind: "aggregate", Shard: fmt.Sprintf("aggregate-%d", i), Instance: "i1"}
-			if _, err := e.st.Register(context.Background(), schema.Instance{InstanceID: id, URL: "http://" + addr, Capacity: tenants}); err != nil {
+			if _, err := e.st.Directory().Register(context.Background(), schema.Instance{InstanceID: id, URL: "http://" + addr, Capacity: tenants}); err != nil {
 				b.Fatal(err)
 			}
 			if _, err := e.st.Routes().AddInstance(context.Background(), aggRoute, id); err != nil {

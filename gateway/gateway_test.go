@@ -186,7 +186,7 @@ func testRequestPath(t *testing.T, cfg Config) {
 	t.Run("skips draining instances", func(t *testing.T) {
 		// A second instance of aggregate-2 reports draining: it gets no new requests.
 		d := newBackend(t, "aggregate", "aggregate-2", "i2")
-		if _, err := e.st.Register(context.Background(), schema.Instance{InstanceID: d.id, URL: d.URL, Capacity: 10, Reported: schema.StatusDraining}); err != nil {
+		if _, err := e.st.Directory().Register(context.Background(), schema.Instance{InstanceID: d.id, URL: d.URL, Capacity: 10, Reported: schema.StatusDraining}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := e.st.Routes().AddInstance(context.Background(), aggRoute, d.id); err != nil {
@@ -201,7 +201,7 @@ func testRequestPath(t *testing.T, cfg Config) {
 		if reqs, _ := d.requests(); len(reqs) != 0 {
 			t.Fatalf("draining instance got %d requests", len(reqs))
 		}
-		if err := e.st.Unregister(context.Background(), d.id); err != nil {
+		if err := e.st.Directory().Unregister(context.Background(), d.id); err != nil {
 			t.Fatal(err)
 		}
 		eventually(t, 10*time.Second, "instance gone", func() bool { return e.gw.reg.snap.Load().total == 3 })

@@ -176,7 +176,7 @@ func (e *env) register(b *backend, url string, capacity int, routes ...schema.Ro
 	if url == "" {
 		url = b.URL
 	}
-	if _, err := e.st.Register(ctx, schema.Instance{InstanceID: b.id, URL: url, Capacity: capacity}); err != nil {
+	if _, err := e.st.Directory().Register(ctx, schema.Instance{InstanceID: b.id, URL: url, Capacity: capacity}); err != nil {
 		e.t.Fatal(err)
 	}
 	for _, r := range routes {

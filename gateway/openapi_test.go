@@ -160,7 +160,7 @@ func TestOpenAPI(t *testing.T) {
 	c.Do("DELETE", "/prerender-servers/realms/{realm}", "/prerender-servers/realms/acme?kind=render", nil, self)
 	c.Do("DELETE", "/prerender-servers", "/prerender-servers?kind=render", nil, self)
 	tmtest.WaitFor(t, 10*time.Second, tmtest.Until("the registration to be gone from the directory", func() bool {
-		insts, err := e.st.Instances(t.Context(), "render")
+		insts, err := e.st.Directory().Instances(t.Context(), "render")
 		return err == nil && len(insts) == 0
 	}))
 	for _, want := range []string{"GET /readyz 200", "GET /admin/balance 200", "GET /admin/balance 401",

@@ -166,7 +166,7 @@ func (c registrar) handleRegister(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), assignTimeout)
 	defer cancel()
-	if _, err := g.store.Register(ctx, inst); err != nil {
+	if _, err := g.store.Directory().Register(ctx, inst); err != nil {
 		tmhttp.WriteError(w, r, err, "", ke.name)
 		return
 	}

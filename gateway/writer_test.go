@@ -52,7 +52,7 @@ func TestSingleWriterRouting(t *testing.T) {
 		t.Fatalf("30 tenants on %d of 3 instances: %v", len(per), per)
 	}
 	gone := bs[0].id
-	if err := e.st.Unregister(context.Background(), gone); err != nil {
+	if err := e.st.Directory().Unregister(context.Background(), gone); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 10*time.Second, "instance gone", func() bool { return e.gw.reg.snap.Load().total == 2 })

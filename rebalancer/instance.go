@@ -66,7 +66,7 @@ func Detail(ctx context.Context, st *schema.Store, key string, h Health, src Det
 	if err != nil {
 		return InstanceDetail{}, err
 	}
-	inst, err := st.Instance(ctx, id)
+	inst, err := st.Directory().Instance(ctx, id)
 	if err != nil {
 		return InstanceDetail{}, fmt.Errorf("instance %s: %w", key, err)
 	}
@@ -82,7 +82,7 @@ func Detail(ctx context.Context, st *schema.Store, key string, h Health, src Det
 		}
 	}
 	d.Circuits = src.Circuits.Of(key, now)
-	hist, _, err := st.InstanceHistory(ctx, id)
+	hist, _, err := st.Directory().InstanceHistory(ctx, id)
 	if err != nil {
 		return InstanceDetail{}, err
 	}
@@ -214,7 +214,7 @@ func SetDegraded(ctx context.Context, st *schema.Store, key string, on bool, rea
 		f = &schema.InstanceFlag{Degraded: true, Reason: reason, By: actor}
 		action = "instance.degraded-set"
 	}
-	inst, err := st.SetInstanceFlag(ctx, id, f)
+	inst, err := st.Directory().SetInstanceFlag(ctx, id, f)
 	if err != nil {
 		return schema.Instance{}, fmt.Errorf("instance %s: %w", key, err)
 	}

@@ -25,7 +25,7 @@ func TestMovesShareTheirViews(t *testing.T) {
 	a := schema.Instance{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: "s-1", Instance: "a"}, URL: "http://127.0.0.1:9"}
 	b := schema.Instance{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: "s-2", Instance: "b"}, URL: "http://127.0.0.1:9"}
 	for _, i := range []schema.Instance{a, b} {
-		if _, err := st.Register(ctx, i); err != nil {
+		if _, err := st.Directory().Register(ctx, i); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -69,7 +69,7 @@ func TestMovesShareTheirViews(t *testing.T) {
 
 	// a keeps heartbeating, b stops: b ages out, a stays.
 	tmtest.WaitFor(t, 15*time.Second, func() error {
-		if _, err := st.Heartbeat(ctx, a); err != nil {
+		if _, err := st.Directory().Heartbeat(ctx, a); err != nil {
 			return err
 		}
 		if got := liveKeys(); !slices.Equal(got, []string{a.Key()}) {

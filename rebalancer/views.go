@@ -47,7 +47,7 @@ type InstanceView struct {
 
 // Instances lists the directory of kind ("" all) with derived statuses, sorted by key.
 func Instances(ctx context.Context, st *schema.Store, kind string, h Health, now time.Time) ([]InstanceView, error) {
-	insts, err := st.Instances(ctx, kind)
+	insts, err := st.Directory().Instances(ctx, kind)
 	if err != nil {
 		return nil, err
 	}

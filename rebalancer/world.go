@@ -168,7 +168,7 @@ func (o WorldOptions) withDefaults() WorldOptions {
 // (KindConfig.Warmup) becomes World.Warmup, so each move's warm-up strategy is chosen by size.
 func BuildWorld(ctx context.Context, st *schema.Store, kind string, opts WorldOptions) (planner.World, error) {
 	opts = opts.withDefaults()
-	insts, err := st.Instances(ctx, kind)
+	insts, err := st.Directory().Instances(ctx, kind)
 	if err != nil {
 		return planner.World{}, fmt.Errorf("rebalancer: read the directory of %s: %w", kind, err)
 	}

@@ -130,7 +130,7 @@ func TestBuildWorldFromNATS(t *testing.T) {
 	st := openStore(t)
 	ctx := context.Background()
 	for _, sh := range []string{"s-1", "s-2"} {
-		if _, err := st.Register(ctx, schema.Instance{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: sh, Instance: "i1"},
+		if _, err := st.Directory().Register(ctx, schema.Instance{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: sh, Instance: "i1"},
 			URL: "http://127.0.0.1:9", Capacity: 1000}); err != nil {
 			t.Fatal(err)
 		}

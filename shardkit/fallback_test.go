@@ -67,7 +67,7 @@ func TestForwardFallback(t *testing.T) {
 		{InstanceID: pid("projection-2", "broken2"), URL: broken, Capacity: 10},
 		{InstanceID: pid("projection-2", "broken3"), URL: broken, Capacity: 10},
 	} {
-		if _, err := st.Register(ctx, in); err != nil {
+		if _, err := st.Directory().Register(ctx, in); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -136,7 +136,7 @@ func TestForwardFallbackRefusedForSingleWriter(t *testing.T) {
 	if !errors.Is(err, shardkit.ErrConfig) || !strings.Contains(err.Error(), "single_writer") {
 		t.Fatalf("Run: %v", err)
 	}
-	if _, err := st.Instance(ctx, id("aggregate-1", "a")); err == nil {
+	if _, err := st.Directory().Instance(ctx, id("aggregate-1", "a")); err == nil {
 		t.Fatal("the refused instance stayed registered")
 	}
 }

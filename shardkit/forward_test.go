@@ -37,7 +37,7 @@ func TestForwardReachesOwnerWithoutLoops(t *testing.T) {
 	place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"})
 	rev := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t2", Shard: "aggregate-2"}).Revision
 	// A registered instance of the owner that refuses connections: forwards must retry past it.
-	if _, err := st.Register(ctx, schema.Instance{InstanceID: id("aggregate-1", "dead"), URL: deadURL(t), Capacity: 10}); err != nil {
+	if _, err := st.Directory().Register(ctx, schema.Instance{InstanceID: id("aggregate-1", "dead"), URL: deadURL(t), Capacity: 10}); err != nil {
 		t.Fatal(err)
 	}
 	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), Forward: true})

@@ -94,7 +94,7 @@ func TestHeartbeatsStoppingMakeInstanceOffline(t *testing.T) {
 	// change makes now: that write is B's next version.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := st.PutMember(ctx, schema.Instance{InstanceID: id("aggregate-9", "probe"), URL: "http://127.0.0.1:1"}); err != nil {
+	if _, err := st.Directory().PutMember(ctx, schema.Instance{InstanceID: id("aggregate-9", "probe"), URL: "http://127.0.0.1:1"}); err != nil {
 		t.Fatal(err)
 	}
 	awaitPeer(t, b, id("aggregate-9", "probe"), func(schema.Instance) bool { return true })
@@ -109,11 +109,11 @@ func TestHeartbeatsStoppingMakeInstanceOffline(t *testing.T) {
 	}
 
 	stA.JS().Conn().Close() // A's heartbeats stop; its entries stay behind, as after a crash
-	last, err := st.Instance(ctx, a.ID())
+	last, err := st.Directory().Instance(ctx, a.ID())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.MarkOffline(ctx, last); err != nil { // what the sweeper does after OfflineAfter
+	if err := st.Directory().MarkOffline(ctx, last); err != nil { // what the sweeper does after OfflineAfter
 		t.Fatal(err)
 	}
 	awaitPeer(t, b, a.ID(), func(i schema.Instance) bool { return i.Reported == schema.StatusOffline })
@@ -136,16 +136,16 @@ func TestMarkedOfflineInstanceComesBack(t *testing.T) {
 	awaitPeer(t, b, a.ID(), func(i schema.Instance) bool { return i.URL == a.URL })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	inst, err := st.Instance(ctx, a.ID())
+	inst, err := st.Directory().Instance(ctx, a.ID())
 	if err != nil {
 		t.Fatal(err)
 	}
 	for { // a heartbeat may land between the read and the CAS: read again
-		err = st.MarkOffline(ctx, inst)
+		err = st.Directory().MarkOffline(ctx, inst)
 		if !errors.Is(err, schema.ErrConflict) {
 			break
 		}
-		if inst, err = st.Instance(ctx, a.ID()); err != nil {
+		if inst, err = st.Directory().Instance(ctx, a.ID()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -224,7 +224,7 @@ func TestShutdownLeavesNothingBehind(t *testing.T) {
 		}
 		return nil
 	})
-	if _, err := st.Instance(ctx, a.ID()); err != nil {
+	if _, err := st.Directory().Instance(ctx, a.ID()); err != nil {
 		t.Fatalf("entry gone while a request is in flight: %v", err)
 	}
 	close(a.app.release)
@@ -234,7 +234,7 @@ func TestShutdownLeavesNothingBehind(t *testing.T) {
 	if err := a.stop(t); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	if _, err := st.Instance(ctx, a.ID()); !errors.Is(err, schema.ErrNotFound) {
+	if _, err := st.Directory().Instance(ctx, a.ID()); !errors.Is(err, schema.ErrNotFound) {
 		t.Fatalf("directory entry after shutdown: %v", err)
 	}
 	got = routeInstances()
@@ -251,7 +251,7 @@ func TestShutdownLeavesNothingBehind(t *testing.T) {
 	if got := routeInstances(); len(got) != 0 {
 		t.Fatalf("routes after both shut down: %v", got)
 	}
-	if _, err := st.Instance(ctx, b.ID()); !errors.Is(err, schema.ErrNotFound) {
+	if _, err := st.Directory().Instance(ctx, b.ID()); !errors.Is(err, schema.ErrNotFound) {
 		t.Fatalf("B's entry after Close: %v", err)
 	}
 }

@@ -244,7 +244,7 @@ func (s *Shard) register(ctx context.Context) error {
 	inst := schema.Instance{InstanceID: s.cfg.ID, URL: s.cfg.URL, Capacity: capacity, Labels: s.cfg.Labels,
 		Version: s.cfg.Version, Started: s.inst.Started, Reported: schema.StatusOnline}
 	s.instMu.Unlock()
-	inst, err := s.st.Register(ctx, inst)
+	inst, err := s.st.Directory().Register(ctx, inst)
 	if err != nil {
 		return fmt.Errorf("shardkit: register %s: %w", s.self, err)
 	}
@@ -269,7 +269,7 @@ func (s *Shard) undoRegister() {
 	for _, r := range s.routes() {
 		_, _ = s.st.Routes().RemoveInstance(ctx, r, s.cfg.ID)
 	}
-	_ = s.st.Unregister(ctx, s.cfg.ID)
+	_ = s.st.Directory().Unregister(ctx, s.cfg.ID)
 }
 
 func (s *Shard) routes() []schema.Route {
@@ -323,7 +323,7 @@ func (s *Shard) shutdown(ctx context.Context) error {
 	s.instMu.Unlock()
 	if inst.URL != "" {
 		inst.Reported = schema.StatusDraining
-		if got, err := s.st.Heartbeat(ctx, inst); err != nil {
+		if got, err := s.st.Directory().Heartbeat(ctx, inst); err != nil {
 			log.Warn("reporting draining", "err", err)
 		} else {
 			s.syncMember(ctx, got)
@@ -359,7 +359,7 @@ func (s *Shard) shutdown(ctx context.Context) error {
 			}
 		}
 	}
-	if err := s.st.Unregister(ctx, s.cfg.ID); err != nil {
+	if err := s.st.Directory().Unregister(ctx, s.cfg.ID); err != nil {
 		errs = append(errs, fmt.Errorf("unregister: %w", err))
 	}
 	log.Info("shard instance stopped", "instance", s.self)

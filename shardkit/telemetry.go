@@ -76,7 +76,7 @@ func (s *Shard) heartbeat(ctx context.Context, r schema.LoadReport) {
 	inst.Reported = s.reportedStatus(r)
 	hctx, cancel := context.WithTimeout(ctx, s.cfg.Heartbeat*3)
 	defer cancel()
-	got, err := s.st.Heartbeat(hctx, inst)
+	got, err := s.st.Directory().Heartbeat(hctx, inst)
 	if err != nil {
 		if ctx.Err() == nil {
 			s.cfg.Logger.Warn("heartbeat failed", "instance", s.self, "err", err)
@@ -99,7 +99,7 @@ func (s *Shard) syncMember(ctx context.Context, inst schema.Instance) {
 	if !stale && s.member.SameMember(inst) {
 		return
 	}
-	if _, err := s.st.PutMember(ctx, inst); err != nil {
+	if _, err := s.st.Directory().PutMember(ctx, inst); err != nil {
 		s.memberStale.Store(true)
 		if ctx.Err() == nil {
 			s.cfg.Logger.Warn("writing membership failed", "instance", s.self, "err", err)

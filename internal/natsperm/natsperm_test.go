@@ -99,9 +99,9 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 	// Its job: its own entry, its signals, its kind's placements (release), routes, load,
 	// events, its own object store, reading the control plane.
 	me := schema.InstanceID{Kind: "aggregate", Shard: "aggregate-1", Instance: "a"}
-	_, err := sh.st.Register(ctx, schema.Instance{InstanceID: me, URL: "http://127.0.0.1:9"})
+	_, err := sh.st.Directory().Register(ctx, schema.Instance{InstanceID: me, URL: "http://127.0.0.1:9"})
 	ok(t, "register own instance", err)
-	_, err = sh.st.Heartbeat(ctx, schema.Instance{InstanceID: me, URL: "http://127.0.0.1:9"})
+	_, err = sh.st.Directory().Heartbeat(ctx, schema.Instance{InstanceID: me, URL: "http://127.0.0.1:9"})
 	ok(t, "heartbeat", err)
 	_, err = sh.st.PutSignal(ctx, schema.TenantSignal{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1", Instance: "a", Phase: schema.SignalWarming, Epoch: 1})
 	ok(t, "own signal", err)
@@ -115,7 +115,7 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 	ok(t, "update own kind's placement", err)
 	_, err = sh.st.Kinds(ctx)
 	ok(t, "read kinds", err)
-	_, err = sh.st.Instances(ctx, "")
+	_, err = sh.st.Directory().Instances(ctx, "")
 	ok(t, "read directory", err)
 	ok(t, "load report", sh.st.PublishLoad(schema.LoadReport{InstanceID: me}))
 	ok(t, "events stream", sh.st.EnsureEventsStream(ctx))
@@ -127,7 +127,7 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 	// Refused: another shard's entry, another kind's placement, the rebalancer's records,
 	// kind config, another shard's signals, job queues.
 	other := schema.InstanceID{Kind: "aggregate", Shard: "aggregate-2", Instance: "a"}
-	if _, err := sh.st.Register(short(t), schema.Instance{InstanceID: other, URL: "http://127.0.0.1:9"}); err == nil {
+	if _, err := sh.st.Directory().Register(short(t), schema.Instance{InstanceID: other, URL: "http://127.0.0.1:9"}); err == nil {
 		t.Error("a shard registered another shard's instance")
 	}
 	sh.refused(t, "$KV.tm_instances.aggregate.aggregate-2.a")
@@ -162,7 +162,7 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 	if got, err := admin.Placement(ctx, "projection", "t1"); err != nil || got.Shard != "projection-1" {
 		t.Errorf("projection placement after the refused rewrite: %+v, %v", got, err)
 	}
-	if _, err := admin.Instance(ctx, other); err == nil {
+	if _, err := admin.Directory().Instance(ctx, other); err == nil {
 		t.Error("the refused registration is in the directory")
 	}
 }
@@ -196,7 +196,7 @@ func TestGatewayPlacesButCannotRebalance(t *testing.T) {
 	_, err = gw.st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "new", Shard: "aggregate-1", Epoch: 1, Phase: schema.PhaseActive})
 	ok(t, "place an unplaced tenant", err)
 	render := schema.InstanceID{Kind: "render", Shard: "r1", Instance: "i1"}
-	_, err = gw.st.Register(ctx, schema.Instance{InstanceID: render, URL: "http://127.0.0.1:9"})
+	_, err = gw.st.Directory().Register(ctx, schema.Instance{InstanceID: render, URL: "http://127.0.0.1:9"})
 	ok(t, "register an affinity server", err)
 	ok(t, "audit", gw.st.Audit(ctx, schema.AuditEvent{Actor: "gateway/test", Action: "placement.assign", Kind: "aggregate", Tenant: "new"}))
 
@@ -205,11 +205,11 @@ func TestGatewayPlacesButCannotRebalance(t *testing.T) {
 	}
 	gw.refused(t, "$KV.tm_rebalance.plan-x")
 	agg := schema.InstanceID{Kind: "aggregate", Shard: "aggregate-1", Instance: "evil"}
-	if _, err := gw.st.Register(short(t), schema.Instance{InstanceID: agg, URL: "http://127.0.0.1:9"}); err == nil {
+	if _, err := gw.st.Directory().Register(short(t), schema.Instance{InstanceID: agg, URL: "http://127.0.0.1:9"}); err == nil {
 		t.Error("the gateway registered an aggregate instance")
 	}
 	gw.refused(t, "$KV.tm_instances.aggregate.aggregate-1.evil")
-	if _, err := admin.Instance(ctx, agg); err == nil {
+	if _, err := admin.Directory().Instance(ctx, agg); err == nil {
 		t.Error("the refused registration is in the directory")
 	}
 }

@@ -195,7 +195,7 @@ func TestApplyPartialExitCode(t *testing.T) {
 	e.place(t, "globex", "s-2")
 	// Manual plans are checked against the world, which needs live shards.
 	for _, sh := range []string{"s-1", "s-2"} {
-		if _, err := e.st.Register(ctx, schema.Instance{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: sh, Instance: "i1"}, URL: "http://127.0.0.1:9", Capacity: 10}); err != nil {
+		if _, err := e.st.Directory().Register(ctx, schema.Instance{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: sh, Instance: "i1"}, URL: "http://127.0.0.1:9", Capacity: 10}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -440,7 +440,7 @@ func TestServeCommand(t *testing.T) {
 func TestApplyThroughServiceWithoutToken(t *testing.T) {
 	e := newEnv(t)
 	e.place(t, "acme", "s-1")
-	if _, err := e.st.Register(context.Background(), schema.Instance{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: "s-2", Instance: "i1"}, URL: "http://127.0.0.1:9", Capacity: 10}); err != nil {
+	if _, err := e.st.Directory().Register(context.Background(), schema.Instance{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: "s-2", Instance: "i1"}, URL: "http://127.0.0.1:9", Capacity: 10}); err != nil {
 		t.Fatal(err)
 	}
 	srv, err := server.New(server.Config{Store: e.st})
@@ -473,7 +473,7 @@ func TestApplyRefusedWhileServiceLeads(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	e.place(t, "acme", "s-1")
-	if _, err := e.st.Register(ctx, schema.Instance{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: "s-2", Instance: "i1"}, URL: "http://127.0.0.1:9", Capacity: 10}); err != nil {
+	if _, err := e.st.Directory().Register(ctx, schema.Instance{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: "s-2", Instance: "i1"}, URL: "http://127.0.0.1:9", Capacity: 10}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.st.Rebalance().AcquireLease(ctx, schema.LeaderLease, "rebalancer-a", time.Minute); err != nil {

@@ -102,7 +102,7 @@ func (c *InstancesCommand) one(ctx context.Context, st *schema.Store, key string
 		return err
 	}
 	defer circuits.Stop()
-	if _, err := st.Instance(ctx, mustID(key)); err == nil && c.listen > 0 { // hear telemetry only for a real instance
+	if _, err := st.Directory().Instance(ctx, mustID(key)); err == nil && c.listen > 0 { // hear telemetry only for a real instance
 		t := time.NewTimer(c.listen)
 		select {
 		case <-t.C:

@@ -227,7 +227,7 @@ func (l *labelsFlag) Set(s string) error {
 // warnDeadSource warns that moves off a shard without a live instance will abort at handoff:
 // the engine waits for the source's instances to drain and report their fence.
 func (c *PlanCommand) warnDeadSource(ctx context.Context, st *schema.Store, kind, shard string) {
-	insts, err := st.Instances(ctx, kind)
+	insts, err := st.Directory().Instances(ctx, kind)
 	if err != nil {
 		return
 	}

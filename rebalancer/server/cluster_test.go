@@ -41,7 +41,7 @@ func TestAPIOnClusterLosingNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, shard := range []string{"s-1", "s-2"} {
-		if _, err := st.Register(ctx, schema.Instance{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: shard, Instance: "i1"},
+		if _, err := st.Directory().Register(ctx, schema.Instance{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: shard, Instance: "i1"},
 			URL: "http://127.0.0.1:9", Capacity: 100}); err != nil {
 			t.Fatal(err)
 		}

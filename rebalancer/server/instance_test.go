@@ -171,7 +171,7 @@ func TestInstancePage(t *testing.T) {
 	}
 	flagged := v.Heartbeat
 	tmtest.WaitFor(t, 10*time.Second, tmtest.Until("heartbeats after the flag keep it", func() bool {
-		inst, err := st.Instance(ctx, good.ID())
+		inst, err := st.Directory().Instance(ctx, good.ID())
 		return err == nil && inst.Heartbeat.After(flagged.Add(time.Second)) && inst.Flag != nil &&
 			schema.Thresholds{}.Status(inst, time.Now()) == schema.StatusDegraded
 	}))
@@ -213,7 +213,7 @@ func history(d rebalancer.InstanceDetail) string {
 
 func instURL(t *testing.T, st *schema.Store, id schema.InstanceID) string {
 	t.Helper()
-	inst, err := st.Instance(t.Context(), id)
+	inst, err := st.Directory().Instance(t.Context(), id)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -81,7 +81,7 @@ func TestOpenAPI(t *testing.T) {
 	c.Do("PUT", "/api/kinds/{kind}", "/api/kinds/aggregate", map[string]any{"polcy": "managed"}, admin)
 	c.Do("PUT", "/api/kinds/{kind}", "/api/kinds/aggregate", map[string]any{"policy": "managed"}, nil)
 	tmtest.WaitFor(t, 20*time.Second, tmtest.Until("both shards in the directory", func() bool {
-		insts, err := st.Instances(t.Context(), "aggregate")
+		insts, err := st.Directory().Instances(t.Context(), "aggregate")
 		return err == nil && len(insts) == 2
 	}))
 	c.Do("GET", "/api/instances", "/api/instances?kind=aggregate", nil, nil)

@@ -191,7 +191,7 @@ type Result struct {
 func (s *Sweeper) Sweep(ctx context.Context) (Result, error) {
 	s.m.sweeps.Inc()
 	var res Result
-	insts, err := s.cfg.Store.Instances(ctx, "")
+	insts, err := s.cfg.Store.Directory().Instances(ctx, "")
 	if err != nil {
 		return res, err
 	}
@@ -203,7 +203,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (Result, error) {
 		seen[key] = true
 		st := s.cfg.Health.Status(i, now)
 		if now.Sub(i.Heartbeat) >= s.offline && i.Reported != schema.StatusOffline {
-			if err := s.cfg.Store.MarkOffline(ctx, i); err != nil {
+			if err := s.cfg.Store.Directory().MarkOffline(ctx, i); err != nil {
 				if !errors.Is(err, schema.ErrConflict) { // a heartbeat landed: it lives
 					errs = append(errs, fmt.Errorf("mark %s offline: %w", key, err))
 				}
@@ -236,7 +236,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (Result, error) {
 			// The history keeps the newest change; a first sight after a leader change adds
 			// nothing when the status is what the history already ends in.
 			c := schema.StatusChange{From: prev, To: st, Time: now, Reason: s.reason(i, st, now)}
-			if err := s.cfg.Store.AppendStatus(ctx, i.InstanceID, c); err != nil {
+			if err := s.cfg.Store.Directory().AppendStatus(ctx, i.InstanceID, c); err != nil {
 				errs = append(errs, fmt.Errorf("status history of %s: %w", key, err))
 				continue // the next sweep tries again
 			}
@@ -248,7 +248,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (Result, error) {
 			delete(s.last, k)
 			delete(s.cleaned, k)
 			if id, err := schema.ParseInstanceID(k); err == nil {
-				if err := s.cfg.Store.DeleteHistory(ctx, id); err != nil {
+				if err := s.cfg.Store.Directory().DeleteHistory(ctx, id); err != nil {
 					errs = append(errs, fmt.Errorf("status history of %s: %w", k, err))
 				}
 			}
@@ -340,7 +340,7 @@ func (s *Sweeper) CleanupRoutes(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	insts, err := s.cfg.Store.Instances(ctx, "")
+	insts, err := s.cfg.Store.Directory().Instances(ctx, "")
 	if err != nil {
 		return 0, err
 	}

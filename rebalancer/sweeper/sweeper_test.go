@@ -115,12 +115,12 @@ func TestSweepMarksOfflineAlertsOnceAndCleansUp(t *testing.T) {
 	if len(res.Offline) != 1 || res.Offline[0] != dead.Key() || res.Routes != 2 || res.Owners != 2 {
 		t.Fatalf("sweep result %+v", res)
 	}
-	got, err := st.Instance(ctx, dead)
+	got, err := st.Directory().Instance(ctx, dead)
 	if err != nil || got.Reported != schema.StatusOffline {
 		t.Fatalf("dead instance after sweep: %+v, %v", got, err)
 	}
 	// Shard instances follow memberships, not heartbeats: the sweep is how they learn.
-	members, err := st.Members(ctx, dead.Kind)
+	members, err := st.Directory().Members(ctx, dead.Kind)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,9 +159,9 @@ func TestSweepMarksOfflineAlertsOnceAndCleansUp(t *testing.T) {
 		t.Fatalf("first sighting of instances is not a change: %+v", events)
 	}
 	// The instance comes back: it heartbeats itself online, and the sweeper reports the change.
-	i, _ := st.Instance(ctx, dead)
+	i, _ := st.Directory().Instance(ctx, dead)
 	i.Reported = schema.StatusOnline // shardkit heartbeats its own entry, which says online
-	if _, err := st.Heartbeat(ctx, i); err != nil {
+	if _, err := st.Directory().Heartbeat(ctx, i); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := sw.Sweep(ctx); err != nil {

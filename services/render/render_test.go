@@ -206,7 +206,7 @@ func TestRenderAffinityEndToEnd(t *testing.T) {
 	}
 	a := startInstance(t, st, "a", 2)
 	b := startInstance(t, st, "b", 2)
-	insts, err := st.Instances(ctx, render.Kind)
+	insts, err := st.Directory().Instances(ctx, render.Kind)
 	if err != nil || len(insts) != 2 || insts[0].Capacity != 2 {
 		t.Fatalf("registration with capacity: %+v %v", insts, err)
 	}

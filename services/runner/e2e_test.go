@@ -243,7 +243,7 @@ func TestBinaryServesTLS(t *testing.T) {
 	if !strings.HasPrefix(url, "https://") {
 		t.Fatalf("instance URL %s", url)
 	}
-	in, err := st.Instance(context.Background(), schema.InstanceID{Kind: Kind, Shard: "runner-1", Instance: "a"})
+	in, err := st.Directory().Instance(context.Background(), schema.InstanceID{Kind: Kind, Shard: "runner-1", Instance: "a"})
 	if err != nil || in.URL != url {
 		t.Fatalf("directory has %q (%v), want %s", in.URL, err, url)
 	}

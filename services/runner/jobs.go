@@ -454,6 +454,6 @@ func (q *runStore) knownInstance(ctx context.Context, instance string) bool {
 	if _, err := q.s.board.status.Get(ctx, id.Key()); err == nil {
 		return true
 	}
-	_, err := q.s.st.Instance(ctx, id)
+	_, err := q.s.st.Directory().Instance(ctx, id)
 	return err == nil
 }

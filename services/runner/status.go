@@ -151,7 +151,7 @@ type InstanceView struct {
 // whose runner status is missing shows its directory entry only; a runner status without a
 // directory entry (an instance not registered, such as in tests) is listed as offline.
 func (s *Service) Instances(ctx context.Context) ([]InstanceView, error) {
-	dir, err := s.st.Instances(ctx, Kind)
+	dir, err := s.st.Directory().Instances(ctx, Kind)
 	if err != nil {
 		return nil, err
 	}

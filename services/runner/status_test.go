@@ -22,7 +22,7 @@ func TestInstanceView(t *testing.T) {
 	}
 	id := schema.InstanceID{Kind: Kind, Shard: "runner-1", Instance: "a"}
 	// shardkit registers and heartbeats the instance; here the test does.
-	if _, err := st.Register(context.Background(), schema.Instance{InstanceID: id, URL: "http://127.0.0.1:1", Capacity: 100,
+	if _, err := st.Directory().Register(context.Background(), schema.Instance{InstanceID: id, URL: "http://127.0.0.1:1", Capacity: 100,
 		Labels: map[string]string{"region": "eu"}, Metrics: &schema.InstanceMetrics{InFlight: 1, CPU: 12}}); err != nil {
 		t.Fatal(err)
 	}

@@ -106,9 +106,18 @@ func (t Thresholds) Status(i Instance, now time.Time) Status {
 // Live reports whether an instance in status st may receive new requests.
 func (st Status) Live() bool { return st == StatusOnline || st == StatusDegraded }
 
+// Directory is tm_instances, the instance directory (each instance's URL, capacity, labels,
+// status and last heartbeat), with tm_members, the part of it that changes only when an
+// instance's status, URL or labels do (what shards follow), and each instance's status
+// history.
+type Directory struct{ s *Store }
+
+// Directory is the instance directory.
+func (s *Store) Directory() Directory { return Directory{s} }
+
 // Register writes the instance's entry (replacing any previous one of the same id, but keeping
 // its operator flag).
-func (s *Store) Register(ctx context.Context, i Instance) (Instance, error) {
+func (d Directory) Register(ctx context.Context, i Instance) (Instance, error) {
 	now := time.Now().UTC()
 	if i.Started.IsZero() {
 		i.Started = now
@@ -122,15 +131,15 @@ func (s *Store) Register(ctx context.Context, i Instance) (Instance, error) {
 	}
 	if i.Flag == nil {
 		var prev Instance
-		if _, err := s.js.GetJSON(ctx, s.instances, i.Key(), &prev); err == nil {
+		if _, err := d.s.js.GetJSON(ctx, d.s.instances, i.Key(), &prev); err == nil {
 			i.Flag = prev.Flag
 		}
 	}
-	rev, err := s.js.PutJSON(ctx, s.instances, i.Key(), i)
+	rev, err := d.s.js.PutJSON(ctx, d.s.instances, i.Key(), i)
 	if err != nil {
 		return Instance{}, err
 	}
-	if _, err := s.PutMember(ctx, i); err != nil {
+	if _, err := d.PutMember(ctx, i); err != nil {
 		return Instance{}, err
 	}
 	i.Revision = rev
@@ -143,13 +152,13 @@ func (s *Store) Register(ctx context.Context, i Instance) (Instance, error) {
 // dead comes back. With the revision of the instance's last write (i.Revision) it writes by
 // compare-and-set, and when someone else wrote the entry since (an operator's flag, the
 // sweeper), it keeps their flag.
-func (s *Store) Heartbeat(ctx context.Context, i Instance) (Instance, error) {
+func (d Directory) Heartbeat(ctx context.Context, i Instance) (Instance, error) {
 	i.Heartbeat = time.Now().UTC()
 	if err := i.Validate(); err != nil {
 		return Instance{}, err
 	}
 	if i.Revision != 0 {
-		rev, err := s.js.UpdateJSON(ctx, s.instances, i.Key(), i.Revision, i)
+		rev, err := d.s.js.UpdateJSON(ctx, d.s.instances, i.Key(), i.Revision, i)
 		if err == nil {
 			i.Revision = rev
 			return i, nil
@@ -158,11 +167,11 @@ func (s *Store) Heartbeat(ctx context.Context, i Instance) (Instance, error) {
 			return Instance{}, err
 		}
 		var cur Instance
-		if _, err := s.js.GetJSON(ctx, s.instances, i.Key(), &cur); err == nil {
+		if _, err := d.s.js.GetJSON(ctx, d.s.instances, i.Key(), &cur); err == nil {
 			i.Flag = cur.Flag
 		}
 	}
-	rev, err := s.js.PutJSON(ctx, s.instances, i.Key(), i)
+	rev, err := d.s.js.PutJSON(ctx, d.s.instances, i.Key(), i)
 	if err != nil {
 		return Instance{}, err
 	}
@@ -171,23 +180,23 @@ func (s *Store) Heartbeat(ctx context.Context, i Instance) (Instance, error) {
 }
 
 // Unregister removes the instance's entry. Removing an absent entry is not an error.
-func (s *Store) Unregister(ctx context.Context, id InstanceID) error {
+func (d Directory) Unregister(ctx context.Context, id InstanceID) error {
 	if err := id.Check(); err != nil {
 		return err
 	}
-	if err := s.js.DeleteKey(ctx, s.instances, id.Key(), 0); err != nil {
+	if err := d.s.js.DeleteKey(ctx, d.s.instances, id.Key(), 0); err != nil {
 		return err
 	}
-	return s.js.DeleteKey(ctx, s.members, id.Key(), 0)
+	return d.s.js.DeleteKey(ctx, d.s.members, id.Key(), 0)
 }
 
 // Instance reads one entry.
-func (s *Store) Instance(ctx context.Context, id InstanceID) (Instance, error) {
+func (d Directory) Instance(ctx context.Context, id InstanceID) (Instance, error) {
 	if err := id.Check(); err != nil {
 		return Instance{}, err
 	}
 	var i Instance
-	rev, err := s.js.GetJSON(ctx, s.instances, id.Key(), &i)
+	rev, err := d.s.js.GetJSON(ctx, d.s.instances, id.Key(), &i)
 	if err != nil {
 		return Instance{}, err
 	}
@@ -196,7 +205,7 @@ func (s *Store) Instance(ctx context.Context, id InstanceID) (Instance, error) {
 }
 
 // Instances lists the directory, optionally only one kind ("" for all).
-func (s *Store) Instances(ctx context.Context, kind string) ([]Instance, error) {
+func (d Directory) Instances(ctx context.Context, kind string) ([]Instance, error) {
 	filter := ">"
 	if kind != "" {
 		if err := CheckName("kind", kind); err != nil {
@@ -205,7 +214,7 @@ func (s *Store) Instances(ctx context.Context, kind string) ([]Instance, error) 
 		filter = kind + ".>"
 	}
 	var out []Instance
-	_, err := jsx.ListJSON(ctx, s.js, s.instances, filter, func(_ string, rev uint64, i Instance) {
+	_, err := jsx.ListJSON(ctx, d.s.js, d.s.instances, filter, func(_ string, rev uint64, i Instance) {
 		i.Revision = rev
 		out = append(out, i)
 	})
@@ -216,26 +225,26 @@ func (s *Store) Instances(ctx context.Context, kind string) ([]Instance, error) 
 // so a heartbeat that lands meanwhile wins; then it marks the membership entry offline, which
 // is how shard instances (which follow memberships, not heartbeats) learn of it. An instance
 // that is alive after all sees its own membership turn offline and writes it back.
-func (s *Store) MarkOffline(ctx context.Context, i Instance) error {
+func (d Directory) MarkOffline(ctx context.Context, i Instance) error {
 	i.Reported = StatusOffline
-	if _, err := s.js.UpdateJSON(ctx, s.instances, i.Key(), i.Revision, i); err != nil {
+	if _, err := d.s.js.UpdateJSON(ctx, d.s.instances, i.Key(), i.Revision, i); err != nil {
 		return err
 	}
-	_, err := s.PutMember(ctx, i)
+	_, err := d.PutMember(ctx, i)
 	return err
 }
 
 // RemoveInstance deletes an entry if it is unchanged since it was read (sweeper), and its
 // membership entry.
-func (s *Store) RemoveInstance(ctx context.Context, i Instance) error {
-	err := s.js.DeleteKey(ctx, s.instances, i.Key(), i.Revision)
+func (d Directory) RemoveInstance(ctx context.Context, i Instance) error {
+	err := d.s.js.DeleteKey(ctx, d.s.instances, i.Key(), i.Revision)
 	if errors.Is(err, ErrNotFound) {
 		err = nil
 	}
 	if err != nil {
 		return err
 	}
-	err = s.js.DeleteKey(ctx, s.members, i.Key(), 0)
+	err = d.s.js.DeleteKey(ctx, d.s.members, i.Key(), 0)
 	if errors.Is(err, ErrNotFound) {
 		return nil
 	}
@@ -265,17 +274,17 @@ func (i Instance) SameMember(o Instance) bool {
 // PutMember writes i's membership entry (tm_members), stamped with the time of the change.
 // Instances call it when what it holds changes, never per heartbeat: every instance of the
 // kind receives every write.
-func (s *Store) PutMember(ctx context.Context, i Instance) (uint64, error) {
+func (d Directory) PutMember(ctx context.Context, i Instance) (uint64, error) {
 	i = i.Member()
 	i.Heartbeat = time.Now().UTC()
 	if err := i.Validate(); err != nil {
 		return 0, err
 	}
-	return s.js.PutJSON(ctx, s.members, i.Key(), i)
+	return d.s.js.PutJSON(ctx, d.s.members, i.Key(), i)
 }
 
 // Members lists the membership entries, optionally only one kind ("" for all).
-func (s *Store) Members(ctx context.Context, kind string) ([]Instance, error) {
+func (d Directory) Members(ctx context.Context, kind string) ([]Instance, error) {
 	filter := ">"
 	if kind != "" {
 		if err := CheckName("kind", kind); err != nil {
@@ -284,7 +293,7 @@ func (s *Store) Members(ctx context.Context, kind string) ([]Instance, error) {
 		filter = kind + ".>"
 	}
 	var out []Instance
-	_, err := jsx.ListJSON(ctx, s.js, s.members, filter, func(_ string, rev uint64, i Instance) {
+	_, err := jsx.ListJSON(ctx, d.s.js, d.s.members, filter, func(_ string, rev uint64, i Instance) {
 		i.Revision = rev
 		out = append(out, i)
 	})

@@ -28,12 +28,12 @@ const MaxStatusHistory = 50
 func HistoryKey(id InstanceID) string { return "history." + id.Key() }
 
 // InstanceHistory reads an instance's status history (empty when it has none).
-func (s *Store) InstanceHistory(ctx context.Context, id InstanceID) (StatusHistory, uint64, error) {
+func (d Directory) InstanceHistory(ctx context.Context, id InstanceID) (StatusHistory, uint64, error) {
 	if err := id.Check(); err != nil {
 		return StatusHistory{}, 0, err
 	}
 	h := StatusHistory{Instance: id.Key()}
-	rev, err := s.js.GetJSON(ctx, s.rebalance, HistoryKey(id), &h)
+	rev, err := d.s.js.GetJSON(ctx, d.s.rebalance, HistoryKey(id), &h)
 	if errors.Is(err, ErrNotFound) {
 		return StatusHistory{Instance: id.Key()}, 0, nil
 	}
@@ -42,9 +42,9 @@ func (s *Store) InstanceHistory(ctx context.Context, id InstanceID) (StatusHisto
 
 // AppendStatus adds c to id's status history unless its newest change already ends in c.To,
 // keeping the newest MaxStatusHistory changes. Only the rebalancer writes it.
-func (s *Store) AppendStatus(ctx context.Context, id InstanceID, c StatusChange) error {
+func (d Directory) AppendStatus(ctx context.Context, id InstanceID, c StatusChange) error {
 	for try := 0; ; try++ {
-		h, rev, err := s.InstanceHistory(ctx, id)
+		h, rev, err := d.InstanceHistory(ctx, id)
 		if err != nil {
 			return err
 		}
@@ -55,7 +55,7 @@ func (s *Store) AppendStatus(ctx context.Context, id InstanceID, c StatusChange)
 		if n := len(h.Changes); n > MaxStatusHistory {
 			h.Changes = h.Changes[n-MaxStatusHistory:]
 		}
-		_, err = s.js.UpdateJSON(ctx, s.rebalance, HistoryKey(id), rev, h)
+		_, err = d.s.js.UpdateJSON(ctx, d.s.rebalance, HistoryKey(id), rev, h)
 		if err == nil || !IsConflict(err) || try == 4 {
 			return err
 		}
@@ -63,8 +63,8 @@ func (s *Store) AppendStatus(ctx context.Context, id InstanceID, c StatusChange)
 }
 
 // DeleteHistory removes an instance's status history (when the instance leaves the directory).
-func (s *Store) DeleteHistory(ctx context.Context, id InstanceID) error {
-	err := s.js.DeleteKey(ctx, s.rebalance, HistoryKey(id), 0)
+func (d Directory) DeleteHistory(ctx context.Context, id InstanceID) error {
+	err := d.s.js.DeleteKey(ctx, d.s.rebalance, HistoryKey(id), 0)
 	if errors.Is(err, ErrNotFound) {
 		return nil
 	}

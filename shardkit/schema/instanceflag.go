@@ -28,7 +28,7 @@ const maxFlagReason = 256
 
 // SetInstanceFlag sets (f non-nil) or clears (nil) the operator flag of instance id, by
 // compare-and-set so a heartbeat landing meanwhile keeps it. An absent instance is ErrNotFound.
-func (s *Store) SetInstanceFlag(ctx context.Context, id InstanceID, f *InstanceFlag) (Instance, error) {
+func (d Directory) SetInstanceFlag(ctx context.Context, id InstanceID, f *InstanceFlag) (Instance, error) {
 	if err := id.Check(); err != nil {
 		return Instance{}, err
 	}
@@ -42,12 +42,12 @@ func (s *Store) SetInstanceFlag(ctx context.Context, id InstanceID, f *InstanceF
 	}
 	for try := 0; ; try++ {
 		var i Instance
-		rev, err := s.js.GetJSON(ctx, s.instances, id.Key(), &i)
+		rev, err := d.s.js.GetJSON(ctx, d.s.instances, id.Key(), &i)
 		if err != nil {
 			return Instance{}, err
 		}
 		i.Flag = f
-		nrev, err := s.js.UpdateJSON(ctx, s.instances, id.Key(), rev, i)
+		nrev, err := d.s.js.UpdateJSON(ctx, d.s.instances, id.Key(), rev, i)
 		if err == nil {
 			i.Revision = nrev
 			return i, nil

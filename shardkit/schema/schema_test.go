@@ -216,7 +216,7 @@ func TestDirectoryStatus(t *testing.T) {
 	st := open(t)
 	ctx := context.Background()
 	id := schema.InstanceID{Kind: "aggregate", Shard: "aggregate-1", Instance: "a"}
-	inst, err := st.Register(ctx, schema.Instance{InstanceID: id, URL: "http://127.0.0.1:9001", Capacity: 100, Labels: map[string]string{"region": "eu"}})
+	inst, err := st.Directory().Register(ctx, schema.Instance{InstanceID: id, URL: "http://127.0.0.1:9001", Capacity: 100, Labels: map[string]string{"region": "eu"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,17 +240,17 @@ func TestDirectoryStatus(t *testing.T) {
 	if got := th.Status(inst, hb); got != schema.StatusDraining || got.Live() {
 		t.Errorf("draining instance: %s live=%v", got, got.Live())
 	}
-	if _, err := st.Register(ctx, schema.Instance{InstanceID: id, URL: "not a url"}); !errors.Is(err, schema.ErrInvalid) {
+	if _, err := st.Directory().Register(ctx, schema.Instance{InstanceID: id, URL: "not a url"}); !errors.Is(err, schema.ErrInvalid) {
 		t.Fatalf("bad url: %v", err)
 	}
-	list, err := st.Instances(ctx, "aggregate")
+	list, err := st.Directory().Instances(ctx, "aggregate")
 	if err != nil || len(list) != 1 || list[0].Labels["region"] != "eu" {
 		t.Fatalf("instances = %+v, %v", list, err)
 	}
-	if err := st.Unregister(ctx, id); err != nil {
+	if err := st.Directory().Unregister(ctx, id); err != nil {
 		t.Fatal(err)
 	}
-	if list, _ := st.Instances(ctx, ""); len(list) != 0 {
+	if list, _ := st.Directory().Instances(ctx, ""); len(list) != 0 {
 		t.Fatalf("after unregister: %+v", list)
 	}
 }

@@ -119,7 +119,7 @@ func TestRun(t *testing.T) {
 			t.Errorf("GET %s (tenant %q): %d %s; want %d with %q", c.path, c.tenant, code, body, c.code, c.body)
 		}
 	}
-	if _, err := st.Instance(ctx, schema.InstanceID{Kind: "echo", Shard: "echo-1", Instance: "a"}); err != nil {
+	if _, err := st.Directory().Instance(ctx, schema.InstanceID{Kind: "echo", Shard: "echo-1", Instance: "a"}); err != nil {
 		t.Fatalf("not in the directory while serving: %v", err)
 	}
 	stop()
@@ -131,7 +131,7 @@ func TestRun(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("did not stop within 20s")
 	}
-	if _, err := st.Instance(ctx, schema.InstanceID{Kind: "echo", Shard: "echo-1", Instance: "a"}); !errors.Is(err, schema.ErrNotFound) {
+	if _, err := st.Directory().Instance(ctx, schema.InstanceID{Kind: "echo", Shard: "echo-1", Instance: "a"}); !errors.Is(err, schema.ErrNotFound) {
 		t.Errorf("directory entry after a clean stop: %v, want not found", err)
 	}
 }

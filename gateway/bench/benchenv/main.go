@@ -73,7 +73,7 @@ func run(backends []string, tenants, port int, dir string) error {
 	for i, b := range backends {
 		in := schema.Instance{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: fmt.Sprintf("aggregate-%d", i+1), Instance: "i1"},
 			URL: "http://" + b, Capacity: tenants}
-		if in, err = st.Register(octx, in); err != nil {
+		if in, err = st.Directory().Register(octx, in); err != nil {
 			return err
 		}
 		insts = append(insts, in)
@@ -126,7 +126,7 @@ func run(backends []string, tenants, port int, dir string) error {
 		case <-tick.C:
 			for _, in := range insts {
 				hctx, hcancel := context.WithTimeout(ctx, 2*time.Second)
-				_, _ = st.Heartbeat(hctx, in)
+				_, _ = st.Directory().Heartbeat(hctx, in)
 				hcancel()
 			}
 		case <-ctx.Done():
