@@ -155,7 +155,7 @@ func (s *Shard) Tenants() []TenantStatus {
 }
 
 func (a *adminAPI) handleTenants(w http.ResponseWriter, _ *http.Request) {
-	sizes, total := a.s.sizes()
+	sizes, total := a.s.rep.sizes()
 	by := make(map[string]*schema.TenantSize, len(sizes))
 	for i := range sizes {
 		by[sizes[i].Tenant] = &sizes[i]

@@ -34,6 +34,7 @@ type Shard struct {
 	moves   *mover
 	gk      *gatekeeper
 	fwd     *forwarder
+	rep     *reporter
 
 	// servedBy is the x-served-by value, shared by every response (never modified).
 	servedBy []string
@@ -97,7 +98,7 @@ func New(cfg Config) (*Shard, error) {
 		shutDone:  make(chan struct{}),
 		servedBy:  []string{cfg.ID.Key()},
 	}
-	s.api, s.moves, s.gk, s.fwd = &adminAPI{s}, &mover{s}, &gatekeeper{s}, &forwarder{s}
+	s.api, s.moves, s.gk, s.fwd, s.rep = &adminAPI{s}, &mover{s}, &gatekeeper{s}, &forwarder{s}, &reporter{s}
 	s.runCtx, s.cancel = context.WithCancel(context.Background())
 	s.metrics = newMetrics(cfg.Registerer, s)
 	s.states = newStateMap(s.metrics.seriesFor)
@@ -179,7 +180,7 @@ func (s *Shard) Run(ctx context.Context) error {
 	}
 	s.ready.Store(true)
 	loops.Go(func() { s.applyLoop(runCtx) })
-	loops.Go(func() { s.heartbeatLoop(runCtx) })
+	loops.Go(func() { s.rep.heartbeatLoop(runCtx) })
 	close(s.running)
 	s.cfg.Logger.Info("shard instance running", "instance", s.self, "url", s.cfg.URL, "forward", s.cfg.Forward)
 	select {
@@ -326,7 +327,7 @@ func (s *Shard) shutdown(ctx context.Context) error {
 		if got, err := s.st.Directory().Heartbeat(ctx, inst); err != nil {
 			log.Warn("reporting draining", "err", err)
 		} else {
-			s.syncMember(ctx, got)
+			s.rep.syncMember(ctx, got)
 		}
 	}
 	if s.cfg.ShutdownGrace > 0 {

@@ -10,11 +10,11 @@ import (
 
 // sizes are the hosted tenants' stored sizes from the service's Sizes hook, largest first (by
 // bytes, then depth, then name), and their total bytes.
-func (s *Shard) sizes() ([]schema.TenantSize, uint64) {
-	if s.cfg.Hooks.Sizes == nil {
+func (rp *reporter) sizes() ([]schema.TenantSize, uint64) {
+	if rp.s.cfg.Hooks.Sizes == nil {
 		return nil, 0
 	}
-	all := s.cfg.Hooks.Sizes()
+	all := rp.s.cfg.Hooks.Sizes()
 	var total uint64
 	for _, z := range all {
 		total += z.Bytes()
@@ -32,11 +32,11 @@ func (s *Shard) sizes() ([]schema.TenantSize, uint64) {
 }
 
 // topSizes fills r's StoredBytes and its largest TopN tenants' sizes.
-func (s *Shard) topSizes(r *schema.LoadReport) {
-	all, total := s.sizes()
+func (rp *reporter) topSizes(r *schema.LoadReport) {
+	all, total := rp.sizes()
 	r.StoredBytes = total
-	if len(all) > s.cfg.TopN {
-		all = all[:s.cfg.TopN]
+	if len(all) > rp.s.cfg.TopN {
+		all = all[:rp.s.cfg.TopN]
 	}
 	r.Sizes = all
 }

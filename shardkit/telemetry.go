@@ -9,11 +9,15 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
+// reporter keeps the instance known: a heartbeat into the directory and a load report every
+// interval, the membership entry when what others follow changes, and the tenants' sizes.
+type reporter struct{ s *Shard }
+
 // heartbeatLoop refreshes the directory entry and publishes load telemetry every Heartbeat,
 // recomputes the labelled top N every TopNEvery, and forgets idle tenants it no longer serves.
-func (s *Shard) heartbeatLoop(ctx context.Context) {
-	defer close(s.hbStopped)
-	t := time.NewTicker(s.cfg.Heartbeat)
+func (rp *reporter) heartbeatLoop(ctx context.Context) {
+	defer close(rp.s.hbStopped)
+	t := time.NewTicker(rp.s.cfg.Heartbeat)
 	defer t.Stop()
 	lastTop := time.Now()
 	tel := newTelemetry()
@@ -24,24 +28,24 @@ func (s *Shard) heartbeatLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
-		states := s.states.all()
-		report := tel.sample(s, states)
-		report.Consumers = s.consumers.report()
-		if s.cfg.Hooks.Report != nil {
-			s.cfg.Hooks.Report(&report)
+		states := rp.s.states.all()
+		report := tel.sample(rp.s, states)
+		report.Consumers = rp.s.consumers.report()
+		if rp.s.cfg.Hooks.Report != nil {
+			rp.s.cfg.Hooks.Report(&report)
 		}
-		if time.Since(lastTop) >= s.cfg.TopNEvery {
-			s.metrics.setTop(states, s.cfg.TopN)
+		if time.Since(lastTop) >= rp.s.cfg.TopNEvery {
+			rp.s.metrics.setTop(states, rp.s.cfg.TopN)
 			lastTop = time.Now()
 		}
-		s.heartbeat(ctx, report)
-		if tick++; tick%routeEvery == 0 || s.routesStale.Swap(false) {
-			s.republish(ctx)
+		rp.heartbeat(ctx, report)
+		if tick++; tick%routeEvery == 0 || rp.s.routesStale.Swap(false) {
+			rp.republish(ctx)
 		}
-		if err := s.st.PublishLoad(report); err != nil {
-			s.cfg.Logger.Debug("publishing load", "err", err)
+		if err := rp.s.st.PublishLoad(report); err != nil {
+			rp.s.cfg.Logger.Debug("publishing load", "err", err)
 		}
-		s.forgetIdle(states)
+		rp.s.forgetIdle(states)
 	}
 }
 
@@ -55,68 +59,68 @@ const routeEvery = 60
 
 // republish re-adds the instance to its routes, in case a sweeper removed it while it was
 // cut off (Aether routing's stale-route cleanup must not unpublish a live instance for good).
-func (s *Shard) republish(ctx context.Context) {
-	for _, r := range s.routes() {
+func (rp *reporter) republish(ctx context.Context) {
+	for _, r := range rp.s.routes() {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := s.st.Routes().AddInstance(rctx, r, s.cfg.ID)
+		_, err := rp.s.st.Routes().AddInstance(rctx, r, rp.s.cfg.ID)
 		cancel()
 		if err != nil && ctx.Err() == nil {
-			s.cfg.Logger.Warn("re-publishing route", "method", r.Method, "prefix", r.Prefix, "err", err)
+			rp.s.cfg.Logger.Warn("re-publishing route", "method", r.Method, "prefix", r.Prefix, "err", err)
 		}
 	}
 }
 
 // heartbeat writes the directory entry with the latest figures.
-func (s *Shard) heartbeat(ctx context.Context, r schema.LoadReport) {
-	s.instMu.Lock()
-	inst := s.inst
+func (rp *reporter) heartbeat(ctx context.Context, r schema.LoadReport) {
+	rp.s.instMu.Lock()
+	inst := rp.s.inst
 	inst.Metrics = &schema.InstanceMetrics{InFlight: r.InFlight, RatePerSec: r.RatePerSec, LatencyMS: r.LatencyMS,
 		CPU: r.CPU, Tenants: r.Tenants, ErrorRate: r.ErrorRate}
-	s.instMu.Unlock()
-	inst.Reported = s.reportedStatus(r)
-	hctx, cancel := context.WithTimeout(ctx, s.cfg.Heartbeat*3)
+	rp.s.instMu.Unlock()
+	inst.Reported = rp.reportedStatus(r)
+	hctx, cancel := context.WithTimeout(ctx, rp.s.cfg.Heartbeat*3)
 	defer cancel()
-	got, err := s.st.Directory().Heartbeat(hctx, inst)
+	got, err := rp.s.st.Directory().Heartbeat(hctx, inst)
 	if err != nil {
 		if ctx.Err() == nil {
-			s.cfg.Logger.Warn("heartbeat failed", "instance", s.self, "err", err)
+			rp.s.cfg.Logger.Warn("heartbeat failed", "instance", rp.s.self, "err", err)
 		}
 		return
 	}
-	s.instMu.Lock()
-	s.inst = got
-	s.instMu.Unlock()
-	s.syncMember(hctx, got)
+	rp.s.instMu.Lock()
+	rp.s.inst = got
+	rp.s.instMu.Unlock()
+	rp.syncMember(hctx, got)
 }
 
 // syncMember writes the instance's membership entry when what it holds changed since the last
 // write (status, URL, capacity, labels, version), or when the sweeper marked it offline or
 // removed it; a heartbeat that changes none of it writes nothing there.
-func (s *Shard) syncMember(ctx context.Context, inst schema.Instance) {
-	s.memberMu.Lock()
-	defer s.memberMu.Unlock()
-	stale := s.memberStale.Swap(false)
-	if !stale && s.member.SameMember(inst) {
+func (rp *reporter) syncMember(ctx context.Context, inst schema.Instance) {
+	rp.s.memberMu.Lock()
+	defer rp.s.memberMu.Unlock()
+	stale := rp.s.memberStale.Swap(false)
+	if !stale && rp.s.member.SameMember(inst) {
 		return
 	}
-	if _, err := s.st.Directory().PutMember(ctx, inst); err != nil {
-		s.memberStale.Store(true)
+	if _, err := rp.s.st.Directory().PutMember(ctx, inst); err != nil {
+		rp.s.memberStale.Store(true)
 		if ctx.Err() == nil {
-			s.cfg.Logger.Warn("writing membership failed", "instance", s.self, "err", err)
+			rp.s.cfg.Logger.Warn("writing membership failed", "instance", rp.s.self, "err", err)
 		}
 		return
 	}
-	s.member = inst
+	rp.s.member = inst
 }
 
 // reportedStatus is what the instance says of itself: draining once it stops taking traffic,
 // degraded while its error rate is at least the kind's DegradedErrorRate, else online.
-func (s *Shard) reportedStatus(r schema.LoadReport) schema.Status {
-	if !s.ready.Load() {
+func (rp *reporter) reportedStatus(r schema.LoadReport) schema.Status {
+	if !rp.s.ready.Load() {
 		return schema.StatusDraining
 	}
-	kc := s.kindCfg.Load()
-	requests := r.RatePerSec * s.cfg.Heartbeat.Seconds()
+	kc := rp.s.kindCfg.Load()
+	requests := r.RatePerSec * rp.s.cfg.Heartbeat.Seconds()
 	if kc != nil && kc.DegradedErrorRate > 0 && requests+0.5 >= schema.DegradedMinRequests && r.ErrorRate >= kc.DegradedErrorRate {
 		return schema.StatusDegraded
 	}
@@ -198,22 +202,22 @@ func (t *telemetry) sample(s *Shard, states []*tenantState) schema.LoadReport {
 		RatePerSec: float64(dreq) / dt,
 		LatencyMS:  meanMS(dlat, dreq),
 		CPU:        100 * (cpu - t.cpu).Seconds() / dt,
-		Capacity:   s.capacity(),
+		Capacity:   s.rep.capacity(),
 		Tenants:    s.watcher.ShardCounts(s.kind)[s.cfg.ID.Shard],
 		Top:        top,
 	}
 	if dreq > 0 {
 		r.ErrorRate = float64(derr) / float64(dreq)
 	}
-	s.topSizes(&r)
+	s.rep.topSizes(&r)
 	t.at, t.requests, t.errors, t.latency, t.cpu = now, reqs, errs, lat, cpu
 	return r
 }
 
-func (s *Shard) capacity() int {
-	s.instMu.Lock()
-	defer s.instMu.Unlock()
-	return s.inst.Capacity
+func (rp *reporter) capacity() int {
+	rp.s.instMu.Lock()
+	defer rp.s.instMu.Unlock()
+	return rp.s.inst.Capacity
 }
 
 func meanMS(nanos, n uint64) float64 {
