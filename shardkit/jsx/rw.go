@@ -258,14 +258,17 @@ func (d *inDoubt) note(err error) bool {
 // write whose answer was lost landed), and its revision. Values written through the store
 // carry their write time, so another writer's value does not match by accident.
 func (c *Client) recognise(ctx context.Context, bucket, key string, b []byte) (uint64, bool) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), WriteTry)
+	// The read-back has the client's whole timeout, each try bounded: answering "conflict" for
+	// a write that landed (because a loaded server was slow to answer the read) is worse than a
+	// slower right answer.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.Timeout)
 	defer cancel()
 	var data []byte
 	var rev uint64
-	err := retry(rctx, transient, func(ctx context.Context) (err error) {
+	err := retry(rctx, transient, tryFor(readAttempt, func(ctx context.Context) (err error) {
 		data, rev, err = c.leaderGet(ctx, bucket, key)
 		return err
-	})
+	}))
 	return rev, err == nil && bytes.Equal(data, b)
 }
 
@@ -301,8 +304,12 @@ func (c *Client) DeleteKey(ctx context.Context, kv jetstream.KeyValue, key strin
 	var doubt inDoubt
 	err := retry(ctx, doubt.note, tryFor(WriteTry, func(ctx context.Context) error { return kv.Delete(ctx, key, opts...) }))
 	if err != nil && IsConflict(err) && doubt.was {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), WriteTry)
-		_, _, gerr := c.leaderGet(rctx, kv.Bucket(), key)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.Timeout)
+		var gerr error
+		_ = retry(rctx, transient, tryFor(readAttempt, func(ctx context.Context) error {
+			_, _, gerr = c.leaderGet(ctx, kv.Bucket(), key)
+			return gerr
+		}))
 		cancel()
 		if errors.Is(gerr, jetstream.ErrKeyNotFound) {
 			return nil
