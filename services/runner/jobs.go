@@ -374,17 +374,11 @@ func (s *Service) List(ctx context.Context, tenant string, status Status, limit 
 	if status != "" && !status.valid() {
 		return nil, fmt.Errorf("%w: status %q is not one of pending, running, succeeded, failed", ErrBadJob, status)
 	}
-	lister, err := s.store.runs.ListKeysFiltered(ctx, tenant+".*")
-	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+	// Not KeyValue.ListKeys: under load it can end the list early (see jsx.Client.Keys).
+	keys, err := s.st.JS().Keys(ctx, s.store.runs, tenant+".*")
+	if err != nil {
 		return nil, fmt.Errorf("runner: list jobs: %w", err)
 	}
-	var keys []string
-	if lister != nil {
-		for k := range lister.Keys() {
-			keys = append(keys, k)
-		}
-	}
-	slices.Sort(keys)
 	slices.Reverse(keys)
 	out := []Run{}
 	for _, k := range keys {

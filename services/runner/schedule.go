@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"slices"
 	"strings"
 	"time"
 
@@ -176,18 +175,15 @@ func decodeSchedule(id string, b []byte, rev uint64) (Schedule, error) {
 
 // keys lists the ids of tenant's schedules, sorted.
 func (sc *Scheduler) keys(ctx context.Context, tenant string) ([]string, error) {
-	lister, err := sc.kv.ListKeysFiltered(ctx, tenant+".*")
-	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+	keys, err := sc.s.st.JS().Keys(ctx, sc.kv, tenant+".*")
+	if err != nil {
 		return nil, fmt.Errorf("runner: list schedules of %s: %w", tenant, err)
 	}
-	var ids []string
-	if lister != nil {
-		for k := range lister.Keys() {
-			_, id, _ := strings.Cut(k, ".")
-			ids = append(ids, id)
-		}
+	ids := make([]string, 0, len(keys))
+	for _, k := range keys {
+		_, id, _ := strings.Cut(k, ".")
+		ids = append(ids, id)
 	}
-	slices.Sort(ids)
 	return ids, nil
 }
 

@@ -168,7 +168,7 @@ func (sc *Scheduler) sync(ctx context.Context, full bool) {
 func (sc *Scheduler) reconcileAll(ctx context.Context, owned map[string]bool) {
 	lctx, cancel := context.WithTimeout(ctx, 4*sc.s.cfg.OpTimeout)
 	defer cancel()
-	lister, err := sc.kv.ListKeys(lctx)
+	keys, err := sc.s.st.JS().Keys(lctx, sc.kv, ">")
 	if err != nil {
 		if ctx.Err() == nil {
 			sc.s.cfg.Logger.Warn("listing schedules", "err", err)
@@ -176,7 +176,7 @@ func (sc *Scheduler) reconcileAll(ctx context.Context, owned map[string]bool) {
 		return
 	}
 	byTenant := map[string][]string{}
-	for k := range lister.Keys() {
+	for _, k := range keys {
 		t, id, _ := strings.Cut(k, ".")
 		if owned[t] {
 			byTenant[t] = append(byTenant[t], id)

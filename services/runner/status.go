@@ -3,11 +3,11 @@ package runner
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -84,21 +84,15 @@ func (b *statusBoard) write(ctx context.Context) {
 // countSiblings counts the live instances of this shard (itself included) from their runner
 // status: written within the last three StatusEvery (plus a second).
 func (b *statusBoard) countSiblings(ctx context.Context) int {
-	lister, err := b.status.ListKeysFiltered(ctx, b.s.cfg.ID.Kind+"."+b.s.cfg.ID.Shard+".*")
-	if err != nil {
-		return 0
-	}
 	n := 0
 	fresh := time.Now().Add(-3*b.s.cfg.StatusEvery - time.Second)
-	for k := range lister.Keys() {
-		e, err := b.status.Get(ctx, k)
-		if err != nil {
-			continue
-		}
-		var st InstanceStatus
-		if json.Unmarshal(e.Value(), &st) == nil && st.At.After(fresh) {
+	_, err := jsx.ListJSON(ctx, b.s.st.JS(), b.status, b.s.cfg.ID.Kind+"."+b.s.cfg.ID.Shard+".*", func(_ string, _ uint64, st InstanceStatus) {
+		if st.At.After(fresh) {
 			n++
 		}
+	})
+	if err != nil {
+		return 0
 	}
 	return n
 }
@@ -156,21 +150,10 @@ func (s *Service) Instances(ctx context.Context) ([]InstanceView, error) {
 		return nil, err
 	}
 	statuses := map[string]*InstanceStatus{}
-	lister, err := s.board.status.ListKeys(ctx)
-	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+	if _, err := jsx.ListJSON(ctx, s.st.JS(), s.board.status, ">", func(k string, _ uint64, st InstanceStatus) {
+		statuses[k] = &st
+	}); err != nil {
 		return nil, err
-	}
-	if lister != nil {
-		for k := range lister.Keys() {
-			e, err := s.board.status.Get(ctx, k)
-			if err != nil {
-				continue
-			}
-			var st InstanceStatus
-			if json.Unmarshal(e.Value(), &st) == nil {
-				statuses[k] = &st
-			}
-		}
 	}
 	now := time.Now()
 	var th schema.Thresholds

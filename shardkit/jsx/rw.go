@@ -340,7 +340,7 @@ func ListJSON[T any](ctx context.Context, c *Client, kv jetstream.KeyValue, filt
 	defer cancel()
 	var latest map[string]listItem
 	err = retry(ctx, transient, func(ctx context.Context) (err error) {
-		latest, err = c.listLatest(ctx, kv, filter)
+		latest, err = c.listLatest(ctx, kv, filter, false)
 		return err
 	})
 	if err != nil {
@@ -373,12 +373,38 @@ type listItem struct {
 	del  bool
 }
 
-// listLatest is one attempt of ListJSON: the newest message of every key under filter.
-func (c *Client) listLatest(ctx context.Context, kv jetstream.KeyValue, filter string) (map[string]listItem, error) {
+// Keys lists the live keys of kv under filter (a KV key filter such as "acme.*"), sorted. Unlike
+// jetstream.KeyValue.ListKeys, it reads until the server reports nothing pending, so a list made
+// under load is never cut short (see ListJSON); it reads headers only.
+func (c *Client) Keys(ctx context.Context, kv jetstream.KeyValue, filter string) ([]string, error) {
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	var latest map[string]listItem
+	err := retry(ctx, transient, func(ctx context.Context) (err error) {
+		latest, err = c.listLatest(ctx, kv, filter, true)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list keys of %s: %w", kv.Bucket(), err)
+	}
+	keys := make([]string, 0, len(latest))
+	for k, it := range latest {
+		if !it.del {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	return keys, nil
+}
+
+// listLatest is one attempt of ListJSON (or Keys, headersOnly): the newest message of every key
+// under filter.
+func (c *Client) listLatest(ctx context.Context, kv jetstream.KeyValue, filter string, headersOnly bool) (map[string]listItem, error) {
 	prefix := KVSubject(kv.Bucket(), "")
 	cons, done, err := OrderedRead(ctx, c.js, KVStream(kv.Bucket()), jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{prefix + filter},
 		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+		HeadersOnly:    headersOnly,
 	})
 	if err != nil {
 		return nil, err
