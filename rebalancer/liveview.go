@@ -20,11 +20,7 @@ const liveAgeEvery = 500 * time.Millisecond
 // one move holds it (acquire/release).
 type dirView struct {
 	e *Engine
-
-	refMu  sync.Mutex
-	refs   int
-	cancel context.CancelFunc
-	done   sync.WaitGroup
+	shared
 
 	mu      sync.Mutex
 	byShard map[string]map[string]schema.Instance // "<kind>.<shard>" -> instance key -> entry
@@ -40,42 +36,11 @@ func newDirView(e *Engine) *dirView {
 
 // acquire starts the view if it is not running; every acquire needs a release.
 func (d *dirView) acquire() {
-	d.refMu.Lock()
-	defer d.refMu.Unlock()
-	if d.refs++; d.refs > 1 {
-		return
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	d.cancel = cancel
-	d.mu.Lock()
-	d.byShard, d.shardOf, d.synced = map[string]map[string]schema.Instance{}, map[string]string{}, false
-	d.mu.Unlock()
-	d.done.Go(func() { d.follow(ctx) })
-	d.done.Go(func() { d.age(ctx) })
-}
-
-// release stops the view once no move holds it.
-func (d *dirView) release() {
-	d.refMu.Lock()
-	defer d.refMu.Unlock()
-	if d.refs--; d.refs > 0 {
-		return
-	}
-	d.cancel()
-	d.done.Wait()
-}
-
-func (d *dirView) follow(ctx context.Context) {
-	f, err := kvwatch.New(kvwatch.Config{
-		JS:     d.e.st.JS().JetStream(),
-		Bucket: schema.BucketInstances,
-		Logger: d.e.cfg.Logger.With("watch", schema.BucketInstances),
-	}, d)
-	if err != nil {
-		d.e.cfg.Logger.Error("watching the instance directory", "err", err)
-		return
-	}
-	_ = f.Run(ctx)
+	d.shared.acquire(func() {
+		d.mu.Lock()
+		d.byShard, d.shardOf, d.synced = map[string]map[string]schema.Instance{}, map[string]string{}, false
+		d.mu.Unlock()
+	}, func(ctx context.Context) { d.e.follow(ctx, schema.BucketInstances, d) }, d.age)
 }
 
 // age wakes the waiters every liveAgeEvery, so an instance whose heartbeats stopped is judged

@@ -17,11 +17,7 @@ import (
 // holds it (acquire/release).
 type sigHub struct {
 	e *Engine
-
-	refMu  sync.Mutex
-	refs   int
-	cancel context.CancelFunc
-	done   sync.WaitGroup
+	shared
 
 	mu       sync.Mutex
 	byTenant map[string]map[string]schema.TenantSignal // "<kind>.<tenant>" -> instance key -> signal
@@ -35,44 +31,11 @@ func newSigHub(e *Engine) *sigHub {
 
 // acquire starts the hub if it is not running; every acquire needs a release.
 func (h *sigHub) acquire() {
-	h.refMu.Lock()
-	defer h.refMu.Unlock()
-	if h.refs++; h.refs > 1 {
-		return
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	h.cancel = cancel
-	h.mu.Lock()
-	h.byTenant, h.synced = map[string]map[string]schema.TenantSignal{}, false
-	h.mu.Unlock()
-	h.done.Go(func() { h.follow(ctx) })
-}
-
-// release stops the hub once no move holds it.
-func (h *sigHub) release() {
-	h.refMu.Lock()
-	defer h.refMu.Unlock()
-	if h.refs--; h.refs > 0 {
-		return
-	}
-	h.cancel()
-	h.done.Wait()
-}
-
-// follow applies the signals from a kvwatch follower (an ordered KV watch can stall for 8-17 s
-// after a NATS server dies, holding a handoff that long; a follower notices within a second
-// and resumes).
-func (h *sigHub) follow(ctx context.Context) {
-	f, err := kvwatch.New(kvwatch.Config{
-		JS:     h.e.st.JS().JetStream(),
-		Bucket: schema.BucketTenantState,
-		Logger: h.e.cfg.Logger.With("watch", schema.BucketTenantState),
-	}, h)
-	if err != nil {
-		h.e.cfg.Logger.Error("watching the tenant signals", "err", err)
-		return
-	}
-	_ = f.Run(ctx)
+	h.shared.acquire(func() {
+		h.mu.Lock()
+		h.byTenant, h.synced = map[string]map[string]schema.TenantSignal{}, false
+		h.mu.Unlock()
+	}, func(ctx context.Context) { h.e.follow(ctx, schema.BucketTenantState, h) })
 }
 
 // Apply implements kvwatch.Handler.
