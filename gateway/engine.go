@@ -44,6 +44,7 @@ type upConn struct {
 	key    string // host:port
 	used   time.Time
 	reused bool
+	dl     time.Time // the deadline set on c
 
 	resp    h1.Response
 	head    []byte // the response head (resp's fields point into it)
@@ -67,8 +68,7 @@ func newEngine(cfg Config) *engine {
 
 // get returns an idle connection to key (the host) or dials one. With check, a reused
 // connection is first probed for a close by the instance.
-func (e *engine) get(ctx context.Context, key, scheme, host string, check bool) (*upConn, error) {
-	now := time.Now()
+func (e *engine) get(ctx context.Context, now time.Time, key, scheme, host string, check bool) (*upConn, error) {
 	e.mu.Lock()
 	for l := e.idle[key]; len(l) > 0; l = e.idle[key] {
 		uc := l[len(l)-1]
@@ -110,7 +110,6 @@ func (uc *upConn) open() bool {
 
 // put returns a connection whose exchange finished cleanly to the pool.
 func (e *engine) put(uc *upConn) {
-	uc.used = time.Now()
 	e.mu.Lock()
 	if !e.closed && len(e.idle[uc.key]) < e.maxIdle {
 		e.idle[uc.key] = append(e.idle[uc.key], uc)
@@ -137,22 +136,22 @@ func (e *engine) closeIdle(stop bool) {
 var errReusedClosed = errors.New("reused connection closed before answering")
 
 // roundTrip sends x to in and reads the response head; the body is read with uc.Read and the
-// connection handed back with uc.release.
-func (e *engine) roundTrip(ctx context.Context, x *exchange, in *instance) (*upConn, error) {
+// connection handed back with uc.release. now is about the time of the call.
+func (e *engine) roundTrip(ctx context.Context, now time.Time, x *exchange, in *instance) (*upConn, error) {
 	u := in.url.Load()
 	for try := 0; ; try++ {
-		uc, err := e.get(ctx, u.Host, u.Scheme, u.Host, !isIdempotent(x.method))
+		uc, err := e.get(ctx, now, u.Host, u.Scheme, u.Host, !isIdempotent(x.method))
 		if err != nil {
 			return nil, err
 		}
-		err = uc.exchange(ctx, x, u.Path)
+		err = uc.exchange(ctx, now, x, u.Path)
 		if err == nil {
 			return uc, nil
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		if dl, ok := ctx.Deadline(); ok && isTimeout(err) && !time.Now().Before(dl) {
+		if isTimeout(err) && !uc.dl.IsZero() && !time.Now().Before(uc.dl) {
 			return nil, context.DeadlineExceeded // the connection's deadline is the context's
 		}
 		// A reused connection the instance had closed: once more on a fresh one, if the body
@@ -167,9 +166,9 @@ func (e *engine) roundTrip(ctx context.Context, x *exchange, in *instance) (*upC
 var aLongTimeAgo = time.Unix(1, 0)
 
 // exchange writes the request and reads the response head (skipping interim answers).
-func (uc *upConn) exchange(ctx context.Context, x *exchange, base string) error {
-	dl, _ := ctx.Deadline() // zero: none (a pooled connection may carry an older one)
-	_ = uc.c.SetDeadline(dl)
+func (uc *upConn) exchange(ctx context.Context, now time.Time, x *exchange, base string) error {
+	uc.deadline(ctx, now)
+	uc.used = now
 	uc.stop, uc.done = nil, false
 	if x.cancelable {
 		uc.stop = context.AfterFunc(ctx, func() { _ = uc.c.SetDeadline(aLongTimeAgo) })
@@ -211,6 +210,24 @@ func (uc *upConn) exchange(ctx context.Context, x *exchange, base string) error 
 		}
 		return nil
 	}
+}
+
+// deadline bounds the exchange by ctx's deadline (zero: none; a pooled connection may carry an
+// older one). Changing a deadline is a timer update in the runtime, so a pooled connection keeps
+// the one it has when that ends no later than ctx's and no more than 1/32 of the time left
+// earlier: at a steady rate, a connection's deadline changes once every few hundred requests.
+func (uc *upConn) deadline(ctx context.Context, now time.Time) {
+	dl, _ := ctx.Deadline()
+	switch {
+	case dl.IsZero():
+		if uc.dl.IsZero() {
+			return
+		}
+	case !uc.dl.IsZero() && !uc.dl.After(dl) && dl.Sub(uc.dl) <= dl.Sub(now)/32:
+		return
+	}
+	uc.dl = dl
+	_ = uc.c.SetDeadline(dl)
 }
 
 // Read reads the response body.

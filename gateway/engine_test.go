@@ -72,7 +72,7 @@ func TestEngineRetriesClosedIdleConn(t *testing.T) {
 			body = "payload"
 		}
 		x, in := engineCase(addr, method, body)
-		up, err := e.roundTrip(context.Background(), x, in)
+		up, err := e.roundTrip(context.Background(), time.Now(), x, in)
 		if err != nil {
 			t.Fatalf("request %d (%s): %v", i, method, err)
 		}
@@ -112,7 +112,7 @@ func TestEngineContext(t *testing.T) {
 	defer cancel()
 	x, in := engineCase(ln.Addr().String(), "GET", "")
 	x.cancelable = true
-	_, err = e.roundTrip(ctx, x, in)
+	_, err = e.roundTrip(ctx, time.Now(), x, in)
 	if err != context.DeadlineExceeded {
 		t.Fatalf("err = %v, want context.DeadlineExceeded", err)
 	}
@@ -141,7 +141,7 @@ func TestEngineReleaseOnce(t *testing.T) {
 	addr := strings.TrimPrefix(srv.URL, "http://")
 	for range 3 {
 		x, in := engineCase(addr, "GET", "")
-		up, err := e.roundTrip(context.Background(), x, in)
+		up, err := e.roundTrip(context.Background(), time.Now(), x, in)
 		if err != nil {
 			t.Fatal(err)
 		}

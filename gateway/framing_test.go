@@ -210,3 +210,76 @@ func testFraming(t *testing.T, cfg Config) {
 		}
 	})
 }
+
+// TestClientTimeouts: the own front end closes a connection whose head stops half way after
+// ReadHeaderTimeout, and an idle one after IdleTimeout; a head sent in pieces within the
+// timeout is served, and so is a request on a connection that has been idle a while (its idle
+// deadline is renewed coarsely, so this checks the renewal too).
+func TestClientTimeouts(t *testing.T) {
+	var a *backend
+	e := newEnv(t, Config{ReadHeaderTimeout: 300 * time.Millisecond, IdleTimeout: 800 * time.Millisecond}, nil, func(e *env) {
+		a = newBackend(t, "aggregate", "aggregate-1", "i1")
+		e.register(a, "", 10, aggRoute)
+		e.place("aggregate", "t1", "aggregate-1")
+	})
+	addr := strings.TrimPrefix(e.url, "http://")
+	dial := func(t *testing.T) (net.Conn, *bufio.Reader) {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		return c, bufio.NewReader(c)
+	}
+	get := func(t *testing.T, c net.Conn, br *bufio.Reader, parts ...string) {
+		t.Helper()
+		for i, p := range parts {
+			if i > 0 {
+				time.Sleep(100 * time.Millisecond) // a slow client, within the head's timeout
+			}
+			if _, err := io.WriteString(c, p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		resp, err := http.ReadResponse(br, &http.Request{Method: "GET"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d, want 200", resp.StatusCode)
+		}
+	}
+	// closedWithin: the gateway closes the connection, after at least min and well before 10 s.
+	closedWithin := func(t *testing.T, br *bufio.Reader, start time.Time, min time.Duration) {
+		t.Helper()
+		if n, err := br.Read(make([]byte, 1)); err != io.EOF {
+			t.Fatalf("read %d bytes, %v; want the connection closed", n, err)
+		}
+		if took := time.Since(start); took < min {
+			t.Fatalf("closed after %v, before the timeout of %v", took, min)
+		}
+	}
+
+	t.Run("head sent in pieces", func(t *testing.T) {
+		c, br := dial(t)
+		get(t, c, br, "GET /agg/x HTTP/1.1\r\nHost: g\r\n", "x-tenant-id: t1\r\n", "\r\n")
+	})
+	t.Run("head stalls", func(t *testing.T) {
+		c, br := dial(t)
+		get(t, c, br, "GET /agg/x HTTP/1.1\r\nHost: g\r\nx-tenant-id: t1\r\n\r\n")
+		start := time.Now()
+		_, _ = io.WriteString(c, "GET /agg/x HTTP/1.1\r\nHost: g\r\n")
+		closedWithin(t, br, start, 300*time.Millisecond)
+	})
+	t.Run("idle", func(t *testing.T) {
+		c, br := dial(t)
+		get(t, c, br, "GET /agg/x HTTP/1.1\r\nHost: g\r\nx-tenant-id: t1\r\n\r\n")
+		time.Sleep(400 * time.Millisecond) // idle for half the timeout: the next request renews it
+		get(t, c, br, "GET /agg/x HTTP/1.1\r\nHost: g\r\nx-tenant-id: t1\r\n\r\n")
+		start := time.Now()
+		closedWithin(t, br, start, 700*time.Millisecond) // IdleTimeout less the renewal's eighth
+	})
+}

@@ -28,7 +28,7 @@ type frontEnd struct {
 
 	mu      sync.Mutex
 	conns   map[*clientConn]struct{}
-	closing bool
+	closing atomic.Bool // written under mu; read without it on every request
 	wg      sync.WaitGroup
 }
 
@@ -56,7 +56,7 @@ func (f *frontEnd) serve(ln net.Listener) error {
 		delay = 0
 		cc := &clientConn{f: f, c: c}
 		f.mu.Lock()
-		if f.closing {
+		if f.closing.Load() {
 			f.mu.Unlock()
 			c.Close()
 			continue
@@ -72,7 +72,7 @@ func (f *frontEnd) serve(ln net.Listener) error {
 // closes what is left.
 func (f *frontEnd) shutdown(ctx context.Context) error {
 	f.mu.Lock()
-	f.closing = true
+	f.closing.Store(true)
 	for cc := range f.conns {
 		if cc.idle.Load() {
 			cc.c.Close()
@@ -110,6 +110,49 @@ type clientConn struct {
 	broken bool // the answer was cut: close without another byte
 	expect expectReader
 	num    [20]byte
+
+	// The read deadline set on the connection and what it bounds. Changing a deadline is a
+	// timer update in the runtime, which costs more than parsing a head, so a waiting
+	// connection's idle deadline is renewed only when it would end too early, and a head that
+	// arrives whole within it gets no deadline of its own.
+	dl     time.Time
+	dlKind deadlineKind
+}
+
+type deadlineKind uint8
+
+const (
+	dlNone deadlineKind = iota // no read deadline (a body is being read)
+	dlIdle                     // waiting for the next request: IdleTimeout, renewed coarsely
+	dlHead                     // reading a head that did not arrive whole: ReadHeaderTimeout
+)
+
+// idleDeadline bounds the wait for the next request by the idle timeout, within an eighth of it.
+func (cc *clientConn) idleDeadline() {
+	d := cc.f.g.cfg.IdleTimeout
+	now := time.Now()
+	if cc.dlKind == dlIdle && cc.dl.Sub(now) > d-d/8 {
+		return
+	}
+	cc.dl, cc.dlKind = now.Add(d), dlIdle
+	_ = cc.c.SetReadDeadline(cc.dl)
+}
+
+// headDeadline bounds reading the rest of a head that did not arrive whole (h1.Reader calls it
+// before it reads more of a head).
+func (cc *clientConn) headDeadline() {
+	if cc.dlKind != dlHead {
+		cc.dl, cc.dlKind = time.Now().Add(cc.f.g.cfg.ReadHeaderTimeout), dlHead
+		_ = cc.c.SetReadDeadline(cc.dl)
+	}
+}
+
+// noDeadline lifts the read deadline: the head's does not bound the body.
+func (cc *clientConn) noDeadline() {
+	if cc.dlKind != dlNone {
+		cc.dl, cc.dlKind = time.Time{}, dlNone
+		_ = cc.c.SetReadDeadline(time.Time{})
+	}
 }
 
 var (
@@ -134,6 +177,7 @@ func (cc *clientConn) serve() {
 	}
 	cc.r = readers.Get().(*h1.Reader)
 	cc.r.Reset(cc.c)
+	cc.r.BeforeHeadRead = cc.headDeadline
 	cc.w = writers.Get().(*outBuf)
 	cc.w.reset(cc.c)
 	defer func() {
@@ -145,20 +189,16 @@ func (cc *clientConn) serve() {
 	cfg := &f.g.cfg
 	for {
 		cc.idle.Store(true)
-		f.mu.Lock()
-		closing := f.closing
-		f.mu.Unlock()
-		if closing {
+		if f.closing.Load() {
 			return
 		}
 		if cc.r.Buffered() == 0 {
-			_ = cc.c.SetReadDeadline(time.Now().Add(cfg.IdleTimeout))
+			cc.idleDeadline()
 			if err := cc.r.Wait(); err != nil {
 				return
 			}
 		}
 		cc.idle.Store(false)
-		_ = cc.c.SetReadDeadline(time.Now().Add(cfg.ReadHeaderTimeout))
 		head, err := cc.r.ReadHead(cfg.MaxHeaderBytes)
 		if err != nil {
 			cc.refuse(err)
@@ -223,7 +263,7 @@ func (cc *clientConn) exchange(x *exchange) bool {
 		x.body, x.bodyLen = &x.lim, r.ContentLength
 	}
 	if x.body != nil {
-		_ = cc.c.SetReadDeadline(time.Time{}) // the head's deadline does not bound the body
+		cc.noDeadline()
 	}
 	if x.body != nil && r.Expect100 {
 		cc.expect = expectReader{cc: cc, r: x.body}

@@ -59,7 +59,7 @@ func (g *Gateway) attempt(x *exchange, in *instance) (*upConn, error) {
 	in.inflight.Add(1)
 	in.requests.Add(1)
 	t0 := time.Now()
-	up, err := g.engine.roundTrip(ctx, x, in)
+	up, err := g.engine.roundTrip(ctx, t0, x, in)
 	in.inflight.Add(-1)
 	if err != nil {
 		if errors.Is(x.ctx.Err(), context.Canceled) {

@@ -12,13 +12,19 @@ type Reader struct {
 	buf  []byte
 	r, w int
 	scan int // where the search for the head's end resumes
+
+	// BeforeHeadRead, if set, is called before ReadHead reads from the connection: the head is
+	// not all buffered (a server sets the head's read deadline there, and only there).
+	BeforeHeadRead func()
 }
 
 // NewReader reads from rd with a buffer of size bytes to start with.
 func NewReader(rd io.Reader, size int) *Reader { return &Reader{rd: rd, buf: make([]byte, size)} }
 
 // Reset discards buffered bytes and reads from rd.
-func (b *Reader) Reset(rd io.Reader) { b.rd, b.r, b.w, b.scan = rd, 0, 0, 0 }
+func (b *Reader) Reset(rd io.Reader) {
+	b.rd, b.r, b.w, b.scan, b.BeforeHeadRead = rd, 0, 0, 0, nil
+}
 
 // Buffered is the number of bytes read from the connection and not consumed yet.
 func (b *Reader) Buffered() int { return b.w - b.r }
@@ -78,6 +84,9 @@ func (b *Reader) ReadHead(max int) ([]byte, error) {
 		}
 		if b.w-b.r >= max {
 			return nil, ErrHeadTooLarge
+		}
+		if b.BeforeHeadRead != nil {
+			b.BeforeHeadRead()
 		}
 		if err := b.fill(max + 4); err != nil {
 			if errors.Is(err, io.EOF) {
