@@ -41,6 +41,7 @@ i=0
 for b in ${BACKENDS//,/ }; do
   i=$((i+1))
   "$WORK/bin/backend" -addr "$b" -name "b$i" & PIDS+=($!)
+  BACKEND_PIDS="${BACKEND_PIDS:-} $!"
 done
 
 "$WORK/bin/benchenv" -backends "$BACKENDS" -tenants "$TENANTS" -nats-port 4333 -dir "$WORK" > "$WORK/benchenv.out" 2>&1 & PIDS+=($!)
@@ -143,9 +144,11 @@ for r in $(seq 1 "$ROUNDS"); do
       for k in "${!TARGETS[@]}"; do
         t=${TARGETS[$(( (k + r) % ${#TARGETS[@]} ))]}
         c0=$(cpu_ticks "${PROCS[$t]}")
+        b0=$(cpu_ticks "$BACKEND_PIDS")
         line=$(BENCH_PATH=/bytes/$s wrk -t"$THREADS" -c"$c" -d"$DURATION" -s "$ROOT/gateway/bench/tenant.lua" "${URL[$t]}" | grep RESULT)
         c1=$(cpu_ticks "${PROCS[$t]}")
-        echo "round $r c$c/${s}B $t $line cpu_us=$(( (c1 - c0) * TICK_US ))" | tee -a "$WORK/results.txt"
+        b1=$(cpu_ticks "$BACKEND_PIDS")
+        echo "round $r c$c/${s}B $t $line cpu_us=$(( (c1 - c0) * TICK_US )) backend_us=$(( (b1 - b0) * TICK_US ))" | tee -a "$WORK/results.txt"
       done
     done
   done
@@ -165,16 +168,16 @@ cp "$WORK/results.txt" "${RESULTS:-/tmp/gwbench-results.txt}"
 python3 - "$WORK/results.txt" <<'PY'
 import re, statistics, sys
 rows = {}
-pat = re.compile(r"round (\d+) (\S+) (\S+) RESULT rps=([\d.]+) p50_us=(\d+) p99_us=(\d+) errors=(\d+) requests=(\d+) cpu_us=(\d+)")
+pat = re.compile(r"round (\d+) (\S+) (\S+) RESULT rps=([\d.]+) p50_us=(\d+) p99_us=(\d+) errors=(\d+) requests=(\d+) cpu_us=(\d+) backend_us=(\d+)")
 for line in open(sys.argv[1]):
     m = pat.match(line)
     if m:
         rows.setdefault(m[2], {}).setdefault(m[3], []).append(
-            dict(round=m[1], rps=float(m[4]), p50=int(m[5]), p99=int(m[6]), err=int(m[7]), n=int(m[8]), cpu=int(m[9])))
+            dict(round=m[1], rps=float(m[4]), p50=int(m[5]), p99=int(m[6]), err=int(m[7]), n=int(m[8]), cpu=int(m[9]), be=int(m[10])))
 med = statistics.median
 print()
-print("| point | target | req/s (median) | p50 | p99 (median) | req/s vs HAProxy | p99 vs HAProxy | per-round req/s ratio | per-round p99 ratio | CPU µs/req | CPU vs HAProxy | errors |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| point | target | req/s (median) | p50 | p99 (median) | req/s vs HAProxy | p99 vs HAProxy | per-round req/s ratio | per-round p99 ratio | CPU µs/req | CPU vs HAProxy | backends' CPU µs/req | errors |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for point, targets in rows.items():
     h = targets.get("haproxy")
     byround = {}
@@ -184,12 +187,12 @@ for point, targets in rows.items():
     def rr(t, k):
         v = [r[t][k] / r["haproxy"][k] for r in byround.values() if t in r and "haproxy" in r and r["haproxy"][k]]
         return med(v) if v else float("nan")
-    def cpu(v):
-        c = [x["cpu"] / x["n"] for x in v if x["n"] and x["cpu"]]
+    def cpu(v, k="cpu"):
+        c = [x[k] / x["n"] for x in v if x["n"] and x[k]]
         return med(c) if c else float("nan")
     hr, hp, hc = med(x["rps"] for x in h), med(x["p99"] for x in h), cpu(h)
     for t in [t for t in ["haproxy", "nginx", "gateway"] + sorted(set(targets) - {"haproxy", "nginx", "gateway", "direct"}) + ["direct"] if t in targets]:
         v = targets[t]
         rps, p50, p99, c = med(x["rps"] for x in v), med(x["p50"] for x in v), med(x["p99"] for x in v), cpu(v)
-        print(f"| {point} | {t} | {rps:,.0f} | {p50/1000:.2f} ms | {p99/1000:.2f} ms | {rps/hr:.2f} | {p99/hp:.2f} | {rr(t, 'rps'):.2f} | {rr(t, 'p99'):.2f} | {c:.1f} | {c/hc:.2f} | {sum(x['err'] for x in v)} |")
+        print(f"| {point} | {t} | {rps:,.0f} | {p50/1000:.2f} ms | {p99/1000:.2f} ms | {rps/hr:.2f} | {p99/hp:.2f} | {rr(t, 'rps'):.2f} | {rr(t, 'p99'):.2f} | {c:.1f} | {c/hc:.2f} | {cpu(v, 'be'):.1f} | {sum(x['err'] for x in v)} |")
 PY
