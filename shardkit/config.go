@@ -79,8 +79,15 @@ type Config struct {
 	// EpochWait bounds how long a request carrying an epoch newer than the local placement
 	// snapshot waits for the snapshot to catch up. Default 2s.
 	EpochWait time.Duration
-	// Heartbeat is the interval of directory heartbeats and load telemetry. Default 1s.
+	// Heartbeat is the interval of load reports (core NATS), which gateways and the rebalancer
+	// hear as the instance's heartbeat. Default 1s.
 	Heartbeat time.Duration
+	// DirectoryRefresh is how often the directory entry (tm_instances, a replicated JetStream
+	// write) is rewritten when nothing in it changed; a change of status, URL, capacity,
+	// labels or version is written at the next Heartbeat. Readers allow for it before they
+	// call the instance late (schema.Thresholds). Default 15s; at least Heartbeat, and well
+	// under the sweeper's OfflineAfter (2m).
+	DirectoryRefresh time.Duration
 	// WarmRetry is the pause before Warm is called again when it failed or returned short of
 	// the fence. Default 500ms.
 	WarmRetry time.Duration
@@ -179,6 +186,10 @@ func (c Config) withDefaults() Config {
 	if c.Heartbeat <= 0 {
 		c.Heartbeat = time.Second
 	}
+	if c.DirectoryRefresh <= 0 {
+		c.DirectoryRefresh = 15 * time.Second
+	}
+	c.DirectoryRefresh = max(c.DirectoryRefresh, c.Heartbeat)
 	if c.WarmRetry <= 0 {
 		c.WarmRetry = 500 * time.Millisecond
 	}

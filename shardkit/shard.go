@@ -98,7 +98,7 @@ func New(cfg Config) (*Shard, error) {
 		shutDone:  make(chan struct{}),
 		servedBy:  []string{cfg.ID.Key()},
 	}
-	s.api, s.moves, s.gk, s.fwd, s.rep = &adminAPI{s}, &mover{s}, &gatekeeper{s}, &forwarder{s}, &reporter{s}
+	s.api, s.moves, s.gk, s.fwd, s.rep = &adminAPI{s}, &mover{s}, &gatekeeper{s}, &forwarder{s}, &reporter{s: s}
 	s.runCtx, s.cancel = context.WithCancel(context.Background())
 	s.metrics = newMetrics(cfg.Registerer, s)
 	s.states = newStateMap(s.metrics.seriesFor)
@@ -243,7 +243,7 @@ func (s *Shard) register(ctx context.Context) error {
 	}
 	s.instMu.Lock()
 	inst := schema.Instance{InstanceID: s.cfg.ID, URL: s.cfg.URL, Capacity: capacity, Labels: s.cfg.Labels,
-		Version: s.cfg.Version, Started: s.inst.Started, Reported: schema.StatusOnline}
+		Version: s.cfg.Version, Started: s.inst.Started, Reported: schema.StatusOnline, RefreshMS: s.cfg.DirectoryRefresh.Milliseconds()}
 	s.instMu.Unlock()
 	inst, err := s.st.Directory().Register(ctx, inst)
 	if err != nil {

@@ -11,7 +11,13 @@ import (
 
 // reporter keeps the instance known: a heartbeat into the directory and a load report every
 // interval, the membership entry when what others follow changes, and the tenants' sizes.
-type reporter struct{ s *Shard }
+type reporter struct {
+	s *Shard
+	// What the heartbeat loop last wrote to the directory, and when (only its goroutine uses
+	// them).
+	written   schema.Instance
+	writtenAt time.Time
+}
 
 // heartbeatLoop refreshes the directory entry and publishes load telemetry every Heartbeat,
 // recomputes the labelled top N every TopNEvery, and forgets idle tenants it no longer serves.
@@ -70,7 +76,11 @@ func (rp *reporter) republish(ctx context.Context) {
 	}
 }
 
-// heartbeat writes the directory entry with the latest figures.
+// heartbeat writes the directory entry when it is due: when what it says changed (the
+// reported status; the sweeper marked the instance offline or removed it) or DirectoryRefresh
+// has passed. In between, the load report published beside it is the instance's heartbeat for
+// those that follow it; a replicated write per instance per second is what stopped a fleet of
+// 1,000 instances from coming up (docs/scale.md).
 func (rp *reporter) heartbeat(ctx context.Context, r schema.LoadReport) {
 	rp.s.instMu.Lock()
 	inst := rp.s.inst
@@ -78,6 +88,13 @@ func (rp *reporter) heartbeat(ctx context.Context, r schema.LoadReport) {
 		CPU: r.CPU, Tenants: r.Tenants, ErrorRate: r.ErrorRate}
 	rp.s.instMu.Unlock()
 	inst.Reported = rp.reportedStatus(r)
+	inst.RefreshMS = rp.s.cfg.DirectoryRefresh.Milliseconds()
+	now := rp.s.cfg.Now()
+	due := inst.Reported != rp.written.Reported || inst.RefreshMS != rp.written.RefreshMS ||
+		rp.s.memberStale.Load() || now.Sub(rp.writtenAt) >= rp.s.cfg.DirectoryRefresh
+	if !due {
+		return
+	}
 	hctx, cancel := context.WithTimeout(ctx, rp.s.cfg.Heartbeat*3)
 	defer cancel()
 	got, err := rp.s.st.Directory().Heartbeat(hctx, inst)
@@ -87,6 +104,7 @@ func (rp *reporter) heartbeat(ctx context.Context, r schema.LoadReport) {
 		}
 		return
 	}
+	rp.written, rp.writtenAt = got, now
 	rp.s.instMu.Lock()
 	rp.s.inst = got
 	rp.s.instMu.Unlock()

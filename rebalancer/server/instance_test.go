@@ -23,7 +23,8 @@ import (
 )
 
 // failingShard runs a runner-kind shard behind a real HTTP server whose service answers 500
-// while failing is set, and whose load reports carry one recent run.
+// while failing is set, and whose load reports carry one recent run. Its directory entry is
+// rewritten at every heartbeat (the page's metrics come from it).
 func failingShard(t *testing.T, st *schema.Store, shard string, failing *atomic.Bool) *shardkit.Shard {
 	t.Helper()
 	r := chi.NewRouter()
@@ -31,8 +32,8 @@ func failingShard(t *testing.T, st *schema.Store, shard string, failing *atomic.
 	t.Cleanup(srv.Close)
 	now := time.Now().UTC()
 	sk, err := shardkit.New(shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "runner", Shard: shard, Instance: "i1"},
-		URL: "http://" + srv.Listener.Addr().String(), Heartbeat: 200 * time.Millisecond, DrainTimeout: 2 * time.Second,
-		Hooks: shardkit.Hooks{Report: func(lr *schema.LoadReport) {
+		URL: "http://" + srv.Listener.Addr().String(), Heartbeat: 200 * time.Millisecond, DirectoryRefresh: 200 * time.Millisecond,
+		DrainTimeout: 2 * time.Second, Hooks: shardkit.Hooks{Report: func(lr *schema.LoadReport) {
 			lr.Runs = []schema.RunSummary{{ID: "j1", Tenant: "acme", Type: "email", Status: "succeeded", Attempts: 1, Finished: &now}}
 		}}})
 	if err != nil {

@@ -29,8 +29,11 @@ type Instance struct {
 	Labels   map[string]string `json:"labels,omitempty"`
 	Version  string            `json:"version,omitempty"`
 	Started  time.Time         `json:"started"`
-	// Heartbeat is when the instance last reported itself.
+	// Heartbeat is when the instance last wrote this entry.
 	Heartbeat time.Time `json:"heartbeat"`
+	// RefreshMS is how often the instance rewrites the entry when nothing in it changes (its
+	// liveness in between is its load reports); 0: at every heartbeat (writers before it).
+	RefreshMS int64 `json:"refresh_ms,omitempty"`
 	// Reported is the status the instance reports of itself (online, degraded, draining); the
 	// status a reader sees also ages with Heartbeat (see Thresholds.Status).
 	Reported Status `json:"status"`
@@ -68,9 +71,16 @@ func (i Instance) Validate() error {
 	return nil
 }
 
+// Refresh is how often the instance rewrites its entry when nothing changes (0: at every
+// heartbeat).
+func (i Instance) Refresh() time.Duration {
+	return time.Duration(max(i.RefreshMS, 0)) * time.Millisecond
+}
+
 // Thresholds turn heartbeat age into a status. The zero value uses the defaults.
 type Thresholds struct {
-	// DegradedAfter: no heartbeat for this long marks the instance degraded. Default 3s.
+	// DegradedAfter: an entry this much older than its refresh interval (Instance.Refresh)
+	// marks the instance degraded. Default 3s.
 	DegradedAfter time.Duration
 	// OfflineAfter: no heartbeat for this long marks it offline (the multi-host design). Default 2m.
 	OfflineAfter time.Duration
@@ -97,7 +107,7 @@ func (t Thresholds) Status(i Instance, now time.Time) Status {
 		return StatusOffline
 	case i.Reported == StatusDraining:
 		return StatusDraining
-	case age >= t.DegradedAfter || i.Reported == StatusDegraded || i.Flag.degraded():
+	case age >= i.Refresh()+t.DegradedAfter || i.Reported == StatusDegraded || i.Flag.degraded():
 		return StatusDegraded
 	}
 	return StatusOnline

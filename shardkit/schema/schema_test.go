@@ -236,6 +236,23 @@ func TestDirectoryStatus(t *testing.T) {
 			t.Errorf("status at age %s = %s, want %s", c.age, got, c.want)
 		}
 	}
+	// An entry rewritten every 15 s (its liveness in between is its load reports) is late only
+	// DegradedAfter past its refresh; offline stays OfflineAfter.
+	slow := inst
+	slow.RefreshMS = 15000
+	for _, c := range []struct {
+		age  time.Duration
+		want schema.Status
+	}{
+		{14 * time.Second, schema.StatusOnline},
+		{17 * time.Second, schema.StatusOnline},
+		{18 * time.Second, schema.StatusDegraded},
+		{2 * time.Minute, schema.StatusOffline},
+	} {
+		if got := th.Status(slow, hb.Add(c.age)); got != c.want {
+			t.Errorf("15 s refresh: status at age %s = %s, want %s", c.age, got, c.want)
+		}
+	}
 	inst.Reported = schema.StatusDraining
 	if got := th.Status(inst, hb); got != schema.StatusDraining || got.Live() {
 		t.Errorf("draining instance: %s live=%v", got, got.Live())

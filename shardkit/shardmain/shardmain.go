@@ -123,7 +123,7 @@ type Main struct {
 	ForwardFallback bool
 	// DrainTimeout bounds a drain's wait for in-flight requests; Heartbeat is the directory
 	// heartbeat and telemetry interval.
-	DrainTimeout, Heartbeat time.Duration
+	DrainTimeout, Heartbeat, DirectoryRefresh time.Duration
 	// ShutdownGrace is how long a stopping instance keeps serving after it reports not ready.
 	ShutdownGrace time.Duration
 	// ReadHeaderTimeout bounds reading a request's headers. The server also bounds headers to
@@ -180,7 +180,8 @@ func (m *Main) ParseFlags(kind string, args []string) error {
 	envflag.Bool(fs, &m.Forward, "forward", false, "proxy requests for other shards' tenants to their owner instead of answering 421")
 	envflag.Bool(fs, &m.ForwardFallback, "forward-fallback", false, "with --forward, serve a tenant here when its owner fails twice (answers carry X-Fallback: true; refused for single-writer kinds)")
 	envflag.Duration(fs, &m.DrainTimeout, "drain-timeout", 10*time.Second, "how long a drain waits for in-flight requests")
-	envflag.Duration(fs, &m.Heartbeat, "heartbeat", time.Second, "directory heartbeat and telemetry interval")
+	envflag.Duration(fs, &m.Heartbeat, "heartbeat", time.Second, "load report interval (core NATS; the heartbeat gateways and the rebalancer hear)")
+	envflag.Duration(fs, &m.DirectoryRefresh, "directory-refresh", 15*time.Second, "how often the directory entry is rewritten when nothing in it changed")
 	envflag.Duration(fs, &m.ShutdownGrace, "shutdown-grace", 2*time.Second, "how long a stopping instance keeps serving after it reports not ready")
 	envflag.Duration(fs, &m.ReadHeaderTimeout, "read-header-timeout", 5*time.Second, "bound on reading a request's headers")
 	if err := fs.Parse(args); err != nil {
@@ -299,7 +300,7 @@ func (m *Main) Run(ctx context.Context, build Builder) error {
 	sk, err := shardkit.New(shardkit.Config{
 		Store: st, ID: id, URL: url, Capacity: m.Capacity, Labels: labels, Version: m.Version,
 		Routes: app.Routes(), Hooks: app.Hooks(), Forward: m.Forward, ForwardFallback: m.ForwardFallback, AdminToken: m.AdminToken,
-		DrainTimeout: m.DrainTimeout, Heartbeat: m.Heartbeat, ShutdownGrace: m.ShutdownGrace,
+		DrainTimeout: m.DrainTimeout, Heartbeat: m.Heartbeat, DirectoryRefresh: m.DirectoryRefresh, ShutdownGrace: m.ShutdownGrace,
 		Registerer: reg, Gatherer: reg, Logger: log,
 	})
 	if err != nil {
