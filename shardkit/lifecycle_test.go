@@ -65,6 +65,58 @@ func nextInstance(t *testing.T, ch <-chan *schema.Instance, what string, ok func
 	}
 }
 
+// Between refreshes the load report is the heartbeat: an instance publishes one every Heartbeat
+// but writes its directory entry (a replicated JetStream write) only when it changes or every
+// DirectoryRefresh. Here the refresh is an hour: ten load reports arrive and the entry is still
+// the registration's; a change of the reported status (draining, at shutdown) is written.
+func TestLoadReportsAreTheHeartbeat(t *testing.T) {
+	srv := natstest.Server(t)
+	st := openStore(t, srv.URL())
+	place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"})
+	reports := make(chan schema.LoadReport, 64)
+	sub, err := st.SubscribeLoad("aggregate", func(r schema.LoadReport) {
+		select {
+		case reports <- r:
+		default:
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), Heartbeat: 20 * time.Millisecond,
+		DirectoryRefresh: time.Hour})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	reg, err := st.Directory().Instance(ctx, a.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reg.Refresh() != time.Hour {
+		t.Fatalf("the entry's refresh interval: %v, want 1h", reg.Refresh())
+	}
+	for i := range 10 {
+		select {
+		case <-reports:
+		case <-ctx.Done():
+			t.Fatalf("%d load reports within 10s, want 10", i)
+		}
+	}
+	now, err := st.Directory().Instance(ctx, a.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now.Revision != reg.Revision {
+		t.Fatalf("the directory entry was rewritten (revision %d -> %d) with nothing changed", reg.Revision, now.Revision)
+	}
+	if s := (schema.Thresholds{}).Status(now, time.Now()); s != schema.StatusOnline {
+		t.Fatalf("status between refreshes: %s, want online", s)
+	}
+	updates := watchInstance(t, st, a.ID().Key())
+	go func() { _ = a.Shutdown(context.WithoutCancel(ctx)) }()
+	nextInstance(t, updates, "reporting draining", func(i *schema.Instance) bool { return i != nil && i.Reported == schema.StatusDraining })
+}
+
 // An instance heartbeats into the directory, but its peers follow memberships, which carry no
 // heartbeats: however many heartbeats A writes, B's view of the kind does not change. When A's
 // heartbeats stop (its NATS connection is gone), the sweeper marks it offline; B sees that at
@@ -75,7 +127,8 @@ func TestHeartbeatsStoppingMakeInstanceOffline(t *testing.T) {
 	rev := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"}).Revision
 	stA := openStore(t, srv.URL())
 	updates := watchInstance(t, st, "aggregate.aggregate-1.a")
-	a := startShard(t, shardkit.Config{Store: stA, ID: id("aggregate-1", "a"), Heartbeat: 50 * time.Millisecond})
+	a := startShard(t, shardkit.Config{Store: stA, ID: id("aggregate-1", "a"), Heartbeat: 50 * time.Millisecond,
+		DirectoryRefresh: 50 * time.Millisecond})
 	b := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-2", "b"), Forward: true})
 	synced(t, rev, b)
 

@@ -255,6 +255,7 @@ func (s *Shard) register(ctx context.Context) error {
 	s.memberMu.Lock()
 	s.member = inst
 	s.memberMu.Unlock()
+	s.rep.wrote(inst)
 	for _, r := range s.routes() {
 		if _, err := s.st.Routes().AddInstance(ctx, r, s.cfg.ID); err != nil {
 			return fmt.Errorf("shardkit: publish route %s %s: %w", r.Method, r.Prefix, err)

@@ -2,7 +2,9 @@ package shardkit
 
 import (
 	"context"
+	"math/rand/v2"
 	"slices"
+	"sync"
 	"syscall"
 	"time"
 
@@ -13,10 +15,28 @@ import (
 // interval, the membership entry when what others follow changes, and the tenants' sizes.
 type reporter struct {
 	s *Shard
-	// What the heartbeat loop last wrote to the directory, and when (only its goroutine uses
-	// them).
+	// What was last written to the directory, and when the heartbeat loop writes again if
+	// nothing changes (a registration writes too: Reload).
+	mu        sync.Mutex
 	written   schema.Instance
-	writtenAt time.Time
+	nextWrite time.Time
+}
+
+// wrote notes a directory write. The next refresh is due DirectoryRefresh later less up to a
+// fifth of it at random, so a fleet started together does not refresh in step.
+func (rp *reporter) wrote(inst schema.Instance) {
+	d := rp.s.cfg.DirectoryRefresh
+	rp.mu.Lock()
+	rp.written, rp.nextWrite = inst, rp.s.cfg.Now().Add(d-rand.N(d/5+1))
+	rp.mu.Unlock()
+}
+
+// due reports whether the heartbeat loop writes inst to the directory now.
+func (rp *reporter) due(inst schema.Instance) bool {
+	rp.mu.Lock()
+	defer rp.mu.Unlock()
+	return inst.Reported != rp.written.Reported || inst.RefreshMS != rp.written.RefreshMS ||
+		rp.s.memberStale.Load() || !rp.s.cfg.Now().Before(rp.nextWrite)
 }
 
 // heartbeatLoop refreshes the directory entry and publishes load telemetry every Heartbeat,
@@ -89,10 +109,7 @@ func (rp *reporter) heartbeat(ctx context.Context, r schema.LoadReport) {
 	rp.s.instMu.Unlock()
 	inst.Reported = rp.reportedStatus(r)
 	inst.RefreshMS = rp.s.cfg.DirectoryRefresh.Milliseconds()
-	now := rp.s.cfg.Now()
-	due := inst.Reported != rp.written.Reported || inst.RefreshMS != rp.written.RefreshMS ||
-		rp.s.memberStale.Load() || now.Sub(rp.writtenAt) >= rp.s.cfg.DirectoryRefresh
-	if !due {
+	if !rp.due(inst) {
 		return
 	}
 	hctx, cancel := context.WithTimeout(ctx, rp.s.cfg.Heartbeat*3)
@@ -104,7 +121,7 @@ func (rp *reporter) heartbeat(ctx context.Context, r schema.LoadReport) {
 		}
 		return
 	}
-	rp.written, rp.writtenAt = got, now
+	rp.wrote(got)
 	rp.s.instMu.Lock()
 	rp.s.inst = got
 	rp.s.instMu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"runtime/pprof"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -23,13 +24,19 @@ func withRole(role string, fn func()) {
 }
 
 // cpuProfile records a CPU profile until stop is called; stop returns CPU seconds by role.
-func cpuProfile() (stop func() (map[string]float64, error), err error) {
+// With keep, the profile is also written to that file.
+func cpuProfile(keep string) (stop func() (map[string]float64, error), err error) {
 	var buf bytes.Buffer
 	if err := pprof.StartCPUProfile(&buf); err != nil {
 		return nil, fmt.Errorf("cpu profile: %w", err)
 	}
 	return func() (map[string]float64, error) {
 		pprof.StopCPUProfile()
+		if keep != "" {
+			if err := os.WriteFile(keep, buf.Bytes(), 0o644); err != nil {
+				return nil, err
+			}
+		}
 		return cpuByLabel(buf.Bytes(), "role")
 	}, nil
 }

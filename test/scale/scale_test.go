@@ -9,6 +9,7 @@ import (
 	"net/http"
 	_ "net/http/pprof" // TM_SCALE_PPROF=1
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -132,7 +133,7 @@ func (h *harness) runFleet(n int, live []liveTenant) fleetResult {
 	// Let registrations, route publications and first heartbeats settle before measuring.
 	time.Sleep(3 * h.p.Heartbeat) // a settling period, not a wait for an event
 
-	prof := h.profile()
+	prof := h.profile(fmt.Sprintf("steady-%d", n))
 	a, c0, w0 := h.natsStats(), cpuTime(), time.Now()
 	time.Sleep(h.p.Steady) // the measuring window
 	d := time.Since(w0)
@@ -143,7 +144,7 @@ func (h *harness) runFleet(n int, live []liveTenant) fleetResult {
 	var stop func()
 	var load *load
 	withRole("client", func() { stop, load = h.traffic(live) })
-	prof = h.profile()
+	prof = h.profile(fmt.Sprintf("moves-%d", n))
 	a, c0, w0 = h.natsStats(), cpuTime(), time.Now()
 	recs := h.apply(plan)
 	d = time.Since(w0)
@@ -178,9 +179,14 @@ func (h *harness) runFleet(n int, live []liveTenant) fleetResult {
 }
 
 // profile starts a CPU profile; the function it returns stops it and gives the cores each role
-// used over d.
-func (h *harness) profile() func(d time.Duration) map[string]float64 {
-	stop, err := cpuProfile()
+// used over d. With TM_SCALE_PROFILES=dir the profile is kept as dir/<name>.pprof (each role's
+// samples: go tool pprof -tagfocus role=gateway).
+func (h *harness) profile(name string) func(d time.Duration) map[string]float64 {
+	keep := ""
+	if dir := os.Getenv("TM_SCALE_PROFILES"); dir != "" {
+		keep = filepath.Join(dir, name+".pprof")
+	}
+	stop, err := cpuProfile(keep)
 	if err != nil {
 		h.t.Fatal(err)
 	}
