@@ -444,8 +444,8 @@ func (g *Gateway) awaitReady() {
 	g.log.Info("gateway ready", "routes", len(g.reg.snap.Load().routes))
 }
 
-// housekeeping rebuilds the snapshot once a second (heartbeat ages change liveness) and drops
-// idle rate-limit buckets and expired load-policy affinities.
+// housekeeping publishes the circuits and drops idle rate-limit buckets and expired load-policy
+// affinities (the rebuilder ages liveness).
 func (g *Gateway) housekeeping() {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -453,9 +453,6 @@ func (g *Gateway) housekeeping() {
 	for {
 		select {
 		case <-tick.C:
-			if g.reg.allSynced() {
-				g.reg.rebuild()
-			}
 			if n%circuitEvery == 0 {
 				g.publishCircuits()
 			}
