@@ -80,6 +80,9 @@ func Detail(ctx context.Context, st *schema.Store, key string, h Health, src Det
 		if r.Runs != nil {
 			d.Runs = r.Runs
 		}
+		if r.Time.After(inst.Heartbeat) { // the load report is the heartbeat between directory writes
+			d.HeartbeatAge = now.Sub(r.Time).Seconds()
+		}
 	}
 	d.Circuits = src.Circuits.Of(key, now)
 	hist, _, err := st.Directory().InstanceHistory(ctx, id)

@@ -41,7 +41,8 @@ type InstanceView struct {
 	schema.Instance
 	Key    string        `json:"key"`
 	Status schema.Status `json:"derived_status"`
-	// HeartbeatAge is the time since the last heartbeat, in seconds.
+	// HeartbeatAge is the time since the directory entry was written, in seconds (on an instance's
+	// page: since its last load report when that is newer, the heartbeat between directory writes).
 	HeartbeatAge float64 `json:"heartbeat_age_seconds"`
 }
 
