@@ -14,3 +14,9 @@ func (s *Shard) PeerVersionForTest() uint64 {
 	defer s.peers.mu.RUnlock()
 	return s.peers.version
 }
+
+// SignalsForTest returns the signal view's signals of tenant from shard's instances and a
+// channel closed at the view's next change.
+func (s *Shard) SignalsForTest(tenant, shard string) (map[string]schema.TenantSignal, <-chan struct{}) {
+	return s.signals.shard(tenant, shard)
+}

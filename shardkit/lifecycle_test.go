@@ -95,6 +95,12 @@ func TestLoadReportsAreTheHeartbeat(t *testing.T) {
 	if reg.Refresh() != time.Hour {
 		t.Fatalf("the entry's refresh interval: %v, want 1h", reg.Refresh())
 	}
+	// The first heartbeat writes the entry once more, with the first metrics.
+	var first schema.Instance
+	tmtest.WaitFor(t, 10*time.Second, tmtest.Until("the first heartbeat's metrics in the directory", func() bool {
+		first, err = st.Directory().Instance(ctx, a.ID())
+		return err == nil && first.Metrics != nil
+	}))
 	for i := range 10 {
 		select {
 		case <-reports:
@@ -106,8 +112,8 @@ func TestLoadReportsAreTheHeartbeat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if now.Revision != reg.Revision {
-		t.Fatalf("the directory entry was rewritten (revision %d -> %d) with nothing changed", reg.Revision, now.Revision)
+	if now.Revision != first.Revision {
+		t.Fatalf("the directory entry was rewritten (revision %d -> %d) with nothing changed", first.Revision, now.Revision)
 	}
 	if s := (schema.Thresholds{}).Status(now, time.Now()); s != schema.StatusOnline {
 		t.Fatalf("status between refreshes: %s, want online", s)
@@ -115,6 +121,59 @@ func TestLoadReportsAreTheHeartbeat(t *testing.T) {
 	updates := watchInstance(t, st, a.ID().Key())
 	go func() { _ = a.Shutdown(context.WithoutCancel(ctx)) }()
 	nextInstance(t, updates, "reporting draining", func(i *schema.Instance) bool { return i != nil && i.Reported == schema.StatusDraining })
+}
+
+// A shard instance learns a moving tenant's signals from its own shard's notes: a note makes it
+// read the signal from tm_tenant_state (so a note for a signal nobody wrote adds nothing), and a
+// note for another shard does not reach it.
+func TestSignalNotes(t *testing.T) {
+	srv := natstest.Server(t)
+	st := openStore(t, srv.URL())
+	place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"})
+	b := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-2", "b")})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	// A forged note (no such signal), and a real signal noted for another shard: nothing.
+	forged := schema.TenantSignal{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1", Instance: "x",
+		Phase: schema.SignalDrained, Epoch: 1, Revision: 99}
+	if err := st.NoteSignal("aggregate-2", forged); err != nil {
+		t.Fatal(err)
+	}
+	other, err := st.PutSignal(ctx, schema.TenantSignal{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1", Instance: "y",
+		Phase: schema.SignalDrained, Epoch: 1, Fence: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.NoteSignal("aggregate-3", other); err != nil {
+		t.Fatal(err)
+	}
+	// Then a real signal noted for B's shard: B's view has it, with what was written.
+	sig, err := st.PutSignal(ctx, schema.TenantSignal{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1", Instance: "a",
+		Phase: schema.SignalDrained, Epoch: 1, Fence: 42})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.NoteSignal("aggregate-2", sig); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		sigs, changed := b.SignalsForTest("t1", "aggregate-1")
+		if got, ok := sigs["a"]; ok {
+			if got.Fence != 42 || got.Phase != schema.SignalDrained {
+				t.Fatalf("the noted signal in B's view: %+v", got)
+			}
+			if len(sigs) != 1 {
+				t.Fatalf("B's view holds %d signals of aggregate-1 (%v); want only the one noted for it", len(sigs), sigs)
+			}
+			return
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			t.Fatalf("the noted signal did not reach B's view: %v", sigs)
+		}
+	}
 }
 
 // An instance heartbeats into the directory, but its peers follow memberships, which carry no

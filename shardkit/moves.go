@@ -145,8 +145,13 @@ func (mv *mover) commit(ctx context.Context, ts *tenantState, e placement.Entry,
 func (mv *mover) awaitSiblings(ctx context.Context, tenant string, ready schema.TenantSignal) bool {
 	tick := time.NewTicker(time.Second) // heartbeats age without a change to wake on
 	defer tick.Stop()
+	read := true // the siblings' signals, directly: at the start and every tick
 	for {
 		live, dirChanged := mv.s.peers.liveNames(mv.s.cfg.ID.Shard)
+		if read {
+			mv.s.signals.refresh(ctx, tenant, mv.s.cfg.ID.Shard, live)
+			read = false
+		}
 		sigs, sigChanged := mv.s.signals.shard(tenant, mv.s.cfg.ID.Shard)
 		all := true
 		for _, n := range live {
@@ -166,6 +171,7 @@ func (mv *mover) awaitSiblings(ctx context.Context, tenant string, ready schema.
 		case <-ctx.Done():
 			return false
 		case <-tick.C:
+			read = true
 		case <-dirChanged:
 		case <-sigChanged:
 		}
@@ -222,11 +228,16 @@ func (mv *mover) watchFence(ctx context.Context, tenant, source string, epoch ui
 	// be in flight there; the tenant's data stream is the truth the target warms from).
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	read := true // the source's signals, directly: at the start and every tick
 	for {
 		live, dirChanged := mv.s.peers.liveNames(source)
 		if len(live) == 0 {
 			mv.s.cfg.Logger.Warn("the move's source has no live instance; taking fence 0", "tenant", tenant, "source", source)
 			return 0, nil
+		}
+		if read {
+			mv.s.signals.refresh(ctx, tenant, source, live)
+			read = false
 		}
 		sigs, sigChanged := mv.s.signals.shard(tenant, source)
 		if fence, ok := fenceOf(sigs, live, epoch); ok {
@@ -236,6 +247,7 @@ func (mv *mover) watchFence(ctx context.Context, tenant, source string, epoch ui
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		case <-tick.C:
+			read = true
 		case <-dirChanged:
 		case <-sigChanged:
 		}
@@ -377,15 +389,38 @@ func (mv *mover) putSignal(ctx context.Context, ts *tenantState, sig schema.Tena
 	ts.mu.Unlock()
 	for attempt := range 5 {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := mv.s.st.PutSignal(pctx, sig)
+		got, err := mv.s.st.PutSignal(pctx, sig)
 		cancel()
-		if err == nil || ctx.Err() != nil {
+		if err == nil {
+			mv.noteSignal(got)
+			return
+		}
+		if ctx.Err() != nil {
 			return
 		}
 		mv.s.cfg.Logger.Warn("writing tenant signal", "tenant", ts.tenant, "phase", sig.Phase, "attempt", attempt+1, "err", err)
 		if !ctxtime.Sleep(ctx, time.Duration(attempt+1)*200*time.Millisecond) {
 			return
 		}
+	}
+}
+
+// noteSignal tells the shard that waits for sig (the one the tenant moves to, else its owner)
+// that it was written: a core NATS note its instances fetch the signal on.
+func (mv *mover) noteSignal(sig schema.TenantSignal) {
+	e, ok := mv.s.watcher.Lookup(mv.s.kind, sig.Tenant)
+	if !ok {
+		return
+	}
+	to := e.Target
+	if to == "" {
+		to = e.Shard
+	}
+	if to == "" {
+		return
+	}
+	if err := mv.s.st.NoteSignal(to, sig); err != nil {
+		mv.s.cfg.Logger.Debug("noting tenant signal", "tenant", sig.Tenant, "err", err)
 	}
 }
 

@@ -219,9 +219,6 @@ func (s *Shard) start(ctx context.Context) error {
 	if err := s.peers.waitReady(wctx); err != nil {
 		return err
 	}
-	if err := s.signals.waitReady(wctx); err != nil {
-		return err
-	}
 	kc, err := s.st.Kind(wctx, s.kind)
 	if err != nil {
 		return fmt.Errorf("shardkit: read kind %s: %w", s.kind, err)
@@ -255,7 +252,7 @@ func (s *Shard) register(ctx context.Context) error {
 	s.memberMu.Lock()
 	s.member = inst
 	s.memberMu.Unlock()
-	s.rep.wrote(inst)
+	s.rep.registered(inst)
 	for _, r := range s.routes() {
 		if _, err := s.st.Routes().AddInstance(ctx, r, s.cfg.ID); err != nil {
 			return fmt.Errorf("shardkit: publish route %s %s: %w", r.Method, r.Prefix, err)

@@ -2,91 +2,131 @@ package shardkit
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"strings"
 	"sync"
+	"time"
 
-	"github.com/tenantmesh/tenantmesh/shardkit/kvwatch"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
-// signalView keeps the kind's tenant signals in memory from a standing watch, so a move's
-// target learns the source's fence the moment it is written, without opening a watch (and
-// listing the directory) on the handoff's critical path. Signals exist only for tenants in a
-// move, so the view stays small.
+// signalView keeps in memory the tenant signals a move into this instance's shard waits for:
+// its siblings' ready and the source's drained. It follows only its own shard's signal notes
+// (core NATS, tm.signal.<kind>.<shard>: a signal's key and revision, published by its writer)
+// and fetches each noted signal from tm_tenant_state, where only the writer may put it. A
+// waiter also reads the signals it needs directly when it starts and every second, which
+// covers a note lost on the way. So what an instance receives per move does not grow with the
+// instances of its kind: following the kind's whole bucket cost every instance a delivery per
+// signal of every move (5,583 deliveries per move at 996 instances, docs/scale.md).
 type signalView struct {
-	s      *Shard
-	synced chan struct{}
-	once   sync.Once
+	s     *Shard
+	notes chan sigNote // noted signals to fetch; full: the waiters' reads cover the rest
 
 	mu       sync.Mutex
-	byTenant map[string]map[string]schema.TenantSignal // tenant -> key -> signal
+	byTenant map[string]map[string]schema.TenantSignal // tenant -> "<shard>.<instance>" -> signal
+	seen     map[string]time.Time                      // tenant -> last change, for pruning
 	notify   chan struct{}                             // closed and replaced on every change
 }
 
-func newSignalView(s *Shard) *signalView {
-	return &signalView{s: s, synced: make(chan struct{}), byTenant: map[string]map[string]schema.TenantSignal{},
-		notify: make(chan struct{})}
+type sigNote struct {
+	tenant string
+	id     schema.InstanceID
+	rev    uint64
 }
 
+// maxSignalTenants bounds the view; beyond it, tenants unchanged for signalKeep are forgotten.
+const (
+	maxSignalTenants = 4096
+	signalKeep       = 10 * time.Minute
+)
+
+func newSignalView(s *Shard) *signalView {
+	return &signalView{s: s, notes: make(chan sigNote, 1024), byTenant: map[string]map[string]schema.TenantSignal{},
+		seen: map[string]time.Time{}, notify: make(chan struct{})}
+}
+
+// start subscribes to the shard's notes and fetches what they name until ctx ends.
 func (v *signalView) start(ctx context.Context, wg *sync.WaitGroup) error {
-	f, err := kvwatch.New(kvwatch.Config{
-		JS:     v.s.st.JS().JetStream(),
-		Bucket: schema.BucketTenantState,
-		Filter: v.s.kind + ".>",
-		Logger: v.s.cfg.Logger.With("watch", schema.BucketTenantState),
-	}, v)
+	sub, err := v.s.st.SubscribeSignalNotes(v.s.kind, v.s.cfg.ID.Shard, func(tenant string, id schema.InstanceID, rev uint64) {
+		select {
+		case v.notes <- sigNote{tenant, id, rev}:
+		default:
+		}
+	})
 	if err != nil {
 		return fmt.Errorf("shardkit: %w", err)
 	}
-	wg.Go(func() { _ = f.Run(ctx) })
+	wg.Go(func() {
+		defer func() { _ = sub.Unsubscribe() }()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case n := <-v.notes:
+				v.fetch(ctx, n.tenant, n.id, n.rev)
+			}
+		}
+	})
 	return nil
 }
 
-func (v *signalView) waitReady(ctx context.Context) error {
-	select {
-	case <-v.synced:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("shardkit: waiting for the tenant signals: %w", ctx.Err())
+// fetch reads id's signal for tenant and keeps it if it is newer than what the view holds. A
+// direct get may be answered by a replica behind: when it is older than the revision noted,
+// the stream's leader is asked.
+func (v *signalView) fetch(ctx context.Context, tenant string, id schema.InstanceID, rev uint64) {
+	fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	sig, ok, err := v.s.st.Signal(fctx, v.s.kind, tenant, id, false)
+	if err == nil && rev > 0 && (!ok || sig.Revision < rev) {
+		sig, ok, err = v.s.st.Signal(fctx, v.s.kind, tenant, id, true)
+	}
+	if err != nil || !ok {
+		return // the waiters read it themselves every second
+	}
+	v.apply(sig)
+}
+
+// refresh reads tenant's signals from shard's instances named, directly (when a wait starts and
+// every second while it lasts).
+func (v *signalView) refresh(ctx context.Context, tenant, shard string, instances []string) {
+	for _, inst := range instances {
+		if inst == v.s.cfg.ID.Instance && shard == v.s.cfg.ID.Shard {
+			continue // its own signals are not waited for
+		}
+		v.fetch(ctx, tenant, schema.InstanceID{Kind: v.s.kind, Shard: shard, Instance: inst}, 0)
 	}
 }
 
-// Apply implements kvwatch.Handler.
-func (v *signalView) Apply(e kvwatch.Entry) {
-	parts := strings.Split(e.Key, ".") // <kind>.<tenant>.<shard>.<instance>
-	if len(parts) != 4 {
-		return
-	}
-	tenant := parts[1]
+// apply keeps sig when it is newer than the view's signal of its writer.
+func (v *signalView) apply(sig schema.TenantSignal) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	defer func() {
-		close(v.notify)
-		v.notify = make(chan struct{})
-	}()
-	var sig schema.TenantSignal
-	if e.Op != kvwatch.Put || json.Unmarshal(e.Value, &sig) != nil {
-		if m := v.byTenant[tenant]; m != nil {
-			delete(m, e.Key)
-			if len(m) == 0 {
-				delete(v.byTenant, tenant)
-			}
+	m := v.byTenant[sig.Tenant]
+	if m == nil {
+		if len(v.byTenant) >= maxSignalTenants {
+			v.prune(time.Now())
 		}
+		m = map[string]schema.TenantSignal{}
+		v.byTenant[sig.Tenant] = m
+	}
+	key := sig.Shard + "." + sig.Instance
+	if old, ok := m[key]; ok && old.Revision >= sig.Revision {
 		return
 	}
-	sig.Revision = e.Revision
-	m := v.byTenant[tenant]
-	if m == nil {
-		m = map[string]schema.TenantSignal{}
-		v.byTenant[tenant] = m
-	}
-	m[e.Key] = sig
+	m[key] = sig
+	v.seen[sig.Tenant] = time.Now()
+	close(v.notify)
+	v.notify = make(chan struct{})
 }
 
-// Synced implements kvwatch.Handler.
-func (v *signalView) Synced() { v.once.Do(func() { close(v.synced) }) }
+// prune forgets tenants whose signals have not changed for signalKeep (v.mu held).
+func (v *signalView) prune(now time.Time) {
+	for t, at := range v.seen {
+		if now.Sub(at) > signalKeep {
+			delete(v.seen, t)
+			delete(v.byTenant, t)
+		}
+	}
+}
 
 // shard returns tenant's signals from shard's instances, keyed by instance name, and a channel
 // closed at the next change.

@@ -31,6 +31,15 @@ func (rp *reporter) wrote(inst schema.Instance) {
 	rp.mu.Unlock()
 }
 
+// registered notes the registration's write: the first heartbeat writes the entry again, with
+// the instance's first metrics (the directory's "last metrics" of a host), and from then on
+// every DirectoryRefresh.
+func (rp *reporter) registered(inst schema.Instance) {
+	rp.mu.Lock()
+	rp.written, rp.nextWrite = inst, time.Time{}
+	rp.mu.Unlock()
+}
+
 // due reports whether the heartbeat loop writes inst to the directory now.
 func (rp *reporter) due(inst schema.Instance) bool {
 	rp.mu.Lock()

@@ -13,6 +13,8 @@
 //   - rebalancer records and the leader [Lease] in KV tm_rebalance;
 //   - the audit journal ([AuditEvent]) in stream TM_AUDIT;
 //   - load telemetry ([LoadReport]) on core NATS subjects tm.load.>;
+//   - signal notes (a signal's key and revision, for the shard a tenant moves to) on core NATS
+//     subjects tm.signal.<kind>.<shard>;
 //   - application data names (TM_EVENTS, TM_JOBS) for the services.
 //
 // Values are JSON a person can read with the nats CLI. Names that become KV key or subject
@@ -58,6 +60,7 @@ var BucketRunnerSchedules = ServiceBucket("runner", "schedules")
 const (
 	subjectAuditPrefix = "tm.audit."
 	subjectLoadPrefix  = "tm.load."
+	subjectSignalNote  = "tm.signal."
 	// SubjectAuditAll matches every audit event.
 	SubjectAuditAll = "tm.audit.>"
 	// SubjectLoadAll matches every load report.
@@ -84,6 +87,14 @@ func SnapshotObject(kind string) string { return "placement." + kind }
 func LoadSubject(id InstanceID) string {
 	return subjectLoadPrefix + id.Kind + "." + id.Shard + "." + id.Instance
 }
+
+// SignalNoteSubject is where the writers of tenant signals note them for shard, the shard a
+// tenant moves to (or owns it): tm.signal.<kind>.<shard>.
+func SignalNoteSubject(kind, shard string) string { return subjectSignalNote + kind + "." + shard }
+
+// SignalNoteSubjectKind matches the signal notes for every shard of kind (what a shard may
+// publish).
+func SignalNoteSubjectKind(kind string) string { return subjectSignalNote + kind + ".*" }
 
 // LoadSubjectKind matches every load report of kind.
 func LoadSubjectKind(kind string) string { return subjectLoadPrefix + kind + ".>" }

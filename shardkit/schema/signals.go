@@ -2,7 +2,13 @@ package schema
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
@@ -91,6 +97,65 @@ func (s *Store) Signals(ctx context.Context, kind, tenant, shard string) ([]Tena
 		out = append(out, t)
 	})
 	return out, err
+}
+
+// Signal reads one instance's signal for a tenant (a direct get, which any replica may answer;
+// with leader, from the stream's leader). ok is false when there is none.
+func (s *Store) Signal(ctx context.Context, kind, tenant string, id InstanceID, leader bool) (sig TenantSignal, ok bool, err error) {
+	if err := CheckTenant(tenant); err != nil {
+		return TenantSignal{}, false, err
+	}
+	get := s.js.GetJSON
+	if leader {
+		get = s.js.LeaderGetJSON
+	}
+	rev, err := get(ctx, s.signals, signalKey(kind, tenant, id), &sig)
+	if errors.Is(err, ErrNotFound) {
+		return TenantSignal{}, false, nil
+	}
+	if err != nil {
+		return TenantSignal{}, false, err
+	}
+	sig.Revision = rev
+	return sig, true, nil
+}
+
+// NoteSignal tells shard's instances (core NATS, no acknowledgement) that sig was written, by
+// its key and revision. A note is a hint: its reader fetches the signal from tm_tenant_state,
+// where only the writer's credentials may put it, so a note cannot forge a signal.
+func (s *Store) NoteSignal(shard string, sig TenantSignal) error {
+	if err := CheckName("shard", shard); err != nil {
+		return err
+	}
+	return s.js.Conn().Publish(SignalNoteSubject(sig.Kind, shard),
+		fmt.Appendf(nil, "%s %d", signalKey(sig.Kind, sig.Tenant, sig.id()), sig.Revision))
+}
+
+// SubscribeSignalNotes calls fn with each note for shard of kind: the tenant, the writer and the
+// revision written. fn runs on the subscription's goroutine and must not block. Malformed notes
+// are dropped.
+func (s *Store) SubscribeSignalNotes(kind, shard string, fn func(tenant string, id InstanceID, rev uint64)) (*nats.Subscription, error) {
+	if err := CheckName("shard", shard); err != nil {
+		return nil, err
+	}
+	subj := SignalNoteSubject(kind, shard)
+	sub, err := s.js.Conn().Subscribe(subj, func(m *nats.Msg) {
+		key, revText, _ := strings.Cut(string(m.Data), " ")
+		parts := strings.Split(key, ".") // <kind>.<tenant>.<shard>.<instance>
+		rev, err := strconv.ParseUint(revText, 10, 64)
+		if err != nil || len(parts) != 4 || parts[0] != kind || CheckTenant(parts[1]) != nil {
+			return
+		}
+		id := InstanceID{Kind: kind, Shard: parts[2], Instance: parts[3]}
+		if id.Check() != nil {
+			return
+		}
+		fn(parts[1], id, rev)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("schema: subscribe %s: %w", subj, err)
+	}
+	return sub, nil
 }
 
 // SignalFilter is the watch filter for one tenant's signals on one shard.
