@@ -49,7 +49,8 @@
 // # Moves
 //
 // shardkit follows the move workflow (docs/design.md "Moving a tenant") from placement changes and
-// reports through tenant signals (tm_tenant_state, one key per instance):
+// reports through tenant signals (tm_tenant_state, one key per instance; each write is noted on
+// tm.signal.<kind>.<shard> to the shard the tenant moves to, whose instances read it):
 //
 //   - warming(A->B): each instance of B reports warming, calls Hooks.Warm(tenant, 0) and
 //     reports ready with Fence 0 once Warm returned and Applied >= 0.

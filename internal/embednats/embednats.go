@@ -134,8 +134,9 @@ func (c Config) options() (*server.Options, error) {
 		JetStreamMaxMemory: maxMem,
 		JetStreamMaxStore:  maxStore,
 		// nats-server 2.15 caps every stream at 1,000 consumers unless told otherwise, and each
-		// shard instance holds one on tm_members and one on tm_tenant_state: at 1,000 instances
-		// the gateways and the rebalancer could no longer follow them (the scale harness).
+		// shard instance holds one on tm_members (and held one on tm_tenant_state): at 1,000
+		// instances the gateways and the rebalancer could no longer follow them (the scale
+		// harness).
 		JetStreamLimits: server.JSLimitOpts{DefaultMaxConsumers: -1},
 		NoSigs:          true,
 		MaxPayload:      8 << 20,
