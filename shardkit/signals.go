@@ -11,26 +11,19 @@ import (
 
 // signalView keeps in memory the tenant signals a move into this instance's shard waits for:
 // its siblings' ready and the source's drained. It follows only its own shard's signal notes
-// (core NATS, tm.signal.<kind>.<shard>: a signal's key and revision, published by its writer)
-// and fetches each noted signal from tm_tenant_state, where only the writer may put it. A
-// waiter also reads the signals it needs directly when it starts and every second, which
-// covers a note lost on the way. So what an instance receives per move does not grow with the
-// instances of its kind: following the kind's whole bucket cost every instance a delivery per
-// signal of every move (5,583 deliveries per move at 996 instances, docs/scale.md).
+// (core NATS, tm.signal.<kind>.<shard>: each signal as stored, published by its writer once
+// tm_tenant_state acknowledged it). A waiter also reads the signals it needs from the bucket
+// when it starts and every second, which covers a note lost on the way. So what an instance
+// receives per move does not grow with the instances of its kind: following the kind's whole
+// bucket cost every instance a delivery per signal of every move (5,583 deliveries per move at
+// 996 instances, docs/scale.md).
 type signalView struct {
-	s     *Shard
-	notes chan sigNote // noted signals to fetch; full: the waiters' reads cover the rest
+	s *Shard
 
 	mu       sync.Mutex
 	byTenant map[string]map[string]schema.TenantSignal // tenant -> "<shard>.<instance>" -> signal
 	seen     map[string]time.Time                      // tenant -> last change, for pruning
 	notify   chan struct{}                             // closed and replaced on every change
-}
-
-type sigNote struct {
-	tenant string
-	id     schema.InstanceID
-	rev    uint64
 }
 
 // maxSignalTenants bounds the view; beyond it, tenants unchanged for signalKeep are forgotten.
@@ -40,49 +33,31 @@ const (
 )
 
 func newSignalView(s *Shard) *signalView {
-	return &signalView{s: s, notes: make(chan sigNote, 1024), byTenant: map[string]map[string]schema.TenantSignal{},
+	return &signalView{s: s, byTenant: map[string]map[string]schema.TenantSignal{},
 		seen: map[string]time.Time{}, notify: make(chan struct{})}
 }
 
-// start subscribes to the shard's notes and fetches what they name until ctx ends.
+// start subscribes to the shard's notes until ctx ends.
 func (v *signalView) start(ctx context.Context, wg *sync.WaitGroup) error {
-	sub, err := v.s.st.SubscribeSignalNotes(v.s.kind, v.s.cfg.ID.Shard, func(tenant string, id schema.InstanceID, rev uint64) {
-		select {
-		case v.notes <- sigNote{tenant, id, rev}:
-		default:
-		}
-	})
+	sub, err := v.s.st.SubscribeSignalNotes(v.s.kind, v.s.cfg.ID.Shard, v.apply)
 	if err != nil {
 		return fmt.Errorf("shardkit: %w", err)
 	}
 	wg.Go(func() {
-		defer func() { _ = sub.Unsubscribe() }()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case n := <-v.notes:
-				v.fetch(ctx, n.tenant, n.id, n.rev)
-			}
-		}
+		<-ctx.Done()
+		_ = sub.Unsubscribe()
 	})
 	return nil
 }
 
-// fetch reads id's signal for tenant and keeps it if it is newer than what the view holds. A
-// direct get may be answered by a replica behind: when it is older than the revision noted,
-// the stream's leader is asked.
-func (v *signalView) fetch(ctx context.Context, tenant string, id schema.InstanceID, rev uint64) {
+// fetch reads id's signal for tenant from the bucket (a direct get, which a replica behind may
+// answer: the next read or note brings the newer one) and keeps it if it is newer.
+func (v *signalView) fetch(ctx context.Context, tenant string, id schema.InstanceID) {
 	fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	sig, ok, err := v.s.st.Signal(fctx, v.s.kind, tenant, id, false)
-	if err == nil && rev > 0 && (!ok || sig.Revision < rev) {
-		sig, ok, err = v.s.st.Signal(fctx, v.s.kind, tenant, id, true)
+	if sig, ok, err := v.s.st.Signal(fctx, v.s.kind, tenant, id); err == nil && ok {
+		v.apply(sig)
 	}
-	if err != nil || !ok {
-		return // the waiters read it themselves every second
-	}
-	v.apply(sig)
 }
 
 // refresh reads tenant's signals from shard's instances named, directly (when a wait starts and
@@ -92,7 +67,7 @@ func (v *signalView) refresh(ctx context.Context, tenant, shard string, instance
 		if inst == v.s.cfg.ID.Instance && shard == v.s.cfg.ID.Shard {
 			continue // its own signals are not waited for
 		}
-		v.fetch(ctx, tenant, schema.InstanceID{Kind: v.s.kind, Shard: shard, Instance: inst}, 0)
+		v.fetch(ctx, tenant, schema.InstanceID{Kind: v.s.kind, Shard: shard, Instance: inst})
 	}
 }
 

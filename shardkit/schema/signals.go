@@ -2,10 +2,9 @@ package schema
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -99,17 +98,13 @@ func (s *Store) Signals(ctx context.Context, kind, tenant, shard string) ([]Tena
 	return out, err
 }
 
-// Signal reads one instance's signal for a tenant (a direct get, which any replica may answer;
-// with leader, from the stream's leader). ok is false when there is none.
-func (s *Store) Signal(ctx context.Context, kind, tenant string, id InstanceID, leader bool) (sig TenantSignal, ok bool, err error) {
+// Signal reads one instance's signal for a tenant (a direct get, which any replica may answer).
+// ok is false when there is none.
+func (s *Store) Signal(ctx context.Context, kind, tenant string, id InstanceID) (sig TenantSignal, ok bool, err error) {
 	if err := CheckTenant(tenant); err != nil {
 		return TenantSignal{}, false, err
 	}
-	get := s.js.GetJSON
-	if leader {
-		get = s.js.LeaderGetJSON
-	}
-	rev, err := get(ctx, s.signals, signalKey(kind, tenant, id), &sig)
+	rev, err := s.js.GetJSON(ctx, s.signals, signalKey(kind, tenant, id), &sig)
 	if errors.Is(err, ErrNotFound) {
 		return TenantSignal{}, false, nil
 	}
@@ -120,37 +115,43 @@ func (s *Store) Signal(ctx context.Context, kind, tenant string, id InstanceID, 
 	return sig, true, nil
 }
 
-// NoteSignal tells shard's instances (core NATS, no acknowledgement) that sig was written, by
-// its key and revision. A note is a hint: its reader fetches the signal from tm_tenant_state,
-// where only the writer's credentials may put it, so a note cannot forge a signal.
+// NoteSignal tells shard's instances (core NATS, no acknowledgement) that sig was written: the
+// signal as stored, with its revision. Only shards of sig's kind may publish notes for its
+// shards, and their credentials can already write the kind's placements, so a note is trusted
+// as far as they are; a lost note is covered by the reader's direct reads of tm_tenant_state.
 func (s *Store) NoteSignal(shard string, sig TenantSignal) error {
 	if err := CheckName("shard", shard); err != nil {
 		return err
 	}
-	return s.js.Conn().Publish(SignalNoteSubject(sig.Kind, shard),
-		fmt.Appendf(nil, "%s %d", signalKey(sig.Kind, sig.Tenant, sig.id()), sig.Revision))
+	b, err := json.Marshal(noteOf(sig))
+	if err != nil {
+		return fmt.Errorf("schema: encode signal note: %w", err)
+	}
+	return s.js.Conn().Publish(SignalNoteSubject(sig.Kind, shard), b)
 }
 
-// SubscribeSignalNotes calls fn with each note for shard of kind: the tenant, the writer and the
-// revision written. fn runs on the subscription's goroutine and must not block. Malformed notes
-// are dropped.
-func (s *Store) SubscribeSignalNotes(kind, shard string, fn func(tenant string, id InstanceID, rev uint64)) (*nats.Subscription, error) {
+// signalNote is a TenantSignal with its revision on the wire.
+type signalNote struct {
+	TenantSignal
+	Rev uint64 `json:"revision"`
+}
+
+func noteOf(sig TenantSignal) signalNote { return signalNote{TenantSignal: sig, Rev: sig.Revision} }
+
+// SubscribeSignalNotes calls fn with each signal noted for shard of kind. fn runs on the
+// subscription's goroutine and must not block. Malformed notes are dropped.
+func (s *Store) SubscribeSignalNotes(kind, shard string, fn func(TenantSignal)) (*nats.Subscription, error) {
 	if err := CheckName("shard", shard); err != nil {
 		return nil, err
 	}
 	subj := SignalNoteSubject(kind, shard)
 	sub, err := s.js.Conn().Subscribe(subj, func(m *nats.Msg) {
-		key, revText, _ := strings.Cut(string(m.Data), " ")
-		parts := strings.Split(key, ".") // <kind>.<tenant>.<shard>.<instance>
-		rev, err := strconv.ParseUint(revText, 10, 64)
-		if err != nil || len(parts) != 4 || parts[0] != kind || CheckTenant(parts[1]) != nil {
+		var n signalNote
+		if json.Unmarshal(m.Data, &n) != nil || n.Kind != kind || CheckTenant(n.Tenant) != nil || n.id().Check() != nil {
 			return
 		}
-		id := InstanceID{Kind: kind, Shard: parts[2], Instance: parts[3]}
-		if id.Check() != nil {
-			return
-		}
-		fn(parts[1], id, rev)
+		n.TenantSignal.Revision = n.Rev
+		fn(n.TenantSignal)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("schema: subscribe %s: %w", subj, err)
