@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
@@ -145,11 +146,13 @@ func (mv *mover) commit(ctx context.Context, ts *tenantState, e placement.Entry,
 func (mv *mover) awaitSiblings(ctx context.Context, tenant string, ready schema.TenantSignal) bool {
 	tick := time.NewTicker(time.Second) // heartbeats age without a change to wake on
 	defer tick.Stop()
-	read := true // the siblings' signals, directly: at the start and every tick
+	read := true // the siblings' signals, from the bucket: at the start and every tick
+	var reads sync.WaitGroup
+	defer reads.Wait()
 	for {
 		live, dirChanged := mv.s.peers.liveNames(mv.s.cfg.ID.Shard)
 		if read {
-			mv.s.signals.refresh(ctx, tenant, mv.s.cfg.ID.Shard, live)
+			reads.Go(func() { mv.s.signals.refresh(ctx, tenant, mv.s.cfg.ID.Shard, live) })
 			read = false
 		}
 		sigs, sigChanged := mv.s.signals.shard(tenant, mv.s.cfg.ID.Shard)
@@ -228,7 +231,9 @@ func (mv *mover) watchFence(ctx context.Context, tenant, source string, epoch ui
 	// be in flight there; the tenant's data stream is the truth the target warms from).
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	read := true // the source's signals, directly: at the start and every tick
+	read := true // the source's signals, from the bucket: at the start and every tick
+	var reads sync.WaitGroup
+	defer reads.Wait()
 	for {
 		live, dirChanged := mv.s.peers.liveNames(source)
 		if len(live) == 0 {
@@ -236,7 +241,7 @@ func (mv *mover) watchFence(ctx context.Context, tenant, source string, epoch ui
 			return 0, nil
 		}
 		if read {
-			mv.s.signals.refresh(ctx, tenant, source, live)
+			reads.Go(func() { mv.s.signals.refresh(ctx, tenant, source, live) })
 			read = false
 		}
 		sigs, sigChanged := mv.s.signals.shard(tenant, source)

@@ -60,8 +60,9 @@ func (v *signalView) fetch(ctx context.Context, tenant string, id schema.Instanc
 	}
 }
 
-// refresh reads tenant's signals from shard's instances named, directly (when a wait starts and
-// every second while it lasts).
+// refresh reads tenant's signals from shard's instances named, from the bucket (when a wait
+// starts and every second while it lasts; beside the wait, not before it, so a note that
+// arrives meanwhile is seen at once).
 func (v *signalView) refresh(ctx context.Context, tenant, shard string, instances []string) {
 	for _, inst := range instances {
 		if inst == v.s.cfg.ID.Instance && shard == v.s.cfg.ID.Shard {
