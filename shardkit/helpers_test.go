@@ -285,3 +285,21 @@ func phaseIs(p schema.SignalPhase) func(*schema.TenantSignal) bool {
 func id(shard, inst string) schema.InstanceID {
 	return schema.InstanceID{Kind: "aggregate", Shard: shard, Instance: inst}
 }
+
+// loadReports subscribes to kind's load reports until the test ends; reports beyond buf
+// waiting are dropped.
+func loadReports(t testing.TB, st *schema.Store, kind string, buf int) <-chan schema.LoadReport {
+	t.Helper()
+	reports := make(chan schema.LoadReport, buf)
+	sub, err := st.SubscribeLoad(kind, func(r schema.LoadReport) {
+		select {
+		case reports <- r:
+		default:
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	return reports
+}

@@ -73,17 +73,7 @@ func TestLoadReportsAreTheHeartbeat(t *testing.T) {
 	srv := natstest.Server(t)
 	st := openStore(t, srv.URL())
 	place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"})
-	reports := make(chan schema.LoadReport, 64)
-	sub, err := st.SubscribeLoad("aggregate", func(r schema.LoadReport) {
-		select {
-		case reports <- r:
-		default:
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	reports := loadReports(t, st, "aggregate", 64)
 	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), Heartbeat: 20 * time.Millisecond,
 		DirectoryRefresh: time.Hour})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -65,17 +65,7 @@ func TestLoadTelemetry(t *testing.T) {
 	srv := natstest.Server(t)
 	st := openStore(t, srv.URL())
 	rev := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"}).Revision
-	reports := make(chan schema.LoadReport, 256)
-	sub, err := st.SubscribeLoad("aggregate", func(r schema.LoadReport) {
-		select {
-		case reports <- r:
-		default:
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	reports := loadReports(t, st, "aggregate", 256)
 	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), Capacity: 50, Heartbeat: 50 * time.Millisecond})
 	synced(t, rev, a)
 

@@ -392,7 +392,7 @@ func (s *Server) startWork(ctx context.Context, id string, fn func(context.Conte
 	lctx := s.leadCtx
 	s.work.Go(func() {
 		defer close(done)
-		rec, err := fn(lctx)
+		rec, err := resumed(lctx, s.log, id, fn)
 		if err != nil {
 			s.log.Error("apply failed", "plan", id, "err", err)
 			s.hub.publish("error", map[string]string{"plan": id, "error": err.Error()})
@@ -405,6 +405,28 @@ func (s *Server) startWork(ctx context.Context, id string, fn func(context.Conte
 		s.applying.Set(0)
 	})
 	return nil
+}
+
+// resumeTries bounds how often an apply or rollback interrupted by NATS is started again.
+const resumeTries = 8
+
+// resumed runs fn and, while NATS interrupts it (a record write or read that could not be
+// served for now) and this rebalancer still leads, runs it again after a pause: an apply picks
+// up each move where its records say it is, as a new leader's does. Without it, one record
+// write that timed out under load stopped the whole plan with moves in flight (the scale
+// harness: 9 moves left in warming, handoff and committed).
+func resumed(ctx context.Context, log *slog.Logger, id string, fn func(context.Context) (rebalancer.PlanRecord, error)) (rebalancer.PlanRecord, error) {
+	for try := 1; ; try++ {
+		rec, err := fn(ctx)
+		if err == nil || ctx.Err() != nil || try == resumeTries || !errors.Is(err, schema.ErrUnavailable) {
+			return rec, err
+		}
+		wait := min(time.Duration(try)*time.Second, 5*time.Second)
+		log.Warn("plan interrupted by NATS; resuming", "plan", id, "attempt", try, "in", wait, "err", err)
+		if !ctxtime.Sleep(ctx, wait) {
+			return rec, err
+		}
+	}
 }
 
 // waitIdle waits until no background apply runs (after the leader context ended).
