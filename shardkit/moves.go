@@ -411,7 +411,7 @@ func (mv *mover) putSignal(ctx context.Context, ts *tenantState, sig schema.Tena
 }
 
 // noteSignal tells the shard that waits for sig (the one the tenant moves to, else its owner)
-// that it was written: a core NATS note its instances fetch the signal on.
+// that it was written: a core NATS note carrying the signal as stored.
 func (mv *mover) noteSignal(sig schema.TenantSignal) {
 	e, ok := mv.s.watcher.Lookup(mv.s.kind, sig.Tenant)
 	if !ok {

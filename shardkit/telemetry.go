@@ -11,8 +11,9 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
-// reporter keeps the instance known: a heartbeat into the directory and a load report every
-// interval, the membership entry when what others follow changes, and the tenants' sizes.
+// reporter keeps the instance known: a load report every interval (the heartbeat gateways and
+// the rebalancer hear), the directory entry when it changes or every DirectoryRefresh, the
+// membership entry when what others follow changes, and the tenants' sizes.
 type reporter struct {
 	s *Shard
 	// What was last written to the directory, and when the heartbeat loop writes again if
@@ -48,8 +49,9 @@ func (rp *reporter) due(inst schema.Instance) bool {
 		rp.s.memberStale.Load() || !rp.s.cfg.Now().Before(rp.nextWrite)
 }
 
-// heartbeatLoop refreshes the directory entry and publishes load telemetry every Heartbeat,
-// recomputes the labelled top N every TopNEvery, and forgets idle tenants it no longer serves.
+// heartbeatLoop publishes load telemetry every Heartbeat and writes the directory entry when it
+// is due, recomputes the labelled top N every TopNEvery, and forgets idle tenants it no longer
+// serves.
 func (rp *reporter) heartbeatLoop(ctx context.Context) {
 	defer close(rp.s.hbStopped)
 	t := time.NewTicker(rp.s.cfg.Heartbeat)
