@@ -3,6 +3,8 @@ package shardkit
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -26,7 +28,9 @@ type signalView struct {
 	notify   chan struct{}                             // closed and replaced on every change
 }
 
-// maxSignalTenants bounds the view; beyond it, tenants unchanged for signalKeep are forgotten.
+// maxSignalTenants bounds the view: beyond it, tenants unchanged for signalKeep are forgotten,
+// and if that is not enough, the quarter changed longest ago (a waiter among them reads its
+// signals from the bucket again within a second).
 const (
 	maxSignalTenants = 4096
 	signalKeep       = 10 * time.Minute
@@ -94,14 +98,25 @@ func (v *signalView) apply(sig schema.TenantSignal) {
 	v.notify = make(chan struct{})
 }
 
-// prune forgets tenants whose signals have not changed for signalKeep (v.mu held).
+// prune makes room (v.mu held).
 func (v *signalView) prune(now time.Time) {
 	for t, at := range v.seen {
 		if now.Sub(at) > signalKeep {
-			delete(v.seen, t)
-			delete(v.byTenant, t)
+			v.forget(t)
 		}
 	}
+	if len(v.byTenant) < maxSignalTenants {
+		return
+	}
+	byAge := slices.SortedFunc(maps.Keys(v.seen), func(a, b string) int { return v.seen[a].Compare(v.seen[b]) })
+	for _, t := range byAge[:len(byAge)/4] {
+		v.forget(t)
+	}
+}
+
+func (v *signalView) forget(tenant string) {
+	delete(v.seen, tenant)
+	delete(v.byTenant, tenant)
 }
 
 // shard returns tenant's signals from shard's instances, keyed by instance name, and a channel

@@ -88,7 +88,7 @@ func (s *Store) Signals(ctx context.Context, kind, tenant, shard string) ([]Tena
 		if err := CheckName("shard", shard); err != nil {
 			return nil, err
 		}
-		filter = kind + "." + tenant + "." + shard + ".*"
+		filter = SignalFilter(kind, tenant, shard)
 	}
 	var out []TenantSignal
 	_, err := jsx.ListJSON(ctx, s.js, s.signals, filter, func(_ string, rev uint64, t TenantSignal) {
