@@ -1,6 +1,7 @@
 package rebalancer
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -35,6 +37,11 @@ type Config struct {
 	// DrainTimeout: after commit, how long to wait for the source to report drained before
 	// finishing anyway (the epoch already fences it). Default 30s.
 	DrainTimeout time.Duration
+	// PauseBudget is the handoff pause (the time the gateways hold a moving tenant's requests)
+	// a move should keep within. While moves' pauses exceed it, the engine runs fewer of them at
+	// once, down to one, and back up towards the plan's concurrency while they keep within it
+	// (see pacer). Default 50ms; negative: always the plan's concurrency.
+	PauseBudget time.Duration
 	// Thresholds decide which instances are live. Default schema's.
 	Thresholds schema.Thresholds
 	// LeaseHeld tells the engine that its caller holds the leader lease as Holder for as long
@@ -66,19 +73,30 @@ func (c Config) withDefaults() Config {
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 30 * time.Second
 	}
+	if c.PauseBudget == 0 {
+		c.PauseBudget = DefaultPauseBudget
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return c
 }
 
+// DefaultPauseBudget is Config.PauseBudget's default.
+const DefaultPauseBudget = 50 * time.Millisecond
+
 // Engine records plans and drives their moves.
 type Engine struct {
-	cfg  Config
-	st   *schema.Store
-	dir  *dirView // the directory, shared by the running moves
-	sigs *sigHub  // the tenant signals, shared by the running moves
+	cfg   Config
+	st    *schema.Store
+	dir   *dirView // the directory, shared by the running moves
+	sigs  *sigHub  // the tenant signals, shared by the running moves
+	limit atomic.Int64
 }
+
+// MoveLimit is how many moves the plan being applied may run at once now (its concurrency, or
+// fewer while pauses exceed Config.PauseBudget); 0 when no plan is being applied.
+func (e *Engine) MoveLimit() int { return int(e.limit.Load()) }
 
 // New makes an engine.
 func New(cfg Config) (*Engine, error) {
@@ -235,8 +253,8 @@ func (e *Engine) lead(ctx context.Context) (context.Context, func(), error) {
 	return lctx, stop, nil
 }
 
-// Apply drives every move of the plan, wave by wave, at most Concurrency at a time, until each
-// is terminal. It resumes a plan left half-applied by a crash. It needs the leader lease.
+// Apply drives every move of the plan, wave by wave, at most Concurrency at a time (fewer while
+// pauses exceed Config.PauseBudget), until each is terminal. It resumes a plan left half-applied by a crash. It needs the leader lease.
 func (e *Engine) Apply(ctx context.Context, id string) (PlanRecord, error) {
 	lctx, stop, err := e.lead(ctx)
 	if err != nil {
@@ -260,6 +278,13 @@ func (e *Engine) apply(ctx context.Context, id string) (rec PlanRecord, err erro
 		}
 	}
 	conc := max(rec.Plan.Concurrency, 1)
+	pace := newPacer(conc, e.cfg.PauseBudget, func(limit int, pause time.Duration) {
+		e.limit.Store(int64(limit))
+		e.cfg.Logger.Info("moves slowed: a handoff pause exceeded the budget", "plan", id, "pause", pause.Round(time.Millisecond),
+			"budget", e.cfg.PauseBudget, "at_once", limit, "concurrency", conc)
+	})
+	e.limit.Store(int64(pace.Limit()))
+	defer e.limit.Store(0)
 	waves := map[int][]int{}
 	var order []int
 	for i, m := range moves {
@@ -272,16 +297,33 @@ func (e *Engine) apply(ctx context.Context, id string) (rec PlanRecord, err erro
 	var firstErr error
 	var mu sync.Mutex
 	for _, w := range order {
-		sem := make(chan struct{}, conc)
 		var wg sync.WaitGroup
 		for _, i := range waves[w] {
 			if moves[i].State.Terminal() {
 				continue
 			}
-			sem <- struct{}{}
+			epoch, err := pace.acquire(ctx)
+			if err != nil {
+				mu.Lock()
+				firstErr = cmp.Or(firstErr, err)
+				mu.Unlock()
+				break
+			}
 			wg.Go(func() {
-				defer func() { <-sem }()
-				if err := e.drive(ctx, &moves[i]); err != nil {
+				m := &moves[i]
+				learned := false
+				learn := func() { // once: at the commit, or at the end of a move that never committed
+					if !learned {
+						learned = true
+						pace.learn(epoch, m.Pause(), m.State == MoveAborted && !m.Handoff.IsZero() && m.Commit.IsZero())
+						e.limit.Store(int64(pace.Limit()))
+					}
+				}
+				defer func() {
+					learn()
+					pace.release()
+				}()
+				if err := e.drive(ctx, m, learn); err != nil {
 					mu.Lock()
 					if firstErr == nil {
 						firstErr = err

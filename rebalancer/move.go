@@ -23,8 +23,9 @@ import (
 // move really stands (the placement names the move while it runs) and takes the next step.
 // The placement is read from its stream's leader: a replica that is behind could show the
 // placement as it was before this move's own last write, and the round would take the move
-// for aborted while its warming stays in place (a chaos run found one so).
-func (e *Engine) drive(ctx context.Context, m *MoveRecord) (err error) {
+// for aborted while its warming stays in place (a chaos run found one so). committed, if set,
+// is called once the move has committed (its pause is known).
+func (e *Engine) drive(ctx context.Context, m *MoveRecord, committed func()) (err error) {
 	ctx, span := tracer.Start(ctx, "move", trace.WithAttributes(attribute.String("tm.kind", m.Kind),
 		attribute.String("tm.tenant", m.Tenant), attribute.String("tm.from", m.From), attribute.String("tm.to", m.To),
 		attribute.String("tm.move", m.Key())))
@@ -51,6 +52,10 @@ func (e *Engine) drive(ctx context.Context, m *MoveRecord) (err error) {
 				continue // someone wrote the placement meanwhile: read it again
 			}
 			return err
+		}
+		if committed != nil && !m.Commit.IsZero() {
+			committed()
+			committed = nil
 		}
 	}
 	return nil

@@ -32,6 +32,7 @@ type ApplyCommand struct {
 type engineFlags struct {
 	warm, handoff, drain time.Duration
 	leaseTTL             time.Duration
+	pauseBudget          time.Duration
 }
 
 func (e *engineFlags) register(fs interface {
@@ -41,11 +42,20 @@ func (e *engineFlags) register(fs interface {
 	fs.DurationVar(&e.handoff, "handoff-timeout", 10*time.Second, "abort a move whose handoff cannot commit within this (requests are held meanwhile)")
 	fs.DurationVar(&e.drain, "drain-timeout", 30*time.Second, "after commit, how long to wait for the former owner to drain")
 	fs.DurationVar(&e.leaseTTL, "lease-ttl", 10*time.Second, "the leader lease's lifetime while applying")
+	fs.DurationVar(&e.pauseBudget, "pause-budget", rebalancer.DefaultPauseBudget, "run fewer moves at once while handoff pauses exceed this (0: always the plan's concurrency)")
+}
+
+// pauseBudget is a --pause-budget value as rebalancer.Config takes it (0 turns pacing off).
+func pauseBudget(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }
 
 func (e *engineFlags) engine(st *schema.Store, progress func(rebalancer.MoveRecord)) (*rebalancer.Engine, error) {
 	return rebalancer.New(rebalancer.Config{Store: st, Holder: holder(), LeaseTTL: e.leaseTTL, WarmTimeout: e.warm,
-		HandoffTimeout: e.handoff, DrainTimeout: e.drain, Progress: progress})
+		HandoffTimeout: e.handoff, DrainTimeout: e.drain, PauseBudget: pauseBudget(e.pauseBudget), Progress: progress})
 }
 
 // PlanResult is what apply, rollback and `status <id>` print as JSON: the plan and its moves.
@@ -55,7 +65,9 @@ type PlanResult struct {
 }
 
 const applyAbout = `Applies a plan: every move goes warming -> handoff -> commit -> done, at most the plan's
-concurrency at a time. It takes the leader lease, so it refuses while a rebalancer service (or
+concurrency at a time, fewer while moves' handoff pauses (the time the gateways hold a moving
+tenant's requests) exceed --pause-budget: the limit halves on a pause over the budget and grows
+back while pauses keep within it. It takes the leader lease, so it refuses while a rebalancer service (or
 another apply) leads. An interrupted apply (Ctrl-C, crash) is resumed by running it again.
 It asks for confirmation on a terminal; elsewhere it needs --yes. The argument is a plan id
 (from 'rebalance plan' or 'rebalance status') or a file written by 'rebalance plan --out'.

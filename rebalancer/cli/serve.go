@@ -35,6 +35,7 @@ type ServeCommand struct {
 	OfflineAfter, Degraded   time.Duration
 	WebhookTimeout           time.Duration
 	Warm, Handoff, Drain     time.Duration
+	PauseBudget              time.Duration
 	ErrorRate                float64
 	NoCompact                bool
 
@@ -84,6 +85,7 @@ func (c *ServeCommand) ParseFlags(args []string) error {
 	envflag.Duration(fs, &c.Warm, "warm-timeout", 2*time.Minute, "abort a move whose target is not ready within this")
 	envflag.Duration(fs, &c.Handoff, "handoff-timeout", 10*time.Second, "abort a move whose handoff cannot commit within this")
 	envflag.Duration(fs, &c.Drain, "move-drain-timeout", 30*time.Second, "after commit, how long to wait for the former owner to drain")
+	envflag.Duration(fs, &c.PauseBudget, "pause-budget", rebalancer.DefaultPauseBudget, "run fewer moves at once while handoff pauses exceed this (0: always the plan's concurrency)")
 	envflag.Bool(fs, &c.NoCompact, "no-compact", false, "do not write compacted placement snapshots")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -141,7 +143,7 @@ func (c *ServeCommand) Serve(ctx context.Context) error {
 	}
 	health := rebalancer.Health{Thresholds: schema.Thresholds{DegradedAfter: c.Degraded, OfflineAfter: c.OfflineAfter}, DegradedErrorRate: c.ErrorRate}
 	srv, err := server.New(server.Config{Store: st, Holder: c.Holder, LeaseTTL: c.LeaseTTL, Health: health,
-		WarmTimeout: c.Warm, HandoffTimeout: c.Handoff, DrainTimeout: c.Drain, NoCompact: c.NoCompact, AdminToken: c.AdminToken, Logger: log,
+		WarmTimeout: c.Warm, HandoffTimeout: c.Handoff, DrainTimeout: c.Drain, PauseBudget: pauseBudget(c.PauseBudget), NoCompact: c.NoCompact, AdminToken: c.AdminToken, Logger: log,
 		Sweep: sweeper.Config{Interval: c.SweepEvery, Webhook: c.Webhook, WebhookTimeout: c.WebhookTimeout, WebhookRetries: c.WebhookRetries}})
 	if err != nil {
 		return err

@@ -66,6 +66,8 @@ type Config struct {
 	LeaseTTL time.Duration
 	// Engine timeouts (see rebalancer.Config); zero: the engine's defaults.
 	WarmTimeout, HandoffTimeout, DrainTimeout time.Duration
+	// PauseBudget paces a plan's moves by their handoff pauses (rebalancer.Config.PauseBudget).
+	PauseBudget time.Duration
 	// Health decides instance statuses (offline threshold default 2m).
 	Health rebalancer.Health
 	// Sweep configures the sweeper; Store, Health, Logger and Registerer are filled in.
@@ -128,7 +130,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, st: cfg.Store, log: cfg.Logger, reg: cfg.Registry, hub: newHub()}
 	eng, err := rebalancer.New(rebalancer.Config{Store: cfg.Store, Holder: cfg.Holder, LeaseTTL: cfg.LeaseTTL, LeaseHeld: true,
-		WarmTimeout: cfg.WarmTimeout, HandoffTimeout: cfg.HandoffTimeout, DrainTimeout: cfg.DrainTimeout,
+		WarmTimeout: cfg.WarmTimeout, HandoffTimeout: cfg.HandoffTimeout, DrainTimeout: cfg.DrainTimeout, PauseBudget: cfg.PauseBudget,
 		Thresholds: cfg.Health.Thresholds, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
@@ -152,7 +154,10 @@ func New(cfg Config) (*Server, error) {
 	stalled := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tm_rebalancer_move_stalled_seconds",
 		Help: "How long the move in progress (warming, handoff or committed) that stepped longest ago has gone without a step; 0 when none. Every process reports it from tm_rebalance."},
 		func() float64 { return s.moves.stalled(time.Now()).Seconds() })
-	for _, c := range []prometheus.Collector{s.leaderG, s.applying, s.hub.dropped, stalled} {
+	limit := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tm_rebalancer_move_limit",
+		Help: "How many moves the plan being applied may run at once: its concurrency, or fewer while handoff pauses exceed the pause budget; 0 when none is applied."},
+		func() float64 { return float64(s.eng.MoveLimit()) })
+	for _, c := range []prometheus.Collector{s.leaderG, s.applying, s.hub.dropped, stalled, limit} {
 		if err := s.reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -216,7 +216,7 @@ func listen(t *testing.T) net.Listener {
 func (h *harness) startRebalancer() {
 	var st *schema.Store
 	withRole(roleRebalancer, func() { st = h.open(h.connect(natsperm.Rebalancer(), roleRebalancer+":r1"), false) })
-	s, err := server.New(server.Config{Store: st, Holder: "r1", AdminToken: adminToken,
+	s, err := server.New(server.Config{Store: st, Holder: "r1", AdminToken: adminToken, PauseBudget: h.p.PauseBudget,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		h.t.Fatal(err)

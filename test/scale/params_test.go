@@ -6,6 +6,7 @@
 package scale
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"strconv"
@@ -22,20 +23,22 @@ type params struct {
 	Concurrency int           // the plan's concurrency (TM_SCALE_CONCURRENCY)
 	Live        int           // tenants with traffic through the gateways (TM_SCALE_LIVE)
 	Clients     int           // client goroutines sending that traffic (TM_SCALE_CLIENTS)
+	Rate        int           // requests per second the clients send together; 0 sends as fast as they can (TM_SCALE_RATE)
 	Steady      time.Duration // the steady-state measuring window (TM_SCALE_STEADY)
 	Replicas    int           // replicas of every bucket (TM_SCALE_REPLICAS)
 	Gateways    int           // gateways (TM_SCALE_GATEWAYS)
 	Heartbeat   time.Duration // the instances' heartbeat (TM_SCALE_HEARTBEAT)
+	PauseBudget time.Duration // the rebalancer's pause budget; "0" runs the plan's concurrency throughout (TM_SCALE_PAUSE_BUDGET)
 	Deadline    time.Duration // the whole run's bound (TM_SCALE_DEADLINE)
 }
 
 // smoke is what `make test` runs: every part, tiny.
-var smoke = params{Tenants: 300, Fleets: []int{12, 18}, PerShard: 2, Moves: 20, Concurrency: 5, Live: 6, Clients: 2,
+var smoke = params{Tenants: 300, Fleets: []int{12, 18}, PerShard: 2, Moves: 20, Concurrency: 5, Live: 6, Clients: 2, Rate: 100,
 	Steady: 2 * time.Second, Replicas: 3, Gateways: 3, Heartbeat: time.Second, Deadline: 4 * time.Minute}
 
 // full is `make scale`'s default; TM_SCALE_* override each field.
 var full = params{Tenants: 1_000_000, Fleets: []int{100, 1000}, PerShard: 2, Moves: 10_000, Concurrency: 50, Live: 60,
-	Clients: 8, Steady: 10 * time.Second, Replicas: 3, Gateways: 3, Heartbeat: time.Second, Deadline: 14 * time.Minute}
+	Clients: 8, Rate: 600, Steady: 10 * time.Second, Replicas: 3, Gateways: 3, Heartbeat: time.Second, Deadline: 14 * time.Minute}
 
 func paramsFromEnv() (params, bool, error) {
 	if os.Getenv("TM_SCALE") != "1" {
@@ -52,6 +55,20 @@ func paramsFromEnv() (params, bool, error) {
 			}
 			*dst = n
 		}
+	}
+	if v := os.Getenv("TM_SCALE_PAUSE_BUDGET"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return p, true, fmt.Errorf("TM_SCALE_PAUSE_BUDGET=%q: want a duration, or 0 to run the plan's concurrency throughout", v)
+		}
+		p.PauseBudget = cmp.Or(d, -1)
+	}
+	if v := os.Getenv("TM_SCALE_RATE"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return p, true, fmt.Errorf("TM_SCALE_RATE=%q: want requests per second, or 0 for as fast as the clients can", v)
+		}
+		p.Rate = n
 	}
 	durs := map[string]*time.Duration{"STEADY": &p.Steady, "HEARTBEAT": &p.Heartbeat, "DEADLINE": &p.Deadline}
 	for name, dst := range durs {

@@ -1,11 +1,14 @@
 package scale
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/tenantmesh/tenantmesh/rebalancer"
 )
 
 // row is one line of the table: a figure per fleet size.
@@ -34,8 +37,16 @@ func pct(d []time.Duration, p float64) time.Duration {
 
 // report prints the run's table in Markdown.
 func report(w io.Writer, p params, loaded time.Duration, colds []coldStart, gwHeap int64, rs []fleetResult, total time.Duration) {
-	fmt.Fprintf(w, "\n## Scale run: %d tenants x %d kinds, fleets %v, %d moves per fleet at concurrency %d, replicas %d (%s)\n\n",
-		p.Tenants, len(kinds), p.Fleets, p.Moves, p.Concurrency, p.Replicas, total.Round(time.Second))
+	budget := "off"
+	if p.PauseBudget >= 0 {
+		budget = cmp.Or(p.PauseBudget, rebalancer.DefaultPauseBudget).String()
+	}
+	rate := "as fast as they can"
+	if p.Rate > 0 {
+		rate = fmt.Sprintf("%d req/s", p.Rate)
+	}
+	fmt.Fprintf(w, "\n## Scale run: %d tenants x %d kinds, fleets %v, %d moves per fleet at concurrency %d, replicas %d, traffic %s for %d tenants, pause budget %s (%s)\n\n",
+		p.Tenants, len(kinds), p.Fleets, p.Moves, p.Concurrency, p.Replicas, rate, p.Live, budget, total.Round(time.Second))
 	fmt.Fprintf(w, "placements loaded in %s (%.0f/s)\n\n", loaded.Round(time.Millisecond),
 		float64(p.Tenants*len(kinds))/loaded.Seconds())
 	placements := float64(p.Tenants * len(kinds))
@@ -105,6 +116,14 @@ func report(w io.Writer, p params, loaded time.Duration, colds []coldStart, gwHe
 	add("moves aborted (handoff over its time limit; the tenant stays)", "", func(x fleetResult) float64 { return float64(x.Aborted) })
 	add("plan apply", "moves/s", func(x fleetResult) float64 { return float64(x.Applied) / x.Apply.Seconds() })
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	add("moves at once (the pause budget's limit, median of 2/s samples)", "", func(x fleetResult) float64 {
+		if len(x.Limits) == 0 {
+			return 0
+		}
+		s := slices.Clone(x.Limits)
+		slices.Sort(s)
+		return float64(s[len(s)/2])
+	})
 	add("move pause p50", "ms", func(x fleetResult) float64 { return ms(pct(x.Pauses, 0.5)) })
 	add("move pause p99", "ms", func(x fleetResult) float64 { return ms(pct(x.Pauses, 0.99)) })
 	add("move pause max", "ms", func(x fleetResult) float64 { return ms(pct(x.Pauses, 1)) })
@@ -113,6 +132,9 @@ func report(w io.Writer, p params, loaded time.Duration, colds []coldStart, gwHe
 	add("move commit -> finished p50 (source drained)", "ms", func(x fleetResult) float64 { return ms(pct(x.Finish, 0.5)) })
 	add("move commit -> finished p99", "ms", func(x fleetResult) float64 { return ms(pct(x.Finish, 0.99)) })
 	add("requests through the gateways", "", func(x fleetResult) float64 { return float64(x.Requests) })
+	add("requests through the gateways, per second (offered: TM_SCALE_RATE)", "req/s", func(x fleetResult) float64 {
+		return float64(x.Requests) / x.Apply.Seconds()
+	})
 	add("failed requests", "", func(x fleetResult) float64 { return float64(x.Failed) })
 	add("process RSS after the plan", "MiB", func(x fleetResult) float64 { return float64(x.RSS) / (1 << 20) })
 

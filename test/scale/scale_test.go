@@ -40,6 +40,7 @@ type fleetResult struct {
 	Pauses        []time.Duration
 	Warm          []time.Duration // started -> handoff
 	Finish        []time.Duration // commit -> finished
+	Limits        []int           // the rebalancer's moves-at-once limit, sampled while the plan ran
 	Requests      int64
 	Failed        int64
 	RSS           int64
@@ -146,7 +147,7 @@ func (h *harness) runFleet(n int, live []liveTenant) fleetResult {
 	withRole("client", func() { stop, load = h.traffic(live) })
 	prof = h.profile(fmt.Sprintf("moves-%d", n))
 	a, c0, w0 = h.natsStats(), cpuTime(), time.Now()
-	recs := h.apply(plan)
+	recs := h.apply(plan, &r.Limits)
 	d = time.Since(w0)
 	r.Moves, r.MovesCPU = diffStats(a, h.natsStats(), d), (cpuTime()-c0).Seconds()/d.Seconds()
 	r.MovesRoleCPU = prof(d)
@@ -246,7 +247,7 @@ func (h *harness) plan(n int, live []liveTenant) *planner.Plan {
 // a loaded machine the leader lease can lapse and a plan's store can fail in doubt: both are
 // logged and tried again (a new plan; the apply until the leader takes it), within the run's
 // deadline.
-func (h *harness) apply(p *planner.Plan) []rebalancer.MoveRecord {
+func (h *harness) apply(p *planner.Plan, limits *[]int) []rebalancer.MoveRecord {
 	eng := h.reb.Engine()
 	var rec rebalancer.PlanRecord
 	for attempt := 1; ; attempt++ {
@@ -275,6 +276,9 @@ func (h *harness) apply(p *planner.Plan) []rebalancer.MoveRecord {
 	}
 	lastLog := time.Now()
 	for {
+		if l := eng.MoveLimit(); l > 0 {
+			*limits = append(*limits, l)
+		}
 		pr, moves, err := eng.Plan(h.ctx, rec.ID)
 		if err == nil && pr.Status != rebalancer.PlanApplying && pr.Status != rebalancer.PlanPlanned {
 			return moves
@@ -331,7 +335,10 @@ func (l *load) failures() []string {
 }
 
 // traffic sends requests for the live tenants through the gateways, round robin, from
-// p.Clients goroutines, until stop.
+// p.Clients goroutines, until stop: p.Rate requests a second together, each client on its own
+// ticker (a request held past its tick skips the ticks it missed), or as fast as they can when
+// p.Rate is 0. A paced load leaves the machine room for the moves, as a real fleet's clients
+// would; an unpaced one takes every core the process has and measures the machine instead.
 func (h *harness) traffic(live []liveTenant) (stop func(), l *load) {
 	l = &load{}
 	ctx, cancel := context.WithCancel(h.ctx)
@@ -339,7 +346,20 @@ func (h *harness) traffic(live []liveTenant) (stop func(), l *load) {
 	var wg sync.WaitGroup
 	for c := range h.p.Clients {
 		wg.Go(func() {
+			var tick <-chan time.Time
+			if h.p.Rate > 0 {
+				t := time.NewTicker(time.Duration(h.p.Clients) * time.Second / time.Duration(h.p.Rate))
+				defer t.Stop()
+				tick = t.C
+			}
 			for i := c; ctx.Err() == nil; i += h.p.Clients {
+				if tick != nil {
+					select {
+					case <-ctx.Done():
+						return
+					case <-tick:
+					}
+				}
 				lt := live[i%len(live)]
 				gw := h.gateways[i%len(h.gateways)]
 				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, gw+routeOf(lt.kind)+"x", nil)
