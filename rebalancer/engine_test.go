@@ -389,3 +389,83 @@ func TestMoveOffDeadShard(t *testing.T) {
 		t.Fatalf("move %s (%s), placement %s@%d", moves[0].State, moves[0].Reason, got.Shard, got.Epoch)
 	}
 }
+
+// TestHandoffSeesACommitThatOutranTheFence: a target may commit, and the source report drained
+// at the commit's epoch, before the rebalancer saw the source's drained at the handoff's epoch
+// (a signal is one key per instance: the later write replaces the earlier). Scripted shards
+// here never write the earlier one at all. The engine must take the commit as the handoff's
+// end, not wait out its HandoffTimeout (the scale harness saw moves finish 10 s late so).
+func TestHandoffSeesACommitThatOutranTheFence(t *testing.T) {
+	st := openStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	src := schema.InstanceID{Kind: "aggregate", Shard: "s-1", Instance: "a"}
+	dst := schema.InstanceID{Kind: "aggregate", Shard: "s-2", Instance: "b"}
+	for _, id := range []schema.InstanceID{src, dst} {
+		now := time.Now().UTC()
+		if _, err := st.Directory().Register(ctx, schema.Instance{InstanceID: id, URL: "http://127.0.0.1:1", Capacity: 1,
+			Started: now, Heartbeat: now, Reported: schema.StatusOnline}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	signal := func(id schema.InstanceID, phase schema.SignalPhase, epoch uint64) {
+		if _, err := st.PutSignal(ctx, schema.TenantSignal{Kind: id.Kind, Tenant: "acme", Shard: id.Shard, Instance: id.Instance,
+			Phase: phase, Epoch: epoch}); err != nil {
+			t.Error(err)
+		}
+	}
+	changes := make(chan placement.Change, 16)
+	w, err := placement.New(placement.Config{Store: st, Kinds: []string{"aggregate"}, OnChange: func(c placement.Change) { changes <- c }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Go(func() { _ = w.Run(ctx) })
+	if err := w.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Go(func() { // the two shards, scripted
+		for {
+			var c placement.Change
+			select {
+			case <-ctx.Done():
+				return
+			case c = <-changes:
+			}
+			if !c.NewOK || c.Tenant != "acme" {
+				continue
+			}
+			switch n := c.New; n.Phase {
+			case schema.PhaseWarming:
+				signal(dst, schema.SignalReady, n.Epoch)
+			case schema.PhaseHandoff:
+				cur, err := st.LatestPlacement(ctx, "aggregate", "acme")
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				next := schema.Placement{Kind: cur.Kind, Tenant: cur.Tenant, Shard: cur.Target, Epoch: cur.Epoch + 1,
+					Phase: schema.PhaseDraining, Source: cur.Shard, Move: cur.Move, UpdatedBy: "shard/" + dst.Key()}
+				if _, err := st.UpdatePlacement(ctx, cur, next); err != nil {
+					t.Error(err)
+					return
+				}
+				signal(src, schema.SignalDrained, next.Epoch) // drained at the handoff's epoch never shows
+			}
+		}
+	})
+	e := newEngine(t, st, Config{HandoffTimeout: time.Minute, WarmTimeout: time.Minute})
+	rec, err := e.CreatePlan(ctx, planOf(place(t, st, "acme", "s-1")), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, err = e.Apply(ctx, rec.ID); err != nil || rec.Status != PlanDone {
+		t.Fatalf("apply: %v (%s); the engine should have taken the commit as the handoff's end", err, rec.Status)
+	}
+	_, moves, err := e.Plan(ctx, rec.ID)
+	if err != nil || moves[0].State != MoveDone || moves[0].Reason != "" {
+		t.Fatalf("move: %+v, %v", moves, err)
+	}
+}

@@ -201,6 +201,14 @@ func (e *Engine) handoff(ctx context.Context, m *MoveRecord, p schema.Placement,
 	deadline := m.Handoff.Add(e.cfg.HandoffTimeout)
 	var fence uint64
 	err := w.wait(ctx, deadline, func(v signalView) bool {
+		// The target may commit, and the source report drained at the commit's epoch, before
+		// this view showed the source's drained at the handoff's: then the signals this wait
+		// looks for are gone, and only the commit's tell that the handoff is over (a move once
+		// waited out the whole HandoffTimeout so, and finished 10 s late).
+		if f, ok := v.released(m.From, m.Epoch+1); ok {
+			fence = f
+			return true
+		}
 		f, ok := v.fence(m.From, m.Epoch)
 		if !ok {
 			return false
@@ -243,15 +251,8 @@ func (e *Engine) awaitTargetCommit(ctx context.Context, m *MoveRecord, p schema.
 	graceEnd := time.Now().Add(commitGrace)
 	for {
 		werr := w.wait(ctx, graceEnd, func(v signalView) bool {
-			if v.live != nil && len(v.live[m.From]) == 0 {
-				return true
-			}
-			for _, k := range v.live[m.From] {
-				if s, ok := v.sigs[k]; ok && s.Phase == schema.SignalDrained && s.Epoch == m.Epoch+1 {
-					return true
-				}
-			}
-			return false
+			_, released := v.released(m.From, m.Epoch+1)
+			return released || (v.live != nil && len(v.live[m.From]) == 0)
 		})
 		if werr != nil && !errors.Is(werr, errTimeout) {
 			return false, werr
@@ -266,7 +267,7 @@ func (e *Engine) awaitTargetCommit(ctx context.Context, m *MoveRecord, p schema.
 			}
 			return true, nil // aborted or changed: the drive loop reads it again
 		}
-		if werr != nil || !ctxtime.Sleep(ctx, 50*time.Millisecond) {
+		if werr != nil || time.Now().After(graceEnd) || !ctxtime.Sleep(ctx, 50*time.Millisecond) {
 			return false, ctx.Err() // grace over (nil): commit here
 		}
 	}
@@ -378,6 +379,18 @@ func (v signalView) fence(shard string, epoch uint64) (uint64, bool) {
 		return true
 	})
 	return f, ok
+}
+
+// released reports whether a live instance of shard (the move's source) reports drained at
+// epoch (the commit's, one past the handoff's), which it does only once it has seen the commit,
+// and the fence it reports (the handoff's).
+func (v signalView) released(shard string, epoch uint64) (fence uint64, ok bool) {
+	for _, k := range v.live[shard] {
+		if s, found := v.sigs[k]; found && s.Phase == schema.SignalDrained && s.Epoch == epoch {
+			return s.Fence, true
+		}
+	}
+	return 0, false
 }
 
 // signalWatch is one move's view of its tenant's signals and of the live instances of its two

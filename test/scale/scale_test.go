@@ -2,7 +2,9 @@ package scale
 
 import (
 	"bytes"
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -10,6 +12,7 @@ import (
 	_ "net/http/pprof" // TM_SCALE_PPROF=1
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -175,8 +178,39 @@ func (h *harness) runFleet(n int, live []liveTenant) fleetResult {
 			t.Logf("move %s %s ended %s: %s", m.Kind, m.Tenant, m.State, m.Reason)
 		}
 	}
+	logSlowest(t, "pause (handoff -> commit)", recs, (*rebalancer.MoveRecord).Pause)
+	logSlowest(t, "drain (commit -> finished)", recs, func(m *rebalancer.MoveRecord) time.Duration {
+		if m.Commit.IsZero() || m.Finished.IsZero() {
+			return 0
+		}
+		return m.Finished.Sub(m.Commit)
+	})
 	r.RSS = rss()
+	if dir := os.Getenv("TM_SCALE_PROFILES"); dir != "" { // what holds the heap: go tool pprof -sample_index=inuse_space
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("heap-%d.pprof", n)))
+		if err == nil {
+			err = errors.Join(pprof.Lookup("heap").WriteTo(f, 0), f.Close())
+		}
+		if err != nil {
+			t.Errorf("heap profile: %v", err)
+		}
+	}
 	return r
+}
+
+// logSlowest logs the 5 moves with the longest d, with their timeline, for a look at the tail.
+func logSlowest(t *testing.T, what string, recs []rebalancer.MoveRecord, d func(*rebalancer.MoveRecord) time.Duration) {
+	idx := make([]int, len(recs))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(d(&recs[b]), d(&recs[a])) })
+	for _, i := range idx[:min(5, len(idx))] {
+		m := &recs[i]
+		t.Logf("slowest %s: %s: %s %s %s -> %s, started %s, handoff +%s, commit +%s, finished +%s; %s", what, d(m).Round(time.Millisecond),
+			m.Key(), m.Kind, m.From, m.To, m.Started.Format("15:04:05.000"), m.Handoff.Sub(m.Started).Round(time.Millisecond),
+			m.Commit.Sub(m.Started).Round(time.Millisecond), m.Finished.Sub(m.Started).Round(time.Millisecond), m.Reason)
+	}
 }
 
 // profile starts a CPU profile; the function it returns stops it and gives the cores each role
