@@ -285,6 +285,16 @@ func (e *Engine) apply(ctx context.Context, id string) (rec PlanRecord, err erro
 	})
 	e.limit.Store(int64(pace.Limit()))
 	defer e.limit.Store(0)
+	// The shared views stay up for the whole apply: with few moves at once (a paced plan, a
+	// plan of concurrency 1) the count of moves holding them would drop to zero between two
+	// moves, and each restart costs a consumer through the meta leader and a re-read of the
+	// directory and the signals.
+	e.dir.acquire()
+	e.sigs.acquire()
+	defer func() {
+		e.sigs.release()
+		e.dir.release()
+	}()
 	waves := map[int][]int{}
 	var order []int
 	for i, m := range moves {
