@@ -79,16 +79,17 @@ func (es *store) append(ctx context.Context, tenant string, ev Event, expectLast
 	if ev.Key != "" {
 		opts = append(opts, jetstream.WithMsgID(tenant+":"+ev.Key))
 	}
-	wait := 50 * time.Millisecond
+	wait, bound := 50*time.Millisecond, appendAttempt
 	for {
 		// Each try is bounded on its own and made again while NATS is unavailable: a publish
 		// whose stream leader died before answering would otherwise hold the command for all
 		// of its time and fail it. A try again is safe: the message id makes a stored first
 		// try a duplicate (or its expected sequence makes it stale), and both paths learn
 		// the stored outcome.
-		actx, cancel := context.WithTimeout(ctx, appendAttempt)
+		actx, cancel := context.WithTimeout(ctx, bound)
 		ack, err := es.js.PublishMsg(actx, msg, opts...)
 		cancel()
+		bound = min(2*bound, 4*appendAttempt)
 		if err == nil {
 			return ack.Sequence, ack.Duplicate, nil
 		}
@@ -112,9 +113,11 @@ func (es *store) append(ctx context.Context, tenant string, ev Event, expectLast
 	}
 }
 
-// appendAttempt bounds one try of an append; a command has Config.Timeout (5 s) for all of
-// them. A healthy append takes a few milliseconds, a leader election well under a second.
-const appendAttempt = 1500 * time.Millisecond
+// appendAttempt bounds the first try of an append, each later one twice the one before (at
+// most 4x); a command has Config.Timeout (5 s) for all of them. A healthy append takes a few
+// milliseconds, a leader election well under a second: an append whose answer was lost with
+// a stream leader that stopped is made again after half a second, not one and a half.
+const appendAttempt = 500 * time.Millisecond
 
 // decode makes an Event of a stored message of tenant.
 func (es *store) decode(tenant string, m jetstream.Msg, seq uint64) Event {

@@ -55,11 +55,11 @@ func (c *Client) PublishOnce(ctx context.Context, subject string, data []byte, m
 	}))
 }
 
-// readAttempt bounds one attempt of a single-key read (tryFor): a request whose server went
-// away (a stream leader stopped) gets no answer, and the next attempt, after the election,
-// should not wait the whole store timeout for it. A read is idempotent, so an attempt that
-// timed out is simply made again.
-const readAttempt = time.Second
+// readAttempt bounds the first attempt of a single-key read (tryFor): a request whose server
+// went away (a stream leader stopped) gets no answer, and the next attempt, after the
+// election, should not wait the whole store timeout for it. A read is idempotent, so an
+// attempt that timed out is simply made again.
+const readAttempt = 400 * time.Millisecond
 
 // GetJSON reads key into v and returns its revision. It reads with a direct get, which any
 // replica of the bucket may answer, so on a cluster it can miss a write acknowledged just
@@ -227,15 +227,21 @@ func (c *Client) UpdateJSON(ctx context.Context, kv jetstream.KeyValue, key stri
 	return newRev, nil
 }
 
-// WriteTry bounds one attempt of a write (see UpdateJSON). A healthy write takes milliseconds,
-// under load tens of them.
-const WriteTry = 1500 * time.Millisecond
+// WriteTry bounds the first attempt of a write (see UpdateJSON). A healthy write takes
+// milliseconds, under load tens of them; an answer lost with a stream leader that stopped is
+// waited for this long before the next attempt reaches the new leader.
+const WriteTry = 500 * time.Millisecond
 
-// tryFor is op with each call bounded to d.
-func tryFor(d time.Duration, op func(context.Context) error) func(context.Context) error {
+// tryFor is op with each call bounded: the first to first, each later one to twice the one
+// before, at most 4 x first. A short first attempt makes a lost answer cheap (a stream leader
+// that stopped answers nothing; its successor answers the next attempt), and the longer later
+// ones still let a write through on a server too loaded to answer within the first bound.
+func tryFor(first time.Duration, op func(context.Context) error) func(context.Context) error {
+	d := first
 	return func(ctx context.Context) error {
 		actx, cancel := context.WithTimeout(ctx, d)
 		defer cancel()
+		d = min(2*d, 4*first)
 		return op(actx)
 	}
 }
