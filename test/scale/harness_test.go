@@ -1,13 +1,16 @@
 package scale
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -409,6 +412,33 @@ func (h *harness) natsStats() map[string]roleStats {
 		}
 	}
 	return out
+}
+
+// logTopSubs logs role's 8 busiest subscriptions (messages delivered since each was made,
+// summed by subject over the role's connections and the servers): what a role receives, by
+// what it asked for.
+func (h *harness) logTopSubs(role string) {
+	bySubject := map[string]uint64{}
+	for _, s := range h.cluster.Servers {
+		cz, err := s.Connz(&natsserver.ConnzOptions{Limit: 1 << 20, SubscriptionsDetail: true})
+		if err != nil {
+			h.t.Error(err)
+			return
+		}
+		for _, c := range cz.Conns {
+			if r, _, _ := strings.Cut(c.Name, ":"); r != role {
+				continue
+			}
+			for _, sd := range c.SubsDetail {
+				bySubject[sd.Subject] += uint64(sd.Msgs)
+			}
+		}
+	}
+	subjects := slices.Collect(maps.Keys(bySubject))
+	slices.SortFunc(subjects, func(a, b string) int { return cmp.Compare(bySubject[b], bySubject[a]) })
+	for _, subj := range subjects[:min(8, len(subjects))] {
+		h.t.Logf("%s receives on %s: %d messages", role, subj, bySubject[subj])
+	}
 }
 
 // rates is what each role received and sent per second between two natsStats.

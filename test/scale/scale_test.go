@@ -179,6 +179,7 @@ func (h *harness) runFleet(n int, live []liveTenant) fleetResult {
 			t.Logf("move %s %s ended %s: %s", m.Kind, m.Tenant, m.State, m.Reason)
 		}
 	}
+	h.logTopSubs(roleRebalancer)
 	logSlowest(t, "pause (handoff -> commit)", recs, (*rebalancer.MoveRecord).Pause)
 	logSlowest(t, "drain (commit -> finished)", recs, func(m *rebalancer.MoveRecord) time.Duration {
 		if m.Commit.IsZero() || m.Finished.IsZero() {
