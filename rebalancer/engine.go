@@ -254,7 +254,8 @@ func (e *Engine) lead(ctx context.Context) (context.Context, func(), error) {
 }
 
 // Apply drives every move of the plan, wave by wave, at most Concurrency at a time (fewer while
-// pauses exceed Config.PauseBudget), until each is terminal. It resumes a plan left half-applied by a crash. It needs the leader lease.
+// pauses exceed Config.PauseBudget), until each is terminal. It resumes a plan left
+// half-applied by a crash. It needs the leader lease.
 func (e *Engine) Apply(ctx context.Context, id string) (PlanRecord, error) {
 	lctx, stop, err := e.lead(ctx)
 	if err != nil {

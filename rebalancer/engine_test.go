@@ -390,6 +390,73 @@ func TestMoveOffDeadShard(t *testing.T) {
 	}
 }
 
+// scripted is a move's two shards played by the test, one live instance each (src on s-1, dst
+// on s-2), with no shardkit behind them: the target reports ready when the move starts warming,
+// and onHandoff runs when the placement reaches handoff.
+type scripted struct {
+	t        *testing.T
+	st       *schema.Store
+	ctx      context.Context
+	src, dst schema.InstanceID
+}
+
+func scriptShards(t *testing.T, st *schema.Store, ctx context.Context, onHandoff func(*scripted, schema.Placement)) *scripted {
+	t.Helper()
+	sc := &scripted{t: t, st: st, ctx: ctx, src: schema.InstanceID{Kind: "aggregate", Shard: "s-1", Instance: "a"},
+		dst: schema.InstanceID{Kind: "aggregate", Shard: "s-2", Instance: "b"}}
+	for _, id := range []schema.InstanceID{sc.src, sc.dst} {
+		now := time.Now().UTC()
+		if _, err := st.Directory().Register(ctx, schema.Instance{InstanceID: id, URL: "http://127.0.0.1:1", Capacity: 1,
+			Started: now, Heartbeat: now, Reported: schema.StatusOnline}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	changes := make(chan placement.Change, 16)
+	w, err := placement.New(placement.Config{Store: st, Kinds: []string{"aggregate"}, OnChange: func(c placement.Change) { changes <- c }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	wg.Go(func() { _ = w.Run(wctx) })
+	if err := w.WaitReady(wctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Go(func() {
+		for {
+			var c placement.Change
+			select {
+			case <-wctx.Done():
+				return
+			case c = <-changes:
+			}
+			if !c.NewOK || c.Tenant != "acme" {
+				continue
+			}
+			switch c.New.Phase {
+			case schema.PhaseWarming:
+				sc.signal(sc.dst, schema.SignalReady, c.New.Epoch)
+			case schema.PhaseHandoff:
+				cur, err := st.LatestPlacement(wctx, "aggregate", "acme")
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				onHandoff(sc, cur)
+			}
+		}
+	})
+	return sc
+}
+
+func (sc *scripted) signal(id schema.InstanceID, phase schema.SignalPhase, epoch uint64) {
+	if _, err := sc.st.PutSignal(sc.ctx, schema.TenantSignal{Kind: id.Kind, Tenant: "acme", Shard: id.Shard, Instance: id.Instance,
+		Phase: phase, Epoch: epoch}); err != nil {
+		sc.t.Error(err)
+	}
+}
+
 // TestHandoffSeesACommitThatOutranTheFence: a target may commit, and the source report drained
 // at the commit's epoch, before the rebalancer saw the source's drained at the handoff's epoch
 // (a signal is one key per instance: the later write replaces the earlier). Scripted shards
@@ -399,62 +466,14 @@ func TestHandoffSeesACommitThatOutranTheFence(t *testing.T) {
 	st := openStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	src := schema.InstanceID{Kind: "aggregate", Shard: "s-1", Instance: "a"}
-	dst := schema.InstanceID{Kind: "aggregate", Shard: "s-2", Instance: "b"}
-	for _, id := range []schema.InstanceID{src, dst} {
-		now := time.Now().UTC()
-		if _, err := st.Directory().Register(ctx, schema.Instance{InstanceID: id, URL: "http://127.0.0.1:1", Capacity: 1,
-			Started: now, Heartbeat: now, Reported: schema.StatusOnline}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	signal := func(id schema.InstanceID, phase schema.SignalPhase, epoch uint64) {
-		if _, err := st.PutSignal(ctx, schema.TenantSignal{Kind: id.Kind, Tenant: "acme", Shard: id.Shard, Instance: id.Instance,
-			Phase: phase, Epoch: epoch}); err != nil {
+	scriptShards(t, st, ctx, func(sc *scripted, cur schema.Placement) {
+		next := schema.Placement{Kind: cur.Kind, Tenant: cur.Tenant, Shard: cur.Target, Epoch: cur.Epoch + 1,
+			Phase: schema.PhaseDraining, Source: cur.Shard, Move: cur.Move, UpdatedBy: "shard/" + sc.dst.Key()}
+		if _, err := st.UpdatePlacement(ctx, cur, next); err != nil {
 			t.Error(err)
+			return
 		}
-	}
-	changes := make(chan placement.Change, 16)
-	w, err := placement.New(placement.Config{Store: st, Kinds: []string{"aggregate"}, OnChange: func(c placement.Change) { changes <- c }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel()
-	wg.Go(func() { _ = w.Run(ctx) })
-	if err := w.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
-	wg.Go(func() { // the two shards, scripted
-		for {
-			var c placement.Change
-			select {
-			case <-ctx.Done():
-				return
-			case c = <-changes:
-			}
-			if !c.NewOK || c.Tenant != "acme" {
-				continue
-			}
-			switch n := c.New; n.Phase {
-			case schema.PhaseWarming:
-				signal(dst, schema.SignalReady, n.Epoch)
-			case schema.PhaseHandoff:
-				cur, err := st.LatestPlacement(ctx, "aggregate", "acme")
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				next := schema.Placement{Kind: cur.Kind, Tenant: cur.Tenant, Shard: cur.Target, Epoch: cur.Epoch + 1,
-					Phase: schema.PhaseDraining, Source: cur.Shard, Move: cur.Move, UpdatedBy: "shard/" + dst.Key()}
-				if _, err := st.UpdatePlacement(ctx, cur, next); err != nil {
-					t.Error(err)
-					return
-				}
-				signal(src, schema.SignalDrained, next.Epoch) // drained at the handoff's epoch never shows
-			}
-		}
+		sc.signal(sc.src, schema.SignalDrained, next.Epoch) // drained at the handoff's epoch never shows
 	})
 	e := newEngine(t, st, Config{HandoffTimeout: time.Minute, WarmTimeout: time.Minute})
 	rec, err := e.CreatePlan(ctx, planOf(place(t, st, "acme", "s-1")), "test")
@@ -467,5 +486,34 @@ func TestHandoffSeesACommitThatOutranTheFence(t *testing.T) {
 	_, moves, err := e.Plan(ctx, rec.ID)
 	if err != nil || moves[0].State != MoveDone || moves[0].Reason != "" {
 		t.Fatalf("move: %+v, %v", moves, err)
+	}
+}
+
+// TestStaleReleasedSignalDoesNotCommit: a source's "drained at the next epoch" left over from
+// an earlier life of the tenant is not taken for a commit. Here the source never drains at the
+// handoff's epoch, so the move must abort at HandoffTimeout with the tenant on its source; had
+// the engine trusted the stale signal, it would have committed after its commit grace.
+func TestStaleReleasedSignalDoesNotCommit(t *testing.T) {
+	st := openStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p := place(t, st, "acme", "s-1")
+	sc := scriptShards(t, st, ctx, func(*scripted, schema.Placement) {}) // the source never drains
+	sc.signal(sc.src, schema.SignalDrained, p.Epoch+1)
+	e := newEngine(t, st, Config{HandoffTimeout: 3 * time.Second, WarmTimeout: time.Minute})
+	rec, err := e.CreatePlan(ctx, planOf(p), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Apply(ctx, rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, moves, err := e.Plan(ctx, rec.ID)
+	if err != nil || moves[0].State != MoveAborted {
+		t.Fatalf("move: %+v, %v; want aborted at the handoff timeout", moves, err)
+	}
+	got, err := st.LatestPlacement(ctx, "aggregate", "acme")
+	if err != nil || got.Shard != "s-1" || got.Epoch != p.Epoch {
+		t.Fatalf("placement %+v, %v; want s-1 at epoch %d", got, err, p.Epoch)
 	}
 }

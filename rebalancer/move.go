@@ -200,29 +200,50 @@ func (e *Engine) warm(ctx context.Context, m *MoveRecord, p schema.Placement, w 
 func (e *Engine) handoff(ctx context.Context, m *MoveRecord, p schema.Placement, w *signalWatch) error {
 	deadline := m.Handoff.Add(e.cfg.HandoffTimeout)
 	var fence uint64
-	err := w.wait(ctx, deadline, func(v signalView) bool {
-		// The target may commit, and the source report drained at the commit's epoch, before
-		// this view showed the source's drained at the handoff's: then the signals this wait
-		// looks for are gone, and only the commit's tell that the handoff is over (a move once
-		// waited out the whole HandoffTimeout so, and finished 10 s late).
-		if f, ok := v.released(m.From, m.Epoch+1); ok {
+	for trustReleased := true; ; trustReleased = false {
+		released := false
+		err := w.wait(ctx, deadline, func(v signalView) bool {
+			// The target may commit, and the source report drained at the commit's epoch,
+			// before this view showed the source's drained at the handoff's: then the signals
+			// this wait looks for are gone, and only the commit's tell that the handoff is over
+			// (a move once waited out the whole HandoffTimeout so, and finished 10 s late).
+			if f, ok := v.released(m.From, m.Epoch+1); ok && trustReleased {
+				fence, released = f, true
+				return true
+			}
+			f, ok := v.fence(m.From, m.Epoch)
+			if !ok {
+				return false
+			}
 			fence = f
-			return true
-		}
-		f, ok := v.fence(m.From, m.Epoch)
-		if !ok {
-			return false
-		}
-		fence = f
-		return v.all(m.To, func(s schema.TenantSignal) bool {
-			return s.Phase == schema.SignalReady && s.Fence == f && s.Applied >= f
+			return v.all(m.To, func(s schema.TenantSignal) bool {
+				return s.Phase == schema.SignalReady && s.Fence == f && s.Applied >= f
+			})
 		})
-	})
-	if errors.Is(err, errTimeout) {
-		return e.abort(ctx, m, p, fmt.Sprintf("handoff not ready to commit within %s (source drained and target at the fence)", e.cfg.HandoffTimeout))
-	}
-	if err != nil {
-		return err
+		if errors.Is(err, errTimeout) {
+			return e.abort(ctx, m, p, fmt.Sprintf("handoff not ready to commit within %s (source drained and target at the fence)", e.cfg.HandoffTimeout))
+		}
+		if err != nil {
+			return err
+		}
+		if !released {
+			break
+		}
+		// The placement, from its leader, is the proof: committed, it is recorded; changed
+		// otherwise, the drive loop reads it again; unchanged, the signal was not about this
+		// handoff, and the wait goes on for the fence without it (the rebalancer must not
+		// commit on it).
+		cur, err := e.st.LatestPlacement(ctx, m.Kind, m.Tenant)
+		if err != nil {
+			return err
+		}
+		if cur.Revision != p.Revision {
+			m.Fence = fence
+			if m.ours(cur) && cur.Phase == schema.PhaseDraining && cur.Epoch == p.Epoch+1 {
+				return e.committed(ctx, m, p, cur)
+			}
+			return nil
+		}
 	}
 	m.Fence = fence
 	// The target commits itself once it is at the fence (shardkit). Commit here only if it has
