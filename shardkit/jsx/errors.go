@@ -67,8 +67,11 @@ func transient(err error) bool {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		// 503: "JetStream system temporarily unavailable" (no meta or stream leader) and the like.
+		// "Duplicate message id is in process": a try with the same message id, whose answer
+		// this call stopped waiting for, is still being stored; the next try gets its ack.
 		return apiErr.Code == 503 || apiErr.ErrorCode == jsErrClusterNotAvail ||
-			apiErr.ErrorCode == jsErrClusterNotLeader || apiErr.ErrorCode == jsErrStreamOffline
+			apiErr.ErrorCode == jsErrClusterNotLeader || apiErr.ErrorCode == jsErrStreamOffline ||
+			apiErr.ErrorCode == jsErrDuplicateInProcess
 	}
 	return false
 }
@@ -80,6 +83,8 @@ const (
 	jsErrStreamOffline    jetstream.ErrorCode = 10118 // stream is offline
 	jsErrNoPeers          jetstream.ErrorCode = 10005 // no suitable peers for placement (a cluster still forming)
 	jsErrStreamNotFound   jetstream.ErrorCode = 10059 // stream not found
+	// duplicate message id is in process (a try with the same id is being stored)
+	jsErrDuplicateInProcess jetstream.ErrorCode = 10158
 )
 
 // unavailable marks a transient err as ErrUnavailable; other errors are returned as they are.
