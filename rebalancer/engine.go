@@ -280,7 +280,6 @@ func (e *Engine) apply(ctx context.Context, id string) (rec PlanRecord, err erro
 	}
 	conc := max(rec.Plan.Concurrency, 1)
 	pace := newPacer(conc, e.cfg.PauseBudget, func(limit int, pause time.Duration) {
-		e.limit.Store(int64(limit))
 		e.cfg.Logger.Info("moves slowed: a handoff pause exceeded the budget", "plan", id, "pause", pause.Round(time.Millisecond),
 			"budget", e.cfg.PauseBudget, "at_once", limit, "concurrency", conc)
 	})

@@ -12,13 +12,14 @@ const startLimit = 4
 // pacer bounds how many of a plan's moves run at once. Without a pause budget that is the
 // plan's concurrency. With one, the limit follows the pauses the moves report, as TCP's window
 // follows losses: it starts at startLimit, grows by one with every move whose pause (handoff
-// -> commit, the time the gateways hold the tenant's requests) kept within the budget until
-// the first that did not (slow start), then by 1/limit per move (about one per round of
+// -> commit, the time the gateways hold the tenant's requests) kept within half the budget
+// until the first that did not (slow start), then by 1/limit per move (about one per round of
 // moves); a move over half the budget, or aborted during its handoff, halves it. Half, because
 // the moves already in their handoffs when the limit is cut still finish at the old pace: the
 // cut must come before the pauses reach the budget for the tail to stay within it. Only moves
-// started since the last cut can cut again, so one slow spell halves the limit once. The limit never exceeds the plan's concurrency
-// and never falls below 1: a plan always progresses, just more slowly on a loaded platform.
+// started since the last cut can cut again, so one slow spell halves the limit once. The limit
+// never exceeds the plan's concurrency and never falls below 1: a plan always progresses, just
+// more slowly on a loaded platform.
 //
 // A plan's pauses are what its tenants feel; how fast it finishes is not. On a machine the
 // moves themselves saturate, 50 moves at once turn a 20 ms pause into 100-900 ms (docs/scale.md).

@@ -66,8 +66,8 @@ type PlanResult struct {
 
 const applyAbout = `Applies a plan: every move goes warming -> handoff -> commit -> done, at most the plan's
 concurrency at a time, fewer while moves' handoff pauses (the time the gateways hold a moving
-tenant's requests) exceed --pause-budget: the limit halves on a pause over the budget and grows
-back while pauses keep within it. It takes the leader lease, so it refuses while a rebalancer service (or
+tenant's requests) exceed --pause-budget: the limit halves on a pause over half the budget and
+grows back while pauses keep within that. It takes the leader lease, so it refuses while a rebalancer service (or
 another apply) leads. An interrupted apply (Ctrl-C, crash) is resumed by running it again.
 It asks for confirmation on a terminal; elsewhere it needs --yes. The argument is a plan id
 (from 'rebalance plan' or 'rebalance status') or a file written by 'rebalance plan --out'.

@@ -316,8 +316,8 @@ func (h *harness) apply(p *planner.Plan, limits *[]int) []rebalancer.MoveRecord 
 			*limits = append(*limits, l)
 		}
 		// The plan's own record says when it ends; its moves (10,000 records) are read only for
-		// the progress line and at the end: listing them twice a second was a third of the
-		// rebalancer connection's traffic and much of the process's garbage.
+		// the progress line and at the end: listing them twice a second was about a seventh of
+		// the rebalancer connection's messages and much of the process's garbage.
 		var pr rebalancer.PlanRecord
 		_, err := h.admin.Rebalance().Get(h.ctx, schema.PlanKey(rec.ID), &pr)
 		if err == nil && pr.Status != rebalancer.PlanApplying && pr.Status != rebalancer.PlanPlanned {
