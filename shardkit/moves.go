@@ -75,7 +75,13 @@ func (mv *mover) startTask(tenant string, fn func(context.Context, *tenantState)
 // reports ready with that fence.
 func (mv *mover) warmTask(ctx context.Context, ts *tenantState, e placement.Entry) {
 	var fence uint64
+	var handoff func() (schema.Placement, error)
 	if e.Phase == schema.PhaseHandoff {
+		// The commit needs the whole handoff record (the watcher keeps only what routing
+		// needs): read it while the source drains, not after.
+		var wait func()
+		handoff, wait = mv.readPlacement(ctx, ts.tenant)
+		defer wait()
 		var ok bool
 		if fence, ok = mv.awaitFence(ctx, ts.tenant, e.Shard, e.Epoch); !ok {
 			return
@@ -97,7 +103,7 @@ func (mv *mover) warmTask(ctx context.Context, ts *tenantState, e placement.Entr
 			mv.s.metrics.clearLag(ts.tenant)
 			ready := schema.TenantSignal{Phase: schema.SignalReady, Epoch: e.Epoch, Applied: applied, Fence: fence, Lag: lag}
 			if e.Phase == schema.PhaseHandoff {
-				mv.commit(ctx, ts, e, ready)
+				mv.commit(ctx, ts, e, ready, handoff)
 			} else {
 				mv.putSignal(ctx, ts, ready)
 			}
@@ -121,7 +127,7 @@ func (mv *mover) warmTask(ctx context.Context, ts *tenantState, e placement.Entr
 // move's other steps. The rebalancer commits only if no target did within its grace (a target
 // that died after reporting ready). With no sibling to wait for, the ready signal and the
 // commit are written at once: the handoff pause is the source's drain and two writes.
-func (mv *mover) commit(ctx context.Context, ts *tenantState, e placement.Entry, ready schema.TenantSignal) {
+func (mv *mover) commit(ctx context.Context, ts *tenantState, e placement.Entry, ready schema.TenantSignal, handoff func() (schema.Placement, error)) {
 	me := mv.s.cfg.ID.Instance
 	live, _ := mv.s.peers.liveNames(mv.s.cfg.ID.Shard)
 	alone := !slices.ContainsFunc(live, func(n string) bool { return n != me })
@@ -138,7 +144,7 @@ func (mv *mover) commit(ctx context.Context, ts *tenantState, e placement.Entry,
 		}()
 		defer func() { <-written }()
 	}
-	mv.commitPlacement(ctx, ts.tenant, e)
+	mv.commitPlacement(ctx, ts.tenant, e, handoff)
 }
 
 // awaitSiblings waits until every live instance of this shard reports ready at the fence and
@@ -182,23 +188,27 @@ func (mv *mover) awaitSiblings(ctx context.Context, tenant string, ready schema.
 }
 
 // commitPlacement writes handoff(source -> this shard) -> draining(this shard, epoch + 1) by
-// compare-and-set (the rebalancer audits it as move.commit). Any other outcome (already committed by a
-// sibling or the rebalancer, aborted, rolled back) is left to whoever wrote it.
-func (mv *mover) commitPlacement(ctx context.Context, tenant string, e placement.Entry) {
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	// A direct get (any replica, no JetStream API queue: the fast read under load), from the
-	// leader only if it answered older than what the watcher already saw.
-	p, err := mv.s.st.Placement(cctx, mv.s.kind, tenant)
+// compare-and-set (the rebalancer audits it as move.commit). Any other outcome (already
+// committed by a sibling or the rebalancer, aborted, rolled back) is left to whoever wrote it.
+// handoff is the record read when the handoff was seen.
+func (mv *mover) commitPlacement(ctx context.Context, tenant string, e placement.Entry, handoff func() (schema.Placement, error)) {
+	p, err := handoff()
 	if err == nil && p.Revision < e.Revision {
-		p, err = mv.s.st.LatestPlacement(cctx, mv.s.kind, tenant)
+		// The direct get (any replica) answered older than what the watcher saw: the leader.
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		p, err = mv.s.st.LatestPlacement(rctx, mv.s.kind, tenant)
+		cancel()
 	}
-	if err != nil || p.Phase != schema.PhaseHandoff || p.Target != mv.s.cfg.ID.Shard || p.Epoch != e.Epoch {
+	if err != nil || ctx.Err() != nil || p.Phase != schema.PhaseHandoff || p.Target != mv.s.cfg.ID.Shard || p.Epoch != e.Epoch {
 		return // moved on meanwhile, or unreadable: the rebalancer commits after its grace
 	}
 	next := schema.Placement{Kind: p.Kind, Tenant: p.Tenant, Shard: p.Target, Epoch: p.Epoch + 1, Phase: schema.PhaseDraining,
 		Source: p.Shard, Move: p.Move, Pinned: p.Pinned, UpdatedBy: "shard/" + mv.s.cfg.ID.Key()}
-	got, err := mv.s.st.UpdatePlacement(cctx, p, next)
+	// Not cancelled with the task: the watcher seeing this very write cancels the task, and
+	// the write's answer would read as a failure.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	got, err := mv.s.st.UpdatePlacement(wctx, p, next)
 	if err != nil {
 		if !errors.As(err, new(*schema.ConflictError)) {
 			mv.s.cfg.Logger.Warn("committing the move; the rebalancer will", "tenant", tenant, "err", err)
@@ -206,6 +216,21 @@ func (mv *mover) commitPlacement(ctx context.Context, tenant string, e placement
 		return
 	}
 	mv.s.cfg.Logger.Info("move.commit", "tenant", tenant, "from", p.Shard, "to", got.Shard, "epoch", got.Epoch)
+}
+
+// readPlacement starts reading the tenant's placement (a direct get: any replica, no JetStream
+// API queue) and returns its answer's getter, and a wait for the read to end.
+func (mv *mover) readPlacement(ctx context.Context, tenant string) (get func() (schema.Placement, error), wait func()) {
+	var p schema.Placement
+	var err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		p, err = mv.s.st.Placement(rctx, mv.s.kind, tenant)
+	}()
+	return func() (schema.Placement, error) { <-done; return p, err }, func() { <-done }
 }
 
 // awaitFence watches the source shard's signals for the tenant until every live source
@@ -286,19 +311,25 @@ func fenceOf(sigs map[string]schema.TenantSignal, live []string, epoch uint64) (
 // at the handoff epoch.
 func (mv *mover) handoffTask(ctx context.Context, ts *tenantState, e placement.Entry) {
 	ts.draining.Store(true)
-	// Report draining while the in-flight requests finish, not before: the handoff pause is
-	// the time to drained, and this write is for people watching.
-	reported := make(chan struct{})
-	go func() {
-		defer close(reported)
-		mv.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalDraining, Epoch: e.Epoch})
-	}()
-	defer func() { <-reported }()
+	// Report draining while in-flight requests finish, and only if there are any: the
+	// handoff pause is the time to drained, this write is for people watching, and drained
+	// must wait for it (one key per instance: the last write is what stays).
+	var reported chan struct{}
+	if ts.inflight.Load() > 0 {
+		reported = make(chan struct{})
+		go func() {
+			defer close(reported)
+			mv.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalDraining, Epoch: e.Epoch})
+		}()
+		defer func() { <-reported }()
+	}
 	if !mv.quiesce(ctx, ts) {
 		return
 	}
 	fence := mv.s.cfg.Hooks.fence(ts.tenant)
-	<-reported
+	if reported != nil {
+		<-reported
+	}
 	mv.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalDrained, Epoch: e.Epoch, Applied: fence, Fence: fence})
 }
 

@@ -35,6 +35,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -168,11 +169,13 @@ type Service struct {
 	board    *statusBoard
 	exec     *executor
 	wakes    *wakeups
-	store    *runStore
-	m        *metrics
-	sched    *Scheduler
-	sizes    *sizer
-	started  time.Time
+	// reachable is when a saga checkpoint was last read (unix ns): Warm's probe.
+	reachable atomic.Int64
+	store     *runStore
+	m         *metrics
+	sched     *Scheduler
+	sizes     *sizer
+	started   time.Time
 
 	mu       sync.Mutex
 	tenants  map[string]*tenantQ
@@ -317,11 +320,19 @@ func (s *Service) Hooks() shardkit.Hooks {
 }
 
 // Warm prepares a tenant moving here: it reads the tenant's saga checkpoint so the bucket is
-// reachable. The runner has no state to load: its queue, runs and checkpoints are in NATS, and
-// it starts acquiring when its shard becomes the owner.
+// known reachable. The runner has no state to load: its queue, runs and checkpoints are in
+// NATS, and it starts acquiring when its shard becomes the owner. A read that succeeded within
+// the last second answers for the bucket: a move calls Warm at warming and again at handoff,
+// and there the read would be a round trip inside the pause.
 func (s *Service) Warm(ctx context.Context, tenant string, _ uint64) error {
-	_, _, err := s.sagas.checkpoint(ctx, tenant)
-	return err
+	if time.Since(time.Unix(0, s.reachable.Load())) < time.Second {
+		return nil
+	}
+	if _, _, err := s.sagas.checkpoint(ctx, tenant); err != nil {
+		return err
+	}
+	s.reachable.Store(time.Now().UnixNano())
+	return nil
 }
 
 // Fence is called by shardkit on a move's source at handoff, after its HTTP requests
