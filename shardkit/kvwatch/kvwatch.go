@@ -6,20 +6,29 @@
 // within two heartbeat intervals and replaced by one that starts at the revision after the last
 // one applied, so the handler sees every revision once, in order, with no gap and no duplicate.
 //
+// A consumer lives on one server of a cluster. When that server stops, the consumer is gone,
+// and a Follower hears it at the latest after two heartbeats; sooner when a stream's new
+// leader is announced with that server among its offline replicas (the JetStream advisory
+// $JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED, sent when a stopping server hands off its
+// leaderships): the consumer is made again at once.
+//
 // A Follower first delivers the current value of every key (or every revision after a start
 // revision), then calls the handler's Synced once, then delivers updates as they happen.
 package kvwatch
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -84,6 +93,8 @@ type Stats struct {
 	// snapshot that has been down for long is routing from stale data: report it.
 	DownSince time.Time
 	Synced    bool
+	// Server is the server that holds the consumer ("" without one, or outside a cluster).
+	Server string
 }
 
 // Follower follows one bucket. Create with New, run with Run.
@@ -99,6 +110,12 @@ type Follower struct {
 	lastMessage atomic.Int64
 	downSince   atomic.Int64
 	synced      atomic.Bool
+
+	deletes sync.WaitGroup // of the consumers of ended sessions
+
+	mu     sync.Mutex
+	server string // where the session's consumer lives
+	stop   func() // ends the session
 }
 
 // New makes a follower; it does nothing until Run.
@@ -137,6 +154,7 @@ func (f *Follower) Stats() Stats {
 		LastMessage: unixTime(f.lastMessage.Load()),
 		DownSince:   unixTime(f.downSince.Load()),
 		Synced:      f.synced.Load(),
+		Server:      f.consumerServer(),
 	}
 }
 
@@ -153,6 +171,10 @@ func (f *Follower) Revision() uint64 { return f.rev.Load() }
 // Run follows the bucket until ctx ends. It returns ctx's error; failures on the way are
 // logged and retried.
 func (f *Follower) Run(ctx context.Context) error {
+	defer f.deletes.Wait()
+	if sub, err := f.cfg.JS.Conn().Subscribe(SubjectLeaderElected, f.leaderElected); err == nil {
+		defer func() { _ = sub.Unsubscribe() }()
+	}
 	backoff := f.cfg.Retry
 	for ctx.Err() == nil {
 		err := f.session(ctx)
@@ -209,11 +231,13 @@ func (f *Follower) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("create consumer: %w", err)
 	}
-	defer func() {
+	// The consumer is deleted beside the next session, not before it: after its server
+	// stopped, the delete may take its whole bound to fail.
+	defer f.deletes.Go(func() {
 		dctx, dcancel := context.WithTimeout(context.Background(), time.Second)
 		_ = f.cfg.JS.DeleteConsumer(dctx, streamName, cons.CachedInfo().Name)
 		dcancel()
-	}()
+	})
 	f.downSince.Store(0)
 	if !f.synced.Load() && cons.CachedInfo().NumPending == 0 {
 		f.markSynced()
@@ -229,6 +253,8 @@ func (f *Follower) session(ctx context.Context) error {
 	defer it.Stop()
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
+	f.setSession(cons.CachedInfo(), it.Stop)
+	defer f.setSession(nil, nil)
 	var consSeq uint64
 	for {
 		m, err := it.Next()
@@ -250,6 +276,54 @@ func (f *Follower) session(ctx context.Context) error {
 		}
 		if md.NumPending == 0 && !f.synced.Load() {
 			f.markSynced()
+		}
+	}
+}
+
+// SubjectLeaderElected is where JetStream announces a stream's new leader. A follower
+// subscribes to it (its role must be allowed to).
+const SubjectLeaderElected = "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.>"
+
+func (f *Follower) setSession(info *jetstream.ConsumerInfo, stop func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.server, f.stop = "", stop
+	if info != nil && info.Cluster != nil {
+		f.server = info.Cluster.Leader
+	}
+}
+
+func (f *Follower) consumerServer() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.server
+}
+
+// leaderElected ends the session if the advisory lists the server of its consumer as offline:
+// the consumer went with it.
+func (f *Follower) leaderElected(m *nats.Msg) {
+	var adv struct {
+		Stream   string `json:"stream"`
+		Replicas []struct {
+			Name    string `json:"name"`
+			Offline bool   `json:"offline"`
+		} `json:"replicas"`
+	}
+	if json.Unmarshal(m.Data, &adv) != nil {
+		return
+	}
+	f.mu.Lock()
+	server, stop := f.server, f.stop
+	f.mu.Unlock()
+	if server == "" || stop == nil {
+		return
+	}
+	for _, r := range adv.Replicas {
+		if r.Offline && r.Name == server {
+			f.cfg.Logger.Info("kv follower's server went offline; making its consumer again", "bucket", f.cfg.Bucket,
+				"server", server, "seen_on", adv.Stream)
+			stop()
+			return
 		}
 	}
 }
