@@ -193,14 +193,21 @@ func (mv *mover) awaitSiblings(ctx context.Context, tenant string, ready schema.
 // handoff is the record read when the handoff was seen.
 func (mv *mover) commitPlacement(ctx context.Context, tenant string, e placement.Entry, handoff func() (schema.Placement, error)) {
 	p, err := handoff()
-	if err == nil && p.Revision < e.Revision {
-		// The direct get (any replica) answered older than what the watcher saw: the leader.
+	if err != nil || p.Revision < e.Revision {
+		// The early read failed (NATS electing a leader then, say), or a replica answered
+		// older than what the watcher saw: the stream leader, now.
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		p, err = mv.s.st.LatestPlacement(rctx, mv.s.kind, tenant)
 		cancel()
 	}
-	if err != nil || ctx.Err() != nil || p.Phase != schema.PhaseHandoff || p.Target != mv.s.cfg.ID.Shard || p.Epoch != e.Epoch {
-		return // moved on meanwhile, or unreadable: the rebalancer commits after its grace
+	if err != nil {
+		if ctx.Err() == nil {
+			mv.s.cfg.Logger.Warn("reading the handoff to commit it; the rebalancer will", "tenant", tenant, "err", err)
+		}
+		return
+	}
+	if ctx.Err() != nil || p.Phase != schema.PhaseHandoff || p.Target != mv.s.cfg.ID.Shard || p.Epoch != e.Epoch {
+		return // moved on meanwhile: whoever moved it goes on
 	}
 	next := schema.Placement{Kind: p.Kind, Tenant: p.Tenant, Shard: p.Target, Epoch: p.Epoch + 1, Phase: schema.PhaseDraining,
 		Source: p.Shard, Move: p.Move, Pinned: p.Pinned, UpdatedBy: "shard/" + mv.s.cfg.ID.Key()}
