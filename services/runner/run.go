@@ -170,7 +170,7 @@ func (x *executor) unclaim(r *Run) {
 func (x *executor) dropEntry(seq uint64) {
 	// Bounded like a try: a run waits for it (and a drain waits for the run). An entry left
 	// behind is dropped by the next claim, which finds its run finished.
-	ctx, cancel := context.WithTimeout(context.Background(), min(x.s.cfg.OpTimeout, tryTimeout))
+	ctx, cancel := context.WithTimeout(context.Background(), min(x.s.cfg.OpTimeout, 4*firstTry))
 	defer cancel()
 	// Removing an entry twice (a flush and the run racing) fails harmlessly: log at debug.
 	if err := x.s.jobs.DeleteMsg(ctx, seq); err != nil {
@@ -227,16 +227,17 @@ func (x *executor) recordOutcome(ctx context.Context, r *Run, until time.Time) e
 
 // whileUnavailable runs op, and again after a short wait while it fails because NATS is
 // unavailable (a stream or meta leader election, a reconnect), until ctx ends. Each try gets
-// its own short timeout (tryTimeout) and is made even if ctx has ended: a request whose answer
+// its own short timeout (firstTry, doubling) and is made even if ctx has ended: a request whose answer
 // was lost in an election would otherwise hold the caller for all of ctx's time (a run's 30 s;
 // and a drain at handoff waits for its runs). op must be safe to repeat: its first try may
 // have been stored though its answer was lost.
 func (c Config) whileUnavailable(ctx context.Context, op func(context.Context) error, what string, attrs ...any) error {
-	wait := 100 * time.Millisecond
+	wait, bound := 100*time.Millisecond, firstTry
 	for {
-		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(c.OpTimeout, tryTimeout))
+		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(c.OpTimeout, bound))
 		err := op(octx)
 		cancel()
+		bound = min(2*bound, 4*firstTry)
 		if err == nil || !schema.IsUnavailable(err) || ctx.Err() != nil {
 			return err
 		}
@@ -252,10 +253,13 @@ func (c Config) whileUnavailable(ctx context.Context, op func(context.Context) e
 	}
 }
 
-// tryTimeout bounds one try of a NATS call made through whileUnavailable. A healthy write takes
-// milliseconds and a leader election well under a second; a try whose answer was lost costs
-// this much before the next.
-const tryTimeout = 1500 * time.Millisecond
+// firstTry bounds the first try of a NATS call made through whileUnavailable, each later one
+// twice the one before (at most 4x), as jsx bounds the store's. A healthy write takes
+// milliseconds and a leader election well under a second; a try whose answer was lost with a
+// stream leader that stopped costs this much before the next. (Tries of 1.5 s each held a job
+// create in flight that long after a NATS node stopped, and with it the source's drain of a
+// moving tenant: chaos timelines, runner handoff -> commit 1.1-1.35 s after the stop.)
+const firstTry = 500 * time.Millisecond
 
 // finish writes the attempt's outcome: succeeded, failed, or pending again after a backoff.
 func (x *executor) finish(ctx context.Context, tq *tenantQ, r *Run, seq uint64, out Output, err error) {
