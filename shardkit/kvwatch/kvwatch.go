@@ -175,9 +175,16 @@ func (f *Follower) Run(ctx context.Context) error {
 	if sub, err := f.cfg.JS.Conn().Subscribe(SubjectLeaderElected, f.leaderElected); err == nil {
 		defer func() { _ = sub.Unsubscribe() }()
 	}
-	backoff := f.cfg.Retry
+	backoff, createTry := f.cfg.Retry, firstCreateTry
 	for ctx.Err() == nil {
-		err := f.session(ctx)
+		err := f.session(ctx, createTry)
+		// A create whose answer was lost (a meta leader that stopped took it) is made again
+		// after a short try, not after a long one; a slow cluster gets longer ones.
+		if errors.Is(err, context.DeadlineExceeded) {
+			createTry = min(2*createTry, maxCreateTry)
+		} else {
+			createTry = firstCreateTry
+		}
 		if ctx.Err() != nil {
 			break
 		}
@@ -205,8 +212,15 @@ var errGap = errors.New("sequence gap")
 const maxRetry = 4 * time.Second
 
 // session runs one consumer until it fails.
-func (f *Follower) session(ctx context.Context) error {
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+// firstCreateTry bounds a session's consumer create; after one that timed out, the next
+// session's is twice as long, up to maxCreateTry.
+const (
+	firstCreateTry = time.Second
+	maxCreateTry   = 8 * time.Second
+)
+
+func (f *Follower) session(ctx context.Context, createTry time.Duration) error {
+	cctx, cancel := context.WithTimeout(ctx, createTry)
 	streamName := "KV_" + f.cfg.Bucket
 	cc := jetstream.ConsumerConfig{
 		FilterSubject:     f.prefix + f.cfg.Filter,
