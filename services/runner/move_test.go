@@ -2,6 +2,7 @@ package runner
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 	"testing"
@@ -122,7 +123,8 @@ func testMove(t *testing.T, late bool) {
 }
 
 // A release that reaches its bound cancels the runs in flight; the next owner runs them, and
-// the effects they had already delivered are not repeated.
+// the effects they had already delivered are not repeated. Release returns at once; the bound
+// and the cancel are its background part, which ends with the drain record.
 func TestReleaseBound(t *testing.T) {
 	st := openStore(t)
 	rc := newReceiver(t)
@@ -151,6 +153,17 @@ func TestReleaseBound(t *testing.T) {
 	if err := a.Release(context.Background(), tenant); err != nil {
 		t.Fatal(err)
 	}
+	var e jetstream.KeyValueEntry
+	waitUntil(t, 10*time.Second, "the source's drain record (written after the release's bound)", func() bool {
+		var err error
+		e, err = a.sagas.checks.Get(context.Background(), drainKey(tenant))
+		return err == nil
+	})
+	t.Logf("drain record: %s", e.Value())
+	var rec struct{ Cancelled int }
+	if err := json.Unmarshal(e.Value(), &rec); err != nil || rec.Cancelled != 1 {
+		t.Fatalf("drain record %s: want 1 run cancelled (err %v)", e.Value(), err)
+	}
 	tmtest.Commit(t, st, p, "runner-2")
 	runs := waitDone(t, b, tenant, ids, 20*time.Second)
 	r := runs[ids[0]]
@@ -158,13 +171,6 @@ func TestReleaseBound(t *testing.T) {
 		t.Fatalf("run %+v, want succeeded on b at attempt 2", r)
 	}
 	rc.await(t, 1, 5*time.Second)
-	var e jetstream.KeyValueEntry
-	waitUntil(t, 10*time.Second, "the source's drain record (written after the release)", func() bool {
-		var err error
-		e, err = a.sagas.checks.Get(context.Background(), drainKey(tenant))
-		return err == nil
-	})
-	t.Logf("drain record: %s", e.Value())
 }
 
 // A move aborted before the source's drain at handoff ran: the placement is back on the
