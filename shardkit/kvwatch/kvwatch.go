@@ -113,9 +113,10 @@ type Follower struct {
 
 	deletes sync.WaitGroup // of the consumers of ended sessions
 
-	mu     sync.Mutex
-	server string // where the session's consumer lives
-	stop   func() // ends the session
+	mu      sync.Mutex
+	server  string               // where the session's consumer lives
+	stop    func()               // ends the session
+	offline map[string]time.Time // servers an advisory listed offline, and when
 }
 
 // New makes a follower; it does nothing until Run.
@@ -194,6 +195,9 @@ func (f *Follower) Run(ctx context.Context) error {
 		if errors.Is(err, errGap) {
 			continue // resume at once; the server is fine
 		}
+		if errors.Is(err, errOfflineServer) {
+			backoff = f.cfg.Retry // made where it cannot live: again, soon
+		}
 		select {
 		case <-time.After(backoff/2 + rand.N(backoff/2+1)):
 		case <-ctx.Done():
@@ -206,7 +210,14 @@ func (f *Follower) Run(ctx context.Context) error {
 	return ctx.Err()
 }
 
-var errGap = errors.New("sequence gap")
+var (
+	errGap           = errors.New("sequence gap")
+	errOfflineServer = errors.New("consumer made on a server that went offline")
+)
+
+// offlineFor is how long a server an advisory listed offline is not trusted with a consumer:
+// a consumer made while the cluster still counts a stopping server as a peer can land on it.
+const offlineFor = 10 * time.Second
 
 // maxRetry bounds the wait between attempts to recreate a consumer.
 const maxRetry = 4 * time.Second
@@ -252,6 +263,9 @@ func (f *Follower) session(ctx context.Context, createTry time.Duration) error {
 		_ = f.cfg.JS.DeleteConsumer(dctx, streamName, cons.CachedInfo().Name)
 		dcancel()
 	})
+	if server := consumerServer(cons.CachedInfo()); f.wentOffline(server) {
+		return fmt.Errorf("%w: %s", errOfflineServer, server)
+	}
 	f.downSince.Store(0)
 	if !f.synced.Load() && cons.CachedInfo().NumPending == 0 {
 		f.markSynced()
@@ -301,10 +315,22 @@ const SubjectLeaderElected = "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.>"
 func (f *Follower) setSession(info *jetstream.ConsumerInfo, stop func()) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.server, f.stop = "", stop
-	if info != nil && info.Cluster != nil {
-		f.server = info.Cluster.Leader
+	f.server, f.stop = consumerServer(info), stop
+}
+
+func consumerServer(info *jetstream.ConsumerInfo) string {
+	if info == nil || info.Cluster == nil {
+		return ""
 	}
+	return info.Cluster.Leader
+}
+
+// wentOffline reports whether an advisory listed server offline within offlineFor.
+func (f *Follower) wentOffline(server string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	at, ok := f.offline[server]
+	return ok && time.Since(at) < offlineFor
 }
 
 func (f *Follower) consumerServer() string {
@@ -327,6 +353,16 @@ func (f *Follower) leaderElected(m *nats.Msg) {
 		return
 	}
 	f.mu.Lock()
+	for _, r := range adv.Replicas {
+		switch {
+		case r.Offline && f.offline == nil:
+			f.offline = map[string]time.Time{r.Name: time.Now()}
+		case r.Offline:
+			f.offline[r.Name] = time.Now()
+		default:
+			delete(f.offline, r.Name) // back
+		}
+	}
 	server, stop := f.server, f.stop
 	f.mu.Unlock()
 	if server == "" || stop == nil {

@@ -69,9 +69,18 @@ func TestFollowerLeavesAStoppedServer(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	kv, err := ajs.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "leave", Replicas: 3, Storage: jetstream.MemoryStorage})
-	if err != nil {
-		t.Fatal(err)
+	var kv jetstream.KeyValue
+	for {
+		// Right after start-up, the meta leader may not know every peer yet ("no suitable
+		// peers for placement"): polling, no event to await.
+		kv, err = ajs.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "leave", Replicas: 3, Storage: jetstream.MemoryStorage})
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	if _, err := kv.Put(ctx, "a", []byte("1")); err != nil {
 		t.Fatal(err)
