@@ -173,9 +173,7 @@ func (f *Follower) Revision() uint64 { return f.rev.Load() }
 // logged and retried.
 func (f *Follower) Run(ctx context.Context) error {
 	defer f.deletes.Wait()
-	if sub, err := f.cfg.JS.Conn().Subscribe(SubjectLeaderElected, f.leaderElected); err == nil {
-		defer func() { _ = sub.Unsubscribe() }()
-	}
+	defer listen(f.cfg.JS.Conn(), f)()
 	backoff, createTry := f.cfg.Retry, firstCreateTry
 	for ctx.Err() == nil {
 		err := f.session(ctx, createTry)
@@ -222,7 +220,6 @@ const offlineFor = 10 * time.Second
 // maxRetry bounds the wait between attempts to recreate a consumer.
 const maxRetry = 4 * time.Second
 
-// session runs one consumer until it fails.
 // firstCreateTry bounds a session's consumer create; after one that timed out, the next
 // session's is twice as long, up to maxCreateTry.
 const (
@@ -230,6 +227,7 @@ const (
 	maxCreateTry   = 8 * time.Second
 )
 
+// session runs one consumer until it fails.
 func (f *Follower) session(ctx context.Context, createTry time.Duration) error {
 	cctx, cancel := context.WithTimeout(ctx, createTry)
 	streamName := "KV_" + f.cfg.Bucket
@@ -339,19 +337,18 @@ func (f *Follower) consumerServer() string {
 	return f.server
 }
 
-// leaderElected ends the session if the advisory lists the server of its consumer as offline:
-// the consumer went with it.
-func (f *Follower) leaderElected(m *nats.Msg) {
-	var adv struct {
-		Stream   string `json:"stream"`
-		Replicas []struct {
-			Name    string `json:"name"`
-			Offline bool   `json:"offline"`
-		} `json:"replicas"`
-	}
-	if json.Unmarshal(m.Data, &adv) != nil {
-		return
-	}
+// advisory is what a follower reads of a stream leader advisory.
+type advisory struct {
+	Stream   string `json:"stream"`
+	Replicas []struct {
+		Name    string `json:"name"`
+		Offline bool   `json:"offline"`
+	} `json:"replicas"`
+}
+
+// advised notes the servers the advisory lists offline (and online again), and ends the
+// session if its consumer's server is one of the offline: the consumer went with it.
+func (f *Follower) advised(adv *advisory) {
 	f.mu.Lock()
 	for _, r := range adv.Replicas {
 		switch {
@@ -375,6 +372,63 @@ func (f *Follower) leaderElected(m *nats.Msg) {
 			stop()
 			return
 		}
+	}
+}
+
+// listeners share one advisory subscription among the followers of a connection: a process
+// runs several, and a fleet of a thousand processes would otherwise receive each advisory
+// several thousand times.
+var listeners = struct {
+	sync.Mutex
+	m map[*nats.Conn]*listener
+}{m: map[*nats.Conn]*listener{}}
+
+type listener struct {
+	sub       *nats.Subscription
+	followers map[*Follower]struct{}
+}
+
+// listen adds f to nc's advisory listener, subscribing if it is the first, and returns its
+// leave (the last to leave unsubscribes). Without permission to subscribe, the follower has
+// only its heartbeats.
+func listen(nc *nats.Conn, f *Follower) (leave func()) {
+	listeners.Lock()
+	defer listeners.Unlock()
+	l := listeners.m[nc]
+	if l == nil {
+		l = &listener{followers: map[*Follower]struct{}{}}
+		sub, err := nc.Subscribe(SubjectLeaderElected, l.dispatch)
+		if err != nil {
+			return func() {}
+		}
+		l.sub = sub
+		listeners.m[nc] = l
+	}
+	l.followers[f] = struct{}{}
+	return func() {
+		listeners.Lock()
+		defer listeners.Unlock()
+		delete(l.followers, f)
+		if len(l.followers) == 0 {
+			_ = l.sub.Unsubscribe()
+			delete(listeners.m, nc)
+		}
+	}
+}
+
+func (l *listener) dispatch(m *nats.Msg) {
+	var adv advisory
+	if json.Unmarshal(m.Data, &adv) != nil {
+		return
+	}
+	listeners.Lock()
+	fs := make([]*Follower, 0, len(l.followers))
+	for f := range l.followers {
+		fs = append(fs, f)
+	}
+	listeners.Unlock()
+	for _, f := range fs {
+		f.advised(&adv)
 	}
 }
 
