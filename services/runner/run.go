@@ -227,9 +227,9 @@ func (x *executor) recordOutcome(ctx context.Context, r *Run, until time.Time) e
 
 // whileUnavailable runs op, and again after a short wait while it fails because NATS is
 // unavailable (a stream or meta leader election, a reconnect), until ctx ends. Each try gets
-// its own short timeout (firstTry, doubling) and is made even if ctx has ended: a request whose answer
-// was lost in an election would otherwise hold the caller for all of ctx's time (a run's 30 s;
-// and a drain at handoff waits for its runs). op must be safe to repeat: its first try may
+// its own short timeout (firstTry, doubling) and is made even if ctx has ended: a request
+// whose answer was lost in an election would otherwise hold the caller for all of ctx's time
+// (a run's 30 s; and a drain at handoff waits for its runs). op must be safe to repeat: its first try may
 // have been stored though its answer was lost.
 func (c Config) whileUnavailable(ctx context.Context, op func(context.Context) error, what string, attrs ...any) error {
 	wait, bound := 100*time.Millisecond, firstTry
@@ -330,7 +330,9 @@ func (s *Service) Release(ctx context.Context, tenant string) error {
 		s.mu.Lock()
 		again := tq.acquired && !tq.released // a new turn (the move rolled back): its runs are ours
 		s.mu.Unlock()
+		cancelled := 0
 		if left > 0 && !again {
+			cancelled = left
 			s.cfg.Logger.Warn("drain bound reached: cancelling runs", "tenant", tenant, "in_flight", left)
 			cancelRuns()
 			// Cancelled runs end at once, but an effect delivery under way completes (bounded
@@ -349,10 +351,10 @@ func (s *Service) Release(ctx context.Context, tenant string) error {
 		if err != nil {
 			s.cfg.Logger.Warn("flushing a released tenant's outbox; its next owner flushes it", "tenant", tenant, "err", err)
 		}
-		if err := s.sagas.writeDrainRecord(hctx, tenant, left, flushed); err != nil {
+		if err := s.sagas.writeDrainRecord(hctx, tenant, cancelled, flushed); err != nil {
 			s.cfg.Logger.Warn("writing a drain record", "tenant", tenant, "err", err)
 		}
-		s.cfg.Logger.Info("tenant released", "tenant", tenant, "cancelled", left, "outbox_flushed", flushed)
+		s.cfg.Logger.Info("tenant released", "tenant", tenant, "cancelled", cancelled, "outbox_flushed", flushed)
 	})
 	return nil
 }

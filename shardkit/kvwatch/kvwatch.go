@@ -155,7 +155,7 @@ func (f *Follower) Stats() Stats {
 		LastMessage: unixTime(f.lastMessage.Load()),
 		DownSince:   unixTime(f.downSince.Load()),
 		Synced:      f.synced.Load(),
-		Server:      f.consumerServer(),
+		Server:      f.currentServer(),
 	}
 }
 
@@ -331,7 +331,7 @@ func (f *Follower) wentOffline(server string) bool {
 	return ok && time.Since(at) < offlineFor
 }
 
-func (f *Follower) consumerServer() string {
+func (f *Follower) currentServer() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.server
