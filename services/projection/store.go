@@ -87,48 +87,28 @@ func tenantOfSubject(subj string) string {
 // With several filters and maxPending > 0, it returns errTooFar, having delivered nothing, if
 // more than maxPending events match (JetStream serves many filters slowly from far behind).
 func (s *store) replay(ctx context.Context, filters []string, after, until uint64, maxPending int, fn func(subject string, ev ledger.Event, err error) error) (int, error) {
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: filters, InactiveThreshold: 30 * time.Second}
-	if after > 0 {
-		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
-		cfg.OptStartSeq = after + 1
-	}
-	cons, err := s.js.OrderedConsumer(ctx, schema.StreamEvents, cfg)
+	r, err := jsx.Read(ctx, s.js, schema.StreamEvents, jsx.ReadConfig{Filters: filters, Start: after + 1, Batch: s.batch, Inactive: 30 * time.Second})
 	if err != nil {
 		return 0, fmt.Errorf("projection: replay %d subjects: %w", len(filters), err)
 	}
-	defer func() {
-		if info := cons.CachedInfo(); info != nil && info.Name != "" {
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			_ = s.stream.DeleteConsumer(dctx, info.Name)
-			cancel()
-		}
-	}()
-	pending := cons.CachedInfo().NumPending
+	defer r.Stop()
+	pending := r.Pending()
 	if pending == 0 {
 		return 0, nil
 	}
 	if maxPending > 0 && len(filters) > 1 && pending > uint64(maxPending) {
 		return 0, errTooFar
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(s.batch), jsx.QuickHeartbeat)
-	if err != nil {
-		return 0, fmt.Errorf("projection: replay %d subjects: %w", len(filters), err)
-	}
-	defer it.Stop()
 	n := 0
 	for {
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		m, err := it.Next(jetstream.NextContext(wctx))
+		m, md, err := r.Next(wctx)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return n, ctx.Err()
 			}
 			return n, fmt.Errorf("projection: replay %d subjects stalled after %d events: %w", len(filters), n, err)
-		}
-		md, err := m.Metadata()
-		if err != nil {
-			return n, err
 		}
 		ev, derr := decodeEvent(m)
 		if err := fn(m.Subject(), ev, derr); err != nil {
@@ -156,20 +136,12 @@ func (s *store) lastSeq(ctx context.Context, tenant string) (uint64, error) {
 // pending counts the tenant's events after sequence after (an ephemeral consumer's pending
 // count: exact, and one round trip).
 func (s *store) pending(ctx context.Context, tenant string, after uint64) (uint64, error) {
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{schema.TenantEvents(tenant)}}
-	if after > 0 {
-		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
-		cfg.OptStartSeq = after + 1
-	}
-	cons, err := s.js.OrderedConsumer(ctx, schema.StreamEvents, cfg)
+	r, err := jsx.Read(ctx, s.js, schema.StreamEvents, jsx.ReadConfig{Filters: []string{schema.TenantEvents(tenant)}, Start: after + 1})
 	if err != nil {
 		return 0, fmt.Errorf("projection: count pending events of %s: %w", tenant, err)
 	}
-	n := cons.CachedInfo().NumPending
-	if name := cons.CachedInfo().Name; name != "" {
-		_ = s.stream.DeleteConsumer(ctx, name)
-	}
-	return n, nil
+	r.Stop()
+	return r.Pending(), nil
 }
 
 // save stores the tenant's views and then its checkpoint.

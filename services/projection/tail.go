@@ -59,11 +59,15 @@ type join struct {
 
 // feed is one consumer of the tail and the goroutine that reads it.
 type feed struct {
-	cons jetstream.Consumer
-	it   jetstream.MessagesContext
-	ch   chan jetstream.Msg
+	r    *jsx.Reader
+	ch   chan delivery
 	err  error // set before ch is closed
 	stop chan struct{}
+}
+
+type delivery struct {
+	m  jetstream.Msg
+	md *jetstream.MsgMetadata
 }
 
 func newTail(s *Service, id int) *tail {
@@ -187,25 +191,21 @@ func (t *tail) rebuild(ctx context.Context) error {
 		start = t.pos + 1
 	}
 	begin := time.Now()
-	cons, filters, err := t.consumer(ctx, start, false)
+	r, filters, err := t.consumer(ctx, start, false)
 	if err != nil {
 		return err
 	}
-	if len(filters) > 1 && cons.CachedInfo().NumPending > uint64(t.s.cfg.FilterBacklog) {
+	if len(filters) > 1 && r.Pending() > uint64(t.s.cfg.FilterBacklog) {
 		// JetStream serves a consumer with several filters slowly when it is far behind (for
 		// each message it intersects the filters with the subjects of a message block): read
 		// events.> until near the end, then go back to the filters (see handle).
-		t.deleteConsumer(cons)
-		if cons, filters, err = t.consumer(ctx, start, true); err != nil {
+		r.Stop()
+		if r, filters, err = t.consumer(ctx, start, true); err != nil {
 			return err
 		}
 	}
 	all := len(filters) == 1 && filters[0] == schema.SubjectEventsAll
-	it, err := cons.Messages(jetstream.PullMaxMessages(t.s.cfg.TailBatch), jsx.QuickHeartbeat)
-	if err != nil {
-		return fmt.Errorf("projection: tail consumer over %d tenants: %w", len(t.live), err)
-	}
-	f := &feed{cons: cons, it: it, ch: make(chan jetstream.Msg, t.s.cfg.TailBatch), stop: make(chan struct{})}
+	f := &feed{r: r, ch: make(chan delivery, t.s.cfg.TailBatch), stop: make(chan struct{})}
 	go f.read()
 	t.cur, t.pos, t.posValid, t.restart = f, max(start, 1)-1, true, 0
 	t.all, t.remode = all, false
@@ -215,41 +215,35 @@ func (t *tail) rebuild(ctx context.Context) error {
 	return nil
 }
 
-func (t *tail) consumer(ctx context.Context, start uint64, all bool) (jetstream.Consumer, []string, error) {
+// consumer reads the live set's events (or all, filtered here) from start on. The reader
+// makes its consumer again by itself when the consumer's server stops.
+func (t *tail) consumer(ctx context.Context, start uint64, all bool) (*jsx.Reader, []string, error) {
 	filters := t.filters(all)
-	cfg := jetstream.OrderedConsumerConfig{
-		FilterSubjects:    filters,
-		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:       max(start, 1),
-		InactiveThreshold: 30 * time.Second,
-	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	cons, err := t.s.st.js.OrderedConsumer(cctx, schema.StreamEvents, cfg)
+	r, err := jsx.Read(cctx, t.s.st.js, schema.StreamEvents, jsx.ReadConfig{
+		Filters:  filters,
+		Start:    max(start, 1),
+		Batch:    t.s.cfg.TailBatch,
+		Inactive: 30 * time.Second,
+		Logger:   t.s.cfg.Logger,
+	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("projection: tail consumer over %d tenants: %w", len(t.live), err)
 	}
-	return cons, filters, nil
-}
-
-func (t *tail) deleteConsumer(cons jetstream.Consumer) {
-	if info := cons.CachedInfo(); info != nil && info.Name != "" {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = t.s.st.stream.DeleteConsumer(ctx, info.Name)
-		cancel()
-	}
+	return r, filters, nil
 }
 
 func (f *feed) read() {
 	defer close(f.ch)
 	for {
-		m, err := f.it.Next()
+		m, md, err := f.r.Next(context.Background()) // Stop ends it
 		if err != nil {
 			f.err = err
 			return
 		}
 		select {
-		case f.ch <- m:
+		case f.ch <- delivery{m, md}:
 		case <-f.stop:
 			return
 		}
@@ -263,10 +257,9 @@ func (t *tail) closeFeed() {
 	}
 	t.cur = nil
 	close(f.stop)
-	f.it.Stop()
+	f.r.Stop()
 	for range f.ch { // the reader exits once Next fails or it sees stop
 	}
-	t.deleteConsumer(f.cons)
 }
 
 // consume applies messages until the live set changes, the feed fails or ctx ends.
@@ -274,7 +267,7 @@ func (t *tail) consume(ctx context.Context) {
 	f := t.cur
 	for {
 		select {
-		case m, ok := <-f.ch:
+		case d, ok := <-f.ch:
 			if !ok {
 				if !errors.Is(f.err, jetstream.ErrMsgIteratorClosed) {
 					t.s.cfg.Logger.Warn("tail consumer failed; rebuilding", "pos", t.pos, "err", f.err)
@@ -286,7 +279,7 @@ func (t *tail) consume(ctx context.Context) {
 			if h := t.s.hold.Load(); h != nil { // test hook: benchmarks build a backlog
 				<-*h
 			}
-			t.handle(m)
+			t.handle(d.m, d.md)
 			if t.remode {
 				return
 			}
@@ -299,11 +292,7 @@ func (t *tail) consume(ctx context.Context) {
 }
 
 // handle applies one message if its tenant is live here and has not applied it yet.
-func (t *tail) handle(m jetstream.Msg) {
-	md, err := m.Metadata()
-	if err != nil {
-		return
-	}
+func (t *tail) handle(m jetstream.Msg, md *jetstream.MsgMetadata) {
 	seq := md.Sequence.Stream
 	t.pos = seq
 	t.received.Add(1)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 )
 
@@ -57,25 +56,13 @@ func (ts *tenant[S]) stopFollow() {
 
 // tail applies the tenant's events after sequence from as they are stored, until ctx ends.
 func (l *Log[S]) tail(ctx context.Context, ts *tenant[S], from uint64) error {
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{l.es.tenantFilter(ts.name)},
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from + 1}
-	cons, done, err := jsx.OrderedRead(ctx, l.es.js, l.es.name, cfg)
+	r, err := jsx.Read(ctx, l.es.js, l.es.name, jsx.ReadConfig{Filters: []string{l.es.tenantFilter(ts.name)}, Start: from + 1, Logger: l.cfg.Logger})
 	if err != nil {
 		return err
 	}
-	defer done()
-	it, err := cons.Messages(jsx.QuickHeartbeat)
-	if err != nil {
-		return err
-	}
-	defer context.AfterFunc(ctx, it.Stop)()
-	defer it.Stop()
+	defer r.Stop()
 	for {
-		m, err := it.Next()
-		if err != nil {
-			return err
-		}
-		md, err := m.Metadata()
+		m, md, err := r.Next(ctx)
 		if err != nil {
 			return err
 		}

@@ -133,41 +133,26 @@ func (es *store) decode(tenant string, m jetstream.Msg, seq uint64) Event {
 // the last one present when it started, and returns the sequence of the last event it
 // delivered. Versions are left to the caller.
 func (es *store) replay(ctx context.Context, tenant, filter string, after uint64, fn func(Event) error) (uint64, error) {
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}}
-	if after > 0 {
-		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
-		cfg.OptStartSeq = after + 1
-	}
-	cons, done, err := jsx.OrderedRead(ctx, es.js, es.name, cfg)
+	r, err := jsx.Read(ctx, es.js, es.name, jsx.ReadConfig{Filters: []string{filter}, Start: after + 1, Batch: es.batch})
 	if err != nil {
 		return 0, fmt.Errorf("%w: replay %s: %w", ErrStore, filter, err)
 	}
-	defer done()
-	pending := cons.CachedInfo().NumPending
+	defer r.Stop()
 	last := after
-	for pending > 0 {
-		batch, err := cons.Fetch(int(min(pending, uint64(es.batch))), jetstream.FetchMaxWait(5*time.Second))
+	for pending := r.Pending(); pending > 0; {
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		m, md, err := r.Next(wctx)
+		cancel()
 		if err != nil {
+			if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+				err = fmt.Errorf("stalled at %d with %d pending: %w", last, pending, err)
+			}
 			return last, fmt.Errorf("%w: replay %s: %w", ErrStore, filter, err)
 		}
-		got := 0
-		for m := range batch.Messages() {
-			md, err := m.Metadata()
-			if err != nil {
-				return last, err
-			}
-			if err := fn(es.decode(tenant, m, md.Sequence.Stream)); err != nil {
-				return last, err
-			}
-			got++
-			last, pending = md.Sequence.Stream, md.NumPending
+		if err := fn(es.decode(tenant, m, md.Sequence.Stream)); err != nil {
+			return last, err
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-			return last, fmt.Errorf("%w: replay %s: %w", ErrStore, filter, err)
-		}
-		if got == 0 {
-			return last, fmt.Errorf("%w: replay %s stalled at %d with %d pending", ErrStore, filter, last, pending)
-		}
+		last, pending = md.Sequence.Stream, md.NumPending
 	}
 	return last, nil
 }

@@ -407,42 +407,33 @@ func (c *Client) Keys(ctx context.Context, kv jetstream.KeyValue, filter string)
 // under filter.
 func (c *Client) listLatest(ctx context.Context, kv jetstream.KeyValue, filter string, headersOnly bool) (map[string]listItem, error) {
 	prefix := KVSubject(kv.Bucket(), "")
-	cons, done, err := OrderedRead(ctx, c.js, KVStream(kv.Bucket()), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{prefix + filter},
-		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	r, err := Read(ctx, c.js, KVStream(kv.Bucket()), ReadConfig{
+		Filters:        []string{prefix + filter},
+		LastPerSubject: true,
 		HeadersOnly:    headersOnly,
+		Batch:          1000,
 	})
 	if err != nil {
 		return nil, err
 	}
-	defer done()
+	defer r.Stop()
 	latest := map[string]listItem{}
-	pending := cons.CachedInfo().NumPending
-	for pending > 0 {
-		batch, err := cons.Fetch(int(min(pending, 1000)), jetstream.FetchMaxWait(2*time.Second))
+	for pending := r.Pending(); pending > 0; {
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		m, md, err := r.Next(wctx)
+		cancel()
 		if err != nil {
-			return nil, err
-		}
-		got := 0
-		for m := range batch.Messages() {
-			got++
-			md, err := m.Metadata()
-			if err != nil {
-				return nil, err
+			if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+				// Nothing arrived though messages are pending: the consumer is stuck; a
+				// new one may do better.
+				err = fmt.Errorf("%w: no progress with %d pending", ErrUnavailable, pending)
 			}
-			pending = md.NumPending
-			op := m.Headers().Get("KV-Operation")
-			del := op == "DEL" || op == "PURGE" || m.Headers().Get("Nats-Marker-Reason") != ""
-			latest[strings.TrimPrefix(m.Subject(), prefix)] = listItem{rev: md.Sequence.Stream, data: m.Data(), del: del}
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
 			return nil, err
 		}
-		if got == 0 {
-			// Nothing arrived within the fetch's wait though messages are pending: the
-			// consumer is stuck (its server went away, say); a new one may do better.
-			return nil, fmt.Errorf("%w: no progress with %d pending", ErrUnavailable, pending)
-		}
+		pending = md.NumPending
+		op := m.Headers().Get("KV-Operation")
+		del := op == "DEL" || op == "PURGE" || m.Headers().Get("Nats-Marker-Reason") != ""
+		latest[strings.TrimPrefix(m.Subject(), prefix)] = listItem{rev: md.Sequence.Stream, data: m.Data(), del: del}
 	}
 	return latest, nil
 }

@@ -3,11 +3,9 @@ package schema
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 )
@@ -94,10 +92,9 @@ func (s *Store) readAudit(ctx context.Context, q AuditQuery) ([]AuditEvent, erro
 	if tenant == "" {
 		tenant = "*"
 	}
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{"tm.audit." + kind + "." + tenant}}
+	cfg := jsx.ReadConfig{Filters: []string{"tm.audit." + kind + "." + tenant}, Batch: 1000}
 	if !q.Since.IsZero() {
-		cfg.DeliverPolicy = jetstream.DeliverByStartTimePolicy
-		cfg.OptStartTime = &q.Since
+		cfg.Since = q.Since
 	} else if q.Kind == "" && q.Tenant == "" {
 		info, err := s.js.JetStream().Stream(ctx, StreamAudit)
 		if err != nil {
@@ -111,51 +108,35 @@ func (s *Store) readAudit(ctx context.Context, q AuditQuery) ([]AuditEvent, erro
 		if st.LastSeq >= uint64(q.Limit) && st.LastSeq-uint64(q.Limit)+1 > start {
 			start = st.LastSeq - uint64(q.Limit) + 1
 		}
-		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
-		cfg.OptStartSeq = start
+		cfg.Start = start
 	}
-	cons, done, err := jsx.OrderedRead(ctx, s.js.JetStream(), StreamAudit, cfg)
+	r, err := jsx.Read(ctx, s.js.JetStream(), StreamAudit, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("schema: read audit: %w", err)
 	}
-	defer done()
-	pending := cons.CachedInfo().NumPending
-	if pending == 0 {
+	defer r.Stop()
+	if r.Pending() == 0 {
 		return nil, nil
 	}
 	ring := make([]AuditEvent, 0, q.Limit)
-	for {
-		// Ask for no more than is pending, so the fetch returns as soon as it has them.
-		batch, err := cons.Fetch(int(min(pending, 1000)), jetstream.FetchMaxWait(2*time.Second))
+	for pending := r.Pending(); pending > 0; {
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		m, md, err := r.Next(wctx)
+		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("schema: read audit: %w", err)
 		}
-		done := false
-		for m := range batch.Messages() {
-			md, err := m.Metadata()
-			if err != nil {
-				continue
-			}
-			var ev AuditEvent
-			if err := json.Unmarshal(m.Data(), &ev); err != nil {
-				s.opts.Logger.Warn("skipping corrupt audit event", "seq", md.Sequence.Stream, "err", err)
-			} else {
-				ev.Seq = md.Sequence.Stream
-				if len(ring) == q.Limit {
-					ring = append(ring[:0], ring[1:]...)
-				}
-				ring = append(ring, ev)
-			}
-			pending = md.NumPending
-			if pending == 0 {
-				done = true
-			}
+		pending = md.NumPending
+		var ev AuditEvent
+		if err := json.Unmarshal(m.Data(), &ev); err != nil {
+			s.opts.Logger.Warn("skipping corrupt audit event", "seq", md.Sequence.Stream, "err", err)
+			continue
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-			return nil, fmt.Errorf("schema: read audit: %w", err)
+		ev.Seq = md.Sequence.Stream
+		if len(ring) == q.Limit {
+			ring = append(ring[:0], ring[1:]...)
 		}
-		if done {
-			return ring, nil
-		}
+		ring = append(ring, ev)
 	}
+	return ring, nil
 }

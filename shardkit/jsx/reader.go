@@ -1,0 +1,281 @@
+package jsx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Reader reads a stream's messages on some subjects in stream order, each once, from a start
+// sequence, on an ephemeral consumer it owns. When that consumer fails (its idle heartbeats
+// stop because its server stopped, a gap shows in its sequence, it is deleted), the Reader makes
+// another that starts after the last message it returned, so the caller sees neither gap nor
+// duplicate. Each create is bounded to a second, doubling after one that went unanswered, up to
+// 8 s.
+//
+// It replaces nats.go's ordered consumer for reads that must not stall: that one makes its
+// consumer again with 10 s creates, and a create whose answer was lost while the cluster elected
+// a meta leader held a projection's tail, and so a move's warm-up, for 10 s (docs/decisions.md,
+// "Ordered reads that own their consumer").
+//
+// Next is called from one goroutine; Stop may be called from any.
+type Reader struct {
+	js      jetstream.JetStream
+	stream  string
+	cfg     ReadConfig
+	pending uint64
+
+	stopped context.Context // done once Stop is called
+	stop    context.CancelFunc
+	deletes sync.WaitGroup // of replaced consumers
+
+	mu      sync.Mutex
+	cons    jetstream.Consumer
+	it      jetstream.MessagesContext
+	closing bool // Stop is waiting for deletes: no more in the background
+
+	// Owned by Next's goroutine.
+	next      uint64 // stream sequence the next consumer starts at (0: the stream's first)
+	consSeq   uint64 // consumer sequence of the last message of the current consumer
+	createTry time.Duration
+}
+
+// ReadConfig says what a Reader reads.
+type ReadConfig struct {
+	// Filters are the subjects to read (several allowed; JetStream serves many of them slowly
+	// from far behind the stream's end).
+	Filters []string
+	// Start is the first stream sequence to read; 0 reads from the stream's first (or Since).
+	Start uint64
+	// Since, without Start, starts at the first message stored at or after it.
+	Since time.Time
+	// LastPerSubject, without Start, starts with the last message of each subject, then the
+	// ones stored after (a resume may deliver a subject's older messages, never out of order).
+	LastPerSubject bool
+	// HeadersOnly leaves the messages' bodies on the server.
+	HeadersOnly bool
+	// Batch is how many messages one pull asks for. Default 256.
+	Batch int
+	// Inactive is how long the server keeps a consumer no one pulls from. Default 5 s.
+	Inactive time.Duration
+	// Logger says when a consumer is made again; nil discards.
+	Logger *slog.Logger
+}
+
+// Read makes a Reader and its first consumer, trying again within ctx while NATS does not
+// answer. Stop it when done: that deletes its consumer.
+func Read(ctx context.Context, js jetstream.JetStream, stream string, cfg ReadConfig) (*Reader, error) {
+	if cfg.Batch <= 0 {
+		cfg.Batch = 256
+	}
+	if cfg.Inactive <= 0 {
+		cfg.Inactive = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	r := &Reader{js: js, stream: stream, cfg: cfg, next: cfg.Start, createTry: firstCreateTry}
+	r.stopped, r.stop = context.WithCancel(context.Background())
+	cons, err := r.create(ctx)
+	if err != nil {
+		r.stop()
+		return nil, fmt.Errorf("read %s: %w", stream, err)
+	}
+	r.pending = cons.CachedInfo().NumPending
+	r.mu.Lock()
+	r.cons = cons
+	r.mu.Unlock()
+	return r, nil
+}
+
+// Pending is how many messages the first consumer had to deliver when it was made.
+func (r *Reader) Pending() uint64 { return r.pending }
+
+// Next returns the next message and its metadata, waiting within ctx. It returns
+// jetstream.ErrMsgIteratorClosed once the Reader is stopped, ctx's error when ctx ends, and
+// another error only for a failure that making the consumer again cannot mend (the connection
+// closed).
+func (r *Reader) Next(ctx context.Context) (jetstream.Msg, *jetstream.MsgMetadata, error) {
+	for {
+		it, err := r.iter(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		m, err := it.Next(jetstream.NextContext(ctx))
+		if err == nil {
+			md, merr := m.Metadata()
+			if merr != nil {
+				return nil, nil, fmt.Errorf("read %s: %w", r.stream, merr)
+			}
+			if md.Sequence.Consumer == r.consSeq+1 {
+				r.consSeq, r.next = md.Sequence.Consumer, md.Sequence.Stream+1
+				return m, md, nil
+			}
+			err = fmt.Errorf("%w: consumer sequence %d after %d", errReadGap, md.Sequence.Consumer, r.consSeq)
+		}
+		switch {
+		case r.stopped.Err() != nil:
+			return nil, nil, jetstream.ErrMsgIteratorClosed
+		case ctx.Err() != nil:
+			return nil, nil, ctx.Err()
+		case !errors.Is(err, errReadGap) && !transient(err):
+			return nil, nil, fmt.Errorf("read %s: %w", r.stream, err)
+		}
+		r.cfg.Logger.Warn("ordered read making its consumer again", "stream", r.stream, "from_seq", r.next, "err", err)
+		r.replace(nil)
+	}
+}
+
+var errReadGap = errors.New("sequence gap")
+
+// iter returns the current consumer's message iterator, making a consumer first if there is
+// none.
+func (r *Reader) iter(ctx context.Context) (jetstream.MessagesContext, error) {
+	r.mu.Lock()
+	it, cons := r.it, r.cons
+	r.mu.Unlock()
+	if it != nil {
+		return it, nil
+	}
+	if cons == nil {
+		var err error
+		if cons, err = r.create(ctx); err != nil {
+			if r.stopped.Err() != nil {
+				return nil, jetstream.ErrMsgIteratorClosed
+			}
+			return nil, err
+		}
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(r.cfg.Batch), quickHeartbeat,
+		jetstream.WithMessagesErrOnMissingHeartbeat(true))
+	if err != nil {
+		r.deleteLater(cons)
+		return nil, fmt.Errorf("read %s: %w", r.stream, err)
+	}
+	r.mu.Lock()
+	if r.stopped.Err() != nil {
+		r.mu.Unlock()
+		it.Stop()
+		r.deleteLater(cons)
+		return nil, jetstream.ErrMsgIteratorClosed
+	}
+	r.cons, r.it, r.consSeq = cons, it, 0
+	r.mu.Unlock()
+	return it, nil
+}
+
+// create makes a consumer starting at r.next, trying again while NATS does not answer or is
+// electing a leader, until ctx ends or the Reader stops.
+func (r *Reader) create(ctx context.Context) (jetstream.Consumer, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(r.stopped, cancel)()
+	cc := jetstream.ConsumerConfig{
+		AckPolicy:         jetstream.AckNonePolicy,
+		MemoryStorage:     true,
+		Replicas:          1,
+		InactiveThreshold: r.cfg.Inactive,
+		DeliverPolicy:     jetstream.DeliverAllPolicy,
+		HeadersOnly:       r.cfg.HeadersOnly,
+	}
+	if len(r.cfg.Filters) == 1 {
+		cc.FilterSubject = r.cfg.Filters[0]
+	} else {
+		cc.FilterSubjects = r.cfg.Filters
+	}
+	switch {
+	case r.next > 0:
+		cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, r.next
+	case !r.cfg.Since.IsZero():
+		cc.DeliverPolicy, cc.OptStartTime = jetstream.DeliverByStartTimePolicy, &r.cfg.Since
+	case r.cfg.LastPerSubject:
+		cc.DeliverPolicy = jetstream.DeliverLastPerSubjectPolicy
+	}
+	backoff := 50 * time.Millisecond
+	for {
+		actx, acancel := context.WithTimeout(ctx, r.createTry)
+		cons, err := r.js.CreateConsumer(actx, r.stream, cc)
+		acancel()
+		if err == nil {
+			r.createTry = firstCreateTry
+			return cons, nil
+		}
+		if ctx.Err() != nil || !creating(err) {
+			return nil, err
+		}
+		// An answer lost to a meta leader that stopped is asked again after a short try; a
+		// slow cluster gets longer ones.
+		if errors.Is(err, context.DeadlineExceeded) {
+			r.createTry = min(2*r.createTry, maxCreateTry)
+		}
+		select {
+		case <-time.After(backoff/2 + rand.N(backoff/2+1)):
+		case <-ctx.Done():
+			return nil, err
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// quickHeartbeat is the idle heartbeat a Reader pulls with. nats.go's default is 5 s, and a
+// consumer's loss is noticed after two missed heartbeats: a consumer whose server stopped went
+// silent for 10 s before it was made again. With 500 ms (kvwatch's followers' too) it is made
+// again within about a second; the price is two heartbeat messages a second per open consumer.
+var quickHeartbeat = jetstream.PullHeartbeat(500 * time.Millisecond)
+
+const (
+	firstCreateTry = time.Second
+	maxCreateTry   = 8 * time.Second
+)
+
+// replace drops the current consumer (deleting it in the background) for cons, which may be
+// nil: the next Next makes one.
+func (r *Reader) replace(cons jetstream.Consumer) {
+	r.mu.Lock()
+	old, it := r.cons, r.it
+	r.cons, r.it = cons, nil
+	r.mu.Unlock()
+	if it != nil {
+		it.Stop()
+	}
+	if old != nil {
+		r.deleteLater(old)
+	}
+}
+
+// deleteLater deletes cons in the background (after its server stopped, the delete takes its
+// whole bound to fail), or at once once Stop waits for the deletes.
+func (r *Reader) deleteLater(cons jetstream.Consumer) {
+	name := cons.CachedInfo().Name
+	del := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = r.js.DeleteConsumer(ctx, r.stream, name)
+	}
+	r.mu.Lock()
+	closing := r.closing
+	if !closing {
+		r.deletes.Go(del)
+	}
+	r.mu.Unlock()
+	if closing {
+		del()
+	}
+}
+
+// Stop ends the reading (a Next waiting returns jetstream.ErrMsgIteratorClosed) and deletes
+// the Reader's consumers, waiting at most a second for that.
+func (r *Reader) Stop() {
+	r.stop()
+	r.replace(nil)
+	r.mu.Lock()
+	r.closing = true
+	r.mu.Unlock()
+	r.deletes.Wait()
+}

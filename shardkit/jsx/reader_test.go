@@ -1,0 +1,182 @@
+package jsx_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
+)
+
+// readN reads n messages and checks they are m<from>..m<from+n-1>, in order: no gap, no
+// duplicate.
+func readN(t *testing.T, r *jsx.Reader, from, n int, within time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	for i := from; i < from+n; i++ {
+		m, md, err := r.Next(ctx)
+		if err != nil {
+			t.Fatalf("reading m%d: %v", i, err)
+		}
+		if got := string(m.Data()); got != "m"+strconv.Itoa(i) || md.Sequence.Stream != uint64(i) {
+			t.Fatalf("got %s at sequence %d, want m%d at %d", got, md.Sequence.Stream, i, i)
+		}
+	}
+}
+
+func publish(t *testing.T, js jetstream.JetStream, from, n int) {
+	t.Helper()
+	for i := from; i < from+n; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		for {
+			// After a server stop the stream may be electing a leader: try again.
+			actx, acancel := context.WithTimeout(ctx, 2*time.Second)
+			_, err := js.Publish(actx, "r.x", []byte("m"+strconv.Itoa(i)), jetstream.WithMsgID("m"+strconv.Itoa(i)))
+			acancel()
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("publish m%d: %v", i, err)
+			}
+		}
+		cancel()
+	}
+}
+
+// consumers lists the stream's consumers and the servers they live on.
+func consumers(t *testing.T, js jetstream.JetStream, stream string) map[string]string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	l := st.ListConsumers(ctx)
+	for info := range l.Info() {
+		server := ""
+		if info.Cluster != nil {
+			server = info.Cluster.Leader
+		}
+		out[info.Name] = server
+	}
+	if err := l.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// A reader whose consumer is deleted under it makes another and goes on after the last
+// message it returned; Stop deletes its consumer.
+func TestReaderResumesAfterItsConsumerIsDeleted(t *testing.T) {
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv.URL())
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "R", Subjects: []string{"r.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	publish(t, js, 1, 10)
+	r, err := jsx.Read(ctx, js, "R", jsx.ReadConfig{Filters: []string{"r.>"}, Start: 3, Batch: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Pending() != 8 {
+		t.Errorf("pending = %d, want 8 (m3..m10)", r.Pending())
+	}
+	readN(t, r, 3, 5, 10*time.Second)
+	for name := range consumers(t, js, "R") {
+		if err := js.DeleteConsumer(ctx, "R", name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(t, js, 11, 5)
+	readN(t, r, 8, 8, 20*time.Second)
+	r.Stop()
+	if left := consumers(t, js, "R"); len(left) != 0 {
+		t.Errorf("consumers left after Stop: %v", left)
+	}
+	if _, _, err := r.Next(ctx); err != jetstream.ErrMsgIteratorClosed {
+		t.Errorf("Next after Stop = %v, want ErrMsgIteratorClosed", err)
+	}
+}
+
+// A reader whose consumer lives on a server that stops (not the one it is connected to)
+// makes its consumer again on a server still up and reads on without gap or duplicate.
+func TestReaderLeavesAStoppedServer(t *testing.T) {
+	c := natstest.NewCluster(t)
+	admin := natstest.Connect(t, c.URLs())
+	ajs, _ := jetstream.New(admin)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	for {
+		// Right after start-up, the meta leader may not know every peer yet ("no suitable
+		// peers for placement"): polling, no event to await.
+		actx, acancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := ajs.CreateStream(actx, jetstream.StreamConfig{Name: "R", Subjects: []string{"r.>"}, Replicas: 3, Storage: jetstream.MemoryStorage})
+		acancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	publish(t, ajs, 1, 3)
+
+	// A reader connected to one server whose consumer lives on another (placement is random:
+	// a few tries).
+	names := map[string]int{}
+	for i, s := range c.Servers {
+		names[s.Name()] = i
+	}
+	var (
+		r        *jsx.Reader
+		stopped  = -1
+		connName string
+	)
+	for try := 0; try < 12 && stopped < 0; try++ {
+		if r != nil {
+			r.Stop()
+		}
+		via := try % len(c.Servers)
+		nc := natstest.Connect(t, fmt.Sprintf("nats://127.0.0.1:%d", c.Configs[via].Port), nats.NoReconnect())
+		connName = nc.ConnectedServerName()
+		js, _ := jetstream.New(nc)
+		var err error
+		if r, err = jsx.Read(ctx, js, "R", jsx.ReadConfig{Filters: []string{"r.>"}}); err != nil {
+			t.Fatal(err)
+		}
+		for _, server := range consumers(t, ajs, "R") {
+			if server != "" && server != connName {
+				stopped = names[server]
+			}
+		}
+	}
+	defer r.Stop()
+	if stopped < 0 {
+		t.Fatal("no reader had its consumer on another server than its connection's in 12 tries")
+	}
+	readN(t, r, 1, 3, 20*time.Second)
+	c.Servers[stopped].Stop()
+	for i := range c.Servers {
+		if i != stopped && c.Servers[i].Name() != connName {
+			wnc := natstest.Connect(t, fmt.Sprintf("nats://127.0.0.1:%d", c.Configs[i].Port))
+			wjs, _ := jetstream.New(wnc)
+			publish(t, wjs, 4, 3)
+			break
+		}
+	}
+	readN(t, r, 4, 3, 45*time.Second)
+}
