@@ -334,10 +334,15 @@ func (mv *mover) handoffTask(ctx context.Context, ts *tenantState, e placement.E
 		return
 	}
 	fence := mv.s.cfg.Hooks.fence(ts.tenant)
+	drained := schema.TenantSignal{Phase: schema.SignalDrained, Epoch: e.Epoch, Applied: fence, Fence: fence}
+	// The move's target waits for this: it hears it before the write, not after (a write's
+	// round trip less in the pause). The write is for the rebalancer, and for a target that
+	// missed the note. Drained is final, so the target may act on it before it is stored.
+	mv.noteSignal(mv.stamp(ts, drained))
 	if reported != nil {
 		<-reported
 	}
-	mv.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalDrained, Epoch: e.Epoch, Applied: fence, Fence: fence})
+	mv.putSignal(ctx, ts, drained)
 }
 
 // commitTask runs on the former owner once the move committed: make sure nothing is in flight,
@@ -425,8 +430,7 @@ func (mv *mover) release(ctx context.Context, ts *tenantState) {
 
 // putSignal writes this instance's signal for the tenant, retrying a few times.
 func (mv *mover) putSignal(ctx context.Context, ts *tenantState, sig schema.TenantSignal) {
-	sig.Kind, sig.Tenant, sig.Shard, sig.Instance = mv.s.kind, ts.tenant, mv.s.cfg.ID.Shard, mv.s.cfg.ID.Instance
-	sig.InFlight = int(ts.inflight.Load())
+	sig = mv.stamp(ts, sig)
 	ts.mu.Lock()
 	ts.phase, ts.fence, ts.epoch, ts.applied, ts.lag = sig.Phase, sig.Fence, sig.Epoch, sig.Applied, sig.Lag
 	ts.mu.Unlock()
@@ -446,6 +450,13 @@ func (mv *mover) putSignal(ctx context.Context, ts *tenantState, sig schema.Tena
 			return
 		}
 	}
+}
+
+// stamp fills in who writes sig, and the tenant's requests in flight.
+func (mv *mover) stamp(ts *tenantState, sig schema.TenantSignal) schema.TenantSignal {
+	sig.Kind, sig.Tenant, sig.Shard, sig.Instance = mv.s.kind, ts.tenant, mv.s.cfg.ID.Shard, mv.s.cfg.ID.Instance
+	sig.InFlight = int(ts.inflight.Load())
+	return sig
 }
 
 // noteSignal tells the shard that waits for sig (the one the tenant moves to, else its owner)

@@ -14,7 +14,7 @@ import (
 // signalView keeps in memory the tenant signals a move into this instance's shard waits for:
 // its siblings' ready and the source's drained. It follows only its own shard's signal notes
 // (core NATS, tm.signal.<kind>.<shard>: each signal as stored, published by its writer once
-// tm_tenant_state acknowledged it). A waiter also reads the signals it needs from the bucket
+// tm_tenant_state acknowledged it; a source's drained also before its write). A waiter also reads the signals it needs from the bucket
 // when it starts and every second, which covers a note lost on the way. So what an instance
 // receives per move does not grow with the instances of its kind: following the kind's whole
 // bucket cost every instance a delivery per signal of every move (5,583 deliveries per move at
@@ -89,13 +89,27 @@ func (v *signalView) apply(sig schema.TenantSignal) {
 		v.byTenant[sig.Tenant] = m
 	}
 	key := sig.Shard + "." + sig.Instance
-	if old, ok := m[key]; ok && old.Revision >= sig.Revision {
+	if old, ok := m[key]; ok && !newer(old, sig) {
 		return
 	}
 	m[key] = sig
 	v.seen[sig.Tenant] = time.Now()
 	close(v.notify)
 	v.notify = make(chan struct{})
+}
+
+// newer reports whether sig replaces old, both from one writer. Stored signals go by revision.
+// A note without one is a drained signal noted before its write (handoffTask): it replaces a
+// signal of an older epoch, or of its epoch not drained yet, and only a signal of a later
+// epoch, or its own stored, replaces it.
+func newer(old, sig schema.TenantSignal) bool {
+	switch {
+	case sig.Revision == 0:
+		return old.Epoch < sig.Epoch || (old.Epoch == sig.Epoch && old.Phase != schema.SignalDrained)
+	case old.Revision == 0:
+		return sig.Epoch > old.Epoch || (sig.Epoch == old.Epoch && sig.Phase == schema.SignalDrained)
+	}
+	return sig.Revision > old.Revision
 }
 
 // prune makes room (v.mu held).
