@@ -36,7 +36,7 @@ func TestSignalViewEarlyDrainedNote(t *testing.T) {
 		want schema.TenantSignal
 	}{
 		{sig(schema.SignalDraining, 4, 7), sig(schema.SignalDraining, 4, 7)},
-		{sig(schema.SignalDrained, 4, 0), sig(schema.SignalDrained, 4, 0)}, // the early note
+		{sig(schema.SignalDrained, 4, 0), sig(schema.SignalDrained, 4, 0)},  // the early note
 		{sig(schema.SignalDraining, 4, 7), sig(schema.SignalDrained, 4, 0)}, // a late read of the bucket
 		{sig(schema.SignalDrained, 3, 2), sig(schema.SignalDrained, 4, 0)},  // an older epoch
 		{sig(schema.SignalDrained, 4, 8), sig(schema.SignalDrained, 4, 8)},  // its stored copy

@@ -141,7 +141,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("projection: Store is required")
 	}
-	st, err := openEventStore(ctx, cfg.Store)
+	st, err := openEventStore(ctx, cfg.Store, cfg.Logger)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -25,6 +26,7 @@ type store struct {
 	views  jetstream.ObjectStore
 	checks jetstream.KeyValue
 	batch  int
+	log    *slog.Logger
 }
 
 // Checkpoint is a tenant's record in tm_projection_checkpoints: the applied sequence its
@@ -36,7 +38,7 @@ type Checkpoint struct {
 	At      time.Time `json:"at"`
 }
 
-func openEventStore(ctx context.Context, st *schema.Store) (*store, error) {
+func openEventStore(ctx context.Context, st *schema.Store, log *slog.Logger) (*store, error) {
 	if err := st.EnsureEventsStream(ctx); err != nil {
 		return nil, err
 	}
@@ -54,7 +56,7 @@ func openEventStore(ctx context.Context, st *schema.Store) (*store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &store{js: js, stream: stream, views: views, checks: checks, batch: 4096}, nil
+	return &store{js: js, stream: stream, views: views, checks: checks, batch: 4096, log: log}, nil
 }
 
 // decode turns a message into an event; ok is false for a corrupt one.
@@ -87,7 +89,7 @@ func tenantOfSubject(subj string) string {
 // With several filters and maxPending > 0, it returns errTooFar, having delivered nothing, if
 // more than maxPending events match (JetStream serves many filters slowly from far behind).
 func (s *store) replay(ctx context.Context, filters []string, after, until uint64, maxPending int, fn func(subject string, ev ledger.Event, err error) error) (int, error) {
-	r, err := jsx.Read(ctx, s.js, schema.StreamEvents, jsx.ReadConfig{Filters: filters, Start: after + 1, Batch: s.batch, Inactive: 30 * time.Second})
+	r, err := jsx.Read(ctx, s.js, schema.StreamEvents, jsx.ReadConfig{Filters: filters, Start: after + 1, Batch: s.batch, Inactive: 30 * time.Second, Logger: s.log})
 	if err != nil {
 		return 0, fmt.Errorf("projection: replay %d subjects: %w", len(filters), err)
 	}

@@ -16,8 +16,8 @@ import (
 // sequence, on an ephemeral consumer it owns. When that consumer fails (its idle heartbeats
 // stop because its server stopped, a gap shows in its sequence, it is deleted), the Reader makes
 // another that starts after the last message it returned, so the caller sees neither gap nor
-// duplicate. Each create is bounded to a second, doubling after one that went unanswered, up to
-// 8 s.
+// duplicate. Each create is bounded to half a second, doubling after one that went unanswered,
+// up to 8 s.
 //
 // It replaces nats.go's ordered consumer for reads that must not stall: that one makes its
 // consumer again with 10 s creates, and a create whose answer was lost while the cluster elected
@@ -43,7 +43,9 @@ type Reader struct {
 	// Owned by Next's goroutine.
 	next      uint64 // stream sequence the next consumer starts at (0: the stream's first)
 	consSeq   uint64 // consumer sequence of the last message of the current consumer
+	consHas   bool   // the current consumer, of one filter, had messages to deliver when made
 	createTry time.Duration
+	firstWait time.Duration // for the first message of a consumer made with some to deliver
 }
 
 // ReadConfig says what a Reader reads.
@@ -80,7 +82,7 @@ func Read(ctx context.Context, js jetstream.JetStream, stream string, cfg ReadCo
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	r := &Reader{js: js, stream: stream, cfg: cfg, next: cfg.Start, createTry: firstCreateTry}
+	r := &Reader{js: js, stream: stream, cfg: cfg, next: cfg.Start, createTry: firstCreateTry, firstWait: firstMessageWait}
 	r.stopped, r.stop = context.WithCancel(context.Background())
 	cons, err := r.create(ctx)
 	if err != nil {
@@ -107,7 +109,7 @@ func (r *Reader) Next(ctx context.Context) (jetstream.Msg, *jetstream.MsgMetadat
 		if err != nil {
 			return nil, nil, err
 		}
-		m, err := it.Next(jetstream.NextContext(ctx))
+		m, err := r.nextMsg(ctx, it)
 		if err == nil {
 			md, merr := m.Metadata()
 			if merr != nil {
@@ -124,13 +126,38 @@ func (r *Reader) Next(ctx context.Context) (jetstream.Msg, *jetstream.MsgMetadat
 			return nil, nil, jetstream.ErrMsgIteratorClosed
 		case ctx.Err() != nil:
 			return nil, nil, ctx.Err()
-		case !errors.Is(err, errReadGap) && !transient(err):
+		case !errors.Is(err, errReadGap) && !errors.Is(err, errReadStuck) && !transient(err):
 			return nil, nil, fmt.Errorf("read %s: %w", r.stream, err)
 		}
 		r.cfg.Logger.Warn("ordered read making its consumer again", "stream", r.stream, "from_seq", r.next, "err", err)
 		r.replace(nil)
 	}
 }
+
+// nextMsg waits for it's next message. The first of a consumer of one filter made with
+// messages to deliver comes within milliseconds, unless the consumer landed on a server that
+// was stopping (a cluster still counts a stopped server as a peer for a moment): then it is
+// made again after firstWait, doubling each time that happens (up to 2 s), instead of after two
+// missed heartbeats. (With several filters a server far behind may take long to find the
+// first: the heartbeats tell a slow consumer from a dead one there.)
+func (r *Reader) nextMsg(ctx context.Context, it jetstream.MessagesContext) (jetstream.Msg, error) {
+	if r.consSeq > 0 || !r.consHas {
+		return it.Next(jetstream.NextContext(ctx))
+	}
+	fctx, cancel := context.WithTimeout(ctx, r.firstWait)
+	defer cancel()
+	m, err := it.Next(jetstream.NextContext(fctx))
+	switch {
+	case err == nil:
+		r.firstWait = firstMessageWait
+	case ctx.Err() == nil && fctx.Err() != nil:
+		err = fmt.Errorf("%w: no first message within %s", errReadStuck, r.firstWait)
+		r.firstWait = min(2*r.firstWait, 2*time.Second)
+	}
+	return m, err
+}
+
+var errReadStuck = errors.New("consumer delivers nothing")
 
 var errReadGap = errors.New("sequence gap")
 
@@ -166,6 +193,7 @@ func (r *Reader) iter(ctx context.Context) (jetstream.MessagesContext, error) {
 		return nil, jetstream.ErrMsgIteratorClosed
 	}
 	r.cons, r.it, r.consSeq = cons, it, 0
+	r.consHas = len(r.cfg.Filters) == 1 && cons.CachedInfo().NumPending > 0
 	r.mu.Unlock()
 	return it, nil
 }
@@ -209,8 +237,7 @@ func (r *Reader) create(ctx context.Context) (jetstream.Consumer, error) {
 		if ctx.Err() != nil || !creating(err) {
 			return nil, err
 		}
-		// An answer lost to a meta leader that stopped is asked again after a short try; a
-		// slow cluster gets longer ones.
+		r.cfg.Logger.Info("making an ordered read's consumer failed; trying again", "stream", r.stream, "try", r.createTry, "err", err)
 		if errors.Is(err, context.DeadlineExceeded) {
 			r.createTry = min(2*r.createTry, maxCreateTry)
 		}
@@ -229,9 +256,13 @@ func (r *Reader) create(ctx context.Context) (jetstream.Consumer, error) {
 // again within about a second; the price is two heartbeat messages a second per open consumer.
 var quickHeartbeat = jetstream.PullHeartbeat(500 * time.Millisecond)
 
+// A create is bounded to firstCreateTry, doubling after one that went unanswered (a meta
+// leader that stopped took it), up to maxCreateTry: a slow cluster gets longer ones.
+// firstMessageWait bounds the wait for a new consumer's first message (nextMsg).
 const (
-	firstCreateTry = time.Second
-	maxCreateTry   = 8 * time.Second
+	firstCreateTry   = 500 * time.Millisecond
+	maxCreateTry     = 8 * time.Second
+	firstMessageWait = 250 * time.Millisecond
 )
 
 // replace drops the current consumer (deleting it in the background) for cons, which may be
