@@ -157,9 +157,10 @@ func (r *Reader) nextMsg(ctx context.Context, it jetstream.MessagesContext) (jet
 	return m, err
 }
 
-var errReadStuck = errors.New("consumer delivers nothing")
-
-var errReadGap = errors.New("sequence gap")
+var (
+	errReadGap   = errors.New("sequence gap")
+	errReadStuck = errors.New("consumer delivers nothing")
+)
 
 // iter returns the current consumer's message iterator, making a consumer first if there is
 // none.
