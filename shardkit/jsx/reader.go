@@ -33,12 +33,10 @@ type Reader struct {
 
 	stopped context.Context // done once Stop is called
 	stop    context.CancelFunc
-	deletes sync.WaitGroup // of replaced consumers
 
-	mu      sync.Mutex
-	cons    jetstream.Consumer
-	it      jetstream.MessagesContext
-	closing bool // Stop is waiting for deletes: no more in the background
+	mu   sync.Mutex
+	cons jetstream.Consumer
+	it   jetstream.MessagesContext
 
 	// Owned by Next's goroutine.
 	next      uint64 // stream sequence the next consumer starts at (0: the stream's first)
@@ -130,7 +128,10 @@ func (r *Reader) Next(ctx context.Context) (jetstream.Msg, *jetstream.MsgMetadat
 			return nil, nil, fmt.Errorf("read %s: %w", r.stream, err)
 		}
 		r.cfg.Logger.Warn("ordered read making its consumer again", "stream", r.stream, "from_seq", r.next, "err", err)
-		r.replace(nil)
+		// The consumer left behind expires after Inactive: a delete now, when its server may
+		// have gone away, could wait out its whole bound, and a read that waited for it would
+		// hold a move's warm-up that long.
+		r.drop()
 	}
 }
 
@@ -183,14 +184,14 @@ func (r *Reader) iter(ctx context.Context) (jetstream.MessagesContext, error) {
 	it, err := cons.Messages(jetstream.PullMaxMessages(r.cfg.Batch), quickHeartbeat,
 		jetstream.WithMessagesErrOnMissingHeartbeat(true))
 	if err != nil {
-		r.deleteLater(cons)
+		r.del(cons)
 		return nil, fmt.Errorf("read %s: %w", r.stream, err)
 	}
 	r.mu.Lock()
 	if r.stopped.Err() != nil {
 		r.mu.Unlock()
 		it.Stop()
-		r.deleteLater(cons)
+		r.del(cons)
 		return nil, jetstream.ErrMsgIteratorClosed
 	}
 	r.cons, r.it, r.consSeq = cons, it, 0
@@ -266,48 +267,31 @@ const (
 	firstMessageWait = 250 * time.Millisecond
 )
 
-// replace drops the current consumer (deleting it in the background) for cons, which may be
-// nil: the next Next makes one.
-func (r *Reader) replace(cons jetstream.Consumer) {
+// drop stops the current consumer's iterator and forgets the consumer, which it returns (nil
+// if none); the next Next makes one.
+func (r *Reader) drop() jetstream.Consumer {
 	r.mu.Lock()
 	old, it := r.cons, r.it
-	r.cons, r.it = cons, nil
+	r.cons, r.it = nil, nil
 	r.mu.Unlock()
 	if it != nil {
 		it.Stop()
 	}
-	if old != nil {
-		r.deleteLater(old)
-	}
+	return old
 }
 
-// deleteLater deletes cons in the background (after its server stopped, the delete takes its
-// whole bound to fail), or at once once Stop waits for the deletes.
-func (r *Reader) deleteLater(cons jetstream.Consumer) {
-	name := cons.CachedInfo().Name
-	del := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = r.js.DeleteConsumer(ctx, r.stream, name)
-	}
-	r.mu.Lock()
-	closing := r.closing
-	if !closing {
-		r.deletes.Go(del)
-	}
-	r.mu.Unlock()
-	if closing {
-		del()
-	}
+// del deletes cons, waiting at most a second.
+func (r *Reader) del(cons jetstream.Consumer) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = r.js.DeleteConsumer(ctx, r.stream, cons.CachedInfo().Name)
 }
 
 // Stop ends the reading (a Next waiting returns jetstream.ErrMsgIteratorClosed) and deletes
-// the Reader's consumers, waiting at most a second for that.
+// the Reader's consumer, waiting at most a second for that.
 func (r *Reader) Stop() {
 	r.stop()
-	r.replace(nil)
-	r.mu.Lock()
-	r.closing = true
-	r.mu.Unlock()
-	r.deletes.Wait()
+	if old := r.drop(); old != nil {
+		r.del(old)
+	}
 }
