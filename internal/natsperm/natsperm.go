@@ -12,7 +12,6 @@ package natsperm
 import (
 	"github.com/tenantmesh/tenantmesh/internal/natsauth"
 	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
-	"github.com/tenantmesh/tenantmesh/shardkit/kvwatch"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -128,12 +127,12 @@ func Shard(kind, shard string, a Assets) Role {
 type perms struct{ Role }
 
 // base is what every role needs: its inbox, JetStream account info, the stream leader
-// advisories (a KV follower whose consumer's server went offline hears it there), and reading
-// the audit stream and tm_rebalance (schema.Open opens every control-plane bucket; only the
-// rebalancer writes this one).
+// advisories (a KV follower or an ordered read whose consumer's server went offline hears it
+// there), and reading the audit stream and tm_rebalance (schema.Open opens every control-plane
+// bucket; only the rebalancer writes this one).
 func base(name string) *perms {
 	p := &perms{Role{Name: name}}
-	p.Sub = append(p.Sub, p.Inbox()+".>", kvwatch.SubjectLeaderElected)
+	p.Sub = append(p.Sub, p.Inbox()+".>", jsx.SubjectLeaderElected)
 	p.Pub = append(p.Pub, "$JS.API.INFO")
 	p.readStream(schema.StreamAudit)
 	p.readKV(schema.BucketRebalance)

@@ -6,23 +6,25 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Reader reads a stream's messages on some subjects in stream order, each once, from a start
-// sequence, on an ephemeral consumer it owns. When that consumer fails (its idle heartbeats
-// stop because its server stopped, a gap shows in its sequence, it is deleted), the Reader makes
-// another that starts after the last message it returned, so the caller sees neither gap nor
-// duplicate. Each create is bounded to half a second, doubling after one that went unanswered,
-// up to 8 s.
+// sequence, on an ephemeral consumer it owns. When that consumer fails (its server stopped: the
+// stream leader advisories say so, or its idle heartbeats stop; a gap shows in its sequence; it
+// is deleted), the Reader makes another that starts after the last message it returned, so the
+// caller sees neither gap nor duplicate. Each create is bounded to half a second, doubling after
+// one that went unanswered, up to 8 s.
 //
 // It replaces nats.go's ordered consumer for reads that must not stall: that one makes its
 // consumer again with 10 s creates, and a create whose answer was lost while the cluster elected
 // a meta leader held a projection's tail, and so a move's warm-up, for 10 s (docs/decisions.md,
-// "Ordered reads that own their consumer").
+// "Ordered reads own their consumer").
 //
 // Next is called from one goroutine; Stop may be called from any.
 type Reader struct {
@@ -33,6 +35,8 @@ type Reader struct {
 
 	stopped context.Context // done once Stop is called
 	stop    context.CancelFunc
+	servers *ServerWatch
+	moved   atomic.Bool // the consumer's server was listed offline: make another
 
 	mu   sync.Mutex
 	cons jetstream.Consumer
@@ -64,6 +68,10 @@ type ReadConfig struct {
 	Batch int
 	// Inactive is how long the server keeps a consumer no one pulls from. Default 5 s.
 	Inactive time.Duration
+	// Heartbeat is the consumer's idle heartbeat; a consumer silent for two is made again.
+	// Default 500 ms. (A consumer whose server stops is made again sooner: the stream leader
+	// advisories list the server offline.)
+	Heartbeat time.Duration
 	// Logger says when a consumer is made again; nil discards.
 	Logger *slog.Logger
 }
@@ -80,11 +88,16 @@ func Read(ctx context.Context, js jetstream.JetStream, stream string, cfg ReadCo
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = 500 * time.Millisecond
+	}
 	r := &Reader{js: js, stream: stream, cfg: cfg, next: cfg.Start, createTry: firstCreateTry, firstWait: firstMessageWait}
 	r.stopped, r.stop = context.WithCancel(context.Background())
+	r.servers = WatchServers(js.Conn(), r.serversOffline)
 	cons, err := r.create(ctx)
 	if err != nil {
 		r.stop()
+		r.servers.Leave()
 		return nil, fmt.Errorf("read %s: %w", stream, err)
 	}
 	r.pending = cons.CachedInfo().NumPending
@@ -119,11 +132,15 @@ func (r *Reader) Next(ctx context.Context) (jetstream.Msg, *jetstream.MsgMetadat
 			}
 			err = fmt.Errorf("%w: consumer sequence %d after %d", errReadGap, md.Sequence.Consumer, r.consSeq)
 		}
+		if r.moved.Swap(false) {
+			err = errServerOffline
+		}
 		switch {
 		case r.stopped.Err() != nil:
 			return nil, nil, jetstream.ErrMsgIteratorClosed
 		case ctx.Err() != nil:
 			return nil, nil, ctx.Err()
+		case errors.Is(err, errServerOffline):
 		case !errors.Is(err, errReadGap) && !errors.Is(err, errReadStuck) && !transient(err):
 			return nil, nil, fmt.Errorf("read %s: %w", r.stream, err)
 		}
@@ -159,9 +176,31 @@ func (r *Reader) nextMsg(ctx context.Context, it jetstream.MessagesContext) (jet
 }
 
 var (
-	errReadGap   = errors.New("sequence gap")
-	errReadStuck = errors.New("consumer delivers nothing")
+	errReadGap       = errors.New("sequence gap")
+	errReadStuck     = errors.New("consumer delivers nothing")
+	errServerOffline = errors.New("the consumer's server went offline")
 )
+
+// serversOffline stops the current consumer's iterator if its server is among the offline
+// (the consumer went with it); Next then makes another.
+func (r *Reader) serversOffline(_ string, offline []string) {
+	r.mu.Lock()
+	cons, it := r.cons, r.it
+	r.mu.Unlock()
+	if cons == nil || it == nil || !slices.Contains(offline, consumerServer(cons)) {
+		return
+	}
+	r.moved.Store(true)
+	it.Stop()
+}
+
+// consumerServer is the server cons lives on ("" outside a cluster).
+func consumerServer(cons jetstream.Consumer) string {
+	if info := cons.CachedInfo(); info != nil && info.Cluster != nil {
+		return info.Cluster.Leader
+	}
+	return ""
+}
 
 // iter returns the current consumer's message iterator, making a consumer first if there is
 // none.
@@ -181,7 +220,7 @@ func (r *Reader) iter(ctx context.Context) (jetstream.MessagesContext, error) {
 			return nil, err
 		}
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(r.cfg.Batch), quickHeartbeat,
+	it, err := cons.Messages(jetstream.PullMaxMessages(r.cfg.Batch), jetstream.PullHeartbeat(r.cfg.Heartbeat),
 		jetstream.WithMessagesErrOnMissingHeartbeat(true))
 	if err != nil {
 		r.del(cons)
@@ -232,11 +271,17 @@ func (r *Reader) create(ctx context.Context) (jetstream.Consumer, error) {
 		actx, acancel := context.WithTimeout(ctx, r.createTry)
 		cons, err := r.js.CreateConsumer(actx, r.stream, cc)
 		acancel()
-		if err == nil {
+		if err == nil && r.servers.Offline(consumerServer(cons)) {
+			// Made while the cluster still counts a stopping server as a peer: it went with
+			// the server. Left to expire (a delete would wait for the server).
+			r.cfg.Logger.Info("an ordered read's consumer landed on a server gone offline; making another", "stream", r.stream,
+				"server", consumerServer(cons))
+			err = errServerOffline
+		} else if err == nil {
 			r.createTry = firstCreateTry
 			return cons, nil
 		}
-		if ctx.Err() != nil || !creating(err) {
+		if ctx.Err() != nil || (!creating(err) && !errors.Is(err, errServerOffline)) {
 			return nil, err
 		}
 		r.cfg.Logger.Info("making an ordered read's consumer failed; trying again", "stream", r.stream, "try", r.createTry, "err", err)
@@ -251,12 +296,6 @@ func (r *Reader) create(ctx context.Context) (jetstream.Consumer, error) {
 		backoff = min(2*backoff, 2*time.Second)
 	}
 }
-
-// quickHeartbeat is the idle heartbeat a Reader pulls with. nats.go's default is 5 s, and a
-// consumer's loss is noticed after two missed heartbeats: a consumer whose server stopped went
-// silent for 10 s before it was made again. With 500 ms (kvwatch's followers' too) it is made
-// again within about a second; the price is two heartbeat messages a second per open consumer.
-var quickHeartbeat = jetstream.PullHeartbeat(500 * time.Millisecond)
 
 // A create is bounded to firstCreateTry, doubling after one that went unanswered (a meta
 // leader that stopped took it), up to maxCreateTry: a slow cluster gets longer ones.
@@ -291,6 +330,7 @@ func (r *Reader) del(cons jetstream.Consumer) {
 // the Reader's consumer, waiting at most a second for that.
 func (r *Reader) Stop() {
 	r.stop()
+	r.servers.Leave()
 	if old := r.drop(); old != nil {
 		r.del(old)
 	}

@@ -112,7 +112,8 @@ func TestReaderResumesAfterItsConsumerIsDeleted(t *testing.T) {
 }
 
 // A reader whose consumer lives on a server that stops (not the one it is connected to)
-// makes its consumer again on a server still up and reads on without gap or duplicate.
+// hears it from the stream leader advisory, makes its consumer again on a server still up and
+// reads on without gap or duplicate.
 func TestReaderLeavesAStoppedServer(t *testing.T) {
 	c := natstest.NewCluster(t)
 	admin := natstest.Connect(t, c.URLs())
@@ -155,7 +156,9 @@ func TestReaderLeavesAStoppedServer(t *testing.T) {
 		connName = nc.ConnectedServerName()
 		js, _ := jetstream.New(nc)
 		var err error
-		if r, err = jsx.Read(ctx, js, "R", jsx.ReadConfig{Filters: []string{"r.>"}}); err != nil {
+		// Heartbeats that would notice after 28 s: only the advisory that lists the server
+		// offline can make the reader leave it within the test's wait.
+		if r, err = jsx.Read(ctx, js, "R", jsx.ReadConfig{Filters: []string{"r.>"}, Heartbeat: 14 * time.Second}); err != nil {
 			t.Fatal(err)
 		}
 		for _, server := range consumers(t, ajs, "R") {
@@ -169,6 +172,12 @@ func TestReaderLeavesAStoppedServer(t *testing.T) {
 		t.Fatal("no reader had its consumer on another server than its connection's in 12 tries")
 	}
 	readN(t, r, 1, 3, 20*time.Second)
+	// The stream's leader moves to that server (if it is not there already), so that its stop
+	// elects a new one: the advisory the reader hears.
+	if _, err := admin.Request("$JS.API.STREAM.LEADER.STEPDOWN.R",
+		[]byte(`{"placement":{"preferred":"`+c.Servers[stopped].Name()+`"}}`), 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
 	c.Servers[stopped].Stop()
 	for i := range c.Servers {
 		if i != stopped && c.Servers[i].Name() != connName {
@@ -178,5 +187,5 @@ func TestReaderLeavesAStoppedServer(t *testing.T) {
 			break
 		}
 	}
-	readN(t, r, 4, 3, 45*time.Second)
+	readN(t, r, 4, 3, 20*time.Second)
 }

@@ -18,18 +18,19 @@ package kvwatch
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 )
 
 // Op is what happened to a key.
@@ -113,10 +114,11 @@ type Follower struct {
 
 	deletes sync.WaitGroup // of the consumers of ended sessions
 
-	mu      sync.Mutex
-	server  string               // where the session's consumer lives
-	stop    func()               // ends the session
-	offline map[string]time.Time // servers an advisory listed offline, and when
+	servers *jsx.ServerWatch // set by Run
+
+	mu     sync.Mutex
+	server string // where the session's consumer lives
+	stop   func() // ends the session
 }
 
 // New makes a follower; it does nothing until Run.
@@ -173,7 +175,8 @@ func (f *Follower) Revision() uint64 { return f.rev.Load() }
 // logged and retried.
 func (f *Follower) Run(ctx context.Context) error {
 	defer f.deletes.Wait()
-	defer listen(f.cfg.JS.Conn(), f)()
+	f.servers = jsx.WatchServers(f.cfg.JS.Conn(), f.serversOffline)
+	defer f.servers.Leave()
 	backoff, createTry := f.cfg.Retry, firstCreateTry
 	for ctx.Err() == nil {
 		err := f.session(ctx, createTry)
@@ -212,10 +215,6 @@ var (
 	errGap           = errors.New("sequence gap")
 	errOfflineServer = errors.New("consumer made on a server that went offline")
 )
-
-// offlineFor is how long a server an advisory listed offline is not trusted with a consumer:
-// a consumer made while the cluster still counts a stopping server as a peer can land on it.
-const offlineFor = 10 * time.Second
 
 // maxRetry bounds the wait between attempts to recreate a consumer.
 const maxRetry = 4 * time.Second
@@ -261,7 +260,7 @@ func (f *Follower) session(ctx context.Context, createTry time.Duration) error {
 		_ = f.cfg.JS.DeleteConsumer(dctx, streamName, cons.CachedInfo().Name)
 		dcancel()
 	})
-	if server := consumerServer(cons.CachedInfo()); f.wentOffline(server) {
+	if server := consumerServer(cons.CachedInfo()); f.servers.Offline(server) {
 		return fmt.Errorf("%w: %s", errOfflineServer, server)
 	}
 	f.downSince.Store(0)
@@ -306,10 +305,6 @@ func (f *Follower) session(ctx context.Context, createTry time.Duration) error {
 	}
 }
 
-// SubjectLeaderElected is where JetStream announces a stream's new leader. A follower
-// subscribes to it (its role must be allowed to).
-const SubjectLeaderElected = "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.>"
-
 func (f *Follower) setSession(info *jetstream.ConsumerInfo, stop func()) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -323,113 +318,24 @@ func consumerServer(info *jetstream.ConsumerInfo) string {
 	return info.Cluster.Leader
 }
 
-// wentOffline reports whether an advisory listed server offline within offlineFor.
-func (f *Follower) wentOffline(server string) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	at, ok := f.offline[server]
-	return ok && time.Since(at) < offlineFor
-}
-
 func (f *Follower) currentServer() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.server
 }
 
-// advisory is what a follower reads of a stream leader advisory.
-type advisory struct {
-	Stream   string `json:"stream"`
-	Replicas []struct {
-		Name    string `json:"name"`
-		Offline bool   `json:"offline"`
-	} `json:"replicas"`
-}
-
-// advised notes the servers the advisory lists offline (and online again), and ends the
-// session if its consumer's server is one of the offline: the consumer went with it.
-func (f *Follower) advised(adv *advisory) {
+// serversOffline ends the session if its consumer's server is among the offline: the
+// consumer went with it.
+func (f *Follower) serversOffline(stream string, offline []string) {
 	f.mu.Lock()
-	for _, r := range adv.Replicas {
-		switch {
-		case r.Offline && f.offline == nil:
-			f.offline = map[string]time.Time{r.Name: time.Now()}
-		case r.Offline:
-			f.offline[r.Name] = time.Now()
-		default:
-			delete(f.offline, r.Name) // back
-		}
-	}
 	server, stop := f.server, f.stop
 	f.mu.Unlock()
-	if server == "" || stop == nil {
+	if server == "" || stop == nil || !slices.Contains(offline, server) {
 		return
 	}
-	for _, r := range adv.Replicas {
-		if r.Offline && r.Name == server {
-			f.cfg.Logger.Info("kv follower's server went offline; making its consumer again", "bucket", f.cfg.Bucket,
-				"server", server, "seen_on", adv.Stream)
-			stop()
-			return
-		}
-	}
-}
-
-// listeners share one advisory subscription among the followers of a connection: a process
-// runs several, and a fleet of a thousand processes would otherwise receive each advisory
-// several thousand times.
-var listeners = struct {
-	sync.Mutex
-	m map[*nats.Conn]*listener
-}{m: map[*nats.Conn]*listener{}}
-
-type listener struct {
-	sub       *nats.Subscription
-	followers map[*Follower]struct{}
-}
-
-// listen adds f to nc's advisory listener, subscribing if it is the first, and returns its
-// leave (the last to leave unsubscribes). Without permission to subscribe, the follower has
-// only its heartbeats.
-func listen(nc *nats.Conn, f *Follower) (leave func()) {
-	listeners.Lock()
-	defer listeners.Unlock()
-	l := listeners.m[nc]
-	if l == nil {
-		l = &listener{followers: map[*Follower]struct{}{}}
-		sub, err := nc.Subscribe(SubjectLeaderElected, l.dispatch)
-		if err != nil {
-			return func() {}
-		}
-		l.sub = sub
-		listeners.m[nc] = l
-	}
-	l.followers[f] = struct{}{}
-	return func() {
-		listeners.Lock()
-		defer listeners.Unlock()
-		delete(l.followers, f)
-		if len(l.followers) == 0 {
-			_ = l.sub.Unsubscribe()
-			delete(listeners.m, nc)
-		}
-	}
-}
-
-func (l *listener) dispatch(m *nats.Msg) {
-	var adv advisory
-	if json.Unmarshal(m.Data, &adv) != nil {
-		return
-	}
-	listeners.Lock()
-	fs := make([]*Follower, 0, len(l.followers))
-	for f := range l.followers {
-		fs = append(fs, f)
-	}
-	listeners.Unlock()
-	for _, f := range fs {
-		f.advised(&adv)
-	}
+	f.cfg.Logger.Info("kv follower's server went offline; making its consumer again", "bucket", f.cfg.Bucket,
+		"server", server, "seen_on", stream)
+	stop()
 }
 
 func (f *Follower) apply(m jetstream.Msg, md *jetstream.MsgMetadata) {
