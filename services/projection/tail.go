@@ -50,10 +50,6 @@ type tail struct {
 	remode   bool // the consumer should switch between filters and events.>
 
 	received atomic.Uint64 // messages delivered, applied or not
-
-	// stops are the readers being stopped in the background: a consumer whose server went
-	// away takes its whole delete bound (a second) to fail, which a rebuild must not wait for.
-	stops sync.WaitGroup
 }
 
 type join struct {
@@ -101,7 +97,6 @@ func (t *tail) poke() {
 
 // run applies events until ctx ends.
 func (t *tail) run(ctx context.Context) {
-	defer t.stops.Wait()
 	defer t.closeFeed()
 	for ctx.Err() == nil {
 		changed := t.takeChanges()
@@ -204,7 +199,7 @@ func (t *tail) rebuild(ctx context.Context) error {
 		// JetStream serves a consumer with several filters slowly when it is far behind (for
 		// each message it intersects the filters with the subjects of a message block): read
 		// events.> until near the end, then go back to the filters (see handle).
-		t.stops.Go(r.Stop)
+		r.Stop()
 		if r, filters, err = t.consumer(ctx, start, true); err != nil {
 			return err
 		}
@@ -262,7 +257,7 @@ func (t *tail) closeFeed() {
 	}
 	t.cur = nil
 	close(f.stop)
-	t.stops.Go(f.r.Stop)
+	f.r.Stop()
 	for range f.ch { // the reader exits once Next fails or it sees stop
 	}
 }

@@ -327,11 +327,14 @@ func (r *Reader) del(cons jetstream.Consumer) {
 }
 
 // Stop ends the reading (a Next waiting returns jetstream.ErrMsgIteratorClosed) and deletes
-// the Reader's consumer, waiting at most a second for that.
+// the Reader's consumer in the background, within a second: while the cluster changes (a
+// server stopped, a meta leader elected) a delete can wait out that whole second, and a read
+// that ends inside a move's warm-up must not hold it that long. A delete that fails leaves the
+// consumer to expire (Inactive).
 func (r *Reader) Stop() {
 	r.stop()
 	r.servers.Leave()
 	if old := r.drop(); old != nil {
-		r.del(old)
+		go r.del(old)
 	}
 }

@@ -103,8 +103,16 @@ func TestReaderResumesAfterItsConsumerIsDeleted(t *testing.T) {
 	publish(t, js, 11, 5)
 	readN(t, r, 8, 8, 20*time.Second)
 	r.Stop()
-	if left := consumers(t, js, "R"); len(left) != 0 {
-		t.Errorf("consumers left after Stop: %v", left)
+	// Stop deletes the consumer in the background: polling the stream's list, no event to
+	// await.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		left := consumers(t, js, "R")
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("consumers left 10 s after Stop: %v", left)
+		}
 	}
 	if _, _, err := r.Next(ctx); err != jetstream.ErrMsgIteratorClosed {
 		t.Errorf("Next after Stop = %v, want ErrMsgIteratorClosed", err)
