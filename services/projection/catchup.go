@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/services/ledger"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -127,7 +129,11 @@ func (s *Service) catchUpOnce(ctx context.Context, batch []*tenantState, first b
 			after = a
 		}
 	}
-	info, err := s.st.stream.Info(ctx)
+	var info *jetstream.StreamInfo
+	err = s.st.jsc.ReadTries(ctx, func(ctx context.Context) (err error) {
+		info, err = s.st.stream.Info(ctx)
+		return err
+	})
 	if err != nil {
 		return 0, 0, fmt.Errorf("projection: read %s state: %w", schema.StreamEvents, err)
 	}

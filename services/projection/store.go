@@ -21,6 +21,7 @@ var errTooFar = errors.New("projection: too many events for one multi-filter rep
 
 // store reads TM_EVENTS and keeps the views' snapshots and checkpoints.
 type store struct {
+	jsc    *jsx.Client
 	js     jetstream.JetStream
 	stream jetstream.Stream
 	views  jetstream.ObjectStore
@@ -56,7 +57,7 @@ func openEventStore(ctx context.Context, st *schema.Store, log *slog.Logger) (*s
 	if err != nil {
 		return nil, err
 	}
-	return &store{js: js, stream: stream, views: views, checks: checks, batch: 4096, log: log}, nil
+	return &store{jsc: st.JS(), js: js, stream: stream, views: views, checks: checks, batch: 4096, log: log}, nil
 }
 
 // decode turns a message into an event; ok is false for a corrupt one.
@@ -123,16 +124,16 @@ func (s *store) replay(ctx context.Context, filters []string, after, until uint6
 	}
 }
 
-// lastSeq is the stream sequence of the newest event of tenant (0 if none).
+// lastSeq is the stream sequence of the newest event of tenant (0 if none), from any replica,
+// each try bounded: every query reports its lag with it, and a query in flight when NATS
+// stopped a node waited out nats.go's whole 5 s timeout for it, holding a move's source drain
+// as long (chaos, 2026-11-26).
 func (s *store) lastSeq(ctx context.Context, tenant string) (uint64, error) {
-	m, err := s.stream.GetLastMsgForSubject(ctx, schema.TenantEvents(tenant))
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return 0, nil
-	}
+	seq, err := s.jsc.DirectLastSeq(ctx, s.stream, schema.TenantEvents(tenant))
 	if err != nil {
 		return 0, fmt.Errorf("projection: last event of %s: %w", tenant, err)
 	}
-	return m.Sequence, nil
+	return seq, nil
 }
 
 // pending counts the tenant's events after sequence after (an ephemeral consumer's pending

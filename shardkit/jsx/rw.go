@@ -188,6 +188,39 @@ func (c *Client) LastSeq(ctx context.Context, stream, subject string) (uint64, e
 	return seq, nil
 }
 
+// DirectLastSeq is LastSeq answered by any replica of st (a direct get; the stream must allow
+// it), which may be a little behind the leader: for figures such as a lag, not for fences.
+// Each try is bounded, so a call made while a leader is elected does not wait out nats.go's
+// whole 5 s timeout.
+func (c *Client) DirectLastSeq(ctx context.Context, st jetstream.Stream, subject string) (uint64, error) {
+	var seq uint64
+	err := c.ReadTries(ctx, func(ctx context.Context) error {
+		m, err := st.GetLastMsgForSubject(ctx, subject)
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			seq = 0
+		case err != nil:
+			return err
+		default:
+			seq = m.Sequence
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("last message on %s: %w", subject, err)
+	}
+	return seq, nil
+}
+
+// ReadTries is Read with each attempt bounded (400 ms, doubling up to 1.6 s): for a read on a
+// move's path, so that an answer lost while NATS elects a leader costs a short try, not the
+// whole timeout.
+func (c *Client) ReadTries(ctx context.Context, op func(context.Context) error) error {
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	return retry(ctx, transient, tryFor(readAttempt, op))
+}
+
 // UpdateJSON writes v to key if its revision is still rev (0: only if absent) and returns the
 // new revision. A lost race is a *ConflictError.
 //
