@@ -10,8 +10,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
+	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -170,8 +173,12 @@ func (c Config) options() (*server.Options, error) {
 	return o, nil
 }
 
-// FreePorts returns n distinct free TCP ports on host, for configuring cluster members that must
-// know each other's addresses before they start.
+// FreePorts returns n distinct free TCP ports on host, for configuring cluster members (and the
+// dev stack's processes) that must know each other's addresses before they start. It picks
+// them below the kernel's ephemeral range where it can read it (Linux): a port the kernel hands
+// out for listening on :0 comes from the range its outgoing connections use too, and one of
+// those took a shard's port between the pick and the shard's own bind (a chaos run, 2026-11-26).
+// Another process picking the same port before either binds is still possible, only rarer.
 func FreePorts(host string, n int) ([]int, error) {
 	if host == "" {
 		host = "127.0.0.1"
@@ -183,7 +190,16 @@ func FreePorts(host string, n int) ([]int, error) {
 		}
 	}()
 	ports := make([]int, 0, n)
-	for range n {
+	low, high := belowEphemeral()
+	for tries := 0; len(ports) < n && high > low && tries < 100*n; tries++ {
+		l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(low+rand.IntN(high-low))))
+		if err != nil {
+			continue // taken
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	for len(ports) < n {
 		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 		if err != nil {
 			return nil, fmt.Errorf("embednats: reserve port: %w", err)
@@ -192,6 +208,24 @@ func FreePorts(host string, n int) ([]int, error) {
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// belowEphemeral is the range [low, high) FreePorts picks from: from 10000 up to the start of
+// the kernel's ephemeral range, or empty when that range is unknown.
+func belowEphemeral() (low, high int) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 0, 0
+	}
+	start, err := strconv.Atoi(f[0])
+	if err != nil || start <= 11000 {
+		return 0, 0
+	}
+	return 10000, start
 }
 
 // ClusterConfigs returns configs for an n-node cluster on loopback, each member routing to all
