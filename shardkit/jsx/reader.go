@@ -152,7 +152,7 @@ func (r *Reader) Next(ctx context.Context) (jetstream.Msg, *jetstream.MsgMetadat
 	}
 }
 
-// nextMsg waits for it's next message. The first of a consumer of one filter made with
+// nextMsg waits for the next message of it. The first of a consumer of one filter made with
 // messages to deliver comes within milliseconds, unless the consumer landed on a server that
 // was stopping (a cluster still counts a stopped server as a peer for a moment): then it is
 // made again after firstWait, doubling each time that happens (up to 2 s), instead of after two
