@@ -137,10 +137,16 @@ func (mv *mover) commit(ctx context.Context, ts *tenantState, e placement.Entry,
 			return
 		}
 	} else {
+		// Not cancelled with the task, as the commit's write is not: the watcher seeing the
+		// commit cancels this task, and a ready write not sent by then was lost (under load
+		// the target's signal stayed at warming). The next task starts once this one ends, so
+		// its own writes come after.
 		written := make(chan struct{})
 		go func() {
 			defer close(written)
-			mv.putSignal(ctx, ts, ready)
+			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			mv.putSignal(wctx, ts, ready)
 		}()
 		defer func() { <-written }()
 	}
