@@ -187,19 +187,19 @@ func (r *Reader) serversOffline(_ string, offline []string) {
 	r.mu.Lock()
 	cons, it := r.cons, r.it
 	r.mu.Unlock()
-	if cons == nil || it == nil || !slices.Contains(offline, consumerServer(cons)) {
+	if cons == nil || it == nil || !slices.Contains(offline, ConsumerServer(cons.CachedInfo())) {
 		return
 	}
 	r.moved.Store(true)
 	it.Stop()
 }
 
-// consumerServer is the server cons lives on ("" outside a cluster).
-func consumerServer(cons jetstream.Consumer) string {
-	if info := cons.CachedInfo(); info != nil && info.Cluster != nil {
-		return info.Cluster.Leader
+// ConsumerServer is the server a consumer lives on ("" without info, or outside a cluster).
+func ConsumerServer(info *jetstream.ConsumerInfo) string {
+	if info == nil || info.Cluster == nil {
+		return ""
 	}
-	return ""
+	return info.Cluster.Leader
 }
 
 // iter returns the current consumer's message iterator, making a consumer first if there is
@@ -271,11 +271,11 @@ func (r *Reader) create(ctx context.Context) (jetstream.Consumer, error) {
 		actx, acancel := context.WithTimeout(ctx, r.createTry)
 		cons, err := r.js.CreateConsumer(actx, r.stream, cc)
 		acancel()
-		if err == nil && r.servers.Offline(consumerServer(cons)) {
+		if err == nil && r.servers.Offline(ConsumerServer(cons.CachedInfo())) {
 			// Made while the cluster still counts a stopping server as a peer: it went with
 			// the server. Left to expire (a delete would wait for the server).
 			r.cfg.Logger.Info("an ordered read's consumer landed on a server gone offline; making another", "stream", r.stream,
-				"server", consumerServer(cons))
+				"server", ConsumerServer(cons.CachedInfo()))
 			err = errServerOffline
 		} else if err == nil {
 			r.createTry = firstCreateTry

@@ -260,7 +260,7 @@ func (f *Follower) session(ctx context.Context, createTry time.Duration) error {
 		_ = f.cfg.JS.DeleteConsumer(dctx, streamName, cons.CachedInfo().Name)
 		dcancel()
 	})
-	if server := consumerServer(cons.CachedInfo()); f.servers.Offline(server) {
+	if server := jsx.ConsumerServer(cons.CachedInfo()); f.servers.Offline(server) {
 		return fmt.Errorf("%w: %s", errOfflineServer, server)
 	}
 	f.downSince.Store(0)
@@ -308,14 +308,7 @@ func (f *Follower) session(ctx context.Context, createTry time.Duration) error {
 func (f *Follower) setSession(info *jetstream.ConsumerInfo, stop func()) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.server, f.stop = consumerServer(info), stop
-}
-
-func consumerServer(info *jetstream.ConsumerInfo) string {
-	if info == nil || info.Cluster == nil {
-		return ""
-	}
-	return info.Cluster.Leader
+	f.server, f.stop = jsx.ConsumerServer(info), stop
 }
 
 func (f *Follower) currentServer() string {
