@@ -130,7 +130,7 @@ func aggregateConflicts(t testing.TB, aggregates []string) int {
 	t.Helper()
 	total := 0
 	for _, base := range aggregates {
-		resp, err := http.Get(base + "/metrics")
+		resp, err := adminClient.Get(base + "/metrics")
 		if err != nil {
 			t.Fatalf("metrics of %s: %v", base, err)
 		}

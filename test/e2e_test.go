@@ -333,6 +333,10 @@ func createPlan(t testing.TB, post func(testing.TB, string, any) []byte, base st
 const stackAdminToken = "dev-admin-token"
 
 // postAdmin POSTs body as JSON to the rebalancer API at url with the stack's admin token.
+// adminClient bounds every call the tests make to the stack's control, rebalancer and metrics
+// APIs.
+var adminClient = &http.Client{Timeout: 30 * time.Second}
+
 func postAdmin(url string, body any) (*http.Response, error) {
 	b, _ := json.Marshal(body)
 	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(b))
@@ -341,7 +345,7 @@ func postAdmin(url string, body any) (*http.Response, error) {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+stackAdminToken)
-	return http.DefaultClient.Do(req)
+	return adminClient.Do(req)
 }
 
 func postOK(t testing.TB, url string, body any) []byte {
@@ -363,7 +367,7 @@ func awaitPlanMoves(t testing.TB, base, id string) []movePause {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		resp, err := http.Get(base + "/api/plans/" + id)
+		resp, err := adminClient.Get(base + "/api/plans/" + id)
 		if err == nil {
 			var p struct {
 				Plan  struct{ Status string } `json:"plan"`
