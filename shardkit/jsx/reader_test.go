@@ -3,7 +3,9 @@ package jsx_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -122,7 +124,21 @@ func TestReaderResumesAfterItsConsumerIsDeleted(t *testing.T) {
 // A reader whose consumer lives on a server that stops (not the one it is connected to)
 // hears it from the stream leader advisory, makes its consumer again on a server still up and
 // reads on without gap or duplicate.
+// TestReaderLeavesAStoppedServer stops the server a reader's consumer lives on (not its
+// connection's) while it reads, and after the reader was made and before its first read. While
+// it reads, the stream leader advisory that lists the server offline makes it make its consumer
+// again (heartbeats of 14 s would take 28 s, past the test's wait: the case fails with the
+// advisory handling taken out); before its first read, the first pull finds no responder.
 func TestReaderLeavesAStoppedServer(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		readFirst bool
+	}{{"while reading", true}, {"before the first read", false}} {
+		t.Run(tc.name, func(t *testing.T) { readerLeavesAStoppedServer(t, tc.readFirst) })
+	}
+}
+
+func readerLeavesAStoppedServer(t *testing.T, readFirst bool) {
 	c := natstest.NewCluster(t)
 	admin := natstest.Connect(t, c.URLs())
 	ajs, _ := jetstream.New(admin)
@@ -152,6 +168,7 @@ func TestReaderLeavesAStoppedServer(t *testing.T) {
 	}
 	var (
 		r        *jsx.Reader
+		nc       *nats.Conn
 		stopped  = -1
 		connName string
 	)
@@ -160,12 +177,10 @@ func TestReaderLeavesAStoppedServer(t *testing.T) {
 			r.Stop()
 		}
 		via := try % len(c.Servers)
-		nc := natstest.Connect(t, fmt.Sprintf("nats://127.0.0.1:%d", c.Configs[via].Port), nats.NoReconnect())
+		nc = natstest.Connect(t, fmt.Sprintf("nats://127.0.0.1:%d", c.Configs[via].Port), nats.NoReconnect())
 		connName = nc.ConnectedServerName()
 		js, _ := jetstream.New(nc)
 		var err error
-		// Heartbeats that would notice after 28 s: only the advisory that lists the server
-		// offline can make the reader leave it within the test's wait.
 		if r, err = jsx.Read(ctx, js, "R", jsx.ReadConfig{Filters: []string{"r.>"}, Heartbeat: 14 * time.Second}); err != nil {
 			t.Fatal(err)
 		}
@@ -179,7 +194,21 @@ func TestReaderLeavesAStoppedServer(t *testing.T) {
 	if stopped < 0 {
 		t.Fatal("no reader had its consumer on another server than its connection's in 12 tries")
 	}
-	readN(t, r, 1, 3, 20*time.Second)
+	from := 1
+	if readFirst {
+		readN(t, r, 1, 3, 20*time.Second)
+		from = 4
+	}
+	// The reader's connection hears the advisories; this watch on it tells when one has listed
+	// the server offline (the reader's own watch has then heard it too).
+	heard := make(chan struct{})
+	var once sync.Once
+	w := jsx.WatchServers(nc, func(_ string, offline []string) {
+		if slices.Contains(offline, c.Servers[stopped].Name()) {
+			once.Do(func() { close(heard) })
+		}
+	})
+	defer w.Leave()
 	// The stream's leader moves to that server (if it is not there already), so that its stop
 	// elects a new one: the advisory the reader hears.
 	if _, err := admin.Request("$JS.API.STREAM.LEADER.STEPDOWN.R",
@@ -187,6 +216,11 @@ func TestReaderLeavesAStoppedServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Servers[stopped].Stop()
+	select {
+	case <-heard:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no stream leader advisory listed the stopped server offline within 20s")
+	}
 	for i := range c.Servers {
 		if i != stopped && c.Servers[i].Name() != connName {
 			wnc := natstest.Connect(t, fmt.Sprintf("nats://127.0.0.1:%d", c.Configs[i].Port))
@@ -195,5 +229,5 @@ func TestReaderLeavesAStoppedServer(t *testing.T) {
 			break
 		}
 	}
-	readN(t, r, 4, 3, 20*time.Second)
+	readN(t, r, from, 7-from, 20*time.Second)
 }
