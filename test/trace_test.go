@@ -46,7 +46,7 @@ func TestTraces(t *testing.T) {
 		req.Header.Set("x-tenant-id", "acme")
 		req.Header.Set("content-type", "application/json")
 		req.Header.Set("traceparent", fmt.Sprintf("00-%s-%s-01", trace, parent))
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := adminClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
