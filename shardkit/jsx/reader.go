@@ -278,10 +278,12 @@ func (r *Reader) create(ctx context.Context) (jetstream.Consumer, error) {
 				"server", ConsumerServer(cons.CachedInfo()))
 			err = errServerOffline
 		} else if err == nil {
-			r.createTry = firstCreateTry
-			return cons, nil
+			if err = AwaitPulls(ctx, r.js.Conn(), r.stream, cons.CachedInfo(), time.Second); err == nil {
+				r.createTry = firstCreateTry
+				return cons, nil
+			}
 		}
-		if ctx.Err() != nil || (!creating(err) && !errors.Is(err, errServerOffline)) {
+		if ctx.Err() != nil || (!creating(err) && !errors.Is(err, errServerOffline) && !errors.Is(err, ErrPullsUnheard)) {
 			return nil, err
 		}
 		r.cfg.Logger.Info("making an ordered read's consumer failed; trying again", "stream", r.stream, "try", r.createTry, "err", err)

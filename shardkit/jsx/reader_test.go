@@ -231,3 +231,69 @@ func readerLeavesAStoppedServer(t *testing.T, readFirst bool) {
 	}
 	readN(t, r, from, 7-from, 20*time.Second)
 }
+
+// TestAwaitPulls makes consumers on other servers than their connection's and pulls from each
+// at once after AwaitPulls: every first pull must be heard. Without the wait, about 3% of such
+// first pulls are answered "no responders" (the consumer's pull subject not yet known on the
+// connection's server), which nats.go's iterator ignores until two heartbeats are missed: with
+// 14 s heartbeats, past the test's wait.
+func TestAwaitPulls(t *testing.T) {
+	c := natstest.NewCluster(t)
+	admin := natstest.Connect(t, c.URLs())
+	ajs, _ := jetstream.New(admin)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	for {
+		actx, acancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := ajs.CreateStream(actx, jetstream.StreamConfig{Name: "R", Subjects: []string{"r.>"}, Replicas: 3, Storage: jetstream.MemoryStorage})
+		acancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond) // the meta leader may not know every peer yet
+	}
+	publish(t, ajs, 1, 1)
+	var jss []jetstream.JetStream
+	for i := range c.Servers {
+		js, _ := jetstream.New(natstest.Connect(t, fmt.Sprintf("nats://127.0.0.1:%d", c.Configs[i].Port)))
+		jss = append(jss, js)
+	}
+	cross := 0
+	for i := 0; cross < 100 && i < 1000; i++ {
+		js := jss[i%len(jss)]
+		cons, err := js.CreateConsumer(ctx, "R", jetstream.ConsumerConfig{AckPolicy: jetstream.AckNonePolicy,
+			MemoryStorage: true, Replicas: 1, InactiveThreshold: 5 * time.Second, FilterSubject: "r.>"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if jsx.ConsumerServer(cons.CachedInfo()) == js.Conn().ConnectedServerName() {
+			continue
+		}
+		cross++
+		if err := jsx.AwaitPulls(ctx, js.Conn(), "R", cons.CachedInfo(), 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		it, err := cons.Messages(jetstream.PullHeartbeat(14*time.Second), jetstream.WithMessagesErrOnMissingHeartbeat(true))
+		if err != nil {
+			t.Fatal(err)
+		}
+		nctx, ncancel := context.WithTimeout(ctx, 10*time.Second)
+		m, err := it.Next(jetstream.NextContext(nctx))
+		ncancel()
+		it.Stop()
+		if err != nil {
+			t.Fatalf("consumer %d (on %s, pulled through %s): first message: %v", cross, jsx.ConsumerServer(cons.CachedInfo()),
+				js.Conn().ConnectedServerName(), err)
+		}
+		if string(m.Data()) != "m1" {
+			t.Fatalf("first message %q, want m1 (the probe must not take it)", m.Data())
+		}
+		_ = js.DeleteConsumer(ctx, "R", cons.CachedInfo().Name)
+	}
+	if cross < 100 {
+		t.Fatalf("only %d consumers landed on another server than their connection's", cross)
+	}
+}

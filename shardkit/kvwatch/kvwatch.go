@@ -196,8 +196,8 @@ func (f *Follower) Run(ctx context.Context) error {
 		if errors.Is(err, errGap) {
 			continue // resume at once; the server is fine
 		}
-		if errors.Is(err, errOfflineServer) {
-			backoff = f.cfg.Retry // made where it cannot live: again, soon
+		if errors.Is(err, errOfflineServer) || errors.Is(err, jsx.ErrPullsUnheard) {
+			backoff = f.cfg.Retry // made where it cannot live, or cannot be reached: again, soon
 		}
 		select {
 		case <-time.After(backoff/2 + rand.N(backoff/2+1)):
@@ -262,6 +262,9 @@ func (f *Follower) session(ctx context.Context, createTry time.Duration) error {
 	})
 	if server := jsx.ConsumerServer(cons.CachedInfo()); f.servers.Offline(server) {
 		return fmt.Errorf("%w: %s", errOfflineServer, server)
+	}
+	if err := jsx.AwaitPulls(ctx, f.cfg.JS.Conn(), streamName, cons.CachedInfo(), time.Second); err != nil {
+		return err
 	}
 	f.downSince.Store(0)
 	if !f.synced.Load() && cons.CachedInfo().NumPending == 0 {
