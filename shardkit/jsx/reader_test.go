@@ -264,8 +264,12 @@ func TestAwaitPulls(t *testing.T) {
 	cross := 0
 	for i := 0; cross < 100 && i < 1000; i++ {
 		js := jss[i%len(jss)]
+		deliver := jetstream.DeliverAllPolicy
+		if i%2 == 1 { // as kvwatch's followers start
+			deliver = jetstream.DeliverLastPerSubjectPolicy
+		}
 		cons, err := js.CreateConsumer(ctx, "R", jetstream.ConsumerConfig{AckPolicy: jetstream.AckNonePolicy,
-			MemoryStorage: true, Replicas: 1, InactiveThreshold: 5 * time.Second, FilterSubject: "r.>"})
+			MemoryStorage: true, Replicas: 1, InactiveThreshold: 5 * time.Second, FilterSubject: "r.>", DeliverPolicy: deliver})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -288,8 +292,13 @@ func TestAwaitPulls(t *testing.T) {
 			t.Fatalf("consumer %d (on %s, pulled through %s): first message: %v", cross, jsx.ConsumerServer(cons.CachedInfo()),
 				js.Conn().ConnectedServerName(), err)
 		}
-		if string(m.Data()) != "m1" {
-			t.Fatalf("first message %q, want m1 (the probe must not take it)", m.Data())
+		md, err := m.Metadata()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(m.Data()) != "m1" || md.Sequence.Consumer != 1 {
+			t.Fatalf("first message %q, consumer sequence %d, want m1 at 1 (%s: the probe must not take or skip it)",
+				m.Data(), md.Sequence.Consumer, deliver)
 		}
 		_ = js.DeleteConsumer(ctx, "R", cons.CachedInfo().Name)
 	}
