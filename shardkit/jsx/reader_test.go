@@ -139,25 +139,8 @@ func TestReaderLeavesAStoppedServer(t *testing.T) {
 }
 
 func readerLeavesAStoppedServer(t *testing.T, readFirst bool) {
-	c := natstest.NewCluster(t)
-	admin := natstest.Connect(t, c.URLs())
-	ajs, _ := jetstream.New(admin)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	for {
-		// Right after start-up, the meta leader may not know every peer yet ("no suitable
-		// peers for placement"): polling, no event to await.
-		actx, acancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := ajs.CreateStream(actx, jetstream.StreamConfig{Name: "R", Subjects: []string{"r.>"}, Replicas: 3, Storage: jetstream.MemoryStorage})
-		acancel()
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	c, ajs, ctx := clusterR3(t, 90*time.Second)
+	admin := ajs.Conn()
 	publish(t, ajs, 1, 3)
 
 	// A reader connected to one server whose consumer lives on another (placement is random:
@@ -238,23 +221,7 @@ func readerLeavesAStoppedServer(t *testing.T, readFirst bool) {
 // connection's server), which nats.go's iterator ignores until two heartbeats are missed: with
 // 14 s heartbeats, past the test's wait.
 func TestAwaitPulls(t *testing.T) {
-	c := natstest.NewCluster(t)
-	admin := natstest.Connect(t, c.URLs())
-	ajs, _ := jetstream.New(admin)
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
-	for {
-		actx, acancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := ajs.CreateStream(actx, jetstream.StreamConfig{Name: "R", Subjects: []string{"r.>"}, Replicas: 3, Storage: jetstream.MemoryStorage})
-		acancel()
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(100 * time.Millisecond) // the meta leader may not know every peer yet
-	}
+	c, ajs, ctx := clusterR3(t, 120*time.Second)
 	publish(t, ajs, 1, 1)
 	var jss []jetstream.JetStream
 	for i := range c.Servers {
@@ -304,5 +271,29 @@ func TestAwaitPulls(t *testing.T) {
 	}
 	if cross < 100 {
 		t.Fatalf("only %d consumers landed on another server than their connection's", cross)
+	}
+}
+
+// clusterR3 starts a 3-node cluster with stream R (r.>, 3 replicas, memory), and returns it, a
+// JetStream connected to every server, and a context that ends within d (or with the test).
+func clusterR3(t *testing.T, d time.Duration) (*natstest.Cluster, jetstream.JetStream, context.Context) {
+	t.Helper()
+	c := natstest.NewCluster(t)
+	js, _ := jetstream.New(natstest.Connect(t, c.URLs()))
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	for {
+		// Right after start-up, the meta leader may not know every peer yet ("no suitable
+		// peers for placement"): polling, no event to await.
+		actx, acancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := js.CreateStream(actx, jetstream.StreamConfig{Name: "R", Subjects: []string{"r.>"}, Replicas: 3, Storage: jetstream.MemoryStorage})
+		acancel()
+		if err == nil {
+			return c, js, ctx
+		}
+		if ctx.Err() != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
