@@ -15,10 +15,10 @@ var ErrPullsUnheard = errors.New("the consumer's server does not hear its pulls"
 
 // pullProbe is a pull request the consumer refuses before it looks at its messages (400, a
 // batch that is not a number): the answer proves the pull was heard, and nothing is delivered
-// or skipped. (A first version asked for one message of at most one byte, answered 409: in
-// the chaos runs a restarted gateway's kinds follower then never saw the bucket's first key,
-// a last-per-subject consumer's first entry gone with no gap in its sequence, and the gateway
-// never became ready in 5 of 9 runs.)
+// or skipped. (A first version asked for one message of at most one byte, answered 409: 5 of
+// 7 chaos runs failed with it, 4 with a restarted gateway whose kinds follower never saw the
+// bucket's first key, a last-per-subject consumer's first entry gone with no gap in its
+// sequence.)
 var pullProbe = []byte(`{"batch":"probe"}`)
 
 // AwaitPulls returns once a pull for the consumer reaches it, trying within bound. A consumer
