@@ -236,47 +236,41 @@ func kill9(t *testing.T, control, child string) (restarts int, at time.Time) {
 	return c.Restarts, time.Now()
 }
 
-// planStatus reads a plan's status and its moves' states.
-func planStatus(base, id string) (string, []string, error) {
-	resp, err := adminClient.Get(base + "/api/plans/" + id)
-	if err != nil {
-		return "", nil, err
-	}
-	defer resp.Body.Close()
-	var p struct {
-		Plan  struct{ Status string }  `json:"plan"`
-		Moves []struct{ State string } `json:"moves"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&p); err != nil {
-		return "", nil, err
-	}
-	var states []string
-	for _, m := range p.Moves {
-		states = append(states, m.State)
-	}
-	return p.Plan.Status, states, nil
-}
-
 // planMove is one move of a plan as the rebalancer's API reports it.
 type planMove struct {
 	Kind, State, Reason                string
 	Started, Handoff, Commit, Finished time.Time
 }
 
-// planMoves reads the moves of plan id.
-func planMoves(base, id string) ([]planMove, error) {
+// readPlan reads a plan's status and its moves.
+func readPlan(base, id string) (string, []planMove, error) {
 	resp, err := adminClient.Get(base + "/api/plans/" + id)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return "", nil, fmt.Errorf("GET plan %s: %s: %s", id, resp.Status, b)
+	}
 	var p struct {
-		Moves []planMove `json:"moves"`
+		Plan  struct{ Status string } `json:"plan"`
+		Moves []planMove              `json:"moves"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&p); err != nil {
-		return nil, err
+		return "", nil, err
 	}
-	return p.Moves, nil
+	return p.Plan.Status, p.Moves, nil
+}
+
+// planStatus reads a plan's status and its moves' states.
+func planStatus(base, id string) (string, []string, error) {
+	status, moves, err := readPlan(base, id)
+	var states []string
+	for _, m := range moves {
+		states = append(states, m.State)
+	}
+	return status, states, err
 }
 
 // firstFinished is when the first of moves finished, after since (0 if none did).
@@ -500,9 +494,9 @@ func TestChaosUnderLoad(t *testing.T) {
 	rbRec := time.Since(killed)
 	t.Logf("rebalancer killed during an apply: restarted and ready after %s, plan done after %s", rbReady.Round(time.Millisecond), rbRec.Round(time.Millisecond))
 	if rbRec > 5*time.Second { // usually 1-2 s: say where the time went
-		moves, err := planMoves(s.rebalancer, id)
+		_, moves, err := readPlan(s.rebalancer, id)
 		if err != nil {
-			t.Fatalf("reading plan %s: %v", id, err)
+			t.Logf("reading plan %s for its timeline: %v", id, err)
 		}
 		t.Logf("the plan's moves, times from the kill: %s", planTimeline(moves, killed))
 	}
@@ -540,11 +534,11 @@ func TestChaosUnderLoad(t *testing.T) {
 	id = startMove()
 	aborted += awaitSettled(t, s.rebalancer, id)
 	planRec := time.Since(stopped)
-	postOK(t, fmt.Sprintf("%s/nats/%d/start", control, leader), nil)
-	steps, err := planMoves(s.rebalancer, id)
+	_, steps, err := readPlan(s.rebalancer, id) // a figure, not a check: a failed read is logged
 	if err != nil {
-		t.Fatalf("reading plan %s: %v", id, err)
+		t.Logf("reading plan %s for its moves' times: %v", id, err)
 	}
+	postOK(t, fmt.Sprintf("%s/nats/%d/start", control, leader), nil)
 	// The plan moves one tenant in each kind, one kind after the other: the first of its moves
 	// is "the next move" of the goal (within 2 s of the stop), the plan the tenant's three.
 	t.Logf("NATS meta leader (node %d) stopped: new leader after %s, a command succeeded after %s, a move completed after %s, the tenant's three (one per kind, in turn) after %s",
