@@ -105,7 +105,7 @@ func (c *Client) LeaderGetJSON(ctx context.Context, kv jetstream.KeyValue, key s
 // leaderGet asks the stream leader of bucket for key's last message. A deleted or purged key,
 // or one never written, is jetstream.ErrKeyNotFound.
 func (c *Client) leaderGet(ctx context.Context, bucket, key string) ([]byte, uint64, error) {
-	m, err := c.leaderLast(ctx, KVStream(bucket), KVSubject(bucket, key))
+	m, err := leaderLast(ctx, c.nc, KVStream(bucket), KVSubject(bucket, key))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, 0, jetstream.ErrKeyNotFound
 	}
@@ -135,12 +135,12 @@ type storedMsg struct {
 // leaderLast asks stream's leader for the last message on subject (wildcards allowed): unlike
 // a direct get, which any replica may answer, it sees every write acknowledged before it was
 // sent. None is jetstream.ErrMsgNotFound.
-func (c *Client) leaderLast(ctx context.Context, stream, subject string) (*storedMsg, error) {
+func leaderLast(ctx context.Context, nc *nats.Conn, stream, subject string) (*storedMsg, error) {
 	req, err := json.Marshal(map[string]string{"last_by_subj": subject})
 	if err != nil {
 		return nil, err
 	}
-	msg, err := c.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+	msg, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
 	if err != nil {
 		return nil, err
 	}
@@ -171,7 +171,7 @@ func (c *Client) LastSeq(ctx context.Context, stream, subject string) (uint64, e
 	defer cancel()
 	var seq uint64
 	err := retry(ctx, transient, tryFor(readAttempt, func(ctx context.Context) error {
-		m, err := c.leaderLast(ctx, stream, subject)
+		m, err := leaderLast(ctx, c.nc, stream, subject)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			seq = 0
 			return nil
@@ -440,7 +440,8 @@ func (c *Client) Keys(ctx context.Context, kv jetstream.KeyValue, filter string)
 // under filter.
 func (c *Client) listLatest(ctx context.Context, kv jetstream.KeyValue, filter string, headersOnly bool) (map[string]listItem, error) {
 	prefix := KVSubject(kv.Bucket(), "")
-	r, err := Read(ctx, c.js, KVStream(kv.Bucket()), ReadConfig{
+	stream := KVStream(kv.Bucket())
+	r, err := Read(ctx, c.js, stream, ReadConfig{
 		Filters:        []string{prefix + filter},
 		LastPerSubject: true,
 		HeadersOnly:    headersOnly,
@@ -451,7 +452,20 @@ func (c *Client) listLatest(ctx context.Context, kv jetstream.KeyValue, filter s
 	}
 	defer r.Stop()
 	latest := map[string]listItem{}
-	for pending := r.Pending(); pending > 0; {
+	caught := NewCaughtUp(c.nc, stream, prefix+filter)
+	var seq, pending uint64
+	for pending = r.Pending(); ; {
+		if pending == 0 {
+			cctx, cancel := context.WithTimeout(ctx, readAttempt)
+			done, err := caught.Check(cctx, seq)
+			cancel()
+			if err != nil {
+				return nil, err
+			}
+			if done {
+				return latest, nil
+			}
+		}
 		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		m, md, err := r.Next(wctx)
 		cancel()
@@ -463,12 +477,49 @@ func (c *Client) listLatest(ctx context.Context, kv jetstream.KeyValue, filter s
 			}
 			return nil, err
 		}
-		pending = md.NumPending
+		seq, pending = md.Sequence.Stream, md.NumPending
 		op := m.Headers().Get("KV-Operation")
 		del := op == "DEL" || op == "PURGE" || m.Headers().Get("Nats-Marker-Reason") != ""
 		latest[strings.TrimPrefix(m.Subject(), prefix)] = listItem{rev: md.Sequence.Stream, data: m.Data(), del: del}
 	}
-	return latest, nil
+}
+
+// CaughtUp tells a read of the newest message of every subject under a filter (a last-per-
+// subject consumer, or one from a revision on) when it has seen them all. The consumer's own
+// count of what is left cannot say: when a write replaces a subject's only message (a KV
+// bucket of history 1) before the consumer reached it, the server takes the old message off
+// the count at once and adds the new one a moment later, so the count can read 0 with the new
+// message unsent, and a read that stopped there would miss the subject altogether.
+type CaughtUp struct {
+	nc              *nats.Conn
+	stream, subject string
+	target          uint64
+}
+
+// NewCaughtUp checks reads of stream's messages on subject (wildcards allowed).
+func NewCaughtUp(nc *nats.Conn, stream, subject string) *CaughtUp {
+	return &CaughtUp{nc: nc, stream: stream, subject: subject}
+}
+
+// Check reports whether a read whose consumer counts nothing left, and whose newest message
+// received is at stream sequence seq, has seen the newest message of every subject: whether
+// nothing on the subject is newer than seq, as the stream leader sees it. One request, within
+// ctx; until the read has reached the newest message the last Check found, it asks nothing.
+func (c *CaughtUp) Check(ctx context.Context, seq uint64) (bool, error) {
+	if seq < c.target {
+		return false, nil
+	}
+	m, err := leaderLast(ctx, c.nc, c.stream, c.subject)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("last message on %s: %w", c.subject, unavailable(err))
+	case m.Sequence <= seq:
+		return true, nil
+	}
+	c.target = m.Sequence
+	return false, nil
 }
 
 // KVStream is the stream that holds KV bucket's values.

@@ -216,6 +216,10 @@ var (
 	errOfflineServer = errors.New("consumer made on a server that went offline")
 )
 
+// syncCheckTry bounds the request that checks a follower has seen every key before it says
+// it is synced.
+const syncCheckTry = 2 * time.Second
+
 // maxRetry bounds the wait between attempts to recreate a consumer.
 const maxRetry = 4 * time.Second
 
@@ -267,8 +271,13 @@ func (f *Follower) session(ctx context.Context, createTry time.Duration) error {
 		return err
 	}
 	f.downSince.Store(0)
+	// Synced once nothing is left and nothing newer exists (jsx.CaughtUp: the consumer's count
+	// of what is left can read 0 a moment early when a write replaces a key it had yet to send).
+	caught := jsx.NewCaughtUp(f.cfg.JS.Conn(), streamName, f.prefix+f.cfg.Filter)
 	if !f.synced.Load() && cons.CachedInfo().NumPending == 0 {
-		f.markSynced()
+		if err := f.checkSynced(ctx, caught, after); err != nil {
+			return err
+		}
 	}
 	it, err := cons.Messages(
 		jetstream.PullMaxMessages(f.cfg.Batch),
@@ -303,9 +312,26 @@ func (f *Follower) session(ctx context.Context, createTry time.Duration) error {
 			f.apply(m, md)
 		}
 		if md.NumPending == 0 && !f.synced.Load() {
-			f.markSynced()
+			if err := f.checkSynced(ctx, caught, md.Sequence.Stream); err != nil {
+				return err
+			}
 		}
 	}
+}
+
+// checkSynced marks the follower synced if nothing under its filter is newer than seq, the
+// newest message it has: one request. A failed one ends the session; the next counts afresh.
+func (f *Follower) checkSynced(ctx context.Context, caught *jsx.CaughtUp, seq uint64) error {
+	cctx, cancel := context.WithTimeout(ctx, syncCheckTry)
+	defer cancel()
+	done, err := caught.Check(cctx, seq)
+	if err != nil {
+		return fmt.Errorf("check synced: %w", err)
+	}
+	if done {
+		f.markSynced()
+	}
+	return nil
 }
 
 func (f *Follower) setSession(info *jetstream.ConsumerInfo, stop func()) {
