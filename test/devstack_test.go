@@ -147,6 +147,31 @@ func (s *stack) stop(t testing.TB) {
 	}
 }
 
+// kill kills devstack as a crash or kill -9 would, without a word to its children, and checks
+// that they stop anyway (the kernel sends them SIGTERM when devstack dies) within 60 s.
+func (s *stack) kill(t testing.TB) {
+	t.Helper()
+	before, _ := exec.Command("pgrep", "-f", s.bin).Output()
+	if len(strings.Fields(string(before))) < 2 {
+		t.Fatalf("before the kill, pgrep finds %q running from %s: want devstack and its children", before, s.bin)
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGKILL)
+	<-s.exited
+	killed := time.Now()
+	deadline := killed.Add(60 * time.Second)
+	for {
+		left, _ := exec.Command("pgrep", "-f", s.bin).Output()
+		if len(strings.TrimSpace(string(left))) == 0 {
+			t.Logf("devstack killed: its %d children stopped within %s", len(strings.Fields(string(before)))-1, time.Since(killed).Round(100*time.Millisecond))
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("processes left running 60s after devstack was killed: %s", left)
+		}
+		time.Sleep(100 * time.Millisecond) // other processes' exits: nothing to wait on but polling
+	}
+}
+
 // TestDevStackTryThis is `make run` from a fresh start: it starts the dev stack, runs every
 // command of the "try this" block it prints, and stops it with Ctrl-C.
 func TestDevStackTryThis(t *testing.T) {

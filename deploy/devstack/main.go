@@ -332,7 +332,7 @@ func (c config) binary(name string) string {
 func (p *proc) start(wg *sync.WaitGroup) error {
 	cmd := exec.Command(p.args[0], p.args[1:]...)
 	cmd.Env = append(os.Environ(), "TM_LOG_FORMAT=text")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // Ctrl-C goes to us; we stop children in order
+	cmd.SysProcAttr = childAttr()
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return err
