@@ -456,6 +456,12 @@ func (c *Client) listLatest(ctx context.Context, kv jetstream.KeyValue, filter s
 	var seq, pending uint64
 	for pending = r.Pending(); ; {
 		if pending == 0 {
+			if caught.Asks() == maxListChecks {
+				// Each ask found something newer: the keys under the filter are written
+				// faster than one round trip. Rather than chase them, fail (the caller's
+				// retry lists again, later).
+				return nil, fmt.Errorf("%w: %s changed during each of %d reads to its end", ErrUnavailable, prefix+filter, maxListChecks)
+			}
 			cctx, cancel := context.WithTimeout(ctx, readAttempt)
 			done, err := caught.Check(cctx, seq)
 			cancel()
@@ -484,6 +490,13 @@ func (c *Client) listLatest(ctx context.Context, kv jetstream.KeyValue, filter s
 	}
 }
 
+// maxListChecks bounds how often a list asks the stream leader whether it has read to the end.
+// Each ask that finds a newer message under the filter costs a round trip and reads on to it;
+// a filter whose keys are written more than about once a round trip would keep a list going
+// (a thousand instances' heartbeats, every 15 s, write the directory 67 times a second: the
+// first or second ask ends such a list).
+const maxListChecks = 16
+
 // CaughtUp tells a read of the newest message of every subject under a filter (a last-per-
 // subject consumer, or one from a revision on) when it has seen them all. The consumer's own
 // count of what is left cannot say: when a write replaces a subject's only message (a KV
@@ -494,7 +507,11 @@ type CaughtUp struct {
 	nc              *nats.Conn
 	stream, subject string
 	target          uint64
+	asks            int
 }
+
+// Asks is how many times Check asked the stream leader.
+func (c *CaughtUp) Asks() int { return c.asks }
 
 // NewCaughtUp checks reads of stream's messages on subject (wildcards allowed).
 func NewCaughtUp(nc *nats.Conn, stream, subject string) *CaughtUp {
@@ -505,10 +522,13 @@ func NewCaughtUp(nc *nats.Conn, stream, subject string) *CaughtUp {
 // received is at stream sequence seq, has seen the newest message of every subject: whether
 // nothing on the subject is newer than seq, as the stream leader sees it. One request, within
 // ctx; until the read has reached the newest message the last Check found, it asks nothing.
+// Reaching that message is not the end: a subject replaced while the read went there has its
+// successor beyond it, so the read asks again, until an ask finds nothing newer.
 func (c *CaughtUp) Check(ctx context.Context, seq uint64) (bool, error) {
 	if seq < c.target {
 		return false, nil
 	}
+	c.asks++
 	m, err := leaderLast(ctx, c.nc, c.stream, c.subject)
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
