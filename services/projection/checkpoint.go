@@ -2,6 +2,7 @@ package projection
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 	"time"
@@ -14,8 +15,10 @@ func (s *Service) flush(ctx context.Context, ts *tenantState) error {
 		ts.mu.RUnlock()
 		return nil
 	}
-	b, applied, err := ts.encode()
+	snap := ts.views()
 	ts.mu.RUnlock()
+	applied := snap.Applied
+	b, err := json.Marshal(snap)
 	if err != nil {
 		return fmt.Errorf("projection: encode views of %s: %w", ts.tenant, err)
 	}
