@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -298,4 +299,70 @@ func waitLive(b testing.TB, s *Service, n int) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// BenchmarkApplyDuringFlush measures how long the tail takes to apply a small tenant's event
+// while a tenant with 60,000 transactions on the same tail has its views stored again and
+// again (as the periodic flush and a move's release do late in a long run): publish ->
+// applied, p50 / p99 / max. The big tenant's events keep coming: encoding its views under its
+// lock held the tail at the next of them for the rest of the encoding, and the small tenant's
+// event behind it.
+func BenchmarkApplyDuringFlush(b *testing.B) {
+	st := openStore(b)
+	p := newPublisher(b, st)
+	const bigTxs = 60_000
+	for range bigTxs {
+		p.add("big")
+	}
+	p.add("small")
+	p.wait()
+	s, _ := newService(b, st, Config{TailPartitions: 1, CheckpointInterval: time.Hour, CheckpointEvery: 1 << 30})
+	for _, tenant := range []string{"big", "small"} {
+		s.host(tenant)
+		warm(b, s, tenant, p.last[tenant])
+	}
+	big := s.lookup("big")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	flushes := make(chan int, 1)
+	go func() {
+		n := 0
+		defer func() { flushes <- n }()
+		for ctx.Err() == nil {
+			big.mu.Lock()
+			big.flushed = 0 // as if changed: the flush stores the views
+			big.mu.Unlock()
+			if err := s.flush(ctx, big); err == nil {
+				n++
+			}
+		}
+	}()
+	js := st.JS().JetStream()
+	var lat []time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		p.add("big") // the big tenant's events keep coming too: the tail takes its lock for each
+		ev, _ := json.Marshal(aggregate.Event{Tenant: "small", AggregateType: aggregate.AccountType, AggregateID: "acc0",
+			Version: uint64(i + 2), Event: aggregate.EvDeposited, Data: json.RawMessage(`{"amount":1}`), At: time.Now().UTC()})
+		start := time.Now()
+		ack, err := js.Publish(context.Background(), schema.EventSubject("small", aggregate.AccountType, "acc0"), ev)
+		if err != nil {
+			b.Fatal(err)
+		}
+		select {
+		case <-s.lookup("small").waitApplied(ack.Sequence):
+		case <-time.After(10 * time.Second):
+			b.Fatalf("event %d not applied within 10s", ack.Sequence)
+		}
+		lat = append(lat, time.Since(start))
+	}
+	b.StopTimer()
+	cancel()
+	n := <-flushes
+	p.wait()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+	b.ReportMetric(float64(lat[len(lat)-1].Microseconds()), "max-µs")
+	b.ReportMetric(float64(n), "flushes")
 }
