@@ -123,6 +123,13 @@ var suite = []entry{
 		note: "16 concurrent clients, 64 tenants, one JetStream append with expected-last-subject-sequence per command, no HTTP.",
 	},
 	{
+		title:     "Projection: a tenant's apply while another's views are stored",
+		pkg:       "./services/projection/",
+		bench:     "^BenchmarkApplyDuringFlush$",
+		benchtime: "3s", count: 3,
+		note: "One tail; a tenant with 60,000 transactions whose views are stored back to back while its events keep coming, and a small tenant's event timed from publish to applied (p50/p99/max): the stores must not hold the tail.",
+	},
+	{
 		title:     "Projection: warm-up, catch-up over 10,000 tenants, filtered consumers",
 		pkg:       "./services/projection/",
 		bench:     "^Benchmark(Warm|Tenants10k|Tenants1kLive|FilterConsumer)$",
