@@ -5,6 +5,7 @@ package tmtest
 import (
 	"context"
 	"errors"
+	"net/http"
 	"testing"
 	"time"
 
@@ -158,3 +159,8 @@ func Until(what string, cond func() bool) func() error {
 		return errors.New(what + ": not yet")
 	}
 }
+
+// HTTP is the client tests use for the servers they start: every call is bounded, so a server
+// that hangs fails the test at the bound, with the call named, instead of at go test's timeout.
+// A stream that stays open longer (server-sent events) takes a request context instead.
+var HTTP = &http.Client{Timeout: 30 * time.Second}

@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -391,7 +390,7 @@ func TestServeCommand(t *testing.T) {
 		t.Fatal("serve did not listen")
 	}
 	for _, path := range []string{"/healthz", "/readyz", "/api/plans", "/api/instances", "/api/kinds", "/api/leader"} {
-		resp, err := http.Get(base + path)
+		resp, err := tmtest.HTTP.Get(base + path)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -491,7 +490,7 @@ func waitLeader(t *testing.T, base string) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		resp, err := http.Get(base + "/api/leader")
+		resp, err := tmtest.HTTP.Get(base + "/api/leader")
 		if err == nil {
 			var v struct {
 				Leading bool `json:"leading"`

@@ -52,7 +52,7 @@ func post(t *testing.T, url string, body any) []byte {
 	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(b))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+adminToken)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := tmtest.HTTP.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +222,7 @@ func TestDashboardInstancePage(t *testing.T) {
 	key := "aggregate.s-1.i1"
 	req, _ := http.NewRequest(http.MethodPut, ts.URL+"/api/instances/"+key+"/degraded", bytes.NewReader([]byte(`{"reason":"disk replacement"}`)))
 	req.Header.Set("Authorization", "Bearer "+adminToken)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := tmtest.HTTP.Do(req)
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("flag: %v %v", err, resp)
 	}

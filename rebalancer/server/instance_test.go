@@ -126,7 +126,7 @@ func TestInstancePage(t *testing.T) {
 	for range 4 {
 		req, _ := http.NewRequest("GET", "http://"+ln.Addr().String()+"/jobs", nil)
 		req.Header.Set(tmhttp.HeaderTenant, "initech")
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := tmtest.HTTP.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -106,7 +106,7 @@ func callWith(t *testing.T, token, method, url string, body any, out any) (int, 
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := tmtest.HTTP.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +253,7 @@ func TestAPIPlanApplyAndFollower(t *testing.T) {
 	if code, _ := call(t, "GET", b.ts.URL+"/readyz", nil, &ready); code != 200 || ready["leader"] != false {
 		t.Fatalf("follower readyz: %d %v", code, ready)
 	}
-	resp, err := http.Get(base + "/metrics")
+	resp, err := tmtest.HTTP.Get(base + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -485,7 +485,7 @@ func TestMoveStalledGauge(t *testing.T) {
 
 func get(t *testing.T, url string) string {
 	t.Helper()
-	resp, err := http.Get(url)
+	resp, err := tmtest.HTTP.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/services/aggregate"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -23,7 +24,7 @@ func post(t *testing.T, url, tenant, view, body string) (int, string, []byte) {
 	t.Helper()
 	req, _ := http.NewRequest("POST", url+"/query/"+view, strings.NewReader(body))
 	req.Header.Set(tmhttp.HeaderTenant, tenant)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := tmtest.HTTP.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -72,7 +72,7 @@ func (in *instance) queryHTTP(t *testing.T, tenant, view string, epoch uint64) (
 	req, _ := http.NewRequest("POST", in.url+"/query/"+view, strings.NewReader(`{"limit":1000}`))
 	req.Header.Set(tmhttp.HeaderTenant, tenant)
 	req.Header.Set(tmhttp.HeaderEpoch, fmt.Sprint(epoch))
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := tmtest.HTTP.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

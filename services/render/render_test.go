@@ -175,7 +175,7 @@ func call(t *testing.T, base, tenant string) (int, string, string) {
 	t.Helper()
 	req, _ := http.NewRequest("POST", base+"/render", strings.NewReader(`{"path":"/"}`))
 	req.Header.Set("X-Tenant-Id", tenant)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := tmtest.HTTP.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

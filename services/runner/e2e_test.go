@@ -59,7 +59,7 @@ func post(t *testing.T, url, tenant, body string) (int, Run) {
 	t.Helper()
 	req, _ := http.NewRequest("POST", url+"/jobs", strings.NewReader(body))
 	req.Header.Set(tmhttp.HeaderTenant, tenant)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := tmtest.HTTP.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +168,7 @@ func TestBinaryMove(t *testing.T) {
 	waitUntil(t, 60*time.Second, "every job succeeded", func() bool {
 		req, _ := http.NewRequest("GET", b+"/jobs?status=succeeded&limit=1000", nil)
 		req.Header.Set(tmhttp.HeaderTenant, tenant)
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := tmtest.HTTP.Do(req)
 		if err != nil {
 			return false
 		}
@@ -210,7 +210,7 @@ func TestBinaryMove(t *testing.T) {
 	waitUntil(t, 10*time.Second, "both instances in the view with metrics and runner status", func() bool {
 		req, _ := http.NewRequest("GET", a+"/admin/runner/instances", nil)
 		req.Header.Set("Authorization", "Bearer secret")
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := tmtest.HTTP.Do(req)
 		if err != nil {
 			return false
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -35,7 +36,7 @@ func call(t *testing.T, srv *httptest.Server, method, path, tenant, body string,
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := tmtest.HTTP.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

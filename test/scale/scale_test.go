@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -349,7 +350,7 @@ func (h *harness) apply(p *planner.Plan, limits *[]int) []rebalancer.MoveRecord 
 func (h *harness) post(url string) (int, []byte) {
 	req, _ := http.NewRequestWithContext(h.ctx, http.MethodPost, url, nil)
 	req.Header.Set("Authorization", "Bearer "+adminToken)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := tmtest.HTTP.Do(req)
 	if err != nil {
 		h.t.Fatal(err)
 	}
