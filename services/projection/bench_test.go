@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/tenantmesh/tenantmesh/services/aggregate"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -365,4 +366,44 @@ func BenchmarkApplyDuringFlush(b *testing.B) {
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 	b.ReportMetric(float64(lat[len(lat)-1].Microseconds()), "max-µs")
 	b.ReportMetric(float64(n), "flushes")
+}
+
+// BenchmarkFlush measures storing the views of a tenant with 60,000 transactions after 100
+// more arrived, as the periodic store does late in a long run: time and bytes written per
+// store.
+func BenchmarkFlush(b *testing.B) {
+	st := openStore(b)
+	p := newPublisher(b, st)
+	for range 60_000 {
+		p.add("big")
+	}
+	p.wait()
+	s, _ := newService(b, st, Config{CheckpointInterval: time.Hour, CheckpointEvery: 1 << 30})
+	s.host("big")
+	warm(b, s, "big", p.last["big"])
+	ts := s.lookup("big")
+	ctx := context.Background()
+	if err := s.flush(ctx, ts); err != nil { // the first store writes everything
+		b.Fatal(err)
+	}
+	written := func() float64 {
+		var m dto.Metric
+		_ = s.m.flushBytes.Write(&m)
+		return m.GetHistogram().GetSampleSum()
+	}
+	before := written()
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		for range 100 {
+			p.add("big")
+		}
+		p.wait()
+		warm(b, s, "big", p.last["big"])
+		b.StartTimer()
+		if err := s.flush(ctx, ts); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric((written()-before)/float64(b.N)/1024, "KiB/op")
 }

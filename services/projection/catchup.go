@@ -120,7 +120,6 @@ func (s *Service) catchUpOnce(ctx context.Context, batch []*tenantState, first b
 				s.cfg.Logger.Warn("stored views unusable; replaying from the start", "tenant", ts.tenant, "err", err)
 			} else if snap != nil {
 				ts.restore(snap)
-				ts.viewBytes.Store(uint64(snap.size))
 			}
 		}
 		byName[ts.tenant] = ts

@@ -2,39 +2,37 @@ package projection
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"sync"
 	"time"
 )
 
-// flush stores the tenant's views if they changed since they were last stored.
+// flush stores the tenant's views if they changed since they were last stored: the head and
+// the transactions' pages from the last partial one on (stored.go).
 func (s *Service) flush(ctx context.Context, ts *tenantState) error {
 	ts.mu.RLock()
 	if ts.applied == ts.flushed {
 		ts.mu.RUnlock()
 		return nil
 	}
-	snap := ts.views()
+	snap, prev := ts.views(), ts.stored
 	ts.mu.RUnlock()
-	applied := snap.Applied
-	b, err := json.Marshal(snap)
+	next, wrote, err := s.st.save(ctx, snap, prev)
 	if err != nil {
-		return fmt.Errorf("projection: encode views of %s: %w", ts.tenant, err)
-	}
-	if err := s.st.save(ctx, ts.tenant, b, applied); err != nil {
 		s.cfg.Logger.Warn("storing views failed", "tenant", ts.tenant, "err", err)
 		return err
 	}
 	ts.mu.Lock()
-	if applied > ts.flushed {
-		ts.flushed = applied
+	if snap.Applied > ts.flushed {
+		ts.flushed = snap.Applied
+	}
+	if next.tx >= ts.stored.tx {
+		ts.stored = next
 	}
 	ts.since = 0
 	ts.mu.Unlock()
-	ts.viewBytes.Store(uint64(len(b)))
+	ts.viewBytes.Store(uint64(next.size()))
 	s.m.flushes.Inc()
-	s.m.flushBytes.Observe(float64(len(b)))
+	s.m.flushBytes.Observe(float64(wrote))
 	return nil
 }
 

@@ -31,7 +31,8 @@ type store struct {
 }
 
 // Checkpoint is a tenant's record in tm_projection_checkpoints: the applied sequence its
-// stored views (object <tenant> in tm_projection_views) cover.
+// stored views (objects <tenant> and <tenant>/tx/<n> in tm_projection_views) cover, and their
+// size.
 type Checkpoint struct {
 	Tenant  string    `json:"tenant"`
 	Applied uint64    `json:"applied"`
@@ -145,35 +146,6 @@ func (s *store) pending(ctx context.Context, tenant string, after uint64) (uint6
 	}
 	r.Stop()
 	return r.Pending(), nil
-}
-
-// save stores the tenant's views and then its checkpoint.
-func (s *store) save(ctx context.Context, tenant string, b []byte, applied uint64) error {
-	if _, err := s.views.PutBytes(ctx, tenant, b); err != nil {
-		return fmt.Errorf("projection: store views of %s: %w", tenant, err)
-	}
-	cp, _ := json.Marshal(Checkpoint{Tenant: tenant, Applied: applied, Bytes: len(b), At: time.Now().UTC()})
-	if _, err := s.checks.Put(ctx, tenant, cp); err != nil {
-		return fmt.Errorf("projection: store checkpoint of %s: %w", tenant, err)
-	}
-	return nil
-}
-
-// load returns the tenant's stored views, or nil if it has none.
-func (s *store) load(ctx context.Context, tenant string) (*snapshot, error) {
-	b, err := s.views.GetBytes(ctx, tenant)
-	if errors.Is(err, jetstream.ErrObjectNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("projection: load views of %s: %w", tenant, err)
-	}
-	var snap snapshot
-	if err := json.Unmarshal(b, &snap); err != nil || snap.Tenant != tenant {
-		return nil, fmt.Errorf("projection: stored views of %s are corrupt: %v", tenant, err)
-	}
-	snap.size = len(b)
-	return &snap, nil
 }
 
 // checkpoint reads the tenant's checkpoint record (zero if none).

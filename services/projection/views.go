@@ -62,6 +62,8 @@ type tenantState struct {
 	flushed uint64
 	since   int
 	waiters []waiter
+	// stored is what the last stored views hold of the transactions (loaded or stored).
+	stored storedViews
 	// viewBytes is the size of the tenant's stored views (last loaded or stored).
 	viewBytes atomic.Uint64
 }
@@ -146,14 +148,13 @@ func (ts *tenantState) waitApplied(seq uint64) <-chan struct{} {
 }
 
 // snapshot is a tenant's views at one applied sequence: the unit that is stored, so views and
-// checkpoint are always consistent.
+// checkpoint are always consistent (store.go has how: a head with the accounts, and the
+// transactions in pages).
 type snapshot struct {
-	Tenant       string        `json:"tenant"`
-	Applied      uint64        `json:"applied"`
-	Accounts     []*AccountRow `json:"accounts"`
-	Transactions []TxRow       `json:"transactions"`
-
-	size int // bytes as stored (not stored itself)
+	Tenant       string
+	Applied      uint64
+	Accounts     []*AccountRow
+	Transactions []TxRow
 }
 
 // views copies the tenant's views for encoding, in O(accounts): the accounts' rows (apply
@@ -175,13 +176,15 @@ func (ts *tenantState) views() snapshot {
 	return s
 }
 
-// restore loads s into an empty tenant state.
-func (ts *tenantState) restore(s *snapshot) {
+// restore loads l into an empty tenant state.
+func (ts *tenantState) restore(l *loaded) {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
-	for _, a := range s.Accounts {
+	for _, a := range l.Accounts {
 		ts.accounts[a.ID] = a
 	}
-	ts.txs = s.Transactions
-	ts.applied, ts.flushed = s.Applied, s.Applied
+	ts.txs = l.Transactions
+	ts.applied, ts.flushed = l.Applied, l.Applied
+	ts.stored = l.stored
+	ts.viewBytes.Store(uint64(l.stored.size()))
 }

@@ -130,6 +130,13 @@ var suite = []entry{
 		note: "One tail; a tenant with 60,000 transactions whose views are stored back to back while its events keep coming, and a small tenant's event timed from publish to applied (p50/p99/max): the stores must not hold the tail.",
 	},
 	{
+		title:     "Projection: storing a big tenant's views",
+		pkg:       "./services/projection/",
+		bench:     "^BenchmarkFlush$",
+		benchtime: "30x", count: 3,
+		note: "A tenant with 60,000 transactions stores its views after 100 more arrived (the periodic store late in a long run): time and KiB written per store; only the last page of transactions and the head are written.",
+	},
+	{
 		title:     "Projection: warm-up, catch-up over 10,000 tenants, filtered consumers",
 		pkg:       "./services/projection/",
 		bench:     "^Benchmark(Warm|Tenants10k|Tenants1kLive|FilterConsumer)$",
