@@ -7,7 +7,7 @@ import (
 )
 
 // flush stores the tenant's views if they changed since they were last stored: the head and
-// the transactions' pages from the last partial one on (stored.go).
+// the pages of transactions that became full since (stored.go).
 func (s *Service) flush(ctx context.Context, ts *tenantState) error {
 	ts.mu.RLock()
 	if ts.applied == ts.flushed {
@@ -25,7 +25,7 @@ func (s *Service) flush(ctx context.Context, ts *tenantState) error {
 	if snap.Applied > ts.flushed {
 		ts.flushed = snap.Applied
 	}
-	if next.tx >= ts.stored.tx {
+	if len(next.pages) >= len(ts.stored.pages) {
 		ts.stored = next
 	}
 	ts.since = 0

@@ -15,8 +15,8 @@
 // figures at 10,000 tenants).
 //
 // Views ("accounts", "transactions") live in memory. Each tenant's views are stored with the
-// sequence they cover in tm_projection_views (a head and pages of transactions, only the
-// changed ones rewritten: stored.go), and a checkpoint record in
+// sequence they cover in tm_projection_views (pages of transactions written once full, and a
+// head: stored.go), and a checkpoint record in
 // tm_projection_checkpoints, every CheckpointEvery events, every CheckpointInterval while
 // changed, and when the tenant is released (drain, end of a move). A restarted or new owner
 // resumes from that object instead of replaying the tenant's whole history.

@@ -134,7 +134,7 @@ var suite = []entry{
 		pkg:       "./services/projection/",
 		bench:     "^BenchmarkFlush$",
 		benchtime: "30x", count: 3,
-		note: "A tenant with 60,000 transactions stores its views after 100 more arrived (the periodic store late in a long run): time and KiB written per store; only the last page of transactions and the head are written.",
+		note: "A tenant with 60,000 transactions stores its views after 100 more arrived (the periodic store late in a long run): time and KiB written per store; only the head and the pages that became full are written.",
 	},
 	{
 		title:     "Projection: warm-up, catch-up over 10,000 tenants, filtered consumers",
