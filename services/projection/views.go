@@ -62,7 +62,8 @@ type tenantState struct {
 	flushed uint64
 	since   int
 	waiters []waiter
-	// stored is what the last stored views hold of the transactions (loaded or stored).
+	// stored is what the tenant's stored views hold (as last loaded or stored): which pages a
+	// store need not write again.
 	stored storedViews
 	// viewBytes is the size of the tenant's stored views (last loaded or stored).
 	viewBytes atomic.Uint64
@@ -148,8 +149,7 @@ func (ts *tenantState) waitApplied(seq uint64) <-chan struct{} {
 }
 
 // snapshot is a tenant's views at one applied sequence: the unit that is stored, so views and
-// checkpoint are always consistent (store.go has how: a head with the accounts, and the
-// transactions in pages).
+// checkpoint are always consistent (stored.go has how: pages of transactions and a head).
 type snapshot struct {
 	Tenant       string
 	Applied      uint64
