@@ -63,6 +63,14 @@ func (p *publisher) add(tenant string) {
 	}
 }
 
+// addN publishes n events for tenant and waits for them.
+func (p *publisher) addN(tenant string, n int) {
+	for range n {
+		p.add(tenant)
+	}
+	p.wait()
+}
+
 // wait waits for every publish so far and records the tenants' last sequences.
 func (p *publisher) wait() {
 	select {

@@ -64,19 +64,13 @@ func TestStoredViewsWriteOnlyNewPages(t *testing.T) {
 	st := openStore(t)
 	p := newPublisher(t, st)
 	ctx := context.Background()
-	for range 2*txPageRows + 500 { // 10 accounts opened, the rest deposits: 2 pages and 490 rows
-		p.add("acme")
-	}
-	p.wait()
+	p.addN("acme", 2*txPageRows+500) // 10 accounts opened, the rest deposits: 2 pages and 490 rows
 	s, ts := hostedViews(t, st, p, "acme")
 	if err := s.flush(ctx, ts); err != nil {
 		t.Fatal(err)
 	}
 	before := []string{objectNUID(t, s, pageName("acme", 0)), objectNUID(t, s, pageName("acme", 1))}
-	for range 600 { // page 2 fills
-		p.add("acme")
-	}
-	p.wait()
+	p.addN("acme", 600) // page 2 fills
 	warm(t, s, "acme", p.last["acme"])
 	if err := s.flush(ctx, ts); err != nil {
 		t.Fatal(err)
@@ -118,19 +112,13 @@ func TestStoredViewsAreTheHeads(t *testing.T) {
 	st := openStore(t)
 	p := newPublisher(t, st)
 	ctx := context.Background()
-	for range txPageRows + 100 {
-		p.add("acme")
-	}
-	p.wait()
+	p.addN("acme", txPageRows+100)
 	s, ts := hostedViews(t, st, p, "acme")
 	if err := s.flush(ctx, ts); err != nil {
 		t.Fatal(err)
 	}
 	stored := viewsOf(ts)
-	for range 2 * txPageRows {
-		p.add("acme")
-	}
-	p.wait()
+	p.addN("acme", 2*txPageRows)
 	warm(t, s, "acme", p.last["acme"])
 	now := viewsOf(ts)
 	for page := 1; page <= 2; page++ { // the pages a store of now writes, without its head
@@ -159,10 +147,7 @@ func TestStoredViewsOfOneObjectLoad(t *testing.T) {
 	st := openStore(t)
 	p := newPublisher(t, st)
 	ctx := context.Background()
-	for range txPageRows + 100 {
-		p.add("old")
-	}
-	p.wait()
+	p.addN("old", txPageRows+100)
 	a, ta := hostedViews(t, st, p, "old")
 	want := viewsOf(ta)
 	b, _ := json.Marshal(struct {
