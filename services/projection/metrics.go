@@ -34,7 +34,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "tm_projection_checkpoints_total", Help: "Views stored with their checkpoint.",
 		}),
 		flushBytes: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "tm_projection_checkpoint_bytes", Help: "Size of stored views.",
+			Name: "tm_projection_checkpoint_bytes", Help: "Bytes one store of a tenant's views wrote (its head and the pages of transactions that became full).",
 			Buckets: prometheus.ExponentialBuckets(256, 4, 10),
 		}),
 		catchUps: prometheus.NewHistogram(prometheus.HistogramOpts{
