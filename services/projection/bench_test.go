@@ -382,10 +382,7 @@ func BenchmarkApplyDuringFlush(b *testing.B) {
 func BenchmarkFlush(b *testing.B) {
 	st := openStore(b)
 	p := newPublisher(b, st)
-	for range 60_000 {
-		p.add("big")
-	}
-	p.wait()
+	p.addN("big", 60_000)
 	s, _ := newService(b, st, Config{CheckpointInterval: time.Hour, CheckpointEvery: 1 << 30})
 	s.host("big")
 	warm(b, s, "big", p.last["big"])
@@ -403,10 +400,7 @@ func BenchmarkFlush(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		b.StopTimer()
-		for range 100 {
-			p.add("big")
-		}
-		p.wait()
+		p.addN("big", 100)
 		warm(b, s, "big", p.last["big"])
 		b.StartTimer()
 		if err := s.flush(ctx, ts); err != nil {
