@@ -97,7 +97,8 @@ func (e *engine) get(ctx context.Context, now time.Time, key, scheme, host strin
 		}
 		conn = tc
 	}
-	return &upConn{e: e, c: conn, r: h1.NewReader(conn, 32<<10), w: bufio.NewWriterSize(conn, 8<<10), key: key}, nil
+	rw := ioOf(conn)
+	return &upConn{e: e, c: conn, r: h1.NewReader(rw, 32<<10), w: bufio.NewWriterSize(rw, 8<<10), key: key}, nil
 }
 
 // open reports whether an idle connection is still open: nothing to read and no EOF.

@@ -175,11 +175,12 @@ func (cc *clientConn) serve() {
 	if ip, _, err := net.SplitHostPort(cc.c.RemoteAddr().String()); err == nil {
 		cc.ip = ip
 	}
+	rw := ioOf(cc.c)
 	cc.r = readers.Get().(*h1.Reader)
-	cc.r.Reset(cc.c)
+	cc.r.Reset(rw)
 	cc.r.BeforeHeadRead = cc.headDeadline
 	cc.w = writers.Get().(*outBuf)
-	cc.w.reset(cc.c)
+	cc.w.reset(rw)
 	defer func() {
 		cc.r.Reset(nil)
 		readers.Put(cc.r)

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"io"
 	"net"
 )
 
@@ -8,16 +9,14 @@ import (
 // a large one (a body segment) goes out together with what is buffered in one writev, without
 // being copied.
 type outBuf struct {
-	c    net.Conn
-	buf  []byte
-	bufs net.Buffers
-	arr  [2][]byte
+	w   socketIO
+	buf []byte
 }
 
 const outBufSize = 16 << 10
 
-func (o *outBuf) reset(c net.Conn) {
-	o.c = c
+func (o *outBuf) reset(w socketIO) {
+	o.w = w
 	if o.buf == nil {
 		o.buf = make([]byte, 0, outBufSize)
 	}
@@ -26,10 +25,7 @@ func (o *outBuf) reset(c net.Conn) {
 
 func (o *outBuf) Write(p []byte) (int, error) {
 	if len(p) >= 4<<10 {
-		o.arr[0], o.arr[1] = o.buf, p
-		o.bufs = o.arr[:]
-		_, err := o.bufs.WriteTo(o.c)
-		o.arr[0], o.arr[1], o.bufs = nil, nil, nil
+		_, err := o.w.Writev(o.buf, p)
 		o.buf = o.buf[:0]
 		return len(p), err
 	}
@@ -48,7 +44,7 @@ func (o *outBuf) WriteString(s string) (int, error) {
 			return 0, err
 		}
 		if len(s) > cap(o.buf) {
-			return o.c.Write([]byte(s))
+			return o.w.Write([]byte(s))
 		}
 	}
 	o.buf = append(o.buf, s...)
@@ -70,7 +66,30 @@ func (o *outBuf) Flush() error {
 	if len(o.buf) == 0 {
 		return nil
 	}
-	_, err := o.c.Write(o.buf)
+	_, err := o.w.Write(o.buf)
 	o.buf = o.buf[:0]
 	return err
+}
+
+// socketIO is how the front end and the engine read and write a connection: its socket with
+// raw system calls where the system allows (sock_linux.go), else the net.Conn.
+type socketIO interface {
+	io.Reader
+	io.Writer
+	// Writev writes a, then b, without copying them together.
+	Writev(a, b []byte) (int, error)
+}
+
+// connIO reads and writes through a net.Conn (TLS connections, other systems).
+type connIO struct {
+	net.Conn
+	arr [2][]byte
+}
+
+func (c *connIO) Writev(a, b []byte) (int, error) {
+	c.arr = [2][]byte{a, b}
+	bufs := net.Buffers(c.arr[:])
+	n, err := bufs.WriteTo(c.Conn) // writev where the conn has it
+	c.arr = [2][]byte{}
+	return int(n), err
 }
