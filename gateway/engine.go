@@ -39,6 +39,7 @@ type engine struct {
 type upConn struct {
 	e      *engine
 	c      net.Conn
+	rw     socketIO // how c is read and written
 	r      *h1.Reader
 	w      *bufio.Writer
 	key    string // host:port
@@ -98,7 +99,7 @@ func (e *engine) get(ctx context.Context, now time.Time, key, scheme, host strin
 		conn = tc
 	}
 	rw := ioOf(conn)
-	return &upConn{e: e, c: conn, r: h1.NewReader(rw, 32<<10), w: bufio.NewWriterSize(rw, 8<<10), key: key}, nil
+	return &upConn{e: e, c: conn, rw: rw, r: h1.NewReader(rw, 32<<10), w: bufio.NewWriterSize(rw, 8<<10), key: key}, nil
 }
 
 // open reports whether an idle connection is still open: nothing to read and no EOF.
@@ -182,12 +183,16 @@ func (uc *upConn) exchange(ctx context.Context, now time.Time, x *exchange, base
 	if err := writeRequestBody(uc.w, x); err != nil {
 		return fail(err)
 	}
-	if err := uc.w.Flush(); err != nil {
+	if err := uc.flush(); err != nil {
 		return fail(errReused(err, uc.reused))
 	}
 	for {
 		head, err := uc.r.ReadHead(uc.e.maxHead)
 		if err != nil {
+			var oe *net.OpError
+			if errors.As(err, &oe) && oe.Op == "write" { // the request's last write, sent by the read
+				return fail(errReused(err, uc.reused))
+			}
 			return fail(errReused(err, uc.reused && uc.r.Buffered() == 0 && isIdempotent(x.method)))
 		}
 		uc.head = append(uc.head[:0], head...)
@@ -211,6 +216,15 @@ func (uc *upConn) exchange(ctx context.Context, now time.Time, x *exchange, base
 		}
 		return nil
 	}
+}
+
+// flush writes the rest of the request. On a raw socket, the last write is made by the read
+// of the answer, which then waits without a read that finds nothing (sock.SendThenRead).
+func (uc *upConn) flush() error {
+	if s, ok := uc.rw.(*sock); ok && uc.r.Buffered() == 0 {
+		return s.SendThenRead(uc.w.Flush)
+	}
+	return uc.w.Flush()
 }
 
 // deadline bounds the exchange by ctx's deadline (zero: none; a pooled connection may carry an

@@ -170,3 +170,63 @@ func TestSockCloseAndReset(t *testing.T) {
 		t.Fatal("Read of a reset conn: no error")
 	}
 }
+
+// SendThenRead: the kept write goes out with the next Read, which returns the peer's answer.
+func TestSockSendThenRead(t *testing.T) {
+	c, peer := tcpPair(t)
+	s := ioOf(c).(*sock)
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	_ = peer.SetDeadline(time.Now().Add(10 * time.Second))
+	for i, req := range [][]byte{[]byte("ping"), pattern(8<<20, 3)} { // the second fills the socket's buffers
+		err := s.SendThenRead(func() error {
+			_, err := s.Write(req)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan []byte, 1)
+		go func() {
+			p := make([]byte, len(req))
+			_, _ = io.ReadFull(peer, p)
+			got <- p
+			peer.Write([]byte("pong"))
+		}()
+		buf := make([]byte, 16)
+		n, err := s.Read(buf)
+		if err != nil || string(buf[:n]) != "pong" {
+			t.Fatalf("exchange %d: Read = %q, %v; want pong", i, buf[:n], err)
+		}
+		if p := <-got; !bytes.Equal(p, req) {
+			t.Fatalf("exchange %d: the peer read other bytes than were written", i)
+		}
+	}
+
+	// An answer that does not come ends at the deadline.
+	_ = s.SendThenRead(func() error { _, err := s.Write([]byte("ping")); return err })
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+	if _, err := s.Read(make([]byte, 8)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("Read with no answer = %v, want a timeout", err)
+	}
+}
+
+// A peer that closed an idle connection before the write: the read that sends the request
+// learns it from the peer's reset and does not wait for an answer that cannot come. This is
+// the instance that closed a pooled connection; the engine sends once more on a fresh one.
+func TestSockSendThenReadToAClosedPeer(t *testing.T) {
+	c, peer := tcpPair(t)
+	s := ioOf(c).(*sock)
+	peer.Close()
+	// Let the FIN arrive and be seen before the write, as for an idle pooled connection.
+	buf := make([]byte, 8)
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := s.Read(buf); err != io.EOF {
+		t.Fatalf("Read after the peer closed = %v, want EOF", err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = s.SendThenRead(func() error { _, err := s.Write([]byte("GET / HTTP/1.1\r\n\r\n")); return err })
+	_, err := s.Read(buf)
+	if err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("Read after a write to a closed peer = %v, want the reset (or EOF) at once", err)
+	}
+}
