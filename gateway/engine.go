@@ -37,15 +37,16 @@ type engine struct {
 
 // upConn is one connection to an instance with its buffers and the response being read on it.
 type upConn struct {
-	e      *engine
-	c      net.Conn
-	rw     socketIO // how c is read and written
-	r      *h1.Reader
-	w      *bufio.Writer
-	key    string // host:port
-	used   time.Time
-	reused bool
-	dl     time.Time // the deadline set on c
+	e       *engine
+	c       net.Conn
+	rw      socketIO // how c is read and written
+	r       *h1.Reader
+	w       *bufio.Writer
+	flushFn func() error // w.Flush, bound once
+	key     string       // host:port
+	used    time.Time
+	reused  bool
+	dl      time.Time // the deadline set on c
 
 	resp    h1.Response
 	head    []byte // the response head (resp's fields point into it)
@@ -99,7 +100,9 @@ func (e *engine) get(ctx context.Context, now time.Time, key, scheme, host strin
 		conn = tc
 	}
 	rw := ioOf(conn)
-	return &upConn{e: e, c: conn, rw: rw, r: h1.NewReader(rw, 32<<10), w: bufio.NewWriterSize(rw, 8<<10), key: key}, nil
+	uc := &upConn{e: e, c: conn, rw: rw, r: h1.NewReader(rw, 32<<10), w: bufio.NewWriterSize(rw, 8<<10), key: key}
+	uc.flushFn = uc.w.Flush
+	return uc, nil
 }
 
 // open reports whether an idle connection is still open: nothing to read and no EOF.
@@ -221,10 +224,10 @@ func (uc *upConn) exchange(ctx context.Context, now time.Time, x *exchange, base
 // flush writes the rest of the request. On a raw socket, the last write is made by the read
 // of the answer, which then waits without a read that finds nothing (sock.SendThenRead).
 func (uc *upConn) flush() error {
-	if s, ok := uc.rw.(*sock); ok && uc.r.Buffered() == 0 {
-		return s.SendThenRead(uc.w.Flush)
+	if uc.r.Buffered() > 0 {
+		return uc.w.Flush() // the next read may not reach the socket
 	}
-	return uc.w.Flush()
+	return uc.rw.SendThenRead(uc.flushFn)
 }
 
 // deadline bounds the exchange by ctx's deadline (zero: none; a pooled connection may carry an

@@ -78,6 +78,10 @@ type socketIO interface {
 	io.Writer
 	// Writev writes a, then b, without copying them together.
 	Writev(a, b []byte) (int, error)
+	// SendThenRead runs write so that what it writes last may be sent by the next Read, which
+	// then waits for the answer without a read that finds nothing (sock_linux.go); elsewhere
+	// it just runs write.
+	SendThenRead(write func() error) error
 }
 
 // connIO reads and writes through a net.Conn (TLS connections, other systems).
@@ -93,3 +97,5 @@ func (c *connIO) Writev(a, b []byte) (int, error) {
 	c.arr = [2][]byte{}
 	return int(n), err
 }
+
+func (c *connIO) SendThenRead(write func() error) error { return write() }
