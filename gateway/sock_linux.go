@@ -119,21 +119,34 @@ func (s *sock) Write(p []byte) (int, error) {
 
 // write is one try of Write; false: the socket's buffer is full, wait.
 func (s *sock) write(fd uintptr) bool {
-	for s.n < len(s.p) {
-		q := s.p[s.n:]
-		n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&q[0])), uintptr(len(q)))
+	n, e := writeAll(fd, s.p[s.n:])
+	s.n += n
+	switch e {
+	case 0:
+		return true
+	case syscall.EAGAIN:
+		return false
+	}
+	s.errno = e
+	return true
+}
+
+// writeAll writes p until all of it is written, the socket's buffer is full (EAGAIN) or an
+// error stops it; it returns the bytes written and what stopped it (0: nothing).
+func writeAll(fd uintptr, p []byte) (int, syscall.Errno) {
+	n := 0
+	for n < len(p) {
+		q := p[n:]
+		m, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&q[0])), uintptr(len(q)))
 		switch e {
 		case 0:
-			s.n += int(n)
+			n += int(m)
 		case syscall.EINTR:
-		case syscall.EAGAIN:
-			return false
 		default:
-			s.errno = e
-			return true
+			return n, e
 		}
 	}
-	return true
+	return n, 0
 }
 
 // Writev writes a, then b, without copying them together; it returns the bytes written of both.
@@ -228,23 +241,18 @@ func (s *sock) send() error {
 // sendRead is send's call inside RawConn.Read: the first call writes (after RawConn.Read has
 // reset the read readiness) and asks to wait; the next, once readable, is done.
 func (s *sock) sendRead(fd uintptr) bool {
-	for s.out != nil && s.sent < len(s.out) {
-		q := s.out[s.sent:]
-		n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&q[0])), uintptr(len(q)))
-		switch e {
-		case 0:
-			s.sent += int(n)
-		case syscall.EINTR:
-		case syscall.EAGAIN:
-			return true // finished by send
-		default:
-			s.werr = e
-			return true
-		}
+	if s.out == nil {
+		return true
 	}
-	if s.out != nil {
+	n, e := writeAll(fd, s.out[s.sent:])
+	s.sent += n
+	switch e {
+	case 0:
 		s.out = nil
 		return false // sent: wait for the answer
+	case syscall.EAGAIN:
+		return true // the rest is written by send
 	}
+	s.werr = e
 	return true
 }
