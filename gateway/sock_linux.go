@@ -80,6 +80,8 @@ func (s *sock) Read(p []byte) (int, error) {
 	case s.n == 0:
 		return 0, io.EOF
 	}
+	raceWroteBuf(p[:s.n])
+	raceAfterRead()
 	return s.n, nil
 }
 
@@ -111,6 +113,8 @@ func (s *sock) Write(p []byte) (int, error) {
 		s.out = p
 		return len(p), nil
 	}
+	raceReadBuf(p)
+	raceBeforeWrite()
 	s.p, s.n, s.errno = p, 0, 0
 	err := s.rc.Write(s.writeFn)
 	s.p = nil
@@ -161,6 +165,9 @@ func (s *sock) Writev(a, b []byte) (int, error) {
 	}
 	var err error
 	if s.first < 2 {
+		raceReadBuf(a)
+		raceReadBuf(b)
+		raceBeforeWrite()
 		err = s.rc.Write(s.writevFn)
 	}
 	s.iov = [2]syscall.Iovec{} // no pointers kept to the caller's buffers
@@ -224,6 +231,8 @@ func (s *sock) SendThenRead(write func() error) error {
 // send sends what Write kept and waits until the socket has something to read.
 func (s *sock) send() error {
 	s.sent, s.werr = 0, 0
+	raceReadBuf(s.out)
+	raceBeforeWrite()
 	err := s.rc.Read(s.sendReadFn)
 	out := s.out
 	s.out = nil
