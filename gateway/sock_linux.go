@@ -142,11 +142,12 @@ func writeAll(fd uintptr, p []byte) (int, syscall.Errno) {
 	for n < len(p) {
 		q := p[n:]
 		m, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&q[0])), uintptr(len(q)))
-		switch e {
-		case 0:
+		switch {
+		case e == 0 && m > 0:
 			n += int(m)
-		case syscall.EINTR:
-		default:
+		case e == 0: // a stream socket never writes nothing; do not spin if one does
+			return n, syscall.EIO
+		case e != syscall.EINTR:
 			return n, e
 		}
 	}
@@ -181,6 +182,10 @@ func (s *sock) writev(fd uintptr) bool {
 		n, _, e := syscall.RawSyscall(syscall.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
 		switch e {
 		case 0:
+			if n == 0 { // as in writeAll
+				s.errno = syscall.EIO
+				return true
+			}
 		case syscall.EINTR:
 			continue
 		case syscall.EAGAIN:
