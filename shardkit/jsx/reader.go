@@ -120,7 +120,15 @@ func (r *Reader) Next(ctx context.Context) (jetstream.Msg, *jetstream.MsgMetadat
 		if err != nil {
 			return nil, nil, err
 		}
-		m, err := r.nextMsg(ctx, it)
+		var m jetstream.Msg
+		if r.moved.Load() {
+			// Its server went offline before the iterator was made: the first pull would
+			// go unanswered (a 503 the iterator drops), and a consumer that had nothing to
+			// deliver when made would wait out two heartbeats.
+			err = errServerOffline
+		} else {
+			m, err = r.nextMsg(ctx, it)
+		}
 		if err == nil {
 			md, merr := m.Metadata()
 			if merr != nil {
@@ -181,17 +189,20 @@ var (
 	errServerOffline = errors.New("the consumer's server went offline")
 )
 
-// serversOffline stops the current consumer's iterator if its server is among the offline
-// (the consumer went with it); Next then makes another.
+// serversOffline marks the current consumer gone if its server is among the offline (the
+// consumer went with it) and stops its iterator if it has one; Next then makes another. (A
+// mark that lands after Next dropped the consumer costs one create more.)
 func (r *Reader) serversOffline(_ string, offline []string) {
 	r.mu.Lock()
 	cons, it := r.cons, r.it
 	r.mu.Unlock()
-	if cons == nil || it == nil || !slices.Contains(offline, ConsumerServer(cons.CachedInfo())) {
+	if cons == nil || !slices.Contains(offline, ConsumerServer(cons.CachedInfo())) {
 		return
 	}
 	r.moved.Store(true)
-	it.Stop()
+	if it != nil {
+		it.Stop()
+	}
 }
 
 // ConsumerServer is the server a consumer lives on ("" without info, or outside a cluster).
