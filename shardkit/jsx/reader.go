@@ -104,6 +104,7 @@ func Read(ctx context.Context, js jetstream.JetStream, stream string, cfg ReadCo
 	r.mu.Lock()
 	r.cons = cons
 	r.mu.Unlock()
+	r.markIfOffline(cons)
 	return r, nil
 }
 
@@ -205,6 +206,15 @@ func (r *Reader) serversOffline(_ string, offline []string) {
 	}
 }
 
+// markIfOffline marks cons, just made the current consumer, gone if an advisory listed its
+// server offline since create looked: serversOffline found no consumer to mark then, and one
+// heard from now on finds it.
+func (r *Reader) markIfOffline(cons jetstream.Consumer) {
+	if r.servers.Offline(ConsumerServer(cons.CachedInfo())) {
+		r.moved.Store(true)
+	}
+}
+
 // ConsumerServer is the server a consumer lives on ("" without info, or outside a cluster).
 func ConsumerServer(info *jetstream.ConsumerInfo) string {
 	if info == nil || info.Cluster == nil {
@@ -247,6 +257,7 @@ func (r *Reader) iter(ctx context.Context) (jetstream.MessagesContext, error) {
 	r.cons, r.it, r.consSeq = cons, it, 0
 	r.consHas = len(r.cfg.Filters) == 1 && cons.CachedInfo().NumPending > 0
 	r.mu.Unlock()
+	r.markIfOffline(cons)
 	return it, nil
 }
 

@@ -292,6 +292,11 @@ func (f *Follower) session(ctx context.Context, createTry time.Duration) error {
 	defer stop()
 	f.setSession(cons.CachedInfo(), it.Stop)
 	defer f.setSession(nil, nil)
+	// An advisory heard since the check above found no session to end: look again (one heard
+	// from now on ends it).
+	if server := jsx.ConsumerServer(cons.CachedInfo()); f.servers.Offline(server) {
+		return fmt.Errorf("%w: %s", errOfflineServer, server)
+	}
 	var consSeq uint64
 	for {
 		m, err := it.Next()
