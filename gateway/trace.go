@@ -24,7 +24,7 @@ import (
 // root span; either way the instance receives a traceparent carrying the decision.
 // Off, none of this runs.
 
-var tracer = otel.Tracer("github.com/tenantmesh/tenantmesh/gateway")
+var tracer = tracing.NewTracer("github.com/tenantmesh/tenantmesh/gateway")
 
 // serverSpan is made once: an option built per request would be an allocation per request.
 var serverSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}

@@ -9,12 +9,12 @@ import (
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
+	"github.com/tenantmesh/tenantmesh/internal/tracing"
 	"github.com/tenantmesh/tenantmesh/shardkit/kvwatch"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -132,7 +132,7 @@ func (e *Engine) round(ctx context.Context, m *MoveRecord, p schema.Placement, w
 
 // tracer makes the rebalancer's spans: plan.apply, one move span per move, and a span per
 // step of it (move.pending, move.warming, move.handoff, move.committed).
-var tracer = otel.Tracer("github.com/tenantmesh/tenantmesh/rebalancer")
+var tracer = tracing.NewTracer("github.com/tenantmesh/tenantmesh/rebalancer")
 
 // endSpan ends span with the outcome err (a conflict that makes the move read again is not an
 // error) and attrs.

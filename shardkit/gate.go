@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
@@ -87,7 +86,7 @@ func (g *gatekeeper) tracedGate(next http.Handler, w http.ResponseWriter, r *htt
 }
 
 // tracer makes shardkit's spans.
-var tracer = otel.Tracer("github.com/tenantmesh/tenantmesh/shardkit")
+var tracer = tracing.NewTracer("github.com/tenantmesh/tenantmesh/shardkit")
 
 func (g *gatekeeper) serveGate(next http.Handler, w http.ResponseWriter, r *http.Request) {
 	tenant := r.Header.Get(tmhttp.HeaderTenant)

@@ -151,9 +151,9 @@ func newSpanID() trace.SpanID {
 
 // Use installs tp as the global tracer provider, with the W3C propagator, and turns tracing on,
 // as Setup does from the environment: for a test or benchmark that brings its own provider (an
-// in-memory recorder, a sampler). Tracers made before the first provider was installed (the
-// packages' own) stay bound to that first one, so a process uses Use once. off turns tracing
-// off again (spans then cost nothing; the provider stays).
+// in-memory recorder, a sampler). The packages' tracers (NewTracer) follow the provider
+// installed last, so a test may call it once per run. off turns tracing off again (spans then
+// cost nothing; the provider stays).
 func Use(tp trace.TracerProvider) (off func()) {
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))

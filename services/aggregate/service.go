@@ -26,7 +26,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
@@ -288,4 +287,4 @@ func (s *Service) replay(ctx context.Context, tenant, id string, fn func(Event) 
 }
 
 // tracer makes the aggregate's spans: a command, around the event store's append.
-var tracer = otel.Tracer("github.com/tenantmesh/tenantmesh/services/aggregate")
+var tracer = tracing.NewTracer("github.com/tenantmesh/tenantmesh/services/aggregate")

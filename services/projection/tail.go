@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
@@ -336,4 +335,4 @@ func (t *tail) handle(m jetstream.Msg, md *jetstream.MsgMetadata) {
 const filterResume = 64
 
 // tracer makes the projection's spans: projection.apply for each event of a sampled trace.
-var tracer = otel.Tracer("github.com/tenantmesh/tenantmesh/services/projection")
+var tracer = tracing.NewTracer("github.com/tenantmesh/tenantmesh/services/projection")

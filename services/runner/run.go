@@ -9,7 +9,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
@@ -64,7 +63,7 @@ func (x *executor) claimAndRun(ctx context.Context, tq *tenantQ, msg *jetstream.
 
 // tracer makes the runner's spans: job.run for a job created in a sampled trace, and
 // effect.deliver for each of its effects.
-var tracer = otel.Tracer("github.com/tenantmesh/tenantmesh/services/runner")
+var tracer = tracing.NewTracer("github.com/tenantmesh/tenantmesh/services/runner")
 
 // done frees a slot of tenant tq.
 func (x *executor) done(tq *tenantQ) {

@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
@@ -22,7 +21,7 @@ import (
 
 // tracer makes the event store's spans: events.append, whose context the event carries in its
 // headers (with tracing on, see internal/tracing).
-var tracer = otel.Tracer("github.com/tenantmesh/tenantmesh/shardkit/events")
+var tracer = tracing.NewTracer("github.com/tenantmesh/tenantmesh/shardkit/events")
 
 // ErrStore marks a failed call to the event store (NATS unreachable, a cluster failing over, an
 // answer lost): transient, and for an append of unknown outcome. Clients retry with the same
