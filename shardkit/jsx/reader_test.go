@@ -121,11 +121,9 @@ func TestReaderResumesAfterItsConsumerIsDeleted(t *testing.T) {
 	}
 }
 
-// A reader whose consumer lives on a server that stops (not the one it is connected to)
-// hears it from the stream leader advisory, makes its consumer again on a server still up and
-// reads on without gap or duplicate.
 // TestReaderLeavesAStoppedServer stops the server a reader's consumer lives on (not its
-// connection's) while it reads, and after the reader was made and before its first read. In
+// connection's) while it reads, and after the reader was made and before its first read: it
+// makes its consumer again on a server still up and reads on without gap or duplicate. In
 // both, the stream leader advisory that lists the server offline makes it make its consumer
 // again: heartbeats of 14 s would take 28 s, past the test's wait. The reader is made before
 // the stream has messages, so its consumer has nothing to deliver when made and the first
