@@ -491,7 +491,7 @@ func (g *Gateway) onLoad(r schema.LoadReport) {
 // onChange runs on a kind's placement apply goroutine for every change: it ends holds when a
 // handoff commits or aborts, and wakes requests waiting for a newer placement after a 421.
 func (g *Gateway) onChange(c placement.Change) {
-	if c.OldOK && c.Old.Phase == schema.PhaseHandoff && !(c.NewOK && c.New.Phase == schema.PhaseHandoff) {
+	if c.OldOK && c.Old.Phase.Moving() && !(c.NewOK && c.New.Phase.Moving()) {
 		aborted := !c.NewOK || c.New.Shard == c.Old.Shard
 		g.holds.release(c.Kind, c.Tenant, aborted)
 	}

@@ -108,9 +108,16 @@ func (g *Gateway) judgeManaged(x *exchange, in *instance, up *upConn, err error,
 		return fail, &tmhttp.Error{Status: status, Type: strings.TrimPrefix(prob.Type, tmhttp.TypeBase), Title: prob.Title,
 			Detail: prob.Detail, RetryAfter: time.Duration(max(prob.RetryAfter, 1)) * time.Second}
 	}
-	if string(refused) == "closing" {
+	switch string(refused) {
+	case "closing":
 		x.ke.metrics.retry("instance_stopping")
 		x.tried = append(x.tried, in) // another instance of the same shard
+		return again, nil
+	case "unconfirmed":
+		// The instance's lease ran out (it cannot confirm its view of placement with NATS):
+		// another instance of the shard may still hold one.
+		x.ke.metrics.retry("instance_unconfirmed")
+		x.tried = append(x.tried, in)
 		return again, nil
 	}
 	x.ke.metrics.retry("misdirected")

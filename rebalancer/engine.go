@@ -44,6 +44,11 @@ type Config struct {
 	PauseBudget time.Duration
 	// Thresholds decide which instances are live. Default schema's.
 	Thresholds schema.Thresholds
+	// Presence, if set, tells of dead instances within seconds (the directory's ages take
+	// minutes): moves stop waiting for them, a move whose source shard died becomes a takeover,
+	// and a takeover commits once every instance of its source is gone, without waiting out
+	// their lease. Without it (the CLI's apply) a takeover always waits out the lease.
+	Presence *Presence
 	// LeaseHeld tells the engine that its caller holds the leader lease as Holder for as long
 	// as the engine is used (rebalancer serve keeps it) and cancels the context it passes if
 	// the lease is lost; Apply and Rollback then do not take the lease themselves.

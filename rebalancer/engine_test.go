@@ -371,23 +371,57 @@ func TestWarmTimeoutAborts(t *testing.T) {
 	}
 }
 
-// TestMoveOffDeadShard evacuates a tenant whose shard has no live instance: nothing can be in
-// flight there, so the move commits with fence 0 instead of aborting at the handoff timeout.
+// TestMoveOffDeadShard moves a tenant whose shard has no instance at all. Without Presence the
+// engine cannot tell that nothing serves the tenant there, and the source never drains: the
+// move aborts at the handoff timeout (it used to commit with fence 0, on the guess that nothing
+// was in flight, which a frozen source breaks). With Presence the move becomes a takeover and
+// commits as soon as the target is ready: no instance of the source is registered, so none can
+// serve.
 func TestMoveOffDeadShard(t *testing.T) {
 	st := openStore(t)
 	startShard(t, st, "s-2") // s-1 has no instance at all
 	ctx := context.Background()
 	p := place(t, st, "orphan", "s-1")
-	e := newEngine(t, st, Config{HandoffTimeout: 5 * time.Second})
+	e := newEngine(t, st, Config{HandoffTimeout: 2 * time.Second})
 	rec, _ := e.CreatePlan(ctx, planOf(p), "test")
 	if _, err := e.Apply(ctx, rec.ID); err != nil {
 		t.Fatal(err)
 	}
 	_, moves, _ := e.Plan(ctx, rec.ID)
-	got, _ := st.Placement(ctx, "aggregate", "orphan")
-	if moves[0].State != MoveDone || got.Shard != "s-2" || got.Epoch != 2 {
-		t.Fatalf("move %s (%s), placement %s@%d", moves[0].State, moves[0].Reason, got.Shard, got.Epoch)
+	got, _ := st.LatestPlacement(ctx, "aggregate", "orphan")
+	if moves[0].State != MoveAborted || got.Shard != "s-1" || got.Phase != schema.PhaseActive || got.Epoch != 1 {
+		t.Fatalf("without presence: move %s (%s), placement %s@%d %s", moves[0].State, moves[0].Reason, got.Shard, got.Epoch, got.Phase)
 	}
+
+	e = newEngine(t, st, Config{HandoffTimeout: 5 * time.Second, Presence: runPresence(t, st)})
+	rec, _ = e.CreatePlan(ctx, planOf(got), "test")
+	if _, err := e.Apply(ctx, rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, moves, _ = e.Plan(ctx, rec.ID)
+	got, _ = st.LatestPlacement(ctx, "aggregate", "orphan")
+	if m := moves[0]; m.State != MoveDone || !m.Takeover || !strings.Contains(m.Fenced, "gone") || got.Shard != "s-2" || got.Epoch != 2 || got.Phase != schema.PhaseActive {
+		t.Fatalf("with presence: move %s takeover=%v fenced %q (%s), placement %s@%d %s", m.State, m.Takeover, m.Fenced, m.Reason, got.Shard, got.Epoch, got.Phase)
+	}
+}
+
+// runPresence runs a Presence until the test ends, once it has read the memberships.
+func runPresence(t *testing.T, st *schema.Store) *Presence {
+	t.Helper()
+	pr := NewPresence(st, PresenceConfig{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = pr.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	deadline := time.Now().Add(10 * time.Second)
+	for !pr.Ready() {
+		select {
+		case <-pr.Changed():
+		case <-time.After(time.Until(deadline)):
+			t.Fatal("presence did not read the memberships within 10s")
+		}
+	}
+	return pr
 }
 
 // scripted is a move's two shards played by the test, one live instance each (src on s-1, dst

@@ -74,6 +74,16 @@ func (e *Engine) round(ctx context.Context, m *MoveRecord, p schema.Placement, w
 			m.Started = time.Now().UTC()
 		}
 		return e.saveMove(ctx, m)
+	case m.ours(p) && p.Phase == schema.PhaseTakeover && m.State != MoveTakeover:
+		m.State, m.Epoch, m.Takeover = MoveTakeover, p.Epoch, true
+		now := time.Now().UTC()
+		if m.Started.IsZero() {
+			m.Started = now
+		}
+		if m.Handoff.IsZero() {
+			m.Handoff = now
+		}
+		return e.saveMove(ctx, m)
 	case m.ours(p) && p.Phase == schema.PhaseHandoff && m.State != MoveHandoff:
 		m.State, m.Epoch = MoveHandoff, p.Epoch
 		if m.Handoff.IsZero() {
@@ -91,6 +101,9 @@ func (e *Engine) round(ctx context.Context, m *MoveRecord, p schema.Placement, w
 		switch {
 		case p.Shard == m.To && p.Epoch == m.Epoch+1:
 			m.State = MoveDone
+			if m.Commit.IsZero() {
+				m.Commit = p.UpdatedAt // a takeover's commit, recorded after a crash
+			}
 		case p.Shard == m.From && p.Epoch == m.Epoch:
 			m.State = MoveAborted
 			if m.Reason == "" {
@@ -110,11 +123,17 @@ func (e *Engine) round(ctx context.Context, m *MoveRecord, p schema.Placement, w
 		var step func(context.Context) error
 		switch m.State {
 		case MovePending:
-			step = func(ctx context.Context) error { return e.start(ctx, m, p) }
+			if m.Takeover {
+				step = func(ctx context.Context) error { return e.startTakeover(ctx, m, p, w) }
+			} else {
+				step = func(ctx context.Context) error { return e.start(ctx, m, p) }
+			}
 		case MoveWarming:
 			step = func(ctx context.Context) (err error) { next, err = e.warm(ctx, m, p, w); return err }
 		case MoveHandoff:
 			step = func(ctx context.Context) error { return e.handoff(ctx, m, p, w) }
+		case MoveTakeover:
+			step = func(ctx context.Context) error { return e.takeover(ctx, m, p, w) }
 		case MoveCommitted:
 			step = func(ctx context.Context) error { return e.finish(ctx, m, p, w) }
 		default:
@@ -163,12 +182,20 @@ func (e *Engine) start(ctx context.Context, m *MoveRecord, p schema.Placement) e
 	return e.saveMove(ctx, m)
 }
 
-// warm waits for every live instance of the target to be ready, then starts the handoff.
+// warm waits for every live instance of the target to be ready, then starts the handoff. If
+// the source shard dies meanwhile (Presence), the move becomes a takeover.
 func (e *Engine) warm(ctx context.Context, m *MoveRecord, p schema.Placement, w *signalWatch) (*schema.Placement, error) {
 	deadline := m.Started.Add(e.cfg.WarmTimeout)
+	sourceDown := false
 	err := w.wait(ctx, deadline, func(v signalView) bool {
+		if sourceDown = e.shardDown(m.Kind, m.From); sourceDown {
+			return true
+		}
 		return v.all(m.To, func(s schema.TenantSignal) bool { return s.Phase == schema.SignalReady && s.Epoch == m.Epoch })
 	})
+	if err == nil && sourceDown {
+		return nil, e.toTakeover(ctx, m, p, w)
+	}
 	if errors.Is(err, errTimeout) {
 		return nil, e.abort(ctx, m, p, fmt.Sprintf("the target %s was not ready within %s", m.To, e.cfg.WarmTimeout))
 	}
@@ -201,8 +228,13 @@ func (e *Engine) handoff(ctx context.Context, m *MoveRecord, p schema.Placement,
 	deadline := m.Handoff.Add(e.cfg.HandoffTimeout)
 	var fence uint64
 	for trustReleased := true; ; trustReleased = false {
-		released := false
+		released, sourceDown := false, false
 		err := w.wait(ctx, deadline, func(v signalView) bool {
+			// A source that died before it drained cannot hand the tenant over: the move
+			// becomes a takeover (its drained signal, if it comes, still lets it commit early).
+			if sourceDown = e.shardDown(m.Kind, m.From); sourceDown {
+				return true
+			}
 			// The target may commit, and the source report drained at the commit's epoch,
 			// before this view showed the source's drained at the handoff's: then the signals
 			// this wait looks for are gone, and only the commit's tell that the handoff is over
@@ -225,6 +257,9 @@ func (e *Engine) handoff(ctx context.Context, m *MoveRecord, p schema.Placement,
 		}
 		if err != nil {
 			return err
+		}
+		if sourceDown {
+			return e.toTakeover(ctx, m, p, w)
 		}
 		if !released {
 			break
@@ -385,12 +420,11 @@ func (v signalView) all(shard string, ok func(schema.TenantSignal) bool) bool {
 	return true
 }
 
-// fence is the highest fence reported drained at epoch by every live instance of shard. A shard
-// with no live instance left has nothing in flight: fence 0 (shardkit's targets agree).
+// fence is the highest fence reported drained at epoch by every live instance of shard (at
+// least one). A source with no live instance left reports nothing, and its tenant is not
+// handed off on a guess that nothing is in flight there: the move becomes a takeover (with
+// Presence), which fences the source, or it aborts at HandoffTimeout.
 func (v signalView) fence(shard string, epoch uint64) (uint64, bool) {
-	if v.live != nil && len(v.live[shard]) == 0 {
-		return 0, true
-	}
 	var f uint64
 	ok := v.all(shard, func(s schema.TenantSignal) bool {
 		if s.Phase != schema.SignalDrained || s.Epoch != epoch {
@@ -423,6 +457,10 @@ type signalWatch struct {
 	m       *MoveRecord
 	start   sync.Once
 	started bool
+	// every, if set, also wakes wait this often (a condition on time); fencedAt is when this
+	// engine wrote the move's takeover, or first drove it (a takeover's lease counts from it).
+	every    time.Duration
+	fencedAt time.Time
 }
 
 func (e *Engine) newSignalWatch(m *MoveRecord) *signalWatch { return &signalWatch{e: e, m: m} }
@@ -449,7 +487,17 @@ func (w *signalWatch) wait(ctx context.Context, deadline time.Time, cond func(si
 	w.run()
 	wctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
+	var tick <-chan time.Time
+	if w.every > 0 {
+		t := time.NewTicker(w.every)
+		defer t.Stop()
+		tick = t.C
+	}
+	var presence <-chan struct{} // nil: never
 	for {
+		if w.e.cfg.Presence != nil {
+			presence = w.e.cfg.Presence.Changed()
+		}
 		live, dirSynced, dirCh := w.e.dir.live(w.m.Kind, w.m.From, w.m.To)
 		sigs, sigSynced, sigCh := w.e.sigs.tenant(w.m.Kind, w.m.Tenant)
 		if sigSynced && dirSynced && cond(signalView{sigs: sigs, live: live}) {
@@ -458,6 +506,8 @@ func (w *signalWatch) wait(ctx context.Context, deadline time.Time, cond func(si
 		select {
 		case <-sigCh:
 		case <-dirCh:
+		case <-presence:
+		case <-tick:
 		case <-wctx.Done():
 			return w.e.waitErr(ctx)
 		}

@@ -55,6 +55,7 @@ const (
 	MovePending   MoveState = "pending"
 	MoveWarming   MoveState = "warming"
 	MoveHandoff   MoveState = "handoff"
+	MoveTakeover  MoveState = "takeover"  // placement takeover(from -> to): it only goes forward
 	MoveCommitted MoveState = "committed" // placement draining(to, epoch+1): it will finish forward
 	MoveDone      MoveState = "done"
 	MoveAborted   MoveState = "aborted" // back to active on the source, before commit
@@ -78,7 +79,11 @@ type MoveRecord struct {
 	// Epoch is the placement's epoch when the move started; the new owner gets Epoch+1.
 	Epoch uint64 `json:"epoch,omitempty"`
 	// Fence is the source's last applied sequence at handoff.
-	Fence    uint64    `json:"fence,omitempty"`
+	Fence uint64 `json:"fence,omitempty"`
+	// Fenced says how a takeover knew that no instance of the former owner could still serve
+	// the tenant when it committed: its live instances drained, all of them were gone (their
+	// NATS connections closed), or their lease ran out.
+	Fenced   string    `json:"fenced,omitempty"`
 	Reason   string    `json:"reason,omitempty"`
 	Started  time.Time `json:"started,omitzero"`
 	Handoff  time.Time `json:"handoff,omitzero"`
@@ -94,7 +99,8 @@ type MoveRecord struct {
 // Key is the move's name in placements (Placement.Move) and audit events.
 func (m *MoveRecord) Key() string { return m.Plan + "/" + m.ID }
 
-// Pause is how long the tenant's requests were held: from handoff to commit.
+// Pause is how long the tenant's requests were held: from handoff (a takeover's start) to
+// commit.
 func (m *MoveRecord) Pause() time.Duration {
 	if m.Handoff.IsZero() || m.Commit.IsZero() {
 		return 0

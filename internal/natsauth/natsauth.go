@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
@@ -30,6 +31,10 @@ import (
 type Role struct {
 	Name     string
 	Pub, Sub []string
+	// Respond lets the role answer requests it receives (one reply each, to whatever reply
+	// subject the requester chose: NATS's allow_responses), without a publish permission on
+	// the requesters' inboxes.
+	Respond bool
 }
 
 // Inbox is the reply prefix the role's connections use (natsconn reads the name from the JWT).
@@ -42,7 +47,7 @@ func (r Role) Sorted() Role {
 		slices.Sort(s)
 		return slices.Compact(s)
 	}
-	return Role{Name: r.Name, Pub: sortUniq(r.Pub), Sub: sortUniq(r.Sub)}
+	return Role{Name: r.Name, Pub: sortUniq(r.Pub), Sub: sortUniq(r.Sub), Respond: r.Respond}
 }
 
 // Admin may do everything in tenantmesh's account: the rebalancer and the operator CLI.
@@ -224,6 +229,9 @@ func creds(accountSeed string, role Role) ([]byte, error) {
 	r := role.Sorted()
 	uc.Pub.Allow = jwt.StringList(r.Pub)
 	uc.Sub.Allow = jwt.StringList(r.Sub)
+	if r.Respond {
+		uc.Resp = &jwt.ResponsePermission{MaxMsgs: 1, Expires: time.Minute}
+	}
 	tok, err := uc.Encode(acc)
 	if err != nil {
 		return nil, fmt.Errorf("natsauth: encode user %s: %w", role.Name, err)

@@ -90,8 +90,8 @@ func KindAssets(kind string) Assets {
 // Shard is one shard's instances: they read the control plane; write only their own
 // directory entries, their own tenant signals, their kind's placements (a drained tenant is
 // released by its shard), routes, their load reports and their kind's audit events; note
-// signals to their kind's shards and hear their own shard's notes; and use their kind's
-// application assets.
+// signals to their kind's shards and hear their own shard's notes; answer the rebalancer's
+// liveness probes of their own shard (a reply each); and use their kind's application assets.
 func Shard(kind, shard string, a Assets) Role {
 	p := base("shard-" + kind + "-" + shard)
 	p.readKV(schema.BucketKinds, schema.BucketInstances, schema.BucketMembers, schema.BucketRoutes,
@@ -103,7 +103,8 @@ func Shard(kind, shard string, a Assets) Role {
 	p.writeKV(schema.PlacementBucket(kind), ">")
 	p.writeKV(schema.BucketRoutes, ">")
 	p.Pub = append(p.Pub, "tm.load."+kind+"."+shard+".*", schema.SignalNoteSubjectKind(kind))
-	p.Sub = append(p.Sub, schema.SignalNoteSubject(kind, shard))
+	p.Sub = append(p.Sub, schema.SignalNoteSubject(kind, shard), schema.PingSubjectShard(kind, shard))
+	p.Respond = true // the rebalancer's liveness probes
 	p.publishAudit(kind)
 	for _, s := range a.Streams {
 		p.ownStream(s)

@@ -171,6 +171,9 @@ type Service struct {
 	wakes    *wakeups
 	// reachable is when a saga checkpoint was last read (unix ns): Warm's probe.
 	reachable atomic.Int64
+	// serving, once Handler bound the shard, says whether the shard serves a tenant now (its
+	// lease holds and it owns the tenant): a claim is made only then.
+	serving atomic.Pointer[func(tenant string) bool]
 	store     *runStore
 	m         *metrics
 	sched     *Scheduler
@@ -383,11 +386,24 @@ func (s *Service) Schedules() *Scheduler { return s.sched }
 func (s *Service) Routes() []schema.Route { return RouteTable }
 
 // Handler serves the service's routes on their own router: the tenant routes behind sk's gate,
-// the admin ones behind its token check.
+// the admin ones behind its token check. It also binds the claims to sk: a job is claimed
+// only while sk serves its tenant (its lease holds), so an instance frozen or cut off from
+// NATS, whose tenants a takeover gives to another shard, claims nothing once it wakes.
 func (s *Service) Handler(sk *shardkit.Shard) http.Handler {
+	serving := sk.Serving
+	s.serving.Store(&serving)
 	r := chi.NewRouter()
 	s.Mount(r, sk.Gate, sk.RequireAdmin)
 	return r
+}
+
+// servingNow reports whether this instance may start work for tenant now: without a bound
+// shard (tests that run the service alone), its own placement view decides.
+func (s *Service) servingNow(tenant string) bool {
+	if fn := s.serving.Load(); fn != nil {
+		return (*fn)(tenant)
+	}
+	return true
 }
 
 // Owned lists the tenants this instance acquires now, sorted.

@@ -73,7 +73,31 @@ type KindConfig struct {
 	// Warmup makes the rebalancer choose each move's warm-up strategy (snapshot migration or
 	// cold replay) from the tenant's size. Default: on for aggregate (see WarmupConfig).
 	Warmup *WarmupConfig `json:"warmup,omitempty"`
+	// Lease is how long an instance of the kind keeps serving its tenants after it last
+	// confirmed, with the placement stream's leader, that its view of placement is current: a
+	// shard cut off from NATS (or frozen) stops serving within it, and a takeover of its
+	// tenants waits it out (unless the shard's instances are gone or report drained). Longer
+	// tolerates longer NATS outages without refusing requests; shorter fails over a frozen or
+	// partitioned shard sooner. Default 5s; instances publish the lease they run with, and a
+	// takeover waits the longest of them.
+	Lease Duration `json:"lease,omitempty"`
+	// Failover is whether the rebalancer's autopilot takes over the tenants of a shard of this
+	// kind that has no live instance: "auto" (the default) or "off" (a person decides).
+	Failover Failover `json:"failover,omitempty"`
 }
+
+// Failover is a kind's rule for shards without a live instance.
+type Failover string
+
+const (
+	// FailoverAuto: the autopilot moves the tenants of a dead shard to live ones (a takeover).
+	FailoverAuto Failover = "auto"
+	// FailoverOff: tenants wait for their shard to come back, or for an operator's plan.
+	FailoverOff Failover = "off"
+)
+
+// DefaultLease is KindConfig.Lease's default.
+const DefaultLease = 5 * time.Second
 
 // WarmupConfig is a kind's rule for choosing a move's warm-up strategy by tenant size (the
 // Cloudlysis PRD's "the rebalancer selecting the strategy based on tenant size/SLO"): a tenant
@@ -173,6 +197,12 @@ func (c KindConfig) WithDefaults() KindConfig {
 	if c.DegradedErrorRate == 0 {
 		c.DegradedErrorRate = 0.5
 	}
+	if c.Lease <= 0 {
+		c.Lease = Duration(DefaultLease)
+	}
+	if c.Failover == "" {
+		c.Failover = FailoverAuto
+	}
 	if c.Warmup != nil {
 		w := c.Warmup.WithDefaults()
 		c.Warmup = &w
@@ -251,6 +281,14 @@ func (c KindConfig) Validate() error {
 	case UnplacedAssign, UnplacedReject:
 	default:
 		return fmt.Errorf("%w: kind %s: unplaced %q is not one of assign, reject", ErrInvalid, c.Kind, c.Unplaced)
+	}
+	switch c.Failover {
+	case FailoverAuto, FailoverOff:
+	default:
+		return fmt.Errorf("%w: kind %s: failover %q is not one of auto, off", ErrInvalid, c.Kind, c.Failover)
+	}
+	if c.Lease.D() < 500*time.Millisecond || c.Lease.D() > 5*time.Minute {
+		return fmt.Errorf("%w: kind %s: lease %s must be between 500ms and 5m", ErrInvalid, c.Kind, c.Lease.D())
 	}
 	if c.RateLimit != nil && (c.RateLimit.PerSecond <= 0 || c.RateLimit.Burst < 1) {
 		return fmt.Errorf("%w: kind %s: rate_limit needs per_second > 0 and burst >= 1", ErrInvalid, c.Kind)

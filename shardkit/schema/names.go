@@ -61,6 +61,7 @@ const (
 	subjectAuditPrefix = "tm.audit."
 	subjectLoadPrefix  = "tm.load."
 	subjectSignalNote  = "tm.signal."
+	subjectPingPrefix  = "tm.ping."
 	// SubjectAuditAll matches every audit event.
 	SubjectAuditAll = "tm.audit.>"
 	// SubjectLoadAll matches every load report.
@@ -87,6 +88,20 @@ func SnapshotObject(kind string) string { return "placement." + kind }
 func LoadSubject(id InstanceID) string {
 	return subjectLoadPrefix + id.Kind + "." + id.Shard + "." + id.Instance
 }
+
+// PingSubject is where one instance answers the rebalancer's liveness probe: a request there
+// with no responders tells that the instance's NATS connection is gone (the process died, or
+// its server closed the connection), in one round trip.
+func PingSubject(id InstanceID) string {
+	return subjectPingPrefix + id.Kind + "." + id.Shard + "." + id.Instance
+}
+
+// PingSubjectShard matches the probes of every instance of kind's shard (what a shard instance
+// may subscribe to).
+func PingSubjectShard(kind, shard string) string { return subjectPingPrefix + kind + "." + shard + ".*" }
+
+// SubjectPingAll matches every instance's probe (what the rebalancer may publish to).
+const SubjectPingAll = "tm.ping.>"
 
 // SignalNoteSubject is where the writers of tenant signals note them for shard, the shard a
 // tenant moves to (or owns it): tm.signal.<kind>.<shard>.
