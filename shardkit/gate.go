@@ -21,15 +21,15 @@ import (
 type verdict uint8
 
 const (
-	serve      verdict = iota
-	notOwner           // another shard owns the tenant: 421 naming it, or forward
-	unplaced           // nobody owns it: 421 without an owner
-	inHandoff          // the tenant is being handed off: 503 Retry-After
-	behind             // the request's epoch is newer than what this instance learned: 503
-	staleEpoch         // the request's epoch is older than the owner's: 421 naming the owner
-	draining           // the tenant is draining here: 421 to the new owner, else 503
-	closing            // the instance is shutting down: 503 (forward mode: to a sibling)
-	unconfirmed        // the instance's lease ran out (it cannot confirm its placement view): 503
+	serve       verdict = iota
+	notOwner            // another shard owns the tenant: 421 naming it, or forward
+	unplaced            // nobody owns it: 421 without an owner
+	inHandoff           // the tenant is being handed off: 503 Retry-After
+	behind              // the request's epoch is newer than what this instance learned: 503
+	staleEpoch          // the request's epoch is older than the owner's: 421 naming the owner
+	draining            // the tenant is draining here: 421 to the new owner, else 503
+	closing             // the instance is shutting down: 503 (forward mode: to a sibling)
+	unconfirmed         // the instance's lease ran out (it cannot confirm its placement view): 503
 )
 
 var refuseReasons = [...]string{

@@ -174,11 +174,11 @@ type Service struct {
 	// serving, once Handler bound the shard, says whether the shard serves a tenant now (its
 	// lease holds and it owns the tenant): a claim is made only then.
 	serving atomic.Pointer[func(tenant string) bool]
-	store     *runStore
-	m         *metrics
-	sched     *Scheduler
-	sizes     *sizer
-	started   time.Time
+	store   *runStore
+	m       *metrics
+	sched   *Scheduler
+	sizes   *sizer
+	started time.Time
 
 	mu       sync.Mutex
 	tenants  map[string]*tenantQ

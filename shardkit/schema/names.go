@@ -98,7 +98,9 @@ func PingSubject(id InstanceID) string {
 
 // PingSubjectShard matches the probes of every instance of kind's shard (what a shard instance
 // may subscribe to).
-func PingSubjectShard(kind, shard string) string { return subjectPingPrefix + kind + "." + shard + ".*" }
+func PingSubjectShard(kind, shard string) string {
+	return subjectPingPrefix + kind + "." + shard + ".*"
+}
 
 // SubjectPingAll matches every instance's probe (what the rebalancer may publish to).
 const SubjectPingAll = "tm.ping.>"
