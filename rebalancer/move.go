@@ -25,16 +25,21 @@ import (
 // placement as it was before this move's own last write, and the round would take the move
 // for aborted while its warming stays in place (a chaos run found one so). committed, if set,
 // is called once the move has committed (its pause is known).
-func (e *Engine) drive(ctx context.Context, m *MoveRecord, committed func()) (err error) {
+func (e *Engine) drive(ctx context.Context, m *MoveRecord, committed func(), ctl *planControl) (err error) {
 	ctx, span := tracer.Start(ctx, "move", trace.WithAttributes(attribute.String("tm.kind", m.Kind),
 		attribute.String("tm.tenant", m.Tenant), attribute.String("tm.from", m.From), attribute.String("tm.to", m.To),
 		attribute.String("tm.move", m.Key())))
 	defer func() { endSpan(span, err, attribute.String("tm.move.state", string(m.State))) }()
 	w := e.newSignalWatch(m)
+	w.cancelled = ctl.cancelCh()
 	defer w.stop()
 	for !m.State.Terminal() {
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if m.State == MovePending && ctl.cancelled() {
+			m.State, m.Reason, m.Finished = MoveSkipped, "cancelled by "+ctl.by(), time.Now().UTC()
+			return e.saveMove(ctx, m)
 		}
 		p, err := e.st.LatestPlacement(ctx, m.Kind, m.Tenant)
 		if errors.Is(err, schema.ErrNotFound) {
@@ -195,6 +200,9 @@ func (e *Engine) warm(ctx context.Context, m *MoveRecord, p schema.Placement, w 
 	})
 	if err == nil && sourceDown {
 		return nil, e.toTakeover(ctx, m, p, w)
+	}
+	if errors.Is(err, errCancelled) {
+		return nil, e.abort(ctx, m, p, "the plan was cancelled")
 	}
 	if errors.Is(err, errTimeout) {
 		return nil, e.abort(ctx, m, p, fmt.Sprintf("the target %s was not ready within %s", m.To, e.cfg.WarmTimeout))
@@ -461,6 +469,9 @@ type signalWatch struct {
 	// engine wrote the move's takeover, or first drove it (a takeover's lease counts from it).
 	every    time.Duration
 	fencedAt time.Time
+	// cancelled, closed when the move's plan is cancelled, ends a wait with errCancelled (only
+	// warming waits for it: a move past its handoff finishes).
+	cancelled <-chan struct{}
 }
 
 func (e *Engine) newSignalWatch(m *MoveRecord) *signalWatch { return &signalWatch{e: e, m: m} }
@@ -508,11 +519,19 @@ func (w *signalWatch) wait(ctx context.Context, deadline time.Time, cond func(si
 		case <-dirCh:
 		case <-presence:
 		case <-tick:
+		case <-w.cancelled:
+			if w.m.State == MoveWarming {
+				return errCancelled
+			}
+			w.cancelled = nil // past the handoff: finish
 		case <-wctx.Done():
 			return w.e.waitErr(ctx)
 		}
 	}
 }
+
+// errCancelled ends a warming move's wait when its plan is cancelled.
+var errCancelled = errors.New("plan cancelled")
 
 func (e *Engine) waitErr(ctx context.Context) error {
 	if ctx.Err() != nil {

@@ -29,10 +29,16 @@ type Telemetry struct {
 // forgetAfter is how long a silent instance's last report is kept.
 const forgetAfter = 10 * time.Minute
 
-// WatchTelemetry subscribes to the load reports of kind ("" for every kind) until Stop.
-func WatchTelemetry(st *schema.Store, kind string) (*Telemetry, error) {
+// WatchTelemetry subscribes to the load reports of kind ("" for every kind) until Stop; also
+// calls each heard function with every report (Presence.Heard), on the subscription's goroutine.
+func WatchTelemetry(st *schema.Store, kind string, heard ...func(schema.LoadReport)) (*Telemetry, error) {
 	t := &Telemetry{latest: map[string]schema.LoadReport{}}
-	sub, err := st.SubscribeLoad(kind, t.Add)
+	sub, err := st.SubscribeLoad(kind, func(r schema.LoadReport) {
+		t.Add(r)
+		for _, h := range heard {
+			h(r)
+		}
+	})
 	if err != nil {
 		return nil, err
 	}
