@@ -77,7 +77,12 @@ func UpdateState(ctx context.Context, st *schema.Store, change func(*State) erro
 		if err := change(&s); err != nil {
 			return s, err
 		}
-		rev, err := st.Rebalance().Update(ctx, schema.AutopilotState, s.Revision, s)
+		var rev uint64
+		if s.Revision == 0 {
+			rev, err = st.Rebalance().Create(ctx, schema.AutopilotState, s)
+		} else {
+			rev, err = st.Rebalance().Update(ctx, schema.AutopilotState, s.Revision, s)
+		}
 		if err == nil {
 			s.Revision = rev
 			return s, nil
