@@ -87,8 +87,14 @@ func (a *Autopilot) rearrange(ctx context.Context) {
 		}
 		p, err := c.plan(planner.Options{Tolerance: a.cfg.Tolerance, Concurrency: a.cfg.Concurrency,
 			Budget: min(a.cfg.MaxPlanMoves, a.cfg.MaxMoves-moves), MaxBytes: a.cfg.MaxBytes - bytes})
-		if err == nil && len(p.Moves) == 0 {
-			err = fmt.Errorf("the planner found no move within the guardrails (%d tenants cooling down): %v", len(cooling), p.Notes)
+		if err == nil && (len(p.Moves) == 0 || c.detector == "balance" && !improves(p, w.Kind, a.cfg.Tolerance)) {
+			// Nothing worth moving (few tenants, the heavy ones cooling down): start the clock
+			// again rather than ask every look.
+			a.mu.Lock()
+			delete(a.since, c.detector+"/"+c.subject)
+			a.mu.Unlock()
+			a.cfg.Logger.Debug("autopilot: nothing worth moving", "detector", c.detector, "subject", c.subject, "cooling", len(cooling), "notes", p.Notes)
+			continue
 		}
 		if err != nil {
 			a.block(ctx, c, "no plan", err.Error())
@@ -251,6 +257,13 @@ func (a *Autopilot) balance(w planner.World) *candidate {
 			Figure:    fmt.Sprintf("max/mean utilisation %.2f (%s the most utilised)", ratio, hottest),
 			Threshold: fmt.Sprintf("max/mean > %.2f for %s; the plan aims at %.2f", 1+a.cfg.Trigger, a.cfg.Sustain, 1+a.cfg.Tolerance)},
 		plan: func(o planner.Options) (*planner.Plan, error) { return planner.Balance(w, o) }}
+}
+
+// improves reports whether balance plan p lowers kind's max/mean by at least half the
+// tolerance: a plan that does not (a handful of tenants that cannot split evenly) is not made.
+func improves(p *planner.Plan, kind string, tolerance float64) bool {
+	sum := p.Summary(kind)
+	return sum.Before.MaxOverMean-sum.After.MaxOverMean >= tolerance/2
 }
 
 // imbalance is the kind's max/mean utilisation over the shards that take tenants, and its most
