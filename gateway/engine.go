@@ -9,6 +9,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/gateway/h1"
@@ -32,8 +33,15 @@ type engine struct {
 
 	mu     sync.Mutex
 	idle   map[string][]*upConn
+	busy   map[string]map[*upConn]struct{} // connections with an exchange under way, by host
 	closed bool
 }
+
+// errAbandoned ends an exchange with an instance whose shard was taken over while the request
+// was there (abandon): the instance cannot answer it validly any more (it was dead, frozen or
+// cut off; if it wakes its gate withholds the answer). Whether the request took effect there is
+// unknown, so only a request that is safe to send again goes to the new owner.
+var errAbandoned = errors.New("its shard was taken over while the request was there: abandoned")
 
 // upConn is one connection to an instance with its buffers and the response being read on it.
 type upConn struct {
@@ -47,6 +55,8 @@ type upConn struct {
 	used    time.Time
 	reused  bool
 	dl      time.Time // the deadline set on c
+
+	abandoned atomic.Bool // the exchange under way was abandoned (engine.abandon)
 
 	resp    h1.Response
 	head    []byte // the response head (resp's fields point into it)
@@ -65,7 +75,47 @@ func newEngine(cfg Config) *engine {
 		idleTimeout: 30 * time.Second,
 		maxHead:     1 << 20,
 		idle:        map[string][]*upConn{},
+		busy:        map[string]map[*upConn]struct{}{},
 	}
+}
+
+// checkout records uc as busy. Caller holds e.mu.
+func (e *engine) checkout(uc *upConn) {
+	m := e.busy[uc.key]
+	if m == nil {
+		m = map[*upConn]struct{}{}
+		e.busy[uc.key] = m
+	}
+	m[uc] = struct{}{}
+}
+
+// checkin forgets uc as busy. Caller holds e.mu.
+func (e *engine) checkin(uc *upConn) {
+	if m := e.busy[uc.key]; m != nil {
+		delete(m, uc)
+		if len(m) == 0 {
+			delete(e.busy, uc.key)
+		}
+	}
+}
+
+// abandon ends every exchange under way with the instance at key (its reads and writes fail
+// at once with errAbandoned) and closes its idle connections: its shard was taken over, so no
+// answer of it can be used. It returns how many exchanges it ended.
+func (e *engine) abandon(key string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for uc := range e.busy[key] {
+		uc.abandoned.Store(true)
+		_ = uc.c.SetDeadline(aLongTimeAgo)
+		n++
+	}
+	for _, uc := range e.idle[key] {
+		uc.c.Close()
+	}
+	delete(e.idle, key)
+	return n
 }
 
 // get returns an idle connection to key (the host) or dials one. With check, a reused
@@ -77,6 +127,7 @@ func (e *engine) get(ctx context.Context, now time.Time, key, scheme, host strin
 		l[len(l)-1] = nil
 		e.idle[key] = l[:len(l)-1]
 		if now.Sub(uc.used) < e.idleTimeout && (!check || uc.open()) {
+			e.checkout(uc)
 			e.mu.Unlock()
 			uc.reused = true
 			return uc, nil
@@ -102,6 +153,9 @@ func (e *engine) get(ctx context.Context, now time.Time, key, scheme, host strin
 	rw := ioOf(conn)
 	uc := &upConn{e: e, c: conn, rw: rw, r: h1.NewReader(rw, 32<<10), w: bufio.NewWriterSize(rw, 8<<10), key: key}
 	uc.flushFn = uc.w.Flush
+	e.mu.Lock()
+	e.checkout(uc)
+	e.mu.Unlock()
 	return uc, nil
 }
 
@@ -116,7 +170,8 @@ func (uc *upConn) open() bool {
 // put returns a connection whose exchange finished cleanly to the pool.
 func (e *engine) put(uc *upConn) {
 	e.mu.Lock()
-	if !e.closed && len(e.idle[uc.key]) < e.maxIdle {
+	e.checkin(uc)
+	if !e.closed && len(e.idle[uc.key]) < e.maxIdle && !uc.abandoned.Load() {
 		e.idle[uc.key] = append(e.idle[uc.key], uc)
 		e.mu.Unlock()
 		return
@@ -155,6 +210,9 @@ func (e *engine) roundTrip(ctx context.Context, now time.Time, x *exchange, in *
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
+		}
+		if uc.abandoned.Load() {
+			return nil, errAbandoned
 		}
 		if isTimeout(err) && !uc.dl.IsZero() && !time.Now().Before(uc.dl) {
 			return nil, context.DeadlineExceeded // the connection's deadline is the context's
@@ -315,6 +373,9 @@ func (uc *upConn) close() {
 	if uc.stop != nil {
 		uc.stop()
 	}
+	uc.e.mu.Lock()
+	uc.e.checkin(uc)
+	uc.e.mu.Unlock()
 	uc.c.Close()
 }
 

@@ -197,6 +197,11 @@ type Gateway struct {
 	assignMu  sync.Mutex
 	assigning map[holdKey]*assignCall
 
+	// abandoned is when the requests under way at each "<kind>.<shard>" were last abandoned
+	// (abandonShard).
+	abandonMu sync.Mutex
+	abandoned map[string]time.Time
+
 	ready     chan struct{}
 	readyOnce sync.Once
 	synced    chan struct{} // registry: routes, directory and kinds are in
@@ -488,9 +493,13 @@ func (g *Gateway) onLoad(r schema.LoadReport) {
 	}
 }
 
-// onChange runs on a kind's placement apply goroutine for every change: it ends holds when a
-// handoff commits or aborts, and wakes requests waiting for a newer placement after a 421.
+// onChange runs on a kind's placement apply goroutine for every change: it abandons the
+// requests under way at a shard whose tenants are being taken over, ends holds when a handoff
+// or takeover commits or aborts, and wakes requests waiting for a newer placement after a 421.
 func (g *Gateway) onChange(c placement.Change) {
+	if c.NewOK && c.New.Phase == schema.PhaseTakeover && !(c.OldOK && c.Old.Phase == schema.PhaseTakeover && c.Old.Shard == c.New.Shard) {
+		g.abandonShard(c.Kind, c.New.Shard)
+	}
 	if c.OldOK && c.Old.Phase.Moving() && !(c.NewOK && c.New.Phase.Moving()) {
 		aborted := !c.NewOK || c.New.Shard == c.Old.Shard
 		g.holds.release(c.Kind, c.Tenant, aborted)
@@ -498,5 +507,52 @@ func (g *Gateway) onChange(c placement.Change) {
 	if g.waiters.Load() > 0 {
 		ch := make(chan struct{})
 		close(*g.changed.Swap(&ch))
+	}
+}
+
+// abandonEvery is how often the requests under way at one shard are abandoned at most: a
+// failover takes over all of a shard's tenants in a burst.
+const abandonEvery = time.Second
+
+// abandonShard ends the exchanges under way with kind's shard's instances: a takeover began
+// there, because the shard had no live instance (dead, frozen, cut off). A request that went
+// to a frozen instance would otherwise wait for its answer until the upstream timeout; abandoned,
+// it goes to the new owner if it is safe to send again (GET, or an Idempotency-Key for a kind
+// that honours it), else it is answered at once as failed with an unknown outcome.
+func (g *Gateway) abandonShard(kind, shard string) {
+	key := kind + "." + shard
+	now := time.Now()
+	g.abandonMu.Lock()
+	if last, ok := g.abandoned[key]; ok && now.Sub(last) < abandonEvery {
+		g.abandonMu.Unlock()
+		return
+	}
+	if g.abandoned == nil {
+		g.abandoned = map[string]time.Time{}
+	}
+	g.abandoned[key] = now
+	for k, t := range g.abandoned {
+		if now.Sub(t) > time.Minute {
+			delete(g.abandoned, k)
+		}
+	}
+	g.abandonMu.Unlock()
+	var hosts []string
+	g.reg.mu.Lock()
+	for _, in := range g.reg.insts {
+		if in.id.Kind == kind && in.id.Shard == shard {
+			if u := in.url.Load(); u != nil {
+				hosts = append(hosts, u.Host)
+			}
+		}
+	}
+	g.reg.mu.Unlock()
+	n := 0
+	for _, h := range hosts {
+		n += g.engine.abandon(h)
+	}
+	if n > 0 {
+		g.log.Warn("abandoned the requests under way at a shard being taken over; those safe to resend go to the new owner",
+			"kind", kind, "shard", shard, "requests", n)
 	}
 }

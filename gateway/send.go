@@ -90,6 +90,15 @@ func (g *Gateway) judgeManaged(x *exchange, in *instance, up *upConn, err error,
 			return fail, x.lastErr
 		}
 		x.ke.metrics.retry(reason)
+		if errors.Is(err, errAbandoned) {
+			// The tenant's shard is being taken over: the next attempt waits in the hold for
+			// the new owner, as a request arriving now would.
+			if e, ok := x.ke.lookup(x.tenant); ok {
+				x.entry = e
+			}
+			x.tried = x.tried[:0]
+			return again, nil
+		}
 		x.tried = append(x.tried, in)
 		return again, nil
 	}

@@ -194,6 +194,7 @@ type Autopilot struct {
 	running   string               // the balance/fill/evacuate plan under way ("": none)
 	yielded   string               // that plan, paused for an operator's
 	leading   bool
+	start     time.Time      // when this leader's autopilot started (it decides from start+Startup)
 	down      map[string]int // kind -> tenants on shards without a live instance (last look)
 	work      sync.WaitGroup
 }
@@ -252,8 +253,9 @@ func (a *Autopilot) Config() Config { return a.cfg }
 // Run decides until ctx ends (the leader's context), then waits for the plans it applies to
 // stop (they stop at their next step and resume under the next leader).
 func (a *Autopilot) Run(ctx context.Context) error {
+	start := time.Now()
 	a.mu.Lock()
-	a.leading = true
+	a.leading, a.start = true, start
 	a.mu.Unlock()
 	defer func() {
 		a.work.Wait()
@@ -261,7 +263,6 @@ func (a *Autopilot) Run(ctx context.Context) error {
 		a.leading, a.failing, a.running, a.yielded = false, map[string]string{}, "", ""
 		a.mu.Unlock()
 	}()
-	start := time.Now()
 	a.cfg.Logger.Info("autopilot leading", "mode", a.cfg.Mode, "max_moves", a.cfg.MaxMoves, "window", a.cfg.Window,
 		"cooldown", a.cfg.Cooldown, "trigger", a.cfg.Trigger, "tolerance", a.cfg.Tolerance, "sustain", a.cfg.Sustain)
 	tick := time.NewTicker(a.cfg.Tick)

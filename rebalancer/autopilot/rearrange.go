@@ -295,8 +295,10 @@ func imbalance(w planner.World) (float64, string) {
 // freezes and maintenance marks, the shards without a live instance, its plans under way and
 // its latest decisions (newest first).
 type Status struct {
-	Mode       Mode              `json:"mode"`
-	Leading    bool              `json:"leading"`
+	Mode    Mode `json:"mode"`
+	Leading bool `json:"leading"`
+	// Deciding: leading, and past the leader's startup wait (Config.Startup).
+	Deciding   bool              `json:"deciding"`
 	Guardrails Config            `json:"guardrails"`
 	Windows    []string          `json:"windows,omitempty"`
 	Frozen     *Freeze           `json:"frozen,omitempty"`
@@ -342,6 +344,7 @@ func (a *Autopilot) Status(ctx context.Context) (Status, error) {
 	s.Used.Window = a.cfg.Window
 	a.mu.Lock()
 	s.Leading, s.Running, s.Yielded = a.leading, a.running, a.yielded
+	s.Deciding = a.leading && now.Sub(a.start) >= a.cfg.Startup
 	if len(a.failing) > 0 {
 		s.Failing = map[string]string{}
 		for k, v := range a.failing {
