@@ -63,6 +63,7 @@ type config struct {
 	kindCounts, moreKinds  string
 	natsCluster, keepGoing bool
 	onExit, autopilot      string
+	rebalancerFlags        string
 	natsInsecure, natsTLS  bool
 	restartDelay           time.Duration
 	leaseTTL               time.Duration
@@ -102,6 +103,7 @@ func main() {
 	envflag.Bool(fs, &c.keepGoing, "keep-going", false, "same as --on-exit restart")
 	envflag.Duration(fs, &c.restartDelay, "restart-delay", time.Second, "with --on-exit restart, how long to wait before restarting a dead child")
 	envflag.String(fs, &c.autopilot, "autopilot", "on", "the rebalancer's autopilot: on (fails over dead shards, fills new ones, balances), dry-run (proposes plans) or off")
+	envflag.String(fs, &c.rebalancerFlags, "rebalancer-flags", "", `more flags for "rebalance serve", space-separated (e.g. "--autopilot-sustain 5s --autopilot-cooldown 30s")`)
 	envflag.Duration(fs, &c.leaseTTL, "lease-ttl", 10*time.Second, "the rebalancer's leader lease lifetime")
 	envflag.String(fs, &c.stateFile, "state-file", "", "write each child's PID and URL and the NATS nodes' URLs to this JSON file on every change")
 	envflag.String(fs, &c.controlAddr, "control-addr", "", "serve the control API (GET /state, POST /nats/{n}/stop|start) on this localhost address")
@@ -260,7 +262,7 @@ func (c config) processes(sec *security, natsURL string, log *slog.Logger) ([]*p
 		// windows so its fill and balance show within a minute.
 		out = append(out, &proc{name: "rebalancer", args: append([]string{p, "serve", "--addr", addr(c.rebalancerPort),
 			"--holder", "devstack-rebalancer", "--sweep-every", "5s", "--lease-ttl", c.leaseTTL.String(), "--admin-token", c.adminToken,
-			"--autopilot", c.autopilot, "--autopilot-sustain", "20s", "--autopilot-cooldown", "2m"}, as(natsperm.Rebalancer())...), ready: url(c.rebalancerPort, "/readyz")})
+			"--autopilot", c.autopilot, "--autopilot-sustain", "20s", "--autopilot-cooldown", "2m"}, append(strings.Fields(c.rebalancerFlags), as(natsperm.Rebalancer())...)...), ready: url(c.rebalancerPort, "/readyz")})
 	}
 	perKind, err := c.kindInstances()
 	if err != nil {
