@@ -20,6 +20,17 @@ var ErrPlanState = errors.New("plan state")
 // moves (none is under way) and makes it cancelled. A plan being applied takes it at its next
 // move (see apply); resuming clears the pause, and the caller then applies the plan again.
 func (e *Engine) SetControl(ctx context.Context, id string, c Control, actor string) (PlanRecord, error) {
+	for range 16 {
+		rec, err := e.setControl(ctx, id, c, actor)
+		if !errors.Is(err, schema.ErrConflict) {
+			return rec, err
+		}
+		// The plan's apply wrote its record meanwhile: read it again.
+	}
+	return PlanRecord{}, fmt.Errorf("rebalancer: plan %s kept changing underneath", id)
+}
+
+func (e *Engine) setControl(ctx context.Context, id string, c Control, actor string) (PlanRecord, error) {
 	rec, moves, err := e.Plan(ctx, id)
 	if err != nil {
 		return rec, err

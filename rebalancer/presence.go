@@ -276,13 +276,16 @@ func (p *Presence) Dead(key string) bool {
 type ShardPresence struct {
 	// Registered instances, and of them those live, gone (connection closed) and silent (dead
 	// without a closed connection: frozen or cut off).
-	Registered, Live, Gone, Silent int
+	Registered int `json:"registered"`
+	Live       int `json:"live"`
+	Gone       int `json:"gone"`
+	Silent     int `json:"silent"`
 	// Synced is false until the memberships were read once: nothing is known before.
-	Synced bool
+	Synced bool `json:"synced"`
 	// Lease is the longest lease the shard's instances serve under (0: none published).
-	Lease time.Duration
+	Lease time.Duration `json:"lease_ns"`
 	// Since is when the shard's last live instance died (zero while one lives).
-	Since time.Time
+	Since time.Time `json:"since,omitzero"`
 }
 
 // Down reports whether the shard has no live instance.
