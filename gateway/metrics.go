@@ -45,7 +45,7 @@ func newMetrics(g *Gateway, reg prometheus.Registerer) *gwMetrics {
 			Name: "tm_gateway_hold_queued", Help: "Requests held now.",
 		}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tm_gateway_retries_total", Help: "Upstream attempts retried, by reason (misdirected, unreachable, failed, idempotent, instance_stopping).",
+			Name: "tm_gateway_retries_total", Help: "Upstream attempts retried, by reason (misdirected, unreachable, failed, read, idempotent, instance_stopping).",
 		}, []string{"kind", "reason"}),
 		assigned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tm_gateway_assignments_total", Help: "Unplaced tenants this gateway assigned to a shard.",

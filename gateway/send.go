@@ -139,9 +139,10 @@ func (g *Gateway) judgeManaged(x *exchange, in *instance, up *upConn, err error,
 
 // retryable says whether a failed attempt may be sent again to another instance, and why.
 // A refused connection provably never reached the application, so any method may go again (if
-// its body is buffered); other failures only for GET, HEAD and OPTIONS, or for a request with
-// an Idempotency-Key to a kind whose services honour it (KindConfig.Idempotent: applied once
-// however often it is sent); a timeout never.
+// its body is buffered); other failures only for GET, HEAD and OPTIONS, for any request to a
+// kind that only reads (KindConfig.Overlap: the projection's POST queries), or for a request
+// with an Idempotency-Key to a kind whose services honour it (KindConfig.Idempotent: applied
+// once however often it is sent); a timeout never.
 func (g *Gateway) retryable(x *exchange, err error) (string, bool) {
 	if !x.replayable || x.ctx.Err() != nil || isTimeout(err) {
 		return "", false
@@ -153,7 +154,11 @@ func (g *Gateway) retryable(x *exchange, err error) (string, bool) {
 	case http.MethodGet, http.MethodHead, http.MethodOptions:
 		return "failed", true
 	}
-	if c := x.ke.config(); c != nil && c.Idempotent {
+	c := x.ke.config()
+	if c != nil && c.Overlap {
+		return "read", true
+	}
+	if c != nil && c.Idempotent {
 		if key, n := h1.Get(x.fields, "Idempotency-Key"); n == 1 && len(key) > 0 {
 			return "idempotent", true
 		}

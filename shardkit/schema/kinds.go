@@ -45,7 +45,9 @@ type KindConfig struct {
 	Capacity int `json:"capacity,omitempty"`
 	// HoldBudget is how long the gateway holds a tenant's requests during a handoff. Default 2s.
 	HoldBudget Duration `json:"hold_budget,omitempty"`
-	// Overlap marks a kind that only reads: moves skip the hold (warm then cut over).
+	// Overlap marks a kind that only reads: moves skip the hold (warm then cut over), and a
+	// gateway sends any request again on another instance after an attempt whose outcome is
+	// unknown (nothing it could have done needs undoing). Default: on for projection.
 	Overlap bool `json:"overlap,omitempty"`
 	// SingleWriter sends each tenant's requests to one instance of its shard (rendezvous hashing
 	// over the live instances: a tenant changes instance only when its instance leaves), so
@@ -167,7 +169,7 @@ type LoadConfig struct {
 
 // DefaultKindConfig is the configuration a kind gets when it is first registered.
 func DefaultKindConfig(kind string) KindConfig {
-	c := KindConfig{Kind: kind, SingleWriter: kind == "aggregate", Idempotent: kind == "aggregate" || kind == "runner"}
+	c := KindConfig{Kind: kind, SingleWriter: kind == "aggregate", Idempotent: kind == "aggregate" || kind == "runner", Overlap: kind == "projection"}
 	if kind == "aggregate" {
 		c.Warmup = &WarmupConfig{}
 	}
