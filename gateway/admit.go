@@ -20,15 +20,21 @@ func (g *Gateway) admit(x *exchange) error {
 	if n > 1 {
 		return tmhttp.Errorf(http.StatusBadRequest, "invalid-tenant", "Invalid tenant", "x-tenant-id appears more than once; send it once")
 	}
-	tenant := g.tenants.get(tb)
+	// Validated before anything keeps it: an id that is not one costs nothing but this answer.
+	if len(tb) > 0 && !validTenant(tb) {
+		return invalidTenant(schema.CheckTenant(str(tb)))
+	}
+	tenant := ""
+	if len(tb) > 0 {
+		tenant = g.tenants.get(tb)
+	}
 	if g.cfg.Auth != nil {
 		if err := g.identify(x, &tenant); err != nil {
 			return err
 		}
 	}
 	if !schema.ValidTenant(tenant) {
-		err := schema.CheckTenant(tenant)
-		return &tmhttp.Error{Status: http.StatusBadRequest, Type: "invalid-tenant", Title: "Invalid tenant id", Detail: err.Error(), Err: err}
+		return invalidTenant(schema.CheckTenant(tenant))
 	}
 	x.tenant = tenant
 	snap := g.reg.snap.Load()
@@ -56,6 +62,23 @@ func (g *Gateway) admit(x *exchange) error {
 		}
 	}
 	return nil
+}
+
+func invalidTenant(err error) error {
+	return &tmhttp.Error{Status: http.StatusBadRequest, Type: "invalid-tenant", Title: "Invalid tenant id", Detail: err.Error(), Err: err}
+}
+
+// validTenant is schema.ValidTenant on the header's bytes.
+func validTenant(b []byte) bool {
+	if len(b) > schema.MaxTenantLen {
+		return false
+	}
+	for _, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // identify checks the bearer token (401 without a valid one, 403 when x-tenant-id names another
