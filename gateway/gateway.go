@@ -105,6 +105,26 @@ type Config struct {
 	ReadHeaderTimeout time.Duration
 	// IdleTimeout closes idle client connections. Default 2m.
 	IdleTimeout time.Duration
+	// BodyReadTimeout bounds each wait for more of a request body; after it, the body must
+	// also keep arriving at MinBodyRate bytes a second on average since it began. A body that
+	// does not is answered 408 and its connection closed, so a client that stops sending
+	// cannot hold a connection, a goroutine and a buffer. Defaults 10s and 1024 (nginx's
+	// client_body_timeout is 60s between reads; the average rate is what stops a client
+	// that sends a byte every few seconds). A negative MinBodyRate checks no rate.
+	BodyReadTimeout time.Duration
+	MinBodyRate     int64
+	// WriteTimeout bounds each write to a client: a client that does not take the answer's
+	// bytes for this long is cut off (a slow reader cannot pin the connection, the request
+	// and its instance connection). Default 30s.
+	WriteTimeout time.Duration
+	// TunnelIdleTimeout closes an upgraded connection (WebSocket) after this long without a
+	// byte in either direction. Default 10m.
+	TunnelIdleTimeout time.Duration
+	// MaxConns and MaxConnsPerIP bound the client connections open at once, overall and from
+	// one address; a connection beyond either is closed as soon as it is accepted
+	// (tm_gateway_connections_refused_total). Defaults 10,000 and 1,000; negative: no bound.
+	// Behind a load balancer that does not keep the client's address, raise MaxConnsPerIP.
+	MaxConns, MaxConnsPerIP int
 	// ShutdownTimeout bounds the wait for in-flight requests at shutdown. Default 30s.
 	ShutdownTimeout time.Duration
 	// ConnectTimeout bounds dialing an instance (the Queen coordinator's connect timeout). Default 1s.
@@ -152,6 +172,18 @@ func (c Config) withDefaults() Config {
 	def(&c.RefreshWait, 500*time.Millisecond)
 	def(&c.ReadHeaderTimeout, 5*time.Second)
 	def(&c.IdleTimeout, 2*time.Minute)
+	def(&c.BodyReadTimeout, 10*time.Second)
+	def(&c.WriteTimeout, 30*time.Second)
+	def(&c.TunnelIdleTimeout, 10*time.Minute)
+	if c.MinBodyRate == 0 {
+		c.MinBodyRate = 1024
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = 10000
+	}
+	if c.MaxConnsPerIP == 0 {
+		c.MaxConnsPerIP = 1000
+	}
 	def(&c.ShutdownTimeout, 30*time.Second)
 	def(&c.ConnectTimeout, time.Second)
 	if c.MaxReplayBody <= 0 {
@@ -178,6 +210,7 @@ type Gateway struct {
 	reg     *registry   // routes, directory and kinds as an immutable snapshot
 	holds   *holdBuffer // the hold stage's per-tenant queues
 	tenants interned    // tenant ids as strings
+	conns   *connLimiter // client connections, overall and per address
 	engine  *engine     // the send stage's upstream connections
 	metrics *gwMetrics
 	admin   *http.ServeMux
@@ -230,7 +263,9 @@ func New(cfg Config) (*Gateway, error) {
 	g.changed.Store(&ch)
 	g.bgCtx, g.bgStop = context.WithCancel(context.Background())
 	g.reg = newRegistry(g)
+	g.conns = newConnLimiter(cfg)
 	g.metrics = newMetrics(g, cfg.Registry)
+	g.conns.refused = g.metrics.connsRefused
 	g.holds = newHoldBuffer(cfg.Hold, g.metrics)
 	g.engine = newEngine(cfg)
 	g.health = &http.Client{Transport: &http.Transport{
@@ -298,9 +333,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 	serveErr := make(chan error, 2)
 	var front *frontEnd
 	if g.cfg.TLS != nil {
-		go func() { serveErr <- srv.Serve(tls.NewListener(ln, g.cfg.TLS)) }()
+		go func() { serveErr <- srv.Serve(tls.NewListener(limitListener{ln, g.conns}, g.cfg.TLS)) }()
 	} else if g.cfg.stdFrontEnd {
-		go func() { serveErr <- srv.Serve(ln) }()
+		go func() { serveErr <- srv.Serve(limitListener{ln, g.conns}) }()
 	} else {
 		// The gateway's own HTTP/1.1 front end; net/http's server takes the connections it
 		// hands over.

@@ -5,12 +5,15 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -79,5 +82,268 @@ func TestAttackTenantHeaderMemory(t *testing.T) {
 		before>>20, n, size>>10, after>>20, float64(grew)/(1<<20))
 	if grew > 16<<20 {
 		t.Fatalf("the heap grew by %.1f MB with %d invalid tenant ids; it must not keep them", float64(grew)/(1<<20), n)
+	}
+}
+
+// slowEnv is a gateway with an aggregate instance that answers what handler says, tenant t1
+// placed on it.
+func slowEnv(t *testing.T, cfg Config, handler http.HandlerFunc) (*env, *backend) {
+	t.Helper()
+	var a *backend
+	e := newEnv(t, cfg, nil, func(e *env) {
+		a = newBackend(t, "aggregate", "aggregate-1", "i1")
+		if handler != nil {
+			a.setHandler(handler)
+		}
+		e.register(a, "", 10, aggRoute)
+		e.place("aggregate", "t1", "aggregate-1")
+	})
+	return e, a
+}
+
+// closedWithin waits until the gateway closes c (a read ends with EOF or a reset), within d.
+func closedWithin(t *testing.T, c *rawClient, d time.Duration) {
+	t.Helper()
+	_ = c.c.SetReadDeadline(time.Now().Add(d))
+	_, err := io.Copy(io.Discard, c.br)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("the connection is still open after %v", d)
+	}
+}
+
+// servesOthers checks that the gateway still answers another client at once.
+func servesOthers(t *testing.T, e *env) {
+	t.Helper()
+	resp, _ := e.do("GET", "/agg/other", "t1", "", nil)
+	if resp.StatusCode != 200 {
+		t.Fatalf("another client got %d while the attack ran", resp.StatusCode)
+	}
+}
+
+// TestAttackSlowBody (item 2): a body that stops arriving, and one that trickles a byte at a
+// time, used to hold their connection, goroutine and buffer for good (the head's read deadline
+// was dropped once a body began). Both front ends now answer 408 within the body's bounds and
+// close the connection, while serving other clients.
+func TestAttackSlowBody(t *testing.T) {
+	for _, front := range []struct {
+		name string
+		std  bool
+	}{{"front end", false}, {"net/http front end", true}} {
+		t.Run(front.name, func(t *testing.T) {
+			e, a := slowEnv(t, Config{BodyReadTimeout: 500 * time.Millisecond, MinBodyRate: 100, stdFrontEnd: front.std}, nil)
+			t.Run("stops", func(t *testing.T) {
+				c := dialRaw(t, e.url)
+				_, _ = io.WriteString(c.c, "POST /agg/x HTTP/1.1\r\nHost: g\r\nx-tenant-id: t1\r\nContent-Length: 100000\r\n\r\n0123456789")
+				servesOthers(t, e)
+				_ = c.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				resp, err := http.ReadResponse(c.br, nil)
+				if err != nil {
+					t.Fatalf("no answer to a stalled body within 5 s: %v", err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusRequestTimeout {
+					t.Fatalf("status %d, want 408", resp.StatusCode)
+				}
+				closedWithin(t, c, 5*time.Second)
+			})
+			t.Run("trickles", func(t *testing.T) {
+				c := dialRaw(t, e.url)
+				_, _ = io.WriteString(c.c, "POST /agg/x HTTP/1.1\r\nHost: g\r\nx-tenant-id: t1\r\nTransfer-Encoding: chunked\r\n\r\n")
+				stop := make(chan struct{})
+				go func() { // a byte every 100 ms: 10 B/s, a tenth of MinBodyRate
+					tick := time.NewTicker(100 * time.Millisecond)
+					defer tick.Stop()
+					for {
+						select {
+						case <-tick.C:
+							if _, err := io.WriteString(c.c, "1\r\nx\r\n"); err != nil {
+								return
+							}
+						case <-stop:
+							return
+						}
+					}
+				}()
+				defer close(stop)
+				closedWithin(t, c, 10*time.Second)
+			})
+			if reqs, _ := a.requests(); len(reqs) != 2 { // the two servesOthers requests... and no slow body
+				for _, r := range reqs {
+					if r.URL.Path == "/agg/x" {
+						t.Fatalf("a slow body reached the instance")
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestAttackBodyMemory (item 2): 200 connections that announce a 1 MiB body and send one byte
+// used to make the gateway allocate 1 MiB each before any arrived (200 MB); its buffer now
+// grows as the bytes come.
+func TestAttackBodyMemory(t *testing.T) {
+	e, _ := slowEnv(t, Config{BodyReadTimeout: 20 * time.Second}, nil)
+	before := heapInUse()
+	const n = 200
+	for range n {
+		c := dialRaw(t, e.url)
+		_ = c.c.SetDeadline(time.Now().Add(10 * time.Second))
+		_, _ = io.WriteString(c.c, "POST /agg/x HTTP/1.1\r\nHost: g\r\nx-tenant-id: t1\r\nContent-Length: 1048576\r\nExpect: 100-continue\r\n\r\n")
+		// 100 Continue: the gateway has begun reading the body (its buffer is made by now).
+		if line, err := c.br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 100") {
+			t.Fatalf("want 100 Continue, got %q %v", line, err)
+		}
+		_, _ = io.WriteString(c.c, "x")
+	}
+	after := heapInUse()
+	grew := int64(after) - int64(before)
+	t.Logf("heap in use before %d MB, with %d bodies of 1 MiB announced and 1 byte sent %d MB (grew %+.1f MB)",
+		before>>20, n, after>>20, float64(grew)/(1<<20))
+	if grew > 32<<20 {
+		t.Fatalf("the heap grew by %.1f MB for %d bodies that never came", float64(grew)/(1<<20), n)
+	}
+}
+
+// TestAttackSlowRead (item 2): a client that asks for a large answer and never reads it used to
+// hold the gateway's goroutine and the instance's connection for good (no write deadline):
+// the instance's handler stayed blocked in its write. Now the gateway cuts the client after
+// WriteTimeout and lets the instance go, while serving other clients.
+func TestAttackSlowRead(t *testing.T) {
+	released := make(chan struct{}, 1)
+	big := bytes.Repeat([]byte("x"), 1<<20)
+	e, _ := slowEnv(t, Config{WriteTimeout: 500 * time.Millisecond}, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/agg/big" {
+			_, _ = io.WriteString(w, "ok")
+			return
+		}
+		for range 64 { // 64 MiB
+			if _, err := w.Write(big); err != nil {
+				released <- struct{}{}
+				return
+			}
+		}
+	})
+	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+	}}
+	c, err := d.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, "GET /agg/big HTTP/1.1\r\nHost: g\r\nx-tenant-id: t1\r\n\r\n") // and never read
+	servesOthers(t, e)
+	select {
+	case <-released:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the instance is still blocked writing to a client that does not read, after 15 s")
+	}
+	servesOthers(t, e)
+}
+
+// TestAttackConnectionFlood (item 2): connections over MaxConnsPerIP from one address, or over
+// MaxConns, are closed as soon as they are accepted (they used to be kept, each with its
+// goroutine, until the head's timeout); another address is still served.
+func TestAttackConnectionFlood(t *testing.T) {
+	e, _ := slowEnv(t, Config{MaxConnsPerIP: 20, MaxConns: 30}, nil)
+	addr := strings.TrimPrefix(e.url, "http://")
+	dialFrom := func(src string) net.Conn {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	// served: a request on c is answered, so the gateway holds c.
+	served := func(c net.Conn) {
+		t.Helper()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, _ = io.WriteString(c, "GET /agg/x HTTP/1.1\r\nHost: g\r\nx-tenant-id: t1\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("a connection within the bounds: %v %v", resp, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+	}
+	for range 20 {
+		served(dialFrom("127.0.0.1"))
+	}
+	over := dialFrom("127.0.0.1")
+	_ = over.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if n, err := over.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+		t.Fatalf("the 21st connection from one address: read %d, %v; want it closed", n, err)
+	}
+	// Another address is served, until the gateway holds MaxConns.
+	for range 10 {
+		served(dialFrom("127.0.0.2"))
+	}
+	full := dialFrom("127.0.0.4")
+	_ = full.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if n, err := full.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+		t.Fatalf("a connection over MaxConns: read %d, %v; want it closed", n, err)
+	}
+}
+
+// TestAttackIdleTunnel (low): an upgraded connection (WebSocket) on which neither side sends a
+// byte used to stay open for good, holding two connections and two goroutines; it is closed
+// after TunnelIdleTimeout, on both sides. A tunnel that carries bytes one way only stays open.
+func TestAttackIdleTunnel(t *testing.T) {
+	ended := make(chan string, 4)
+	e, _ := slowEnv(t, Config{TunnelIdleTimeout: 400 * time.Millisecond}, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") == "" {
+			_, _ = io.WriteString(w, "ok")
+			return
+		}
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+		if r.URL.Path == "/agg/ticker" { // sends a byte every 100 ms for a second, never reads
+			for range 10 {
+				time.Sleep(100 * time.Millisecond) // the stream's own pace
+				if _, err := c.Write([]byte{'.'}); err != nil {
+					ended <- "ticker cut"
+					return
+				}
+			}
+			ended <- "ticker done"
+			return
+		}
+		_, _ = io.Copy(io.Discard, brw) // silent: until the gateway closes
+		ended <- "silent closed"
+	})
+	upgrade := func(path string) *rawClient {
+		c := dialRaw(t, e.url)
+		_ = c.c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, _ = io.WriteString(c.c, "GET "+path+" HTTP/1.1\r\nHost: g\r\nx-tenant-id: t1\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		resp, err := http.ReadResponse(c.br, nil)
+		if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+			t.Fatalf("upgrade: %v %v", resp, err)
+		}
+		return c
+	}
+	silent := upgrade("/agg/silent")
+	closedWithin(t, silent, 5*time.Second)
+	select {
+	case what := <-ended:
+		if what != "silent closed" {
+			t.Fatalf("got %q", what)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the instance's side of an idle tunnel is still open after 5 s")
+	}
+	ticker := upgrade("/agg/ticker")
+	_ = ticker.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, _ := io.ReadAll(ticker.br)
+	if len(got) != 10 {
+		t.Fatalf("a one-way stream was cut after %d bytes", len(got))
+	}
+	if what := <-ended; what != "ticker done" {
+		t.Fatalf("got %q", what)
 	}
 }
