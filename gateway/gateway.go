@@ -207,11 +207,11 @@ type Gateway struct {
 	cfg     Config
 	log     *slog.Logger
 	store   *schema.Store
-	reg     *registry   // routes, directory and kinds as an immutable snapshot
-	holds   *holdBuffer // the hold stage's per-tenant queues
-	tenants interned    // tenant ids as strings
+	reg     *registry    // routes, directory and kinds as an immutable snapshot
+	holds   *holdBuffer  // the hold stage's per-tenant queues
+	tenants interned     // tenant ids as strings
 	conns   *connLimiter // client connections, overall and per address
-	engine  *engine     // the send stage's upstream connections
+	engine  *engine      // the send stage's upstream connections
 	metrics *gwMetrics
 	admin   *http.ServeMux
 	// health checks the servers registered through the gateway (control plane, not requests).
