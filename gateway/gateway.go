@@ -133,6 +133,10 @@ type Config struct {
 	MaxIdleConnsPerHost int
 	// Hold bounds the hold buffer.
 	Hold HoldLimits
+	// Assign bounds the unplaced-tenant rule (assign): anyone who may send a request could
+	// otherwise fill every shard with placements (and the audit journal with entries) for
+	// made-up tenants.
+	Assign AssignLimits
 	// Breaker sets the circuit breakers' numbers (default the Queen coordinator's: 3 failures, 5s, 5m).
 	Breaker breaker.Config
 	// Thresholds turn heartbeat age into instance status (schema defaults).
@@ -195,6 +199,7 @@ func (c Config) withDefaults() Config {
 	if c.MaxHeaderBytes <= 0 {
 		c.MaxHeaderBytes = 64 << 10
 	}
+	c.Assign = c.Assign.withDefaults()
 	if c.MaxIdleConnsPerHost <= 0 {
 		c.MaxIdleConnsPerHost = 256
 	}
@@ -211,7 +216,8 @@ type Gateway struct {
 	holds   *holdBuffer  // the hold stage's per-tenant queues
 	tenants interned     // tenant ids as strings
 	conns   *connLimiter // client connections, overall and per address
-	engine  *engine      // the send stage's upstream connections
+	assigns *assignLimiter
+	engine  *engine // the send stage's upstream connections
 	metrics *gwMetrics
 	admin   *http.ServeMux
 	// health checks the servers registered through the gateway (control plane, not requests).
@@ -264,6 +270,7 @@ func New(cfg Config) (*Gateway, error) {
 	g.bgCtx, g.bgStop = context.WithCancel(context.Background())
 	g.reg = newRegistry(g)
 	g.conns = newConnLimiter(cfg)
+	g.assigns = newAssignLimiter(cfg.Assign)
 	g.metrics = newMetrics(g, cfg.Registry)
 	g.conns.refused = g.metrics.connsRefused
 	g.holds = newHoldBuffer(cfg.Hold, g.metrics)
@@ -344,6 +351,10 @@ func (g *Gateway) Run(ctx context.Context) error {
 		go func() { serveErr <- front.serve(ln) }()
 	}
 	g.log.Info("gateway listening", "addr", a.String(), "id", g.cfg.ID)
+	if g.cfg.Auth == nil {
+		g.log.Warn("TENANT IDENTITY IS NOT CHECKED: x-tenant-id is believed as the client sends it; anyone who reaches this gateway may act as any tenant. Only run it so behind something that sets x-tenant-id itself; otherwise check a bearer JWT (--jwt-jwks-url or --jwt-key-file)",
+			"addr", a.String())
+	}
 	var err error
 	select {
 	case <-ctx.Done():
@@ -499,6 +510,7 @@ func (g *Gateway) housekeeping() {
 					}
 					ke.lt.Sweep() // expired load-policy affinities
 				}
+				g.assigns.sweep(now)
 			}
 		case <-g.bgCtx.Done():
 			return

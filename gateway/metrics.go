@@ -81,6 +81,14 @@ func newMetrics(g *Gateway, reg prometheus.Registerer) *gwMetrics {
 		Name: "tm_gateway_tokens_shed_total", Help: "Bearer tokens answered 429 without a signature check: their client had too many refused tokens.",
 	}))
 	promreg.Register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tm_gateway_edge_identity", Help: "1 when tenant requests need a verified bearer JWT, 0 when x-tenant-id is believed as sent (--trust-tenant-header).",
+	}, func() float64 {
+		if g.cfg.Auth != nil {
+			return 1
+		}
+		return 0
+	}))
+	promreg.Register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tm_gateway_connections", Help: "Client connections open (counted against MaxConns).",
 	}, func() float64 { return float64(g.conns.open()) }))
 	m.requests = promreg.Register(reg, m.requests)
