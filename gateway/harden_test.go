@@ -6,16 +6,28 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/tenantmesh/tenantmesh/gateway/edgeauth"
 )
 
 // rawClient is one client connection that writes request heads as given.
@@ -95,7 +107,7 @@ func slowEnv(t *testing.T, cfg Config, handler http.HandlerFunc) (*env, *backend
 		if handler != nil {
 			a.setHandler(handler)
 		}
-		e.register(a, "", 10, aggRoute)
+		e.register(a, "", 1000, aggRoute)
 		e.place("aggregate", "t1", "aggregate-1")
 	})
 	return e, a
@@ -345,5 +357,114 @@ func TestAttackIdleTunnel(t *testing.T) {
 	}
 	if what := <-ended; what != "ticker done" {
 		t.Fatalf("got %q", what)
+	}
+}
+
+// placed counts the kind's placements in NATS.
+func placed(t *testing.T, e *env, kind string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ps, _, err := e.st.Placements(ctx, kind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ps)
+}
+
+// getFrom sends GET path for tenant from the local address src and returns the status.
+func getFrom(t *testing.T, e *env, src, path, tenant string) int {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
+	c, err := d.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rc := &rawClient{t: t, c: c, br: bufio.NewReader(c)}
+	return rc.do("GET " + path + " HTTP/1.1\r\nHost: g\r\nx-tenant-id: " + tenant + "\r\n\r\n").StatusCode
+}
+
+// TestAttackPlacementByAnyone (item 3): with the default unplaced rule, one client naming 100
+// made-up tenants used to get 100 placements (and 100 audit entries), and could go on until
+// every shard was full. Now one client address gets its burst and then 429, another address
+// its own, and the kind stops at its cap; with identity at the edge, a request without a
+// verified token places nothing at all.
+func TestAttackPlacementByAnyone(t *testing.T) {
+	t.Run("rates", func(t *testing.T) {
+		e, _ := slowEnv(t, Config{Assign: AssignLimits{PerClient: 0.01, PerClientBurst: 10, PerKind: 0.01, PerKindBurst: 15}}, nil)
+		for i := range 100 {
+			if code := getFrom(t, e, "127.0.0.1", "/agg/x", fmt.Sprintf("made-up-%d", i)); code != 200 && code != http.StatusTooManyRequests {
+				t.Fatalf("status %d", code)
+			}
+		}
+		if n := placed(t, e, "aggregate"); n != 1+10 { // t1 and the client's burst
+			t.Fatalf("one client address placed %d made-up tenants, want its burst of 10", n-1)
+		}
+		if code := getFrom(t, e, "127.0.0.1", "/agg/x", "t1"); code != 200 {
+			t.Fatalf("a placed tenant of the same client: status %d", code)
+		}
+		for i := range 100 {
+			getFrom(t, e, "127.0.0.2", "/agg/x", fmt.Sprintf("other-%d", i))
+		}
+		if n := placed(t, e, "aggregate"); n != 1+15 { // the kind's burst of 15
+			t.Fatalf("two client addresses placed %d made-up tenants, want the kind's burst of 15", n-1)
+		}
+	})
+	t.Run("cap", func(t *testing.T) {
+		e, _ := slowEnv(t, Config{Assign: AssignLimits{PerClient: -1, PerKind: -1, MaxPlacements: 6}}, nil)
+		ke := e.gw.reg.snap.Load().kinds["aggregate"]
+		for i := range 20 {
+			tenant := fmt.Sprintf("made-up-%d", i)
+			code := getFrom(t, e, "127.0.0.1", "/agg/x", tenant)
+			if code == 200 { // the next request's count must include it
+				eventually(t, 5*time.Second, tenant+" in the gateway's view", func() bool { _, ok := ke.lookup(tenant); return ok })
+			}
+		}
+		if n := placed(t, e, "aggregate"); n != 6 {
+			t.Fatalf("the kind holds %d placements, want its cap of 6", n)
+		}
+	})
+	t.Run("edge identity", func(t *testing.T) {
+		v, _ := testVerifier(t)
+		e, _ := slowEnv(t, Config{Auth: v, Assign: AssignLimits{PerClient: -1, PerKind: -1}}, nil)
+		for i := range 50 {
+			if code := getFrom(t, e, "127.0.0.1", "/agg/x", fmt.Sprintf("made-up-%d", i)); code != http.StatusUnauthorized {
+				t.Fatalf("status %d, want 401", code)
+			}
+		}
+		if n := placed(t, e, "aggregate"); n != 1 {
+			t.Fatalf("requests without a token placed %d tenants", n-1)
+		}
+	})
+}
+
+// testVerifier is an edge identity verifier with a local ES256 key, and a signer of tokens
+// for it: claims beside iss, aud and exp, which it fills in unless given.
+func testVerifier(t *testing.T) (*edgeauth.Verifier, func(claims jwt.MapClaims) string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, _ := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	path := filepath.Join(t.TempDir(), "idp.pem")
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	v, err := edgeauth.New(context.Background(), edgeauth.Config{KeyFile: path, Issuer: "https://idp.example", Audience: "tenantmesh"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v, func(claims jwt.MapClaims) string {
+		c := jwt.MapClaims{"iss": "https://idp.example", "aud": "tenantmesh", "exp": time.Now().Add(time.Hour).Unix()}
+		for k, v := range claims {
+			c[k] = v
+		}
+		s, err := jwt.NewWithClaims(jwt.SigningMethodES256, c).SignedString(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
 	}
 }
