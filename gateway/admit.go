@@ -20,6 +20,11 @@ func (g *Gateway) admit(x *exchange) error {
 	if n > 1 {
 		return tmhttp.Errorf(http.StatusBadRequest, "invalid-tenant", "Invalid tenant", "x-tenant-id appears more than once; send it once")
 	}
+	if x.connNames && namedInConnection(x.fields, hdrTenant) {
+		// Connection would make the gateway drop x-tenant-id on the way: the instance would
+		// get a request without the tenant the gateway admitted it for.
+		return tmhttp.Errorf(http.StatusBadRequest, "invalid-tenant", "Invalid tenant", "the Connection field names x-tenant-id; it is not a hop-by-hop field")
+	}
 	// Validated before anything keeps it: an id that is not one costs nothing but this answer.
 	if len(tb) > 0 && !validTenant(tb) {
 		return invalidTenant(schema.CheckTenant(str(tb)))
@@ -52,6 +57,7 @@ func (g *Gateway) admit(x *exchange) error {
 		return tmhttp.Errorf(http.StatusNotFound, "unknown-kind", "Unknown kind", "the route's kind "+rt.kind+" is not registered")
 	}
 	x.rt, x.ke, x.policy = rt, ke, ke.policy()
+	x.dropAuthz = g.cfg.Auth != nil && !g.forwardAuthz[rt.kind]
 	if id, _ := h1.Get(x.fields, tmhttp.HeaderRequestID); !validRequestID(id) {
 		x.reqID = newRequestID(&x.reqIDb)
 	}
@@ -63,6 +69,8 @@ func (g *Gateway) admit(x *exchange) error {
 	}
 	return nil
 }
+
+var hdrTenant = []byte(tmhttp.HeaderTenant)
 
 func invalidTenant(err error) error {
 	return &tmhttp.Error{Status: http.StatusBadRequest, Type: "invalid-tenant", Title: "Invalid tenant id", Detail: err.Error(), Err: err}
@@ -93,7 +101,21 @@ func (g *Gateway) identify(x *exchange, tenant *string) error {
 	var id edgeauth.Identity
 	err := error(&edgeauth.Error{Reason: "missing", Err: edgeauth.ErrNoToken})
 	if tok != "" {
-		id, err = g.cfg.Auth.VerifyToken(tok)
+		var ok bool
+		if id, ok = g.cfg.Auth.Cached(tok); !ok {
+			// A token seen for the first time costs a signature check: a client whose tokens
+			// keep failing gets no more of them for a while.
+			if g.tokenFails != nil && g.tokenFails.empty(x.remoteIP, x.start) {
+				g.metrics.tokensShed.Inc()
+				return &tmhttp.Error{Status: http.StatusTooManyRequests, Type: "too-many-bad-tokens", Title: "Too many invalid tokens",
+					Detail: "this client sent too many tokens that did not verify; retry later", RetryAfter: 10 * time.Second}
+			}
+			if id, err = g.cfg.Auth.VerifyToken(tok); err != nil && g.tokenFails != nil {
+				g.tokenFails.allow(x.remoteIP, x.start)
+			}
+		} else {
+			err = nil
+		}
 	}
 	if err != nil {
 		return tokenRefused(err)

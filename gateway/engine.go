@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -391,33 +392,43 @@ func hasTokenBytes(v, tok []byte) bool {
 	return false
 }
 
-// dropRequestField: fields of the client's request that are not forwarded as they are.
+// dropRequestField: fields of the client's request that are not forwarded as they are. Names
+// with an underscore go too, as nginx drops them: CGI, WSGI and PHP read x_tenant_id and
+// x-tenant-id as the same variable (HTTP_X_TENANT_ID), so an x_tenant_id or x_tm_subject the
+// client sent could shadow the gateway's (docs/security.md).
 func dropRequestField(x *exchange, f h1.Field) bool {
 	n := f.Name
-	if hopByHop(n) || h1.HasPrefixFold(n, tmhttp.HeaderPrefixTM) {
+	if hopByHop(n) || h1.HasPrefixFold(n, tmhttp.HeaderPrefixTM) || bytes.IndexByte(n, '_') >= 0 {
 		return true
 	}
+	drop := false
 	switch len(n) {
 	case 4:
-		return h1.EqualFold(n, "Host")
+		drop = h1.EqualFold(n, "Host")
 	case 6:
-		return h1.EqualFold(n, "Expect")
+		drop = h1.EqualFold(n, "Expect")
 	case 9:
-		return h1.EqualFold(n, "Forwarded")
+		drop = h1.EqualFold(n, "Forwarded")
 	case 10:
-		return x.sc.IsValid() && h1.EqualFold(n, "Tracestate")
+		drop = x.sc.IsValid() && h1.EqualFold(n, "Tracestate")
 	case 11:
-		return x.sc.IsValid() && h1.EqualFold(n, "Traceparent")
+		drop = x.sc.IsValid() && h1.EqualFold(n, "Traceparent")
 	case 12:
-		return x.reqID != "" && h1.EqualFold(n, tmhttp.HeaderRequestID)
+		drop = x.reqID != "" && h1.EqualFold(n, tmhttp.HeaderRequestID)
+	case 13:
+		drop = x.dropAuthz && h1.EqualFold(n, "Authorization")
 	case 14:
-		return h1.EqualFold(n, "Content-Length")
+		// X-Forwarded-By is shardkit's forward mode's loop guard: only an instance sets it.
+		drop = h1.EqualFold(n, "Content-Length") || h1.EqualFold(n, tmhttp.HeaderForwardedBy)
 	case 15:
-		return h1.EqualFold(n, "X-Forwarded-For")
+		drop = h1.EqualFold(n, "X-Forwarded-For")
 	case 16:
-		return h1.EqualFold(n, "X-Forwarded-Host")
+		drop = h1.EqualFold(n, "X-Forwarded-Host")
 	case 17:
-		return h1.EqualFold(n, "X-Forwarded-Proto")
+		drop = h1.EqualFold(n, "X-Forwarded-Proto")
+	}
+	if drop {
+		return true
 	}
 	return x.connNames && namedInConnection(x.fields, n)
 }

@@ -28,6 +28,9 @@ type exchange struct {
 	upgrade  bool // Upgrade + Connection: upgrade
 	// connNames: the request has a Connection field, whose named fields are not forwarded.
 	connNames bool
+	// dropAuthz: the client's Authorization is not forwarded (it carried the edge identity's
+	// token, and the kind does not ask for it).
+	dropAuthz bool
 	body      io.Reader // nil: no body
 	bodyLen   int64     // -1: unknown (chunked)
 	// cancelable: the context ends when the client goes away (net/http's server watches it).

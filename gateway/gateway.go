@@ -72,6 +72,16 @@ type Config struct {
 	// token's tenant fills x-tenant-id when the client sent none. Its sub reaches the shard as
 	// x-tm-subject.
 	Auth *edgeauth.Verifier
+	// ForwardAuthorization names the kinds whose instances receive the client's
+	// Authorization field when Auth is set (the bearer token is the edge's; other kinds do
+	// not get it, so an instance cannot replay a user's token). Without Auth the field is
+	// the application's own and always goes.
+	ForwardAuthorization []string
+	// FailedTokens bounds the signature checks of tokens that fail, per client address: a
+	// client whose token bucket is empty gets 429 without a check (tokens verified before
+	// still pass). Default 10 a second, bursts of 100; a negative rate turns it off.
+	FailedTokens      float64
+	FailedTokensBurst int
 	// AdminToken guards /admin/* and /debug/pprof/ (Authorization: Bearer); without one they
 	// are refused. RegistrationToken (or the admin token) guards the affinity servers'
 	// registration (/prerender-servers): a registered server receives tenants' traffic.
@@ -200,6 +210,12 @@ func (c Config) withDefaults() Config {
 		c.MaxHeaderBytes = 64 << 10
 	}
 	c.Assign = c.Assign.withDefaults()
+	if c.FailedTokens == 0 {
+		c.FailedTokens = 10
+	}
+	if c.FailedTokensBurst <= 0 {
+		c.FailedTokensBurst = 100
+	}
 	if c.MaxIdleConnsPerHost <= 0 {
 		c.MaxIdleConnsPerHost = 256
 	}
@@ -217,9 +233,13 @@ type Gateway struct {
 	tenants interned     // tenant ids as strings
 	conns   *connLimiter // client connections, overall and per address
 	assigns *assignLimiter
-	engine  *engine // the send stage's upstream connections
-	metrics *gwMetrics
-	admin   *http.ServeMux
+	// forwardAuthz: kinds that get the client's Authorization with edge identity on.
+	forwardAuthz map[string]bool
+	// tokenFails: refused tokens per client address (nil: no bound).
+	tokenFails *tenantLimiter
+	engine     *engine // the send stage's upstream connections
+	metrics    *gwMetrics
+	admin      *http.ServeMux
 	// health checks the servers registered through the gateway (control plane, not requests).
 	health *http.Client
 	// reqCtx is the parent of the requests of the gateway's own front end.
@@ -271,6 +291,13 @@ func New(cfg Config) (*Gateway, error) {
 	g.reg = newRegistry(g)
 	g.conns = newConnLimiter(cfg)
 	g.assigns = newAssignLimiter(cfg.Assign)
+	g.forwardAuthz = map[string]bool{}
+	for _, k := range cfg.ForwardAuthorization {
+		g.forwardAuthz[k] = true
+	}
+	if cfg.FailedTokens > 0 {
+		g.tokenFails = newTenantLimiter(cfg.FailedTokens, cfg.FailedTokensBurst)
+	}
 	g.metrics = newMetrics(g, cfg.Registry)
 	g.conns.refused = g.metrics.connsRefused
 	g.holds = newHoldBuffer(cfg.Hold, g.metrics)
@@ -511,6 +538,9 @@ func (g *Gateway) housekeeping() {
 					ke.lt.Sweep() // expired load-policy affinities
 				}
 				g.assigns.sweep(now)
+				if g.tokenFails != nil {
+					g.tokenFails.sweep(now, time.Minute)
+				}
 			}
 		case <-g.bgCtx.Done():
 			return

@@ -28,6 +28,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/tenantmesh/tenantmesh/gateway/edgeauth"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
 // rawClient is one client connection that writes request heads as given.
@@ -466,5 +467,145 @@ func testVerifier(t *testing.T) (*edgeauth.Verifier, func(claims jwt.MapClaims) 
 			t.Fatal(err)
 		}
 		return s
+	}
+}
+
+// lastRequest is the last request the backend received (nil if none).
+func lastRequest(b *backend) *http.Request {
+	reqs, _ := b.requests()
+	if len(reqs) == 0 {
+		return nil
+	}
+	return reqs[len(reqs)-1]
+}
+
+// TestAttackSubjectInjection (item 7): a token whose sub holds CR LF used to write its own
+// header fields into the request the shard receives (x-tm-subject is written from the claim).
+// Such a token is now refused 401 and nothing reaches the shard.
+func TestAttackSubjectInjection(t *testing.T) {
+	v, sign := testVerifier(t)
+	e, a := slowEnv(t, Config{Auth: v}, nil)
+	tok := sign(jwt.MapClaims{"sub": "user-7\r\nX-Injected: yes\r\nX-Tm-Epoch: 99", "tenant_id": "t1"})
+	resp, body := e.do("GET", "/agg/x", "t1", "", map[string]string{"Authorization": "Bearer " + tok})
+	if r := lastRequest(a); r != nil && r.Header.Get("X-Injected") != "" {
+		t.Fatalf("the token's sub wrote fields into the shard's request: %v", r.Header)
+	}
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("status %d (%s), want 401", resp.StatusCode, body)
+	}
+}
+
+// TestAttackUnderscoreHeaders (item 8): x_tenant_id and X_Tm_Subject passed the x-tm-* strip and
+// reached the shard, where CGI, WSGI and PHP read them as HTTP_X_TENANT_ID and
+// HTTP_X_TM_SUBJECT: a client could name another tenant or subject to an application behind the
+// sidecar. Fields with an underscore in their name are dropped, as nginx does.
+func TestAttackUnderscoreHeaders(t *testing.T) {
+	for _, std := range []bool{false, true} {
+		e, a := slowEnv(t, Config{stdFrontEnd: std}, nil)
+		resp, _ := e.do("GET", "/agg/x", "t1", "", map[string]string{"x_tenant_id": "victim", "X_Tm_Subject": "admin", "X_Tm_Epoch": "99"})
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		for k := range lastRequest(a).Header {
+			if strings.Contains(k, "_") {
+				t.Fatalf("the shard received %s (std front end %v)", k, std)
+			}
+		}
+	}
+}
+
+// TestAttackForwardedBy (low): a client's X-Forwarded-By reached the shard, where shardkit's
+// forward mode reads it as its loop guard and refuses the request (421, 508): a client could
+// make any forwarded request fail. The gateway drops it.
+func TestAttackForwardedBy(t *testing.T) {
+	e, a := slowEnv(t, Config{}, nil)
+	e.do("GET", "/agg/x", "t1", "", map[string]string{"X-Forwarded-By": "aggregate.aggregate-1.i1"})
+	if got := lastRequest(a).Header.Get("X-Forwarded-By"); got != "" {
+		t.Fatalf("the shard received X-Forwarded-By %q from the client", got)
+	}
+}
+
+// TestAttackConnectionNamesTenant (low): Connection: x-tenant-id made the gateway drop the
+// tenant on the way, after admitting the request for it, so the instance got a request with
+// no tenant. It is refused 400 and never forwarded.
+func TestAttackConnectionNamesTenant(t *testing.T) {
+	e, a := slowEnv(t, Config{}, nil)
+	c := dialRaw(t, e.url)
+	resp := c.do("GET /agg/x HTTP/1.1\r\nHost: g\r\nx-tenant-id: t1\r\nConnection: keep-alive, x-tenant-id\r\n\r\n")
+	if r := lastRequest(a); r != nil {
+		t.Fatalf("forwarded with x-tenant-id %q", r.Header.Get("X-Tenant-Id"))
+	}
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("status %d, want 400", resp.StatusCode)
+	}
+}
+
+// TestAttackAuthorizationToShard (low): with identity at the edge, the user's bearer token went
+// on to every shard, where any instance could keep and replay it. Only the kinds named in
+// ForwardAuthorization receive it now.
+func TestAttackAuthorizationToShard(t *testing.T) {
+	v, sign := testVerifier(t)
+	tok := "Bearer " + sign(jwt.MapClaims{"sub": "user-7", "tenant_id": "t1"})
+	for _, fwd := range []bool{false, true} {
+		cfg := Config{Auth: v}
+		if fwd {
+			cfg.ForwardAuthorization = []string{"aggregate"}
+		}
+		e, a := slowEnv(t, cfg, nil)
+		if resp, _ := e.do("GET", "/agg/x", "t1", "", map[string]string{"Authorization": tok}); resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		if got := lastRequest(a).Header.Get("Authorization"); (got != "") != fwd {
+			t.Fatalf("forward %v: the shard received Authorization %q", fwd, got)
+		}
+	}
+}
+
+// TestAttackBadTokenFlood (low): each token that fails costs the gateway a signature check, so
+// a client sending made-up tokens could keep its processors busy. A client whose tokens keep
+// failing gets 429 without a check, while a verified tenant goes on being served.
+func TestAttackBadTokenFlood(t *testing.T) {
+	v, sign := testVerifier(t)
+	_, other := testVerifier(t) // another identity provider's key: the signature fails
+	e, _ := slowEnv(t, Config{Auth: v, FailedTokens: 0.01, FailedTokensBurst: 20}, nil)
+	good := "Bearer " + sign(jwt.MapClaims{"sub": "user-7", "tenant_id": "t1"})
+	if resp, _ := e.do("GET", "/agg/x", "t1", "", map[string]string{"Authorization": good}); resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	checked := 0
+	for i := range 300 {
+		bad := "Bearer " + other(jwt.MapClaims{"sub": "x", "tenant_id": "t1", "jti": fmt.Sprint(i)})
+		resp, _ := e.do("GET", "/agg/x", "t1", "", map[string]string{"Authorization": bad})
+		switch resp.StatusCode {
+		case http.StatusUnauthorized:
+			checked++
+		case http.StatusTooManyRequests:
+		default:
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	t.Logf("of 300 tokens that do not verify, %d were checked", checked)
+	if checked > 21 {
+		t.Fatalf("%d of 300 bad tokens were checked, want at most the burst of 20", checked)
+	}
+	if resp, _ := e.do("GET", "/agg/x", "t1", "", map[string]string{"Authorization": good}); resp.StatusCode != 200 {
+		t.Fatalf("a verified tenant of the same client: status %d", resp.StatusCode)
+	}
+}
+
+// TestAttackRoutePrefixBoundary (low): a route's prefix matched inside a path segment, so
+// /jobs also sent /jobsadmin and /jobs-internal/ to the runner. Prefixes match on segment
+// boundaries now.
+func TestAttackRoutePrefixBoundary(t *testing.T) {
+	var r *backend
+	e := newEnv(t, Config{}, nil, func(e *env) {
+		r = newBackend(t, "runner", "runner-1", "i1")
+		e.register(r, "", 1000, schema.Route{Method: "GET", Prefix: "/jobs", Kind: "runner"})
+		e.place("runner", "t1", "runner-1")
+	})
+	for path, want := range map[string]int{"/jobs": 200, "/jobs/7": 200, "/jobs?x=1": 200, "/jobsadmin": 404, "/jobs-internal/x": 404} {
+		if resp, _ := e.do("GET", path, "t1", "", nil); resp.StatusCode != want {
+			t.Errorf("GET %s: status %d, want %d", path, resp.StatusCode, want)
+		}
 	}
 }

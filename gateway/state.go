@@ -122,11 +122,18 @@ type snapshot struct {
 // match returns the route for method and path: the longest prefix whose method matches.
 func (s *snapshot) match(method, path string) *route {
 	for _, r := range s.routes {
-		if (r.method == method || r.method == "*") && strings.HasPrefix(path, r.prefix) {
+		if (r.method == method || r.method == "*") && underPrefix(path, r.prefix) {
 			return r
 		}
 	}
 	return nil
+}
+
+// underPrefix reports whether path falls under a route's prefix on a segment boundary: /jobs
+// takes /jobs and /jobs/7, not /jobsadmin (a prefix ending in / takes what follows it).
+func underPrefix(path, prefix string) bool {
+	return strings.HasPrefix(path, prefix) &&
+		(len(path) == len(prefix) || prefix[len(prefix)-1] == '/' || path[len(prefix)] == '/')
 }
 
 // registry holds the raw state the followers deliver and builds snapshots from it.

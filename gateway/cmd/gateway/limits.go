@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"strings"
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/gateway"
@@ -13,6 +14,8 @@ import (
 // needs converting, after parsing.
 func addLimitFlags(fs *flag.FlagSet, cfg *gateway.Config) (after func()) {
 	var minRate, perClient, perKind int
+	var fwdAuthz string
+	envflag.String(fs, &fwdAuthz, "forward-authorization", "", "with --jwt-*: kinds whose instances receive the client's Authorization field (comma-separated; others never see the user's token)")
 	envflag.Duration(fs, &cfg.IdleTimeout, "idle-timeout", 2*time.Minute, "close a client connection idle this long")
 	envflag.Duration(fs, &cfg.BodyReadTimeout, "body-read-timeout", 10*time.Second, "longest wait for more of a request body (408 beyond)")
 	envflag.Int(fs, &minRate, "min-body-rate", 1024, "bytes a second a request body must average after --body-read-timeout (-1: no rate)")
@@ -24,6 +27,11 @@ func addLimitFlags(fs *flag.FlagSet, cfg *gateway.Config) (after func()) {
 	envflag.Int(fs, &perKind, "assign-rate-per-kind", 100, "new tenants a second this gateway assigns per kind, in bursts of ten times it (-1: no bound)")
 	envflag.Int(fs, &cfg.Assign.MaxPlacements, "max-placements-per-kind", 1_000_000, "placements a kind may hold for the gateway to assign one more (-1: no cap)")
 	return func() {
+		for _, k := range strings.Split(fwdAuthz, ",") {
+			if k = strings.TrimSpace(k); k != "" {
+				cfg.ForwardAuthorization = append(cfg.ForwardAuthorization, k)
+			}
+		}
 		cfg.MinBodyRate = int64(minRate)
 		cfg.Assign.PerClient, cfg.Assign.PerClientBurst = float64(perClient), 10*max(perClient, 1)
 		cfg.Assign.PerKind, cfg.Assign.PerKindBurst = float64(perKind), 10*max(perKind, 1)
