@@ -8,6 +8,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/gateway/edgeauth"
 	"github.com/tenantmesh/tenantmesh/gateway/h1"
+	"github.com/tenantmesh/tenantmesh/internal/gatesig"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -58,6 +59,9 @@ func (g *Gateway) admit(x *exchange) error {
 	}
 	x.rt, x.ke, x.policy = rt, ke, ke.policy()
 	x.dropAuthz = g.cfg.Auth != nil && !g.forwardAuthz[rt.kind]
+	if g.cfg.ShardKey != nil {
+		x.proof = g.signer(rt.kind)
+	}
 	if id, _ := h1.Get(x.fields, tmhttp.HeaderRequestID); !validRequestID(id) {
 		x.reqID = newRequestID(&x.reqIDb)
 	}
@@ -87,6 +91,15 @@ func validTenant(b []byte) bool {
 		}
 	}
 	return true
+}
+
+// signer is the proof signer of kind (Config.ShardKey).
+func (g *Gateway) signer(kind string) *gatesig.Signer {
+	if v, ok := g.proofs.Load(kind); ok {
+		return v.(*gatesig.Signer)
+	}
+	v, _ := g.proofs.LoadOrStore(kind, gatesig.NewSigner(gatesig.KindKey(g.cfg.ShardKey, kind)))
+	return v.(*gatesig.Signer)
 }
 
 // identify checks the bearer token (401 without a valid one, 403 when x-tenant-id names another

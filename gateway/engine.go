@@ -444,6 +444,8 @@ func writeRequestHead(w *bufio.Writer, x *exchange, base string) {
 			base = base[:len(base)-1]
 		}
 		w.WriteString(base)
+	} else {
+		base = ""
 	}
 	w.Write(x.target)
 	w.WriteString(" HTTP/1.1\r\nHost: ")
@@ -496,6 +498,9 @@ func writeRequestHead(w *bufio.Writer, x *exchange, base string) {
 		w.WriteString(x.subject)
 		w.WriteString("\r\n")
 	}
+	if x.proof != nil {
+		writeProof(w, x, base)
+	}
 	if x.upgrade {
 		up, _ := h1.Get(x.fields, "Upgrade")
 		w.WriteString("Connection: Upgrade\r\nUpgrade: ")
@@ -514,6 +519,21 @@ func writeRequestHead(w *bufio.Writer, x *exchange, base string) {
 	case x.body != nil:
 		w.WriteString("Transfer-Encoding: chunked\r\n")
 	}
+	w.WriteString("\r\n")
+}
+
+// writeProof writes X-Tm-Proof: the gateway's proof of the request line and the fields the
+// shard's gate acts on (internal/gatesig), as they were just written.
+func writeProof(w *bufio.Writer, x *exchange, base string) {
+	f := &x.pf
+	f.Method, f.Base, f.Target, f.Kind, f.Tenant, f.Subject = x.method, base, str(x.target), x.ke.name, x.tenant, x.subject
+	if x.entry.Epoch != 0 {
+		f.Shard, f.Epoch = x.entry.Shard, str(strconv.AppendUint(x.pnum[:0], x.entry.Epoch, 10))
+	} else {
+		f.Shard, f.Epoch = x.inst.id.Shard, ""
+	}
+	w.WriteString(tmhttp.HeaderProof + ": ")
+	w.Write(x.proof.Append(x.pbuf[:0], time.Now().Unix(), f))
 	w.WriteString("\r\n")
 }
 

@@ -72,6 +72,11 @@ type Config struct {
 	// token's tenant fills x-tenant-id when the client sent none. Its sub reaches the shard as
 	// x-tm-subject.
 	Auth *edgeauth.Verifier
+	// ShardKey, if set, is the gateways' master key for proving to shards that a request came
+	// through a gateway (internal/gatesig): every request to an instance carries X-Tm-Proof,
+	// an HMAC with its kind's key over the request line, tenant, epoch, shard and subject, which
+	// shardkit's gate checks when the shard has its kind's key (shardkit Config.GatewayKey).
+	ShardKey []byte
 	// ForwardAuthorization names the kinds whose instances receive the client's
 	// Authorization field when Auth is set (the bearer token is the edge's; other kinds do
 	// not get it, so an instance cannot replay a user's token). Without Auth the field is
@@ -237,6 +242,8 @@ type Gateway struct {
 	forwardAuthz map[string]bool
 	// tokenFails: refused tokens per client address (nil: no bound).
 	tokenFails *tenantLimiter
+	// proofs: kind -> *gatesig.Signer with the kind's key (ShardKey set).
+	proofs sync.Map
 	engine     *engine // the send stage's upstream connections
 	metrics    *gwMetrics
 	admin      *http.ServeMux

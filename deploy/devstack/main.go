@@ -221,6 +221,10 @@ func (c config) processes(sec *security, natsURL string, log *slog.Logger) ([]*p
 		}
 		return append(args(o), common...)
 	}
+	gk, err := newGateKeys(filepath.Join(c.data, "auth"))
+	if err != nil {
+		return nil, err
+	}
 	addr := func(port int) string { return fmt.Sprintf("%s:%d", c.host, port) }
 	url := func(port int, path string) string { return fmt.Sprintf("http://%s:%d%s", c.host, port, path) }
 	var out []*proc
@@ -236,7 +240,7 @@ func (c config) processes(sec *security, natsURL string, log *slog.Logger) ([]*p
 				name = fmt.Sprintf("gateway-%d", i+1)
 			}
 			// The dev stack has no identity provider: it says so (docs/security.md).
-			out = append(out, &proc{name: name, args: append([]string{p, "--addr", addr(port), "--admin-token", c.adminToken, "--trust-tenant-header"}, as(c.gatewayRole())...),
+			out = append(out, &proc{name: name, args: append([]string{p, "--addr", addr(port), "--admin-token", c.adminToken, "--trust-tenant-header"}, append(gk.gateway(), as(c.gatewayRole())...)...),
 				ready: url(port, "/readyz")})
 		}
 	}
@@ -265,8 +269,12 @@ func (c config) processes(sec *security, natsURL string, log *slog.Logger) ([]*p
 					name += "." + inst
 				}
 				port := next()
-				out = append(out, &proc{name: name, args: append([]string{bin, "--shard", shard, "--instance", inst,
-					"--addr", addr(port), "--admin-token", c.adminToken}, as(natsperm.Shard(kind, shard, natsperm.KindAssets(kind)))...), ready: url(port, "/readyz")})
+				keyArgs, err := gk.shard(kind)
+				if err != nil {
+					return nil, err
+				}
+				out = append(out, &proc{name: name, args: append(append([]string{bin, "--shard", shard, "--instance", inst,
+					"--addr", addr(port), "--admin-token", c.adminToken}, keyArgs...), as(natsperm.Shard(kind, shard, natsperm.KindAssets(kind)))...), ready: url(port, "/readyz")})
 			}
 		}
 	}

@@ -8,8 +8,10 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/tenantmesh/tenantmesh/internal/gatesig"
 	"github.com/tenantmesh/tenantmesh/internal/natsauth"
 	"github.com/tenantmesh/tenantmesh/internal/natsperm"
+	"github.com/tenantmesh/tenantmesh/internal/secretfile"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -30,6 +32,8 @@ allowed only the subjects that role needs (see 'auth permissions' and docs/secur
                config auth.conf to include from nats-server.conf, and credentials for the
                rebalancer, the gateway, and each --shards entry under --dir/creds
   creds ROLE   mint one role's credentials: rebalancer, gateway, or shard (--kind, --shard)
+  gate-key     write the gateway key of --kind (for its shards' --gateway-key-file) from the
+               gateways' key gate.key (init makes it, for the gateways' --shard-key-file)
   permissions  print what each role may publish and subscribe to
 
 --dir holds the chain's seeds: keep it secret, like a CA's key.`
@@ -37,6 +41,7 @@ allowed only the subjects that role needs (see 'auth permissions' and docs/secur
 const authExamples = `  rebalance auth init --dir ./nats-auth --shards aggregate:aggregate-1,aggregate:aggregate-2
   rebalance auth creds shard --dir ./nats-auth --kind runner --shard runner-3 --out runner-3.creds
   rebalance auth creds shard --dir ./nats-auth --kind notes --shard notes-1 --kv notes --out notes-1.creds
+  rebalance auth gate-key --dir ./nats-auth --kind notes --out notes.key
   rebalance auth permissions --kind aggregate --shard aggregate-1 --output json
 `
 
@@ -76,6 +81,8 @@ func (c *AuthCommand) Run(ctx context.Context, args []string) error {
 		return c.creds(role)
 	case "permissions":
 		return c.permissions()
+	case "gate-key":
+		return c.gateKey()
 	}
 	return usagef("auth %s: unknown; use init, creds or permissions", pos[0])
 }
@@ -157,10 +164,15 @@ func (c *AuthCommand) init() error {
 		return err
 	}
 	sys := filepath.Join(creds, "system.creds")
-	if err := os.WriteFile(sys, b, 0o600); err != nil {
+	if err := secretfile.Write(sys, b); err != nil {
 		return err
 	}
 	out = append(out, written{"system account user (nats server ls, monitoring)", sys})
+	gate, err := c.gateKeys(list(c.kinds))
+	if err != nil {
+		return err
+	}
+	out = append(out, gate...)
 	return c.emit(c.m.Stdout, out, func(w io.Writer) error { return renderWritten(w, out) })
 }
 
@@ -179,11 +191,62 @@ func (c *AuthCommand) creds(r natsperm.Role) error {
 		if err != nil {
 			return err
 		}
-		if err := os.WriteFile(path, b, 0o600); err != nil {
+		if err := secretfile.Write(path, b); err != nil {
 			return err
 		}
 	}
 	out := []written{{"credentials of " + r.Name, path}}
+	return c.emit(c.m.Stdout, out, func(w io.Writer) error { return renderWritten(w, out) })
+}
+
+// gateKeyFile is the gateways' key in the --dir of init: the gateways' --shard-key-file.
+const gateKeyFile = "gate.key"
+
+// gateKeys makes the gateways' key (kept: made once) and writes each kind's key under
+// --dir/gate/<kind>.key.
+func (c *AuthCommand) gateKeys(kinds []string) ([]written, error) {
+	path := filepath.Join(c.dir, gateKeyFile)
+	master, err := gatesig.LoadOrCreate(path)
+	if err != nil {
+		return nil, err
+	}
+	out := []written{{"gateways' key (secret: --shard-key-file of every gateway)", path}}
+	for _, k := range kinds {
+		if err := schema.CheckName("kind", k); err != nil {
+			return nil, usagef("--kinds: %v", err)
+		}
+		kp := filepath.Join(c.dir, "gate", k+".key")
+		if err := os.MkdirAll(filepath.Dir(kp), 0o700); err != nil {
+			return nil, err
+		}
+		if err := gatesig.WriteKeyFile(kp, gatesig.KindKey(master, k)); err != nil {
+			return nil, err
+		}
+		out = append(out, written{"gateway key of kind " + k + " (--gateway-key-file of its shards)", kp})
+	}
+	return out, nil
+}
+
+// gateKey is `auth gate-key`: one kind's key, to --out or --dir/gate/<kind>.key.
+func (c *AuthCommand) gateKey() error {
+	if err := schema.CheckName("kind", c.kind); err != nil {
+		return usagef("%v", err)
+	}
+	if c.out == "" {
+		out, err := c.gateKeys([]string{c.kind})
+		if err != nil {
+			return err
+		}
+		return c.emit(c.m.Stdout, out, func(w io.Writer) error { return renderWritten(w, out) })
+	}
+	master, err := gatesig.ReadKeyFile(filepath.Join(c.dir, gateKeyFile))
+	if err != nil {
+		return fmt.Errorf("the gateways' key: %w (run rebalance auth init --dir %s first)", err, c.dir)
+	}
+	if err := gatesig.WriteKeyFile(c.out, gatesig.KindKey(master, c.kind)); err != nil {
+		return err
+	}
+	out := []written{{"gateway key of kind " + c.kind, c.out}}
 	return c.emit(c.m.Stdout, out, func(w io.Writer) error { return renderWritten(w, out) })
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/gateway/edgeauth"
 	"github.com/tenantmesh/tenantmesh/internal/certfile"
 	"github.com/tenantmesh/tenantmesh/internal/envflag"
+	"github.com/tenantmesh/tenantmesh/internal/gatesig"
 	"github.com/tenantmesh/tenantmesh/internal/tmlog"
 	"github.com/tenantmesh/tenantmesh/internal/tracing"
 	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
@@ -71,6 +72,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		maxBody, replayBody                       int
 		readHeader, shutdown, connect             time.Duration
 		trustTenant                               bool
+		shardKeyFile                              string
 	)
 	cfg := gateway.Config{}
 	nats.AddFlags(fs)
@@ -102,6 +104,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	envflag.Int(fs, &jwt.CacheSize, "jwt-cache-size", 10000, "with --jwt-*: verified tokens remembered (about 1 KB each); more active users than this verify signatures more often")
 	envflag.String(fs, &jwtMethods, "jwt-algorithms", "RS256,RS384,RS512,PS256,ES256,ES384,EdDSA", "with --jwt-*: accepted signing algorithms (public-key ones only)")
 	envflag.Bool(fs, &trustTenant, "trust-tenant-header", false, "believe x-tenant-id as the client sends it, without --jwt-* (only when something in front of the gateway sets it: a development stack, an authenticating proxy); without either the gateway refuses to start")
+	envflag.String(fs, &shardKeyFile, "shard-key-file", "", "file with the gateways' key (rebalance auth init writes gate.key): every request to an instance carries a proof its shard checks with --gateway-key-file")
 	limits := addLimitFlags(fs, &cfg)
 	if err := envflag.Check(fs); err != nil {
 		return err
@@ -141,6 +144,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			return fmt.Errorf("--tls-cert/--tls-key: %w", err)
 		}
 		cfg.TLS = rl.ServerConfig()
+	}
+	if shardKeyFile != "" {
+		if cfg.ShardKey, err = gatesig.ReadKeyFile(shardKeyFile); err != nil {
+			return fmt.Errorf("--shard-key-file: %w", err)
+		}
+	} else {
+		log.Warn("requests to shards carry no gateway proof (--shard-key-file): shards that check one refuse them, and shards that do not believe anyone who reaches their port")
 	}
 	if upstreamCA != "" {
 		if cfg.UpstreamCAs, err = certfile.Pool(upstreamCA); err != nil {
