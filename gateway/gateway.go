@@ -243,10 +243,10 @@ type Gateway struct {
 	// tokenFails: refused tokens per client address (nil: no bound).
 	tokenFails *tenantLimiter
 	// proofs: kind -> *gatesig.Signer with the kind's key (ShardKey set).
-	proofs sync.Map
-	engine     *engine // the send stage's upstream connections
-	metrics    *gwMetrics
-	admin      *http.ServeMux
+	proofs  sync.Map
+	engine  *engine // the send stage's upstream connections
+	metrics *gwMetrics
+	admin   *http.ServeMux
 	// health checks the servers registered through the gateway (control plane, not requests).
 	health *http.Client
 	// reqCtx is the parent of the requests of the gateway's own front end.

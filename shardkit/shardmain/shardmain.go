@@ -313,7 +313,7 @@ func (m *Main) Run(ctx context.Context, build Builder) error {
 	}
 	sk, err := shardkit.New(shardkit.Config{
 		GatewayKey: gateKey,
-		Store: st, ID: id, URL: url, Capacity: m.Capacity, Labels: labels, Version: m.Version,
+		Store:      st, ID: id, URL: url, Capacity: m.Capacity, Labels: labels, Version: m.Version,
 		Routes: app.Routes(), Hooks: app.Hooks(), Forward: m.Forward, ForwardFallback: m.ForwardFallback, AdminToken: m.AdminToken,
 		DrainTimeout: m.DrainTimeout, Heartbeat: m.Heartbeat, DirectoryRefresh: m.DirectoryRefresh, ShutdownGrace: m.ShutdownGrace,
 		Registerer: reg, Gatherer: reg, Logger: log,
