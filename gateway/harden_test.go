@@ -29,6 +29,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/gateway/edgeauth"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
 // rawClient is one client connection that writes request heads as given.
@@ -608,4 +609,40 @@ func TestAttackRoutePrefixBoundary(t *testing.T) {
 			t.Errorf("GET %s: status %d, want %d", path, resp.StatusCode, want)
 		}
 	}
+}
+
+// TestAttackRouteHijack (item 5): a shard of another kind that publishes the aggregate's route
+// used to take it over (the key had no kind, and the newest publisher's kind won), and its
+// instances then received the aggregate's tenants' requests. Routes are keyed by kind now, and
+// a route two kinds publish is routed to neither (logged, tm_gateway_route_conflicts_total):
+// the intruder gets nothing, and the aggregate's route comes back when the intruder's goes.
+func TestAttackRouteHijack(t *testing.T) {
+	var a, p *backend
+	e := newEnv(t, Config{}, nil, func(e *env) {
+		a = newBackend(t, "aggregate", "aggregate-1", "i1")
+		p = newBackend(t, "projection", "projection-1", "evil")
+		e.register(a, "", 1000, aggRoute)
+		e.place("aggregate", "t1", "aggregate-1")
+		e.place("projection", "t1", "projection-1")
+	})
+	e.waitServedBy("/agg/x", "t1", a.id.Key())
+	hijack := aggRoute
+	hijack.Kind = "projection"
+	e.register(p, "", 1000, hijack)
+	eventually(t, 10*time.Second, "the intruder's route seen", func() bool {
+		resp, _ := e.do("GET", "/agg/x", "t1", "", nil)
+		return resp.StatusCode == http.StatusNotFound || resp.Header.Get(tmhttp.HeaderServedBy) == p.id.Key()
+	})
+	for range 20 {
+		e.do("GET", "/agg/x", "t1", "", nil)
+	}
+	if reqs, _ := p.requests(); len(reqs) > 0 {
+		t.Fatalf("the projection instance that published the aggregate's route received %d of its requests", len(reqs))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := e.st.Routes().RemoveInstance(ctx, hijack, p.id); err != nil {
+		t.Fatal(err)
+	}
+	e.waitServedBy("/agg/x", "t1", a.id.Key())
 }

@@ -31,6 +31,8 @@ type gwMetrics struct {
 	slow          *prometheus.CounterVec // phase
 	assignRefused *prometheus.CounterVec // kind, reason
 	tokensShed    prometheus.Counter
+	// routeConflicts counts snapshots built while two kinds publish the same route.
+	routeConflicts prometheus.Counter
 }
 
 func newMetrics(g *Gateway, reg prometheus.Registerer) *gwMetrics {
@@ -77,6 +79,9 @@ func newMetrics(g *Gateway, reg prometheus.Registerer) *gwMetrics {
 	m.assignRefused = promreg.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tm_gateway_assignments_refused_total", Help: "Unplaced tenants not assigned: the client (reason client) or the kind (kind) was over its assignment rate, or the kind holds its cap of placements (cap).",
 	}, []string{"kind", "reason"}))
+	m.routeConflicts = promreg.Register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tm_gateway_route_conflicts_total", Help: "Routing snapshots built while two kinds publish the same method and prefix (neither is routed); nonzero means a misconfiguration or a shard publishing another kind's route.",
+	}))
 	m.tokensShed = promreg.Register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "tm_gateway_tokens_shed_total", Help: "Bearer tokens answered 429 without a signature check: their client had too many refused tokens.",
 	}))
