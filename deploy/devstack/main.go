@@ -225,6 +225,11 @@ func (c config) processes(sec *security, natsURL string, log *slog.Logger) ([]*p
 	if err != nil {
 		return nil, err
 	}
+	if os.Getenv("TM_RUNNER_WEBHOOK_ALLOW") == "" { // runner.EnvWebhookAllow
+		// The stack's runners may post webhooks to receivers on this host (try-this, the
+		// end-to-end tests); a deployment's reach public addresses only.
+		_ = os.Setenv("TM_RUNNER_WEBHOOK_ALLOW", "public,127.0.0.0/8,::1")
+	}
 	addr := func(port int) string { return fmt.Sprintf("%s:%d", c.host, port) }
 	url := func(port int, path string) string { return fmt.Sprintf("http://%s:%d%s", c.host, port, path) }
 	var out []*proc
