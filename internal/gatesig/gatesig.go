@@ -60,35 +60,44 @@ type Fields struct {
 // Signer makes proofs with one kind's key; it is safe for concurrent use and, once warm,
 // allocates nothing.
 type Signer struct {
-	pool sync.Pool // hash.Hash (HMAC with the key)
+	pool sync.Pool // *macState
+}
+
+// macState is an HMAC with the key and a buffer the message is put together in (crypto/hmac
+// takes bytes only: writing each string would copy it to the heap).
+type macState struct {
+	h   hash.Hash
+	msg []byte
+	sum [sha256.Size]byte
 }
 
 // NewSigner makes a Signer with key.
 func NewSigner(key []byte) *Signer {
 	key = append([]byte(nil), key...)
-	return &Signer{pool: sync.Pool{New: func() any { return hmac.New(sha256.New, key) }}}
+	return &Signer{pool: sync.Pool{New: func() any { return &macState{h: hmac.New(sha256.New, key), msg: make([]byte, 0, 512)} }}}
 }
-
-// stringWriter is a hash that takes strings without a copy (crypto/hmac's does).
-type stringWriter interface{ WriteString(string) (int, error) }
 
 // mac computes the MAC of f made at ts.
 func (s *Signer) mac(ts int64, f *Fields, sum *[sha256.Size]byte) {
-	h := s.pool.Get().(hash.Hash)
-	h.Reset()
-	var num [20]byte
-	write(h, label)
-	h.Write(strconv.AppendInt(num[:0], ts, 10))
-	write(h, "\n")
-	write(h, f.Method)
-	write(h, "\n")
-	write(h, f.Base)
+	m := s.pool.Get().(*macState)
+	b := append(m.msg[:0], label...)
+	b = strconv.AppendInt(b, ts, 10)
+	b = append(b, '\n')
+	b = append(b, f.Method...)
+	b = append(b, '\n')
+	b = append(b, f.Base...)
 	for _, v := range [...]string{f.Target, f.Kind, f.Shard, f.Tenant, f.Epoch, f.Subject} {
-		write(h, v)
-		write(h, "\n")
+		b = append(b, v...)
+		b = append(b, '\n')
 	}
-	h.Sum(sum[:0])
-	s.pool.Put(h)
+	m.h.Reset()
+	m.h.Write(b)
+	m.h.Sum(m.sum[:0]) // into m: a buffer passed to the interface's Sum would escape
+	*sum = m.sum
+	if cap(b) <= 4<<10 {
+		m.msg = b
+	}
+	s.pool.Put(m)
 }
 
 // Append appends the field value of a proof of f made at unix time ts to dst.
@@ -100,14 +109,6 @@ func (s *Signer) Append(dst []byte, ts int64, f *Fields) []byte {
 	dst = strconv.AppendInt(dst, ts, 10)
 	dst = append(dst, ' ')
 	return base64.RawURLEncoding.AppendEncode(dst, sum[:])
-}
-
-func write(h hash.Hash, s string) {
-	if sw, ok := h.(stringWriter); ok {
-		_, _ = sw.WriteString(s)
-		return
-	}
-	h.Write([]byte(s))
 }
 
 // Errors of Verify, wrapped.
