@@ -41,8 +41,7 @@ func TestAttackShardTrustsCaller(t *testing.T) {
 		t.Fatal(err)
 	}
 	shardURL := "http://" + ln.Addr().String()
-	var e *env
-	e = newEnv(t, Config{Auth: v, ShardKey: master}, nil, func(e *env) {
+	e := newEnv(t, Config{Auth: v, ShardKey: master}, nil, func(e *env) {
 		e.place("aggregate", "t1", "aggregate-1")
 		sk := tmtest.Shard(t, shardkit.Config{Store: e.st, URL: shardURL, Capacity: 10,
 			ID:     schema.InstanceID{Kind: "aggregate", Shard: "aggregate-1", Instance: "i1"},
