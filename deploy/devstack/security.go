@@ -66,6 +66,11 @@ func (s *security) conn(url string, role natsperm.Role) (natsconn.Options, error
 	if err != nil {
 		return o, fmt.Errorf("credentials for %s: %w", role.Name, err)
 	}
+	// Kept with the user on record, so `rebalance auth revoke --dir <data>/auth --role ...
+	// --push` works on the stack too.
+	if err := s.chain.Save(); err != nil {
+		return o, err
+	}
 	o.Creds = path
 	if s.tls != nil {
 		o.TLSCA = s.tls.CA
