@@ -8,7 +8,7 @@ BENCH ?=
 BENCHTIME ?=
 COUNT ?=
 
-.PHONY: all help bins run e2e scale test test-short test-norace vet lint staticcheck fmt fmt-check bench bench-smoke tools build bench-gateway bench-tools fuzz
+.PHONY: all help bins run e2e scale test test-short test-norace vet lint staticcheck fmt fmt-check bench bench-smoke tools build bench-gateway bench-tools fuzz slowhttptest
 
 all: build
 
@@ -109,6 +109,12 @@ e2e: tools
 ## of `make test`, which runs its smoke version (tiny numbers, seconds). 127.0.0.1 only.
 scale:
 	TM_SCALE=1 $(GO) test -count=1 -timeout 20m -run '^TestScale$$' -v ./test/scale/ | tee $(or $(TMPDIR),/tmp)/tenantmesh-scale.txt
+
+## slowhttptest: slowhttptest (apt-get install slowhttptest) in its slow-body, slow-read and
+## slow-headers modes against a gateway with its default bounds, 800 connections each, while
+## another client address must be answered within a second (about a minute; docs/security.md).
+slowhttptest:
+	TM_SLOWHTTPTEST=1 $(GO) test -count=1 -run '^TestSlowHTTPTest$$' -v ./gateway/
 
 ## bench: the benchmark suite (test/benchreport/suite.go): the gateway vs HAProxy vs nginx vs
 ## direct, the placement watcher's lookup and 1M cold start, placement change -> routed on 1/3

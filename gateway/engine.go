@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -452,33 +453,43 @@ func hasTokenBytes(v, tok []byte) bool {
 	return false
 }
 
-// dropRequestField: fields of the client's request that are not forwarded as they are.
+// dropRequestField: fields of the client's request that are not forwarded as they are. Names
+// with an underscore go too, as nginx drops them: CGI, WSGI and PHP read x_tenant_id and
+// x-tenant-id as the same variable (HTTP_X_TENANT_ID), so an x_tenant_id or x_tm_subject the
+// client sent could shadow the gateway's (docs/security.md).
 func dropRequestField(x *exchange, f h1.Field) bool {
 	n := f.Name
-	if hopByHop(n) || h1.HasPrefixFold(n, tmhttp.HeaderPrefixTM) {
+	if hopByHop(n) || h1.HasPrefixFold(n, tmhttp.HeaderPrefixTM) || bytes.IndexByte(n, '_') >= 0 {
 		return true
 	}
+	drop := false
 	switch len(n) {
 	case 4:
-		return h1.EqualFold(n, "Host")
+		drop = h1.EqualFold(n, "Host")
 	case 6:
-		return h1.EqualFold(n, "Expect")
+		drop = h1.EqualFold(n, "Expect")
 	case 9:
-		return h1.EqualFold(n, "Forwarded")
+		drop = h1.EqualFold(n, "Forwarded")
 	case 10:
-		return x.sc.IsValid() && h1.EqualFold(n, "Tracestate")
+		drop = x.sc.IsValid() && h1.EqualFold(n, "Tracestate")
 	case 11:
-		return x.sc.IsValid() && h1.EqualFold(n, "Traceparent")
+		drop = x.sc.IsValid() && h1.EqualFold(n, "Traceparent")
 	case 12:
-		return x.reqID != "" && h1.EqualFold(n, tmhttp.HeaderRequestID)
+		drop = x.reqID != "" && h1.EqualFold(n, tmhttp.HeaderRequestID)
+	case 13:
+		drop = x.dropAuthz && h1.EqualFold(n, "Authorization")
 	case 14:
-		return h1.EqualFold(n, "Content-Length")
+		// X-Forwarded-By is shardkit's forward mode's loop guard: only an instance sets it.
+		drop = h1.EqualFold(n, "Content-Length") || h1.EqualFold(n, tmhttp.HeaderForwardedBy)
 	case 15:
-		return h1.EqualFold(n, "X-Forwarded-For")
+		drop = h1.EqualFold(n, "X-Forwarded-For")
 	case 16:
-		return h1.EqualFold(n, "X-Forwarded-Host")
+		drop = h1.EqualFold(n, "X-Forwarded-Host")
 	case 17:
-		return h1.EqualFold(n, "X-Forwarded-Proto")
+		drop = h1.EqualFold(n, "X-Forwarded-Proto")
+	}
+	if drop {
+		return true
 	}
 	return x.connNames && namedInConnection(x.fields, n)
 }
@@ -494,6 +505,8 @@ func writeRequestHead(w *bufio.Writer, x *exchange, base string) {
 			base = base[:len(base)-1]
 		}
 		w.WriteString(base)
+	} else {
+		base = ""
 	}
 	w.Write(x.target)
 	w.WriteString(" HTTP/1.1\r\nHost: ")
@@ -546,6 +559,9 @@ func writeRequestHead(w *bufio.Writer, x *exchange, base string) {
 		w.WriteString(x.subject)
 		w.WriteString("\r\n")
 	}
+	if x.proof != nil {
+		writeProof(w, x, base)
+	}
 	if x.upgrade {
 		up, _ := h1.Get(x.fields, "Upgrade")
 		w.WriteString("Connection: Upgrade\r\nUpgrade: ")
@@ -564,6 +580,21 @@ func writeRequestHead(w *bufio.Writer, x *exchange, base string) {
 	case x.body != nil:
 		w.WriteString("Transfer-Encoding: chunked\r\n")
 	}
+	w.WriteString("\r\n")
+}
+
+// writeProof writes X-Tm-Proof: the gateway's proof of the request line and the fields the
+// shard's gate acts on (internal/gatesig), as they were just written.
+func writeProof(w *bufio.Writer, x *exchange, base string) {
+	f := &x.pf
+	f.Method, f.Base, f.Target, f.Kind, f.Tenant, f.Subject = x.method, base, str(x.target), x.ke.name, x.tenant, x.subject
+	if x.entry.Epoch != 0 {
+		f.Shard, f.Epoch = x.entry.Shard, str(strconv.AppendUint(x.pnum[:0], x.entry.Epoch, 10))
+	} else {
+		f.Shard, f.Epoch = x.inst.id.Shard, ""
+	}
+	w.WriteString(tmhttp.HeaderProof + ": ")
+	w.Write(x.proof.Append(x.pbuf[:0], time.Now().Unix(), f))
 	w.WriteString("\r\n")
 }
 

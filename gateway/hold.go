@@ -305,7 +305,9 @@ func (g *Gateway) bufferBody(x *exchange) error {
 		x.replayable = false
 		return nil
 	}
-	n := x.bodyLen
+	// The buffer grows as bytes arrive: a Content-Length whose body never comes costs no
+	// more than its first read.
+	n := min(x.bodyLen, 16<<10)
 	if n < 0 {
 		n = 512
 	}

@@ -62,8 +62,9 @@ func (g *Gateway) attempt(x *exchange, in *instance) (*upConn, error) {
 	up, err := g.engine.roundTrip(ctx, t0, x, in)
 	in.inflight.Add(-1)
 	if err != nil {
-		if errors.Is(x.ctx.Err(), context.Canceled) {
-			in.breaker.Abandon()
+		var cbe *clientBodyError
+		if errors.Is(x.ctx.Err(), context.Canceled) || errors.As(err, &cbe) {
+			in.breaker.Abandon() // the client failed, not the instance: a slow body must not open circuits
 		} else {
 			in.failures.Add(1)
 			in.breaker.Failure()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tenantmesh/tenantmesh/internal/gatesig"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -67,6 +68,17 @@ type Config struct {
 	// Transport carries forwarded requests. Default: a clone of http.DefaultTransport with a 1s
 	// dial timeout.
 	Transport http.RoundTripper
+
+	// GatewayKey, if set, is this kind's gateway key (internal/gatesig; `rebalance auth
+	// gate-key` makes it from the gateways' key): the gate then serves only requests that
+	// carry a gateway's valid X-Tm-Proof, made within GatewaySkew (default 30s) of this
+	// instance's clock, and answers others 403 before it reads anything else. Without it the
+	// gate believes x-tenant-id, x-tm-epoch and x-tm-subject from whoever reaches the port:
+	// run so only where nothing but gateways can (deploy/k8s's NetworkPolicies).
+	GatewayKey  []byte
+	GatewaySkew time.Duration
+	// gateProof verifies X-Tm-Proof with GatewayKey (made by withDefaults).
+	gateProof *gatesig.Signer
 
 	// AdminToken is the bearer token /admin/* requires. Default $TM_ADMIN_TOKEN. Without a
 	// token, admin routes answer 403: they are refused, never open.
@@ -194,6 +206,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.AdminToken == "" {
 		c.AdminToken = os.Getenv(EnvAdminToken)
+	}
+	if c.GatewaySkew <= 0 {
+		c.GatewaySkew = 30 * time.Second
+	}
+	if len(c.GatewayKey) > 0 && c.gateProof == nil {
+		c.gateProof = gatesig.NewSigner(c.GatewayKey)
 	}
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 10 * time.Second

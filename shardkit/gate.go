@@ -90,6 +90,9 @@ func (g *gatekeeper) tracedGate(next http.Handler, w http.ResponseWriter, r *htt
 var tracer = tracing.NewTracer("github.com/tenantmesh/tenantmesh/shardkit")
 
 func (g *gatekeeper) serveGate(next http.Handler, w http.ResponseWriter, r *http.Request) {
+	if !g.fromGateway(w, r) { // gateauth.go
+		return
+	}
 	tenant := r.Header.Get(tmhttp.HeaderTenant)
 	if !schema.ValidTenant(tenant) {
 		tmhttp.WriteError(w, r, schema.CheckTenant(tenant), tenant, g.s.kind)

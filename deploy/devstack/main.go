@@ -239,6 +239,15 @@ func (c config) processes(sec *security, natsURL string, log *slog.Logger) ([]*p
 		}
 		return append(args(o), common...)
 	}
+	gk, err := newGateKeys(filepath.Join(c.data, "auth"))
+	if err != nil {
+		return nil, err
+	}
+	if os.Getenv("TM_RUNNER_WEBHOOK_ALLOW") == "" { // runner.EnvWebhookAllow
+		// The stack's runners may post webhooks to receivers on this host (try-this, the
+		// end-to-end tests); a deployment's reach public addresses only.
+		_ = os.Setenv("TM_RUNNER_WEBHOOK_ALLOW", "public,127.0.0.0/8,::1")
+	}
 	addr := func(port int) string { return fmt.Sprintf("%s:%d", c.host, port) }
 	url := func(port int, path string) string { return fmt.Sprintf("http://%s:%d%s", c.host, port, path) }
 	var out []*proc
@@ -253,7 +262,8 @@ func (c config) processes(sec *security, natsURL string, log *slog.Logger) ([]*p
 			if i > 0 {
 				name = fmt.Sprintf("gateway-%d", i+1)
 			}
-			out = append(out, &proc{name: name, args: append([]string{p, "--addr", addr(port), "--admin-token", c.adminToken}, as(c.gatewayRole())...),
+			// The dev stack has no identity provider: it says so (docs/security.md).
+			out = append(out, &proc{name: name, args: append([]string{p, "--addr", addr(port), "--admin-token", c.adminToken, "--trust-tenant-header"}, append(gk.gateway(), as(c.gatewayRole())...)...),
 				ready: url(port, "/readyz")})
 		}
 	}
@@ -285,8 +295,12 @@ func (c config) processes(sec *security, natsURL string, log *slog.Logger) ([]*p
 					name += "." + inst
 				}
 				port := next()
-				out = append(out, &proc{name: name, args: append([]string{bin, "--shard", shard, "--instance", inst,
-					"--addr", addr(port), "--admin-token", c.adminToken}, as(natsperm.Shard(kind, shard, natsperm.KindAssets(kind)))...), ready: url(port, "/readyz")})
+				keyArgs, err := gk.shard(kind)
+				if err != nil {
+					return nil, err
+				}
+				out = append(out, &proc{name: name, args: append(append([]string{bin, "--shard", shard, "--instance", inst,
+					"--addr", addr(port), "--admin-token", c.adminToken}, keyArgs...), as(natsperm.Shard(kind, shard, natsperm.KindAssets(kind)))...), ready: url(port, "/readyz")})
 			}
 		}
 	}

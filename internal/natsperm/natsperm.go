@@ -23,9 +23,10 @@ type Role = natsauth.Role
 func Rebalancer() Role { return natsauth.Admin() }
 
 // Gateway reads placements of kinds, kind config, routes and the directory; writes placements
-// (the unplaced-tenant rule and the affinity policy), the directory entries and routes of the
-// servers that register with it for affinityKinds, and audit events; reads load reports and
-// publishes its circuit reports.
+// of kinds (the unplaced-tenant rule and the affinity policy) and audits them, under those
+// kinds only; writes the directory entries and routes of the servers that register with it
+// for affinityKinds, under those kinds only; reads load reports and publishes its circuit
+// reports.
 func Gateway(kinds, affinityKinds []string) Role {
 	p := base("gateway")
 	p.readKV(schema.BucketKinds, schema.BucketInstances, schema.BucketMembers, schema.BucketRoutes, schema.BucketTenantState)
@@ -33,15 +34,13 @@ func Gateway(kinds, affinityKinds []string) Role {
 	for _, k := range kinds {
 		p.readKV(schema.PlacementBucket(k))
 		p.writeKV(schema.PlacementBucket(k), ">")
+		p.publishAudit(k)
 	}
 	for _, k := range affinityKinds {
 		p.writeKV(schema.BucketInstances, k+".>")
 		p.writeKV(schema.BucketMembers, k+".>")
+		p.writeKV(schema.BucketRoutes, k+".>")
 	}
-	if len(affinityKinds) > 0 {
-		p.writeKV(schema.BucketRoutes, ">")
-	}
-	p.publishAudit("*")
 	p.Sub = append(p.Sub, schema.SubjectLoadAll)
 	p.Pub = append(p.Pub, schema.SubjectCircuitAll)
 	return p.Role
@@ -101,7 +100,7 @@ func Shard(kind, shard string, a Assets) Role {
 	p.writeKV(schema.BucketMembers, kind+"."+shard+".*")
 	p.writeKV(schema.BucketTenantState, kind+".*."+shard+".*")
 	p.writeKV(schema.PlacementBucket(kind), ">")
-	p.writeKV(schema.BucketRoutes, ">")
+	p.writeKV(schema.BucketRoutes, kind+".>") // its own kind's routes (keys lead with the kind)
 	p.Pub = append(p.Pub, "tm.load."+kind+"."+shard+".*", schema.SignalNoteSubjectKind(kind))
 	p.Sub = append(p.Sub, schema.SignalNoteSubject(kind, shard), schema.PingSubjectShard(kind, shard))
 	p.Respond = true // the rebalancer's liveness probes
@@ -152,19 +151,23 @@ func (p *perms) readObjects(buckets ...string) {
 	}
 }
 
-// readStream: stream info, gets, and consumers of every sort (ordered, push with flow control,
-// pull) on stream s.
+// readStream: stream info, gets, and the ephemeral consumers tenantmesh reads with (ordered
+// pull consumers with no acknowledgement: kvwatch, jsx.Reader) on stream s. No acknowledgement
+// and no durable consumer: nothing tenantmesh runs acknowledges a message or makes a durable
+// consumer, so no role may ack (or create) one in another role's name. Consumer names are
+// single subject tokens, which permissions cannot match by a role's prefix, so a role may
+// still delete or look up another's ephemeral consumer on a stream both read; its owner
+// makes a new one at once (docs/security.md).
 func (p *perms) readStream(s string) {
 	api := "$JS.API."
 	p.Pub = append(p.Pub,
 		api+"STREAM.INFO."+s, api+"STREAM.MSG.GET."+s,
 		api+"DIRECT.GET."+s, api+"DIRECT.GET."+s+".>",
 		api+"CONSUMER.CREATE."+s, api+"CONSUMER.CREATE."+s+".>",
-		api+"CONSUMER.DURABLE.CREATE."+s+".>",
 		api+"CONSUMER.INFO."+s+".>", api+"CONSUMER.DELETE."+s+".>",
 		api+"CONSUMER.MSG.NEXT."+s+".>",
 		api+"CONSUMER.NAMES."+s, api+"CONSUMER.LIST."+s,
-		"$JS.FC."+s+".>", "$JS.ACK."+s+".>",
+		"$JS.FC."+s+".>",
 	)
 }
 

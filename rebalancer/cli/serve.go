@@ -31,6 +31,7 @@ type ServeCommand struct {
 	NATS                     natsconn.Options
 	LogLevel, LogFormat      string
 	Webhook, AdminToken      string
+	ReadToken                string
 	Replicas, WebhookRetries int
 	LeaseTTL, SweepEvery     time.Duration
 	OfflineAfter, Degraded   time.Duration
@@ -85,6 +86,7 @@ func (c *ServeCommand) ParseFlags(args []string) error {
 	envflag.String(fs, &c.LogFormat, "log-format", "auto", "auto (text on a terminal, JSON otherwise), text or json")
 	envflag.String(fs, &c.Webhook, "alert-webhook", "", "URL that receives AGENT_OFFLINE alerts as JSON POSTs (unset: no alerts)")
 	envflag.Secret(fs, &c.AdminToken, "admin-token", "bearer token the API's write routes need: POST /api/plans, .../apply, .../rollback, PUT /api/kinds/{kind} (unset: they are refused with 403)")
+	envflag.Secret(fs, &c.ReadToken, "read-token", "bearer token the API's reads need (plans, instances, tenants, audit, the event stream; the admin token works too; unset: clients on this host only)")
 	envflag.Int(fs, &c.Replicas, "replicas", 1, "replicas for buckets and streams this process creates (3 in a cluster)")
 	envflag.Int(fs, &c.WebhookRetries, "alert-retries", 3, "retries of a failed alert POST")
 	envflag.Duration(fs, &c.WebhookTimeout, "alert-timeout", 5*time.Second, "bound on one alert POST")
@@ -170,7 +172,7 @@ func (c *ServeCommand) Serve(ctx context.Context) error {
 		return err
 	}
 	srv, err := server.New(server.Config{Store: st, Holder: c.Holder, LeaseTTL: c.LeaseTTL, Health: health,
-		WarmTimeout: c.Warm, HandoffTimeout: c.Handoff, DrainTimeout: c.Drain, PauseBudget: pauseBudget(c.PauseBudget), NoCompact: c.NoCompact, AdminToken: c.AdminToken, Logger: log,
+		WarmTimeout: c.Warm, HandoffTimeout: c.Handoff, DrainTimeout: c.Drain, PauseBudget: pauseBudget(c.PauseBudget), NoCompact: c.NoCompact, AdminToken: c.AdminToken, ReadToken: c.ReadToken, Logger: log,
 		Sweep:     sweeper.Config{Interval: c.SweepEvery, Webhook: c.Webhook, WebhookTimeout: c.WebhookTimeout, WebhookRetries: c.WebhookRetries},
 		Presence:  rebalancer.PresenceConfig{SuspectAfter: c.SuspectAfter, DeadAfter: c.DeadAfter},
 		Autopilot: ap})

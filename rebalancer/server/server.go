@@ -25,7 +25,9 @@
 //
 // Every request that is not a GET or HEAD (the POST and PUT routes above) changes state and
 // needs Authorization: Bearer <Config.AdminToken>: 401 without it, and 403 for all of them when
-// no token is configured. Reads, the event stream and the dashboard stay open.
+// no token is configured. Reads of /api/ need Config.ReadToken or the admin token (loopback
+// clients only when no read token is set); probes, /metrics and the dashboard's files stay
+// open (guard.go).
 //
 // Errors are problem+json (shardkit/tmhttp), mapped in one function (errorFor).
 package server
@@ -55,7 +57,6 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
-	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
 // Config configures a Server. Zero fields take the documented defaults.
@@ -86,6 +87,9 @@ type Config struct {
 	// AdminToken is the bearer token every route that changes state (not GET or HEAD) needs.
 	// Empty: those routes are refused with 403.
 	AdminToken string
+	// ReadToken (or AdminToken) is what the API's reads need (guard.go). Empty: reads are
+	// served to loopback clients only.
+	ReadToken string
 	// Logger; if nil, logs are discarded.
 	Logger *slog.Logger
 	// Registry receives metrics and is served on /metrics. Default a new registry with the Go
@@ -525,7 +529,7 @@ func (s *Server) waitIdle() {
 // Handler is the HTTP API.
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
-	r.Use(writesNeedToken(s.cfg.AdminToken))
+	r.Use(s.guard()) // guard.go
 	s.registerPlanRoutes(r)
 	s.registerDirectoryRoutes(r)
 	s.registerInstanceRoutes(r)
@@ -538,20 +542,4 @@ func (s *Server) Handler() http.Handler {
 	r.Get("/openapi.json", handleOpenAPI)
 	r.Handle("/*", dashboard.Handler()) // the dashboard: /, /app.js, /style.css
 	return r
-}
-
-// writesNeedToken passes GET and HEAD requests on and sends every other one through the
-// admin token check, so a write route added later is guarded too.
-func writesNeedToken(token string) func(http.Handler) http.Handler {
-	check := tmhttp.RequireBearer(token, "rebalance serve --admin-token or TM_ADMIN_TOKEN")
-	return func(next http.Handler) http.Handler {
-		guarded := check(next)
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.Method == http.MethodGet || r.Method == http.MethodHead {
-				next.ServeHTTP(w, r)
-				return
-			}
-			guarded.ServeHTTP(w, r)
-		})
-	}
 }

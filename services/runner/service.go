@@ -99,6 +99,9 @@ type Config struct {
 	// Effects are providers by name, beyond or replacing the built-ins: log, webhook (a
 	// Webhook with defaults) and email (only if set, for example an *SMTP).
 	Effects map[string]Effect
+	// WebhookAllow is the built-in webhook's allow-list (Webhook.Allow; default: public
+	// addresses only).
+	WebhookAllow []string
 	// Sagas triggered by events. Default: Welcome (account opened -> welcome email).
 	// Set to an empty, non-nil slice to run none.
 	Sagas []Saga
@@ -264,7 +267,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	for name, h := range cfg.Handlers {
 		s.handlers[name] = h
 	}
-	s.outbox.effects = map[string]Effect{"log": LogEffect{Logger: cfg.Logger}, "webhook": &Webhook{}}
+	s.outbox.effects = map[string]Effect{"log": LogEffect{Logger: cfg.Logger}, "webhook": &Webhook{Allow: cfg.WebhookAllow}}
 	for name, e := range cfg.Effects {
 		s.outbox.effects[name] = e
 	}

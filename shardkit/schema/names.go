@@ -225,12 +225,24 @@ func ParseInstanceID(key string) (InstanceID, error) {
 	return id, id.Check()
 }
 
-// routeKey encodes a route as a KV key: <METHOD>.<base64url(prefix)>. Method "*" is ANY.
-func routeKey(method, prefix string) string {
+// routeKey encodes a route as a KV key: <kind>.<METHOD>.<base64url(prefix)>. Method "*" is
+// ANY. The kind leads so that a shard's NATS user may write its own kind's routes only
+// ($KV.tm_routes.<kind>.>, internal/natsperm).
+func routeKey(kind, method, prefix string) string {
 	if method == "" || method == "*" {
 		method = "ANY"
 	}
-	return method + "." + base64.RawURLEncoding.EncodeToString([]byte(prefix))
+	return kind + "." + method + "." + base64.RawURLEncoding.EncodeToString([]byte(prefix))
+}
+
+// RouteKeyKind returns the kind a route key names, and false for a key without one (the
+// format before routes were keyed by kind: <METHOD>.<base64url(prefix)>).
+func RouteKeyKind(key string) (string, bool) {
+	if strings.Count(key, ".") != 2 {
+		return "", false
+	}
+	kind, _, _ := strings.Cut(key, ".")
+	return kind, true
 }
 
 func signalKey(kind, tenant string, id InstanceID) string {

@@ -36,6 +36,9 @@ const (
 	// checks tenant identity at the edge (gateway --jwt-*): a shard can trust it, since the
 	// gateway strips every x-tm-* header a client sends.
 	HeaderSubject = "X-Tm-Subject"
+	// HeaderProof is the gateway's proof that a request came through it (internal/gatesig),
+	// which shardkit's gate checks when the shard has its kind's key.
+	HeaderProof = "X-Tm-Proof"
 	// HeaderPrefixTM is the prefix of headers only tenantmesh may set.
 	HeaderPrefixTM = "X-Tm-"
 )

@@ -18,8 +18,21 @@ const fmt = (n, d = 0) => (n == null || Number.isNaN(n) ? "–" : Number(n).toFi
 const ago = (s) => (s < 1 ? "now" : s < 90 ? Math.round(s) + "s ago" : Math.round(s / 60) + "m ago");
 const hhmmss = (t) => new Date(t).toLocaleTimeString([], { hour12: false });
 
+// The API's read token (rebalance serve --read-token), given once in the page's address as
+// #token=... and kept for the tab; a dashboard opened on the rebalancer's host needs none.
+const token = (() => {
+  const m = location.hash.match(/(?:^#|&)token=([^&]+)/);
+  if (m) {
+    sessionStorage.setItem("tm-read-token", decodeURIComponent(m[1]));
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+  return sessionStorage.getItem("tm-read-token") || "";
+})();
+
 async function getJSON(path) {
-  const r = await fetch(path, { headers: { accept: "application/json" } });
+  const headers = { accept: "application/json" };
+  if (token) headers.authorization = "Bearer " + token;
+  const r = await fetch(path, { headers });
   if (!r.ok) throw new Error(path + ": " + r.status);
   return r.json();
 }
@@ -242,7 +255,8 @@ async function loadLeader() {
 
 // Live updates.
 function connect() {
-  const es = new EventSource("/api/events");
+  // EventSource cannot send a header: the token goes as access_token.
+  const es = new EventSource("/api/events" + (token ? "?access_token=" + encodeURIComponent(token) : ""));
   es.onopen = () => { $("#live").textContent = "live"; $("#live").className = "pill s-online"; };
   es.onerror = () => { $("#live").textContent = "reconnecting…"; $("#live").className = "pill s-degraded"; };
   es.addEventListener("move", (e) => {
