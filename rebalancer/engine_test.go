@@ -311,15 +311,17 @@ func TestRollbackRestoresPlacement(t *testing.T) {
 	ps := []schema.Placement{place(t, st, "a", "s-1"), place(t, st, "b", "s-1"), place(t, st, "c", "s-2")}
 	e := newEngine(t, st, Config{})
 	rec, _ := e.CreatePlan(ctx, planOf(ps...), "test")
-	if _, err := e.Apply(ctx, rec.ID); err != nil {
-		t.Fatal(err)
+	if done, err := e.Apply(ctx, rec.ID); err != nil || done.Status != PlanDone {
+		_, ms, _ := e.Plan(ctx, rec.ID)
+		t.Fatalf("apply: %v %+v: moves %+v", err, done, ms)
 	}
 	rb, err := e.Rollback(ctx, rec.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if rb.RollbackOf != rec.ID || rb.Status != PlanDone {
-		t.Fatalf("rollback plan %+v", rb)
+		_, ms, _ := e.Plan(ctx, rb.ID)
+		t.Fatalf("rollback plan %+v: moves %+v", rb, ms)
 	}
 	for _, p := range ps {
 		got, _ := st.Placement(ctx, "aggregate", p.Tenant)

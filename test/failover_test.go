@@ -20,7 +20,9 @@ import (
 	"github.com/anishathalye/porcupine"
 	"github.com/nats-io/nats.go"
 
+	"github.com/tenantmesh/tenantmesh/internal/gatesig"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 	"github.com/tenantmesh/tenantmesh/test/history"
 )
 
@@ -267,6 +269,19 @@ func TestFailoverUnderLoad(t *testing.T) {
 	// A freeze: longer than every lease and timeout; the shard's tenants fail over while it
 	// is stopped, and once it runs again it serves none of them.
 	shards, affected := victims()
+	epochs := map[string]uint64{} // what a gateway routing by its snapshot of before the freeze would send
+	for _, tenant := range affected["aggregate"] {
+		p, err := store.Placement(ctx, "aggregate", tenant)
+		if err != nil {
+			t.Fatal(err)
+		}
+		epochs[tenant] = p.Epoch
+	}
+	gateKey, err := gatesig.ReadKeyFile(filepath.Join(s.dir, "data", "auth", "gate", "aggregate.key"))
+	if err != nil {
+		t.Fatalf("the stack's gateway key for aggregate: %v", err)
+	}
+	proof := gatesig.NewSigner(gateKey)
 	frozen := signal(shards, syscall.SIGSTOP)
 	ans.reset(frozen)
 	freezes = answered("freeze", frozen, affected, time.Minute)
@@ -276,12 +291,19 @@ func TestFailoverUnderLoad(t *testing.T) {
 	woke := signal(shards, syscall.SIGCONT)
 	aggURL := strings.TrimSuffix(readState(t, control).Children[shards["aggregate"]].URL, "/readyz")
 	for _, tenant := range affected["aggregate"] {
-		// Straight to the woken instance, as a gateway still routing by an old snapshot would:
+		// Straight to the woken instance (with a gateway's proof), as a gateway still routing by
+		// its snapshot of before the freeze would:
 		// never an answer; a refusal naming the new owner once it confirmed its view.
 		var last int
 		for deadline := time.Now().Add(15 * time.Second); ; {
 			req, _ := http.NewRequest("GET", aggURL+"/aggregates/account/x", nil)
-			req.Header.Set("x-tenant-id", tenant)
+			f := gatesig.Fields{Method: "GET", Target: "/aggregates/account/x", Kind: "aggregate", Shard: shards["aggregate"],
+				Tenant: tenant, Epoch: strconv.FormatUint(epochs[tenant], 10)}
+			req.Header.Set(tmhttp.HeaderTenant, tenant)
+			req.Header.Set(tmhttp.HeaderKind, f.Kind)
+			req.Header.Set(tmhttp.HeaderShard, f.Shard)
+			req.Header.Set(tmhttp.HeaderEpoch, f.Epoch)
+			req.Header.Set(tmhttp.HeaderProof, string(proof.Append(nil, time.Now().Unix(), &f)))
 			resp, err := adminClient.Do(req)
 			if err != nil {
 				t.Fatalf("the woken instance: %v", err)

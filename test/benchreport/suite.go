@@ -90,6 +90,13 @@ var suite = []entry{
 		benchtime: "1s", count: 3, benchmem: true,
 	},
 	{
+		title:     "Gateway proof (X-Tm-Proof): signing one request",
+		pkg:       "./internal/gatesig/",
+		bench:     "^BenchmarkAppend$",
+		benchtime: "1s", count: 3, benchmem: true,
+		note:      "The HMAC-SHA256 over the request line, tenant, epoch, shard and subject a gateway adds to every proxied request (the shard verifies the same).",
+	},
+	{
 		title:     "Sidecar: added latency per request",
 		pkg:       "./shardkit/cmd/shardkit-sidecar/",
 		bench:     "^BenchmarkSidecarLatency$",
