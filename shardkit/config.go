@@ -91,6 +91,10 @@ type Config struct {
 	// WarmRetry is the pause before Warm is called again when it failed or returned short of
 	// the fence. Default 500ms.
 	WarmRetry time.Duration
+	// VerifyWait bounds how long a move's source, for a kind whose config asks for verified
+	// moves, waits for the target's state digests before it releases the tenant (without them it
+	// releases: a target that died cannot be compared). Default 10s.
+	VerifyWait time.Duration
 	// TopN is how many tenants get their own metric labels; the rest are "other". Default 20.
 	// Load reports carry the same number of busiest tenants.
 	TopN int
@@ -132,6 +136,14 @@ type Hooks struct {
 	// Sizes lists the stored size of every tenant the instance hosts, from figures the service
 	// keeps (it is called every heartbeat: no NATS round trip). Default: none.
 	Sizes func() []schema.TenantSize
+	// Digest reduces the tenant's state at sequence at (a move's fence) to a digest two
+	// instances holding the same state make alike, for move verification (schema.BucketVerify,
+	// `rebalance verify`). On a move's target it is called once Warm reached the fence, before
+	// the commit, so inside the handoff pause: keep it quick. On the source it is called just
+	// after Fence, and the handoff does not wait for it: the state must still be at the fence
+	// then (or the service keeps what it needs at Fence). An error (the state moved past at)
+	// leaves the move unverified, never a mismatch. Default: no digest is recorded.
+	Digest func(ctx context.Context, tenant string, at uint64) (schema.Digest, error)
 }
 
 func (h Hooks) applied(tenant string) uint64 {
@@ -192,6 +204,9 @@ func (c Config) withDefaults() Config {
 	c.DirectoryRefresh = max(c.DirectoryRefresh, c.Heartbeat)
 	if c.WarmRetry <= 0 {
 		c.WarmRetry = 500 * time.Millisecond
+	}
+	if c.VerifyWait <= 0 {
+		c.VerifyWait = 10 * time.Second
 	}
 	if c.TopN <= 0 {
 		c.TopN = 20

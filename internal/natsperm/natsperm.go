@@ -88,7 +88,7 @@ func KindAssets(kind string) Assets {
 }
 
 // Shard is one shard's instances: they read the control plane; write only their own
-// directory entries, their own tenant signals, their kind's placements (a drained tenant is
+// directory entries, their own tenant signals, their own move digests (tm_verify), their kind's placements (a drained tenant is
 // released by its shard), routes, their load reports and their kind's audit events; note
 // signals to their kind's shards and hear their own shard's notes; and use their kind's
 // application assets.
@@ -100,6 +100,8 @@ func Shard(kind, shard string, a Assets) Role {
 	p.writeKV(schema.BucketInstances, kind+"."+shard+".*")
 	p.writeKV(schema.BucketMembers, kind+"."+shard+".*")
 	p.writeKV(schema.BucketTenantState, kind+".*."+shard+".*")
+	p.readKV(schema.BucketVerify)
+	p.writeKV(schema.BucketVerify, kind+".*.*.*."+shard+".*")
 	p.writeKV(schema.PlacementBucket(kind), ">")
 	p.writeKV(schema.BucketRoutes, ">")
 	p.Pub = append(p.Pub, "tm.load."+kind+"."+shard+".*", schema.SignalNoteSubjectKind(kind))

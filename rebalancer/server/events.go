@@ -150,6 +150,9 @@ func (s *Server) watchRecords(ctx context.Context) {
 				s.moves.track(en.Key(), m)
 				if fresh {
 					s.hub.publish("move", moveEvent{MoveRecord: m, PauseMS: m.Pause().Milliseconds()})
+					if m.State == rebalancer.MoveDone {
+						s.verify.moveDone(ctx, m)
+					}
 				}
 			case strings.HasPrefix(en.Key(), "plan.") && fresh:
 				s.hub.send(Event{Type: "plan", Data: en.Value()})

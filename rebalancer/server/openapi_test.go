@@ -123,6 +123,10 @@ func TestOpenAPI(t *testing.T) {
 		return json.Unmarshal(body, &pr) == nil && pr.Plan.Status == "done"
 	}))
 	c.Do("POST", "/api/plans/{id}/apply", "/api/plans/"+id+"/apply", nil, admin)
+	c.Do("GET", "/api/plans/{id}/verify", "/api/plans/"+id+"/verify", nil, nil)
+	c.Do("GET", "/api/plans/{id}/verify", "/api/plans/p-none/verify", nil, nil)
+	c.Do("GET", "/api/plans/{id}/moves/{move}/verify", "/api/plans/"+id+"/moves/m00001/verify", nil, nil)
+	c.Do("GET", "/api/plans/{id}/moves/{move}/verify", "/api/plans/"+id+"/moves/m00009/verify", nil, nil)
 	c.Do("GET", "/api/audit", "/api/audit?kind=aggregate&since=1h&limit=50", nil, nil)
 	c.Do("GET", "/api/audit", "/api/audit?since=yesterday", nil, nil)
 	c.Do("POST", "/api/plans/{id}/rollback", "/api/plans/"+id+"/rollback", nil, admin)
@@ -131,7 +135,9 @@ func TestOpenAPI(t *testing.T) {
 		"POST /api/plans/{id}/apply 409", "GET /api/plans/{id} 404", "PUT /api/kinds/{kind} 200", "PUT /api/kinds/{kind} 400",
 		"PUT /api/kinds/{kind} 401", "GET /api/audit 200", "GET /api/audit 400", "GET /api/instances 200",
 		"GET /api/instances/{key} 200", "GET /api/instances/{key} 404", "GET /api/instances/{key} 400", "PUT /api/instances/{key}/degraded 200",
-		"PUT /api/instances/{key}/degraded 401", "PUT /api/instances/{key}/degraded 400", "DELETE /api/instances/{key}/degraded 200"} {
+		"PUT /api/instances/{key}/degraded 401", "PUT /api/instances/{key}/degraded 400", "DELETE /api/instances/{key}/degraded 200",
+		"GET /api/plans/{id}/verify 200", "GET /api/plans/{id}/verify 404", "GET /api/plans/{id}/moves/{move}/verify 200",
+		"GET /api/plans/{id}/moves/{move}/verify 404"} {
 		if !c.Seen[want] {
 			t.Errorf("no answer %s was validated (validated: %v)", want, c.Seen)
 		}

@@ -73,6 +73,11 @@ type KindConfig struct {
 	// Warmup makes the rebalancer choose each move's warm-up strategy (snapshot migration or
 	// cold replay) from the tenant's size. Default: on for aggregate (see WarmupConfig).
 	Warmup *WarmupConfig `json:"warmup,omitempty"`
+	// Verify checks every move of the kind as it ends (move verification, BucketVerify): the
+	// source keeps the tenant's state until the target's digest at the fence equals its own
+	// (a mismatch keeps it for good and is alerted), and the rebalancer judges and audits
+	// each move. Off by default; `rebalance verify` judges any move whose digests were recorded.
+	Verify bool `json:"verify,omitempty"`
 }
 
 // WarmupConfig is a kind's rule for choosing a move's warm-up strategy by tenant size (the
