@@ -134,6 +134,7 @@ type Service struct {
 	pmu    sync.Mutex
 	placed map[string]bool // tenants whose placement changed, to re-evaluate
 	pwake  chan struct{}
+	passes atomic.Uint64 // followPlacement's passes over queued tenants (tests wait on it)
 }
 
 // New opens the event stream and the views' buckets.
@@ -271,6 +272,9 @@ func (s *Service) drop(tenant string) *tenantState {
 // fence 0, the tenant's last event when Warm was called. It is shardkit's warm hook.
 func (s *Service) Warm(ctx context.Context, tenant string, fence uint64) error {
 	ts := s.host(tenant)
+	ts.mu.Lock()
+	ts.dig.keep(ts.applied) // a move's target: its digest at the fence is asked for later
+	ts.mu.Unlock()
 	select {
 	case <-ts.caught:
 	case <-ctx.Done():
