@@ -320,6 +320,7 @@ func (s *Service) Release(ctx context.Context, tenant string) error {
 	}
 	tq.released = true
 	cancelRuns := tq.cancel
+	delete(s.fenced, tenant)
 	s.mu.Unlock()
 	s.wakes.unsubscribe(tq)
 	s.housekeeping.Go(func() {
