@@ -172,12 +172,12 @@ type Service struct {
 	// reachable is when a saga checkpoint was last read (unix ns): Warm's probe.
 	reachable atomic.Int64
 	// verify is the kind config's verify flag (followVerify): digests at a move's fence.
-	verify atomic.Bool
-	store     *runStore
-	m         *metrics
-	sched     *Scheduler
-	sizes     *sizer
-	started   time.Time
+	verify  atomic.Bool
+	store   *runStore
+	m       *metrics
+	sched   *Scheduler
+	sizes   *sizer
+	started time.Time
 
 	mu       sync.Mutex
 	tenants  map[string]*tenantQ
@@ -190,7 +190,7 @@ type Service struct {
 	wake     chan struct{}       // nudges the dispatcher
 	recon    chan struct{}       // nudges the reconciler
 	totals   Totals
-	recent   recentRuns // the newest runs, for the instance's load reports
+	recent   recentRuns          // the newest runs, for the instance's load reports
 	fenced   map[string]captured // digests taken at a move's fence, until shardkit asks (digest.go)
 
 	housekeeping sync.WaitGroup // released tenants' outbox flushes and drain records
