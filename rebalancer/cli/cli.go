@@ -4,7 +4,7 @@
 // in-process with buffers for stdin, stdout and stderr.
 //
 // Exit codes: 0 success, 1 error, 2 usage error, 3 a plan finished partially (moves skipped,
-// aborted or failed).
+// aborted or failed), 4 a verified move's target state differs from its source's.
 package cli
 
 import (
@@ -50,6 +50,7 @@ var commands = []commandInfo{
 	{"plan", "make a plan: balance, evacuate <shard>, fill <shard>, move <tenant>, manual", func(m *Main) command { return &PlanCommand{m: m} }},
 	{"apply", "apply a stored plan (by id) or a plan file", func(m *Main) command { return &ApplyCommand{m: m} }},
 	{"rollback", "reverse an applied plan", func(m *Main) command { return &RollbackCommand{m: m} }},
+	{"verify", "compare each move's target state at the fence with its source's", func(m *Main) command { return &VerifyCommand{m: m} }},
 	{"status", "list plans, or show one plan's moves", func(m *Main) command { return &StatusCommand{m: m} }},
 	{"audit", "read the audit journal", func(m *Main) command { return &AuditCommand{m: m} }},
 	{"kinds", "list kinds, or set a kind's config", func(m *Main) command { return &KindsCommand{m: m} }},
@@ -142,6 +143,8 @@ func ExitCode(err error) int {
 		return 2
 	case errors.Is(err, ErrPartial):
 		return 3
+	case errors.Is(err, ErrMismatch):
+		return 4
 	}
 	return 1
 }

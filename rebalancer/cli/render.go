@@ -211,7 +211,7 @@ func renderKinds(w io.Writer, kcs []schema.KindConfig) error {
 		return err
 	}
 	tw := newTable(w)
-	fmt.Fprintln(tw, "KIND\tPOLICY\tUNPLACED\tCAPACITY\tHOLD-BUDGET\tOVERLAP\tSINGLE-WRITER\tIDEMPOTENT\tUPSTREAM-TIMEOUT\tMULTIPLEX\tRATE-LIMIT")
+	fmt.Fprintln(tw, "KIND\tPOLICY\tUNPLACED\tCAPACITY\tHOLD-BUDGET\tOVERLAP\tSINGLE-WRITER\tIDEMPOTENT\tVERIFY\tUPSTREAM-TIMEOUT\tMULTIPLEX\tRATE-LIMIT")
 	for _, k := range kcs {
 		mux, rl := "-", "-"
 		if k.Affinity != nil {
@@ -220,7 +220,7 @@ func renderKinds(w io.Writer, kcs []schema.KindConfig) error {
 		if k.RateLimit != nil {
 			rl = fmt.Sprintf("%g/s burst %d", k.RateLimit.PerSecond, k.RateLimit.Burst)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%t\t%t\t%t\t%s\t%s\t%s\n", k.Kind, k.Policy, k.Unplaced, k.Capacity, k.HoldBudget.D(), k.Overlap, k.SingleWriter, k.Idempotent, k.UpstreamTimeout.D(), mux, rl)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%t\t%t\t%t\t%t\t%s\t%s\t%s\n", k.Kind, k.Policy, k.Unplaced, k.Capacity, k.HoldBudget.D(), k.Overlap, k.SingleWriter, k.Idempotent, k.Verify, k.UpstreamTimeout.D(), mux, rl)
 	}
 	return tw.Flush()
 }
