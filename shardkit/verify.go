@@ -204,8 +204,7 @@ func (v *verifier) mayRelease(ctx context.Context, tenant string) bool {
 		return true
 	}
 	e, ok := s.watcher.Lookup(s.kind, tenant)
-	kc := s.kindCfg.Load()
-	if !ok || e.Phase != schema.PhaseDraining || e.Source != s.cfg.ID.Shard || e.Epoch != sd.epoch+1 || kc == nil || !kc.Verify {
+	if !ok || e.Phase != schema.PhaseDraining || e.Source != s.cfg.ID.Shard || e.Epoch != sd.epoch+1 || !v.verifies(ctx) {
 		return true
 	}
 	vd := v.awaitVerdict(ctx, tenant, sd, e.Shard)
@@ -222,6 +221,18 @@ func (v *verifier) mayRelease(ctx context.Context, tenant string) bool {
 		s.cfg.Logger.Warn("move verification: releasing unverified", "tenant", tenant, "target", e.Shard, "detail", vd.Detail)
 	}
 	return true
+}
+
+// verifies reads whether the kind's config asks for verified moves now (the config may have
+// changed since the instance started); the config known at start if NATS does not answer.
+func (v *verifier) verifies(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if kc, err := v.s.st.Kind(ctx, v.s.kind); err == nil {
+		return kc.Verify
+	}
+	kc := v.s.kindCfg.Load()
+	return kc != nil && kc.Verify
 }
 
 // awaitVerdict reads the handoff's digests until every live target instance has recorded one

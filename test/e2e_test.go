@@ -225,12 +225,14 @@ func underLoad(t testing.TB, s *stack) (st *schema.Store, l *load, rcv *receiver
 // TestMovesUnderLoad moves tenants across shards of all three kinds, through the rebalancer
 // service, while clients send commands, queries and jobs through the gateway: no request may
 // fail, no acknowledged command may be lost or applied twice, every job's effect must be
-// delivered exactly once, and the views must converge to the ledger.
+// delivered exactly once, the views must converge to the ledger, and every move's target state
+// at the fence must equal its source's (move verification, on for every kind).
 func TestMovesUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the whole platform under load")
 	}
 	s := startStack(t)
+	enableVerify(t, s.rebalancer)
 	st, l, rcv, stopLoad := underLoad(t, s)
 
 	// Moves: each tenant in turn goes to the other shard of every kind, through the API.
@@ -319,7 +321,9 @@ func moveAcrossKinds(t testing.TB, st *schema.Store, base, tenant string) []move
 	}
 	id := createPlan(t, postOK, base, map[string]any{"strategy": "move-tenant", "tenant": tenant, "targets": targets})
 	postOK(t, base+"/api/plans/"+id+"/apply", nil)
-	return awaitPlanMoves(t, base, id)
+	pauses := awaitPlanMoves(t, base, id)
+	requireVerified(t, base, id)
+	return pauses
 }
 
 // movePause is one finished move's pause: from its handoff to its commit.

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -33,23 +34,27 @@ import (
 // commit; the target's inside the handoff too, before its commit. Since both cost NATS round
 // trips in the pause, the runner takes them only when its kind's config says verify.
 
-// verifyEvery is how often the runner reads whether its kind verifies moves.
-const verifyEvery = 5 * time.Second
-
-// followVerify keeps s.verify equal to the kind config's verify flag: the runner takes its
-// digest (NATS reads inside the handoff pause) only for a kind that asked for verified moves.
+// followVerify keeps s.verify equal to the kind config's verify flag, from a watch of the
+// kind's key: the runner takes its digest (NATS reads inside the handoff pause) only for a kind
+// that asked for verified moves.
 func (s *Service) followVerify(ctx context.Context) {
-	for {
-		rctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
-		if kc, err := s.st.Kind(rctx, s.cfg.ID.Kind); err == nil {
-			s.verify.Store(kc.Verify)
+	for ctx.Err() == nil {
+		w, err := s.st.KV(schema.BucketKinds).Watch(ctx, s.cfg.ID.Kind)
+		if err == nil {
+			for e := range w.Updates() {
+				if e == nil {
+					continue
+				}
+				var kc schema.KindConfig
+				if e.Operation() == jetstream.KeyValuePut && json.Unmarshal(e.Value(), &kc) == nil {
+					s.verify.Store(kc.Verify)
+				} else {
+					s.verify.Store(false)
+				}
+			}
+			_ = w.Stop()
 		}
-		cancel()
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(verifyEvery):
-		}
+		ctxtime.Sleep(ctx, time.Second)
 	}
 }
 
