@@ -278,6 +278,7 @@ func TestMovesUnderLoad(t *testing.T) {
 		pct(pauses, 0.5), pct(pauses, 0.99), pct(pauses, 1),
 		pct(in, 0.5), pct(in, 0.99), len(in), pct(out, 0.5), pct(out, 0.99), len(out))
 	t.Logf("handoff pause by quarter of the run (does it grow as the run goes on?): %s", byQuarter(pauses))
+	t.Logf("state digests at the fence (move verification): %s", digestSummary())
 	s.stop(t)
 }
 

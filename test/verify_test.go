@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -17,6 +20,39 @@ import (
 // verdict is one move's verification as the rebalancer's API reports it.
 type verdict struct {
 	Move, Kind, Tenant, Result, Detail string
+	Source, Target                     []struct {
+		TookMicros int64 `json:"took_us"`
+	}
+}
+
+// digestTook collects how long the digests of verified moves took, by kind and side (the
+// target's is inside the handoff pause; so is the runner source's).
+var digestTook = struct {
+	sync.Mutex
+	by map[string][]time.Duration
+}{by: map[string][]time.Duration{}}
+
+func noteDigests(v verdict) {
+	digestTook.Lock()
+	defer digestTook.Unlock()
+	for _, r := range v.Source {
+		digestTook.by[v.Kind+" source"] = append(digestTook.by[v.Kind+" source"], time.Duration(r.TookMicros)*time.Microsecond)
+	}
+	for _, r := range v.Target {
+		digestTook.by[v.Kind+" target"] = append(digestTook.by[v.Kind+" target"], time.Duration(r.TookMicros)*time.Microsecond)
+	}
+}
+
+// digestSummary is "aggregate source p50 40us p99 90us (12), ..." over the moves verified.
+func digestSummary() string {
+	digestTook.Lock()
+	defer digestTook.Unlock()
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(digestTook.by)) {
+		d := digestTook.by[k]
+		parts = append(parts, fmt.Sprintf("%s p50 %s p99 %s max %s (%d)", k, pct(d, 0.5), pct(d, 0.99), pct(d, 1), len(d)))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // verifyPlan judges plan id's moves through the rebalancer at base.
@@ -48,6 +84,7 @@ func verifyPlan(t testing.TB, base, id string) []verdict {
 func requireVerified(t testing.TB, base, id string) {
 	t.Helper()
 	for _, v := range verifyPlan(t, base, id) {
+		noteDigests(v)
 		if v.Result == "unverified" && strings.Contains(v.Detail, "does not verify moves") {
 			continue
 		}

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -100,38 +101,36 @@ func (s *Service) Digest(ctx context.Context, tenant string, _ uint64) (schema.D
 	return s.queueDigest(ctx, tenant)
 }
 
-// queueDigest reads the tenant's queue and outbox and digests the settled part of them.
+// queueDigest reads the tenant's queue and outbox and digests the settled part of them: the
+// count of its entries (nothing more when there are none), one ordered consumer over its
+// subjects, then the runs of its queue entries, the markers of its outbox entries and its saga
+// checkpoint, in parallel.
 func (s *Service) queueDigest(ctx context.Context, tenant string) (schema.Digest, error) {
 	var queue, fx schema.DigestSet
+	// The stream's count of the tenant's entries first: one round trip, and for an empty
+	// queue and outbox (most moves) the only one.
 	info, err := s.jobs.Info(ctx, jetstream.WithSubjectFilter(schema.TenantJobs(tenant)))
 	if err != nil {
 		return schema.Digest{}, fmt.Errorf("runner: digest of %s: %w", tenant, err)
 	}
-	var total uint64
-	for _, n := range info.State.Subjects {
-		total += n
-	}
-	switch {
-	case total == 0:
+	if len(info.State.Subjects) == 0 {
 		return schema.NewDigest(0, queue.Part("queue"), fx.Part("outbox")), nil
-	case total > maxDigestEntries:
-		return schema.Digest{}, fmt.Errorf("runner: %s has %d queue and outbox entries, more than a digest at the fence reads (%d)", tenant, total, maxDigestEntries)
 	}
-	jobs, effects, err := s.readEntries(ctx, tenant, int(total))
+	jobs, effects, err := s.readEntries(ctx, tenant)
 	if err != nil {
 		return schema.Digest{}, err
 	}
-	runs := make([]Run, len(jobs))
+	if len(jobs) == 0 && len(effects) == 0 {
+		return schema.NewDigest(0, queue.Part("queue"), fx.Part("outbox")), nil
+	}
+	var runs map[string]Run
 	marked := make([]bool, len(effects))
 	var checkpoint uint64
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(16)
-	for i, id := range jobs {
+	g.SetLimit(64)
+	if len(jobs) > 0 {
 		g.Go(func() (err error) {
-			runs[i], err = s.store.getLatest(gctx, tenant, id)
-			if errors.Is(err, ErrNoJob) {
-				return nil // a finished job's entry, dropped meanwhile
-			}
+			runs, err = s.readRuns(gctx, tenant, jobs)
 			return err
 		})
 	}
@@ -158,7 +157,6 @@ func (s *Service) queueDigest(ctx context.Context, tenant string) (schema.Digest
 	done := map[string]bool{}
 	for _, r := range runs {
 		switch {
-		case r.ID == "":
 		case r.Status == StatusPending && r.Attempts == 0:
 			queue.Add(schema.RowEncoder(nil).String(r.ID).String(r.Type).String(r.Instance).Time(r.CreatedAt))
 		case r.Status.done():
@@ -193,26 +191,24 @@ func settledEffect(key, tenant string, doneJobs map[string]bool, checkpoint uint
 }
 
 // readEntries reads the tenant's queue entries (job ids) and outbox entries (effect requests)
-// with one ordered consumer; n is how many there are.
-func (s *Service) readEntries(ctx context.Context, tenant string, n int) (jobs []string, effects []Request, err error) {
+// with one ordered consumer, at most maxDigestEntries of them.
+func (s *Service) readEntries(ctx context.Context, tenant string) (jobs []string, effects []Request, err error) {
 	cons, err := s.jobs.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{schema.TenantJobs(tenant)}, DeliverPolicy: jetstream.DeliverAllPolicy})
 	if err != nil {
 		return nil, nil, fmt.Errorf("runner: read the queue of %s: %w", tenant, err)
 	}
 	fx := outboxSubject(tenant)
-	for got := 0; got < n; {
-		batch, err := cons.Fetch(n-got, jetstream.FetchMaxWait(time.Second))
+	for got := 0; ; {
+		// No wait: the server answers with what the consumer has (the tenant's entries), and
+		// nothing when it has none; a fetch that waited would hold the handoff.
+		batch, err := cons.FetchNoWait(maxDigestEntries + 1 - got)
 		if err != nil {
 			return nil, nil, fmt.Errorf("runner: read the queue of %s: %w", tenant, err)
 		}
-		before := got
+		before, done := got, false
 		for m := range batch.Messages() {
 			got++
-			md, err := m.Metadata()
-			if err != nil {
-				continue
-			}
 			if m.Subject() == fx {
 				var req Request
 				if json.Unmarshal(m.Data(), &req) == nil {
@@ -224,16 +220,89 @@ func (s *Service) readEntries(ctx context.Context, tenant string, n int) (jobs [
 					jobs = append(jobs, e.ID)
 				}
 			}
-			if md.NumPending == 0 {
-				got = n // entries deleted since the count: nothing more to come
+			if md, err := m.Metadata(); err == nil && md.NumPending == 0 {
+				done = true
 			}
 		}
 		if batch.Error() != nil && !errors.Is(batch.Error(), jetstream.ErrNoMessages) {
 			return nil, nil, fmt.Errorf("runner: read the queue of %s: %w", tenant, batch.Error())
 		}
-		if got == before {
-			break // fewer entries than counted (finished jobs deleted theirs)
+		switch {
+		case got > maxDigestEntries:
+			return nil, nil, fmt.Errorf("runner: %s has more than %d queue and outbox entries, more than a digest at the fence reads", tenant, maxDigestEntries)
+		case done || got == before:
+			return jobs, effects, nil
 		}
 	}
-	return jobs, effects, nil
+}
+
+// readRuns reads the runs of ids with one ordered consumer on the runs bucket's stream, each
+// key's last value (a consumer is served by the stream's leader side, so it sees every write
+// acknowledged before, as a claim's read does). A run deleted meanwhile is absent.
+func (s *Service) readRuns(ctx context.Context, tenant string, ids []string) (map[string]Run, error) {
+	bucket := s.store.runs.Bucket()
+	subjects := make([]string, len(ids))
+	for i, id := range ids {
+		subjects[i] = jsx.KVSubject(bucket, runKey(tenant, id))
+	}
+	stream, err := s.runsStream(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: subjects,
+		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy})
+	if err != nil {
+		return nil, fmt.Errorf("runner: read the runs of %s: %w", tenant, err)
+	}
+	prefix := jsx.KVSubject(bucket, runKey(tenant, ""))
+	out := make(map[string]Run, len(ids))
+	for got := 0; got < len(ids); {
+		batch, err := cons.FetchNoWait(len(ids) - got)
+		if err != nil {
+			return nil, fmt.Errorf("runner: read the runs of %s: %w", tenant, err)
+		}
+		before, done := got, false
+		for m := range batch.Messages() {
+			got++
+			id := strings.TrimPrefix(m.Subject(), prefix)
+			if op := m.Headers().Get("KV-Operation"); op == "" {
+				md, _ := m.Metadata()
+				var rev uint64
+				if md != nil {
+					rev = md.Sequence.Stream
+				}
+				if r, err := decodeRun(id, m.Data(), rev); err == nil {
+					out[id] = r
+				}
+			}
+			if md, err := m.Metadata(); err == nil && md.NumPending == 0 {
+				done = true
+			}
+		}
+		if batch.Error() != nil && !errors.Is(batch.Error(), jetstream.ErrNoMessages) {
+			return nil, fmt.Errorf("runner: read the runs of %s: %w", tenant, batch.Error())
+		}
+		if done || got == before {
+			break
+		}
+	}
+	return out, nil
+}
+
+// runsStream is the runs bucket's stream, opened once.
+func (s *Service) runsStream(ctx context.Context) (jetstream.Stream, error) {
+	s.mu.Lock()
+	st := s.runsStr
+	s.mu.Unlock()
+	if st != nil {
+		return st, nil
+	}
+	st, err := s.js.Stream(ctx, jsx.KVStream(s.store.runs.Bucket()))
+	if err != nil {
+		return nil, fmt.Errorf("runner: open the runs stream: %w", err)
+	}
+	s.mu.Lock()
+	s.runsStr = st
+	s.mu.Unlock()
+	return st, nil
 }

@@ -192,6 +192,7 @@ type Service struct {
 	totals   Totals
 	recent   recentRuns          // the newest runs, for the instance's load reports
 	fenced   map[string]captured // digests taken at a move's fence, until shardkit asks (digest.go)
+	runsStr  jetstream.Stream    // the runs bucket's stream, for digests (digest.go)
 
 	housekeeping sync.WaitGroup // released tenants' outbox flushes and drain records
 }

@@ -3,6 +3,7 @@ package events
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -19,12 +20,14 @@ type Digester interface {
 
 // ErrDigestMoved means the tenant's state is no longer at the sequence a digest was asked for
 // (commands came after it): the move stays unverified.
-var ErrDigestMoved = fmt.Errorf("events: the state has moved past the sequence asked for")
+var ErrDigestMoved = errors.New("events: the state has moved past the sequence asked for")
 
 // Digest is shardkit's Digest hook: the tenant's state at sequence at, as a digest of every
-// subject (its version, last sequence and state) and of the rest of the state. The tenant is
-// caught up first when events up to at are missing here (a source instance whose sibling
-// wrote last); a state already past at is ErrDigestMoved.
+// subject (its version, last sequence and state) and of the rest of the state. Events up to at
+// that this instance has not applied (a sibling's, or any: an instance only knows it has
+// applied every event up to a sequence once it caught up) are applied first, and none after
+// at: on a move's source the digest is made while the new owner already appends. A state
+// already past at is ErrDigestMoved.
 func (l *Log[S]) Digest(ctx context.Context, tenant string, at uint64) (schema.Digest, error) {
 	ts := l.loaded(tenant)
 	if ts == nil {
@@ -32,8 +35,8 @@ func (l *Log[S]) Digest(ctx context.Context, tenant string, at uint64) (schema.D
 	}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
-	if ts.contig < at {
-		if err := ts.catchUp(ctx, l.es); err != nil {
+	if ts.contig < at && ts.applied <= at {
+		if err := ts.catchUpTo(ctx, l.es, at); err != nil {
 			return schema.Digest{}, fmt.Errorf("events: digest of %s at %d: %w", tenant, at, err)
 		}
 	}
@@ -65,4 +68,24 @@ func digestState[S any](state S, subjects map[string]Position, at uint64) (schem
 		rest.Add(b)
 	}
 	return schema.NewDigest(at, subj.Part("subjects"), rest.Part("state")), nil
+}
+
+// errPastFence stops a replay at the sequence a digest is asked for.
+var errPastFence = errors.New("past the fence")
+
+// catchUpTo applies the tenant's events after contig up to seq, and no later one. Caller holds
+// mu.
+func (ts *tenant[S]) catchUpTo(ctx context.Context, es *store, seq uint64) error {
+	_, err := es.replay(ctx, ts.name, es.tenantFilter(ts.name), ts.contig, func(ev Event) error {
+		if ev.Seq > seq {
+			return errPastFence
+		}
+		return ts.add(ev)
+	})
+	if err != nil && !errors.Is(err, errPastFence) {
+		return err
+	}
+	ts.contig = max(ts.contig, seq)
+	ts.applied = max(ts.applied, ts.contig)
+	return nil
 }
