@@ -117,3 +117,19 @@ func (g *Gateway) loadBalance(b *Balance) {
 		b.Balanced = b.Balanced && ok
 	}
 }
+
+// forgetGone drops, from their kinds' load trackers, the instances that were live in the
+// previous snapshot and are not now (they died, drained or left the directory): their scores
+// and every affinity to them (the Queen coordinator: "server dies -> all its affinities
+// invalidated"), so a tenant whose instance left is assigned afresh rather than kept on a stale
+// entry, and an instance that comes back starts from its own new reports, not the old score.
+func (r *registry) forgetGone(prev, live map[string]*instance) {
+	for key, in := range prev {
+		if _, ok := live[key]; ok {
+			continue
+		}
+		if ke := r.kinds[in.id.Kind]; ke != nil {
+			ke.lt.Forget(key)
+		}
+	}
+}

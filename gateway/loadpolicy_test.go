@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"math"
 	"testing"
 	"time"
@@ -89,4 +90,53 @@ func TestLoadPolicy(t *testing.T) {
 			t.Fatalf("server %+v", s)
 		}
 	}
+}
+
+// An instance that leaves takes its load-policy state with it (the Queen coordinator: "server
+// dies -> all its affinities invalidated"): the affinities to it and its smoothed score are
+// dropped, so when it comes back its score is its new reports' alone, and the tenant that was on
+// it is assigned afresh.
+func TestLoadPolicyForgetsAnInstanceThatLeft(t *testing.T) {
+	var a, b *backend
+	e := newEnv(t, Config{}, []schema.KindConfig{{Kind: "queue", Policy: schema.PolicyLoad,
+		Load: &schema.LoadConfig{EMAAlpha: 0.5}}}, func(e *env) {
+		a = newBackend(t, "queue", "queue-1", "a")
+		b = newBackend(t, "queue", "queue-1", "b")
+		e.register(a, "", 100, qRoute)
+		e.register(b, "", 100, qRoute)
+	})
+	resp, _ := e.do("GET", "/q/pop", "t1", "", nil)
+	first := resp.Header.Get(tmhttp.HeaderServedBy)
+	by := map[string]*backend{a.id.Key(): a, b.id.Key(): b}
+	gone := by[first]
+	ke := e.gw.reg.snap.Load().kinds["queue"]
+	_ = e.st.PublishLoad(schema.LoadReport{InstanceID: gone.id, InFlight: 150}) // score 0.6
+	eventually(t, 10*time.Second, "the first report's score", func() bool { return ke.lt.Load(first) > 0 })
+	if err := e.st.Directory().Unregister(context.Background(), gone.id); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, first+" forgotten", func() bool {
+		_, has := ke.lt.Affinity("t1")
+		return !has && ke.lt.Load(first) == 0
+	})
+	// Back, with an idle report: its score is that report's, 0, not half of the old 0.6.
+	e.register(gone, "", 100, qRoute)
+	eventually(t, 10*time.Second, first+" routed again", func() bool {
+		rt := e.gw.reg.snap.Load().match("GET", "/q/pop")
+		return rt != nil && len(rt.byShard["queue-1"]) == 2
+	})
+	_ = e.st.PublishLoad(schema.LoadReport{InstanceID: gone.id, InFlight: 0})
+	eventually(t, 10*time.Second, "the new report seen", func() bool {
+		var bal Balance
+		_, body := e.do("GET", "/admin/balance", "", "", nil)
+		if jsonUnmarshal(body, &bal) != nil {
+			return false
+		}
+		for _, s := range bal.Servers {
+			if s.ServerID == first {
+				return s.LoadScore == 0
+			}
+		}
+		return false
+	})
 }

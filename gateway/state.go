@@ -138,6 +138,7 @@ type registry struct {
 	dir      map[string]schema.Instance
 	kindCfg  map[string]schema.KindConfig
 	insts    map[string]*instance
+	live     map[string]*instance // live at the last rebuild (forgetGone)
 	kinds    map[string]*kindEntry
 	followed map[string]*kvwatch.Follower // bucket -> follower, for staleness
 	synced   map[string]bool
@@ -378,6 +379,8 @@ func (r *registry) rebuild() {
 			delete(r.insts, key)
 		}
 	}
+	r.forgetGone(r.live, live)
+	r.live = live
 
 	// Shards per kind, from the live directory.
 	byKind := map[string]map[string]*shardInfo{}
