@@ -29,7 +29,8 @@ func (ke *kindEntry) chooseByLoad(x *exchange, insts, tried []*instance) *instan
 	return in
 }
 
-// chooseByScore is chooseByLoad's choice by the affinity cache and load scores.
+// chooseByScore is chooseByLoad's choice by the affinity cache and load scores; the cache is
+// keyed by the tenant, or on a consumer route by the request's affinity key (consumer.go).
 func (ke *kindEntry) chooseByScore(x *exchange, insts, tried []*instance) *instance {
 	var candArr [16]string
 	cands := candArr[:0]
@@ -43,7 +44,11 @@ func (ke *kindEntry) chooseByScore(x *exchange, insts, tried []*instance) *insta
 	if local != nil {
 		lk = local.key
 	}
-	key, d := ke.lt.Choose(x.tenant, cands, lk)
+	affKey := x.tenant
+	if x.rt.consumer != nil {
+		affKey = x.rt.consumer.affinityKey(x, x.rt.prefix)
+	}
+	key, d := ke.lt.Choose(affKey, cands, lk)
 	ke.metrics.m.loadDecisions.WithLabelValues(ke.name, string(d)).Inc()
 	for _, in := range insts {
 		if in.key == key {

@@ -140,3 +140,62 @@ func TestLoadPolicyForgetsAnInstanceThatLeft(t *testing.T) {
 		return false
 	})
 }
+
+// Consumer routes (the Queen coordinator's "Routes to Wrap"): the load policy's affinity is kept
+// per queue:group (or queue:partition:group, namespace:task:group), not per tenant, so one
+// tenant's groups spread by load while each sticks where it was assigned.
+func TestConsumerRouteAffinityKeys(t *testing.T) {
+	popQueue := schema.Route{Method: "GET", Prefix: "/pop/queue/", Kind: "queue", Consumer: &schema.ConsumerRoute{Key: []string{"path:0", "query:group"}}}
+	popPartition := schema.Route{Method: "GET", Prefix: "/pop/partition/", Kind: "queue", Consumer: &schema.ConsumerRoute{Key: []string{"path:0", "path:1", "query:group"}}}
+	popNamespace := schema.Route{Method: "GET", Prefix: "/pop/ns", Kind: "queue", Consumer: &schema.ConsumerRoute{Key: []string{"query:namespace", "query:task", "query:group"}}}
+	var a, b *backend
+	e := newEnv(t, Config{}, []schema.KindConfig{{Kind: "queue", Policy: schema.PolicyLoad,
+		Load: &schema.LoadConfig{EMAAlpha: 1}}}, func(e *env) {
+		a = newBackend(t, "queue", "queue-1", "a")
+		b = newBackend(t, "queue", "queue-1", "b")
+		for _, x := range []*backend{a, b} {
+			e.register(x, "", 100, popQueue, popPartition, popNamespace)
+		}
+	})
+	eventually(t, 10*time.Second, "the consumer routes", func() bool {
+		rt := e.gw.reg.snap.Load().match("GET", "/pop/ns")
+		return rt != nil && rt.consumer != nil && len(rt.byShard["queue-1"]) == 2
+	})
+	by := map[string]*backend{a.id.Key(): a, b.id.Key(): b}
+	served := func(path string) string {
+		t.Helper()
+		resp, _ := e.do("GET", path, "t1", "", nil)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d", path, resp.StatusCode)
+		}
+		return resp.Header.Get(tmhttp.HeaderServedBy)
+	}
+	for _, c := range []struct{ first, second, key1, key2 string }{
+		{"/pop/queue/orders?group=g1", "/pop/queue/orders?group=g2", "orders:g1", "orders:g2"},
+		{"/pop/partition/orders/p1?group=g1", "/pop/partition/orders/p2?group=g1", "orders:p1:g1", "orders:p2:g1"},
+		{"/pop/ns?namespace=billing&task=send&group=g1", "/pop/ns?namespace=billing&task=bill&group=g1", "billing:send:g1", "billing:bill:g1"},
+	} {
+		// Both instances idle: the first key goes where it goes, and is loaded to 0.6 there
+		// (under the 0.70 migrate threshold: its affinity stays).
+		for _, x := range by {
+			e.publishLoad(x, 0, 0)
+		}
+		first := served(c.first)
+		e.publishLoad(by[first], 150, 0.6)
+		second := served(c.second)
+		if second == first {
+			t.Fatalf("%s: a new key of the same tenant went to the loaded %s; the affinity is per tenant, not per key", c.second, first)
+		}
+		for range 3 {
+			if got := served(c.first); got != first {
+				t.Fatalf("%s: affinity not kept: %s, then %s", c.first, first, got)
+			}
+		}
+		ke := e.gw.reg.snap.Load().kinds["queue"]
+		for key, want := range map[string]string{c.key1: first, c.key2: second} {
+			if got, ok := ke.lt.Affinity("t1\x00" + key); !ok || got != want {
+				t.Fatalf("affinity of %s: %s %v, want %s", key, got, ok, want)
+			}
+		}
+	}
+}

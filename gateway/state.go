@@ -72,6 +72,7 @@ type route struct {
 	method, prefix, kind string
 	byShard              map[string][]*instance
 	producer             *producerSpec // nil: not a producer route
+	consumer             *consumerSpec // nil: not a consumer route
 }
 
 // kindEntry is one kind's configuration and per-kind machinery. It lives as long as the gateway.
@@ -417,7 +418,8 @@ func (r *registry) rebuild() {
 
 	// Routes.
 	for _, rt := range r.routes {
-		nr := &route{method: rt.Method, prefix: rt.Prefix, kind: rt.Kind, byShard: map[string][]*instance{}, producer: newProducerSpec(rt.Producer)}
+		nr := &route{method: rt.Method, prefix: rt.Prefix, kind: rt.Kind, byShard: map[string][]*instance{}, producer: newProducerSpec(rt.Producer),
+			consumer: newConsumerSpec(rt.Consumer)}
 		for _, key := range rt.Instances {
 			it := live[key]
 			if it == nil || it.id.Kind != rt.Kind {
