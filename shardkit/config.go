@@ -57,13 +57,17 @@ type Config struct {
 	// ForwardRetries is how many other instances of the owner a forwarded request may try after
 	// the first, when that is safe. Default 2.
 	ForwardRetries int
-	// ForwardTimeout bounds one forwarded request, all attempts included. Default 30s.
+	// ForwardTimeout bounds one forwarded request, all attempts included. Default: the kind's
+	// forward_timeout (its load config, the Queen coordinator's; 5s when unset).
 	ForwardTimeout time.Duration
+	// ConnectTimeout bounds connecting to a peer to forward to it, when Transport is the
+	// default. Default: the kind's connect_timeout (its load config; 1s when unset).
+	ConnectTimeout time.Duration
 	// MaxForwardBody is the largest request body buffered so a forward can be retried; larger
 	// bodies are streamed and not retried. Default 1 MiB.
 	MaxForwardBody int64
-	// Transport carries forwarded requests. Default: a clone of http.DefaultTransport with a 1s
-	// dial timeout.
+	// Transport carries forwarded requests. Default: a clone of http.DefaultTransport that
+	// dials within the connect timeout (ConnectTimeout).
 	Transport http.RoundTripper
 
 	// AdminToken is the bearer token /admin/* requires. Default $TM_ADMIN_TOKEN. Without a
@@ -177,14 +181,8 @@ func (c Config) withDefaults() Config {
 	if c.ForwardRetries <= 0 {
 		c.ForwardRetries = 2
 	}
-	if c.ForwardTimeout <= 0 {
-		c.ForwardTimeout = 30 * time.Second
-	}
 	if c.MaxForwardBody <= 0 {
 		c.MaxForwardBody = 1 << 20
-	}
-	if c.Transport == nil {
-		c.Transport = defaultTransport()
 	}
 	if c.AdminToken == "" {
 		c.AdminToken = os.Getenv(EnvAdminToken)

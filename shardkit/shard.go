@@ -100,6 +100,9 @@ func New(cfg Config) (*Shard, error) {
 		servedBy:  []string{cfg.ID.Key()},
 	}
 	s.api, s.moves, s.gk, s.fwd, s.rep = &adminAPI{s}, &mover{s}, &gatekeeper{s}, &forwarder{s}, &reporter{s: s}
+	if s.cfg.Transport == nil {
+		s.cfg.Transport = s.fwd.defaultTransport()
+	}
 	s.runCtx, s.cancel = context.WithCancel(context.Background())
 	s.metrics = newMetrics(cfg.Registerer, s)
 	s.ver = newVerifier(s)
