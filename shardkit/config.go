@@ -36,6 +36,9 @@ type Config struct {
 	// Labels and Version are published in the instance directory.
 	Labels  map[string]string
 	Version string
+	// DiskPath names the filesystem whose use load reports and the directory carry (the
+	// instance's data). Default the working directory.
+	DiskPath string
 	// Routes this instance serves, published in the route registry (Aether routing) while it runs and
 	// removed on shutdown. An empty Kind means ID.Kind.
 	Routes []schema.Route
@@ -202,6 +205,9 @@ func (c Config) withDefaults() Config {
 	c.DirectoryRefresh = max(c.DirectoryRefresh, c.Heartbeat)
 	if c.WarmRetry <= 0 {
 		c.WarmRetry = 500 * time.Millisecond
+	}
+	if c.DiskPath == "" {
+		c.DiskPath = "."
 	}
 	if c.VerifyWait <= 0 {
 		c.VerifyWait = 10 * time.Second

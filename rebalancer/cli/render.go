@@ -108,16 +108,22 @@ func renderInstances(w io.Writer, insts []rebalancer.InstanceView) error {
 		return err
 	}
 	tw := newTable(w)
-	fmt.Fprintln(tw, "INSTANCE\tSTATUS\tHEARTBEAT\tCAPACITY\tTENANTS\tIN-FLIGHT\tRATE/S\tLATENCY\tERRORS\tCPU\tVERSION\tLABELS\tURL")
+	fmt.Fprintln(tw, "INSTANCE\tSTATUS\tHEARTBEAT\tCAPACITY\tTENANTS\tIN-FLIGHT\tRATE/S\tLATENCY\tERRORS\tCPU\tMEM\tDISK\tVERSION\tLABELS\tURL")
 	for _, i := range insts {
-		tenants, inflight, rate, lat, errs, cpu := "-", "-", "-", "-", "-", "-"
+		tenants, inflight, rate, lat, errs, cpu, mem, disk := "-", "-", "-", "-", "-", "-", "-", "-"
 		if m := i.Metrics; m != nil {
 			tenants, inflight = fmt.Sprint(m.Tenants), fmt.Sprint(m.InFlight)
 			rate, lat = fmt.Sprintf("%.1f", m.RatePerSec), fmt.Sprintf("%.1fms", m.LatencyMS)
 			errs, cpu = fmt.Sprintf("%.1f%%", 100*m.ErrorRate), fmt.Sprintf("%.0f%%", m.CPU)
+			if m.MemBytes > 0 {
+				mem = fmt.Sprintf("%.0fMiB", float64(m.MemBytes)/(1<<20))
+			}
+			if m.DiskPercent > 0 {
+				disk = fmt.Sprintf("%.0f%%", m.DiskPercent)
+			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s ago\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", i.Key, i.Status, age(i.HeartbeatAge), i.Capacity,
-			tenants, inflight, rate, lat, errs, cpu, dash(i.Version), dash(rebalancer.LabelString(i.Labels)), i.URL)
+		fmt.Fprintf(tw, "%s\t%s\t%s ago\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", i.Key, i.Status, age(i.HeartbeatAge), i.Capacity,
+			tenants, inflight, rate, lat, errs, cpu, mem, disk, dash(i.Version), dash(rebalancer.LabelString(i.Labels)), i.URL)
 	}
 	return tw.Flush()
 }
