@@ -12,4 +12,3 @@ type hostStats struct {
 	DiskPercent   float64
 	DiskFreeBytes uint64
 }
-
