@@ -81,7 +81,7 @@ func KindAssets(kind string) Assets {
 		return Assets{Streams: []string{schema.StreamJobs}, ReadStreams: []string{schema.StreamEvents},
 			KV: []string{schema.ServiceBucket(kind, "runs"), schema.ServiceBucket(kind, "outbox"),
 				schema.ServiceBucket(kind, "checkpoints"), schema.ServiceBucket(kind, "status"), schema.BucketRunnerSchedules},
-			Publish:   []string{schema.SubjectJobsAll},
+			Publish:   []string{schema.SubjectJobsAll, schema.JobEventSubjectKind(kind)},
 			Subscribe: []string{schema.SubjectJobsAll, schema.SubjectEventsAll}}
 	}
 	return Assets{}

@@ -21,7 +21,7 @@
 //	GET  /api/leader                the leader lease and whether this process holds it
 //	GET  /api/plans/{id}/verify     judge the plan's moves by their state digests at the fence
 //	GET  /api/plans/{id}/moves/{move}/verify   one move's verdict
-//	GET  /api/events                server-sent events: plan, move, audit, instance, verify
+//	GET  /api/events                server-sent events: plan, move, audit, instance, verify, job.created, job_run.done
 //	GET  /healthz /readyz /metrics
 //	GET  /openapi.json              this API as an OpenAPI 3.1 document (openapi.json)
 //

@@ -294,6 +294,7 @@ func (x *executor) finish(ctx context.Context, tq *tenantQ, r *Run, seq uint64, 
 	x.s.mu.Unlock()
 	x.s.m.finished.WithLabelValues(string(r.Status)).Inc()
 	x.s.recent.note(r)
+	x.s.announce(schema.JobRunDone, r)
 	if r.Status.done() {
 		x.dropEntry(seq)
 		return
