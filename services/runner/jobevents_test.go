@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -49,4 +51,64 @@ func TestJobEventsAnnounced(t *testing.T) {
 			t.Fatalf("no %s event (%d)", w.event, i)
 		}
 	}
+}
+
+// Per-tenant retries and latency (the Cloudlysis PRD's Runner 4) in the tenant's figures and
+// as bounded metrics, and the Lag hook: the tenant's jobs waiting.
+func TestTenantRunFiguresAndLag(t *testing.T) {
+	st := openStore(t)
+	reg := prometheus.NewRegistry()
+	var calls atomic.Int32
+	flaky := func(context.Context, Run) (Output, error) {
+		if calls.Add(1) == 1 {
+			return Output{}, errors.New("first attempt fails")
+		}
+		return Output{}, nil
+	}
+	s := startService(t, st, "runner-1", "i1", Config{RetryBackoff: 10 * time.Millisecond, SizeEvery: 50 * time.Millisecond,
+		Registerer: reg, Handlers: map[string]Handler{"flaky": flaky}})
+	place(t, st, "acme", "runner-1")
+	owning(t, s, "acme", true)
+	ids := create(t, s, "acme", 1, NewJob{Type: "flaky"})
+	waitDone(t, s, "acme", ids, 20*time.Second)
+	ctx := context.Background()
+	var stats TenantStats
+	waitUntil(t, 10*time.Second, "the second attempt counted", func() bool {
+		var err error
+		stats, err = s.Stats(ctx, "acme")
+		return err == nil && stats.Runs.Attempts == 2
+	})
+	if r := stats.Runs; r.Retries != 1 || r.Failed != 0 || r.LatencyP50MS <= 0 || r.LatencyP99MS < r.LatencyP50MS {
+		t.Fatalf("acme's run figures: %+v", r)
+	}
+	if got := counterValue(t, reg, "tm_runner_tenant_retries_total", "acme"); got != 1 {
+		t.Fatalf("tm_runner_tenant_retries_total{tenant=acme} = %v", got)
+	}
+	if s.Lag("acme") != 0 {
+		t.Fatalf("lag with nothing waiting: %d", s.Lag("acme"))
+	}
+	create(t, s, "acme", 3, NewJob{Type: "noop", Delay: "1h"})
+	waitUntil(t, 10*time.Second, "the Lag hook to count the 3 waiting jobs", func() bool { return s.Lag("acme") == 3 })
+}
+
+// counterValue reads a counter's value for one tenant label from reg.
+func counterValue(t *testing.T, reg *prometheus.Registry, name, tenant string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "tenant" && l.GetValue() == tenant {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return -1
 }

@@ -183,8 +183,10 @@ func (x *executor) execute(ctx context.Context, tq *tenantQ, r *Run, seq uint64)
 	rctx, cancel := context.WithTimeout(ctx, x.s.cfg.RunTimeout)
 	out, err := x.attempt(rctx, r)
 	cancel()
-	x.s.m.runSeconds.Observe(time.Since(start).Seconds())
+	took := time.Since(start)
+	x.s.m.runSeconds.Observe(took.Seconds())
 	x.finish(ctx, tq, r, seq, out, err)
+	x.s.runs.note(r.Tenant, took, r.Status)
 	x.done(tq)
 }
 

@@ -177,6 +177,7 @@ type Service struct {
 	m       *metrics
 	sched   *Scheduler
 	sizes   *sizer
+	runs    *runStats // per-tenant attempts, retries and latency (tenantruns.go)
 	started time.Time
 
 	mu       sync.Mutex
@@ -274,6 +275,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s.sizes = newSizer(s)
+	s.runs = newRunStats(cfg.Registerer)
 	// NoSnapshot: every placement then comes through OnChange, so the owned set is complete.
 	s.watcher, err = placement.New(placement.Config{Store: st, Kinds: []string{Kind}, NoSnapshot: true,
 		OnChange: s.onChange, Logger: cfg.Logger})
@@ -321,8 +323,8 @@ func (s *Service) Run(ctx context.Context) error {
 
 // Hooks connect the runner to shardkit's move protocol.
 func (s *Service) Hooks() shardkit.Hooks {
-	return shardkit.Hooks{Warm: s.Warm, Fence: s.Fence, Release: s.Release, Reload: s.Reload, Report: s.recent.report, Sizes: s.sizes.Sizes,
-		Digest: s.Digest}
+	return shardkit.Hooks{Warm: s.Warm, Fence: s.Fence, Lag: s.Lag, Release: s.Release, Reload: s.Reload, Report: s.recent.report,
+		Sizes: s.sizes.Sizes, Digest: s.Digest}
 }
 
 // Warm prepares a tenant moving here: it reads the tenant's saga checkpoint so the bucket is
