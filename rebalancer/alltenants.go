@@ -14,7 +14,9 @@ import (
 // request naming one is refused with the reason.
 
 // consumesAll reports whether a shard's labels mark it multi-tenant.
-func consumesAll(labels map[string]string) bool { return labels[schema.LabelTenants] == schema.TenantsAll }
+func consumesAll(labels map[string]string) bool {
+	return labels[schema.LabelTenants] == schema.TenantsAll
+}
 
 // fenceOffAllTenantShards takes a world's multi-tenant shards out of planning.
 func fenceOffAllTenantShards(w *planner.World) {
