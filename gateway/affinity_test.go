@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -618,4 +619,54 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// A gateway that starts from a compacted placement snapshot (the rebalancer writes one per
+// kind) counts the realms its servers own from it: those placements never pass the watcher's
+// change hook, so without the seeding a full server looked empty after a restart and took new
+// realms over its capacity.
+func TestAffinityCountsSeededFromSnapshot(t *testing.T) {
+	e := affEnv(t, renderKind(1, 4223, time.Hour))
+	a, b := newFakeServer(t, "a"), newFakeServer(t, "b")
+	e.registerServer(a, 1)
+	e.registerServer(b, 1)
+	ids := []string{a.id, b.id}
+	slices.Sort(ids)
+	full, free := ids[0], ids[1] // the round-robin cursor starts at the first key
+	ctx := context.Background()
+	if _, err := e.st.CreatePlacement(ctx, schema.Placement{Kind: "render", Tenant: "r1", Shard: shardOfKey(full), Owners: []string{full}}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := placement.New(placement.Config{Store: e.st, Kinds: []string{"render"}, Compact: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(wctx) }()
+	<-w.Ready()
+	if err := w.WriteSnapshot(ctx, "render"); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	<-done
+
+	e2 := &env{t: t, nats: e.nats, st: e.st}
+	e.servers.Range(func(k, v any) bool { e2.servers.Store(k, v); return true })
+	e2.startGateway(Config{})
+	e2.waitServer(a.id, true)
+	e2.waitServer(b.id, true)
+	eventually(t, 10*time.Second, "the snapshot's placements loaded", func() bool {
+		ke := e2.gw.reg.snap.Load().kinds["render"]
+		if ke == nil || ke.w.Load() == nil {
+			return false
+		}
+		st, _ := ke.w.Load().Stats("render")
+		return st.SnapshotRevision > 0
+	})
+	ke := e2.gw.reg.snap.Load().kinds["render"]
+	eventually(t, 10*time.Second, "r1 counted against "+full, func() bool { return ke.aff.Count(full) == 1 })
+	if code, got := e2.render("r2"); code != 200 || got != free {
+		t.Fatalf("a new realm went to %s (%d); %s is full (r1, from the snapshot), %s has room", got, code, full, free)
+	}
 }
