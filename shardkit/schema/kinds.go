@@ -62,7 +62,9 @@ type KindConfig struct {
 	// is at least this (the multi-host design's "degraded: high failure rate"). Default 0.5;
 	// negative: never.
 	DegradedErrorRate float64 `json:"degraded_error_rate,omitempty"`
-	// UpstreamTimeout bounds one proxied request. Default 30s.
+	// UpstreamTimeout bounds one proxied request, all of it: long polls, synchronous jobs and
+	// commands retried through a NATS election included, so not Aether's 5 s, which bounds one
+	// forward attempt before another node is tried (docs/decisions.md). Default 30s.
 	UpstreamTimeout Duration `json:"upstream_timeout,omitempty"`
 	// RateLimit, if set, limits each tenant's requests to this kind (429 beyond it).
 	RateLimit *RateLimit `json:"rate_limit,omitempty"`
