@@ -42,3 +42,36 @@ func (c *consumerSpec) affinityKey(x *exchange, prefix string) string {
 	}
 	return b.String()
 }
+
+// keyProducers marks the producer routes of kinds that have consumer routes: their usual pick
+// (where a message goes when no instance has consumers waiting for its key, and is kept for
+// the next one) is then keyed by the request's queue:group like the consumers' affinity, so
+// a key's producers and consumers meet on one instance. A kind without consumer routes keeps
+// both keyed by the tenant.
+func keyProducers(routes []*route) {
+	consumers := map[string]bool{}
+	for _, rt := range routes {
+		if rt.consumer != nil {
+			consumers[rt.kind] = true
+		}
+	}
+	for _, rt := range routes {
+		if rt.producer != nil {
+			rt.producerKeyed = consumers[rt.kind]
+		}
+	}
+}
+
+// producerAffinityKey is a keyed producer route's key in the load tracker: the tenant, a NUL,
+// queue:group (the queue alone without a group), as a consumer route over the same parts makes
+// it; the tenant alone when the request lacks a queue.
+func producerAffinityKey(x *exchange) string {
+	q, g, ok := x.rt.producer.key(x, x.rt.prefix)
+	if !ok {
+		return x.tenant
+	}
+	if g == "" {
+		return x.tenant + "\x00" + q
+	}
+	return x.tenant + "\x00" + q + ":" + g
+}

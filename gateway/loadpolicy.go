@@ -45,8 +45,11 @@ func (ke *kindEntry) chooseByScore(x *exchange, insts, tried []*instance) *insta
 		lk = local.key
 	}
 	affKey := x.tenant
-	if x.rt.consumer != nil {
+	switch {
+	case x.rt.consumer != nil:
 		affKey = x.rt.consumer.affinityKey(x, x.rt.prefix)
+	case x.rt.producerKeyed:
+		affKey = producerAffinityKey(x)
 	}
 	key, d := ke.lt.Choose(affKey, cands, lk)
 	ke.metrics.m.loadDecisions.WithLabelValues(ke.name, string(d)).Inc()

@@ -73,6 +73,7 @@ type route struct {
 	byShard              map[string][]*instance
 	producer             *producerSpec // nil: not a producer route
 	consumer             *consumerSpec // nil: not a consumer route
+	producerKeyed        bool          // a producer route of a kind with consumer routes (consumer.go)
 }
 
 // kindEntry is one kind's configuration and per-kind machinery. It lives as long as the gateway.
@@ -432,6 +433,7 @@ func (r *registry) rebuild() {
 		}
 		s.routes = append(s.routes, nr)
 	}
+	keyProducers(s.routes)
 	slices.SortFunc(s.routes, func(a, b *route) int {
 		if c := cmp.Compare(len(b.prefix), len(a.prefix)); c != 0 {
 			return c
