@@ -8,7 +8,7 @@ BENCH ?=
 BENCHTIME ?=
 COUNT ?=
 
-.PHONY: all help bins run e2e scale test test-short test-norace vet lint staticcheck fmt fmt-check bench bench-smoke tools build bench-gateway bench-tools fuzz
+.PHONY: all help bins run e2e scale test test-short test-norace vet lint staticcheck fmt fmt-check bench bench-smoke tools build bench-gateway bench-tools fuzz slowhttptest
 
 all: build
 
@@ -95,11 +95,14 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 ## e2e: the whole platform as processes under load: 1,000 tenant moves across all three kinds
-## (TM_E2E_MOVES changes it) with zero failed requests, the long chaos run, and 20 starts on a
-## fresh 3-node NATS cluster (TM_CLUSTER_STARTS).
+## (TM_E2E_MOVES changes it) with zero failed requests, the long chaos run, 20 starts on a
+## fresh 3-node NATS cluster (TM_CLUSTER_STARTS), 20 failovers of a killed shard of every kind
+## and a 30 s freeze (TM_FAILOVER_RUNS, TM_FREEZE) with the ledger history checked for
+## linearizability, and a 4-minute autopilot soak (TM_SOAK_MINUTES).
 e2e: tools
 	TM_E2E_MOVES=$${TM_E2E_MOVES:-1000} TM_CHAOS_LONG=1 TM_CLUSTER_STARTS=$${TM_CLUSTER_STARTS:-20} \
-		$(GO) test -count=1 -timeout 90m -run 'MovesUnderLoad|Chaos|FreshClusterStarts|Contention' -v ./test/
+		TM_FAILOVER_RUNS=$${TM_FAILOVER_RUNS:-20} TM_FREEZE=$${TM_FREEZE:-30s} TM_SOAK_MINUTES=$${TM_SOAK_MINUTES:-4} \
+		$(GO) test -count=1 -timeout 90m -run 'MovesUnderLoad|Chaos|FreshClusterStarts|Contention|FailoverUnderLoad|AutopilotSoak' -v ./test/
 
 ## scale: the scale harness (test/scale, about 10-15 minutes on 2 cores): a 3-node embedded NATS
 ## cluster, TM_SCALE_TENANTS placements per kind (1,000,000), fleets of TM_SCALE_FLEETS shard
@@ -109,6 +112,12 @@ e2e: tools
 ## of `make test`, which runs its smoke version (tiny numbers, seconds). 127.0.0.1 only.
 scale:
 	TM_SCALE=1 $(GO) test -count=1 -timeout 20m -run '^TestScale$$' -v ./test/scale/ | tee $(or $(TMPDIR),/tmp)/tenantmesh-scale.txt
+
+## slowhttptest: slowhttptest (apt-get install slowhttptest) in its slow-body, slow-read and
+## slow-headers modes against a gateway with its default bounds, 800 connections each, while
+## another client address must be answered within a second (about a minute; docs/security.md).
+slowhttptest:
+	TM_SLOWHTTPTEST=1 $(GO) test -count=1 -run '^TestSlowHTTPTest$$' -v ./gateway/
 
 ## bench: the benchmark suite (test/benchreport/suite.go): the gateway vs HAProxy vs nginx vs
 ## direct, the placement watcher's lookup and 1M cold start, placement change -> routed on 1/3

@@ -161,6 +161,10 @@ type k8sPodTemplate struct {
 			Secret *struct {
 				SecretName  string `yaml:"secretName"`
 				DefaultMode int    `yaml:"defaultMode"`
+				Items       []struct {
+					Key  string `yaml:"key"`
+					Path string `yaml:"path"`
+				} `yaml:"items"`
 			} `yaml:"secret"`
 			EmptyDir *struct {
 				Medium    string `yaml:"medium"`
@@ -332,6 +336,27 @@ type k8sPrometheusRule struct {
 	Spec       alertRules `yaml:"spec"`
 }
 
+// k8sNetworkPolicy is networking.k8s.io/v1 NetworkPolicy (ingress rules only).
+type k8sNetworkPolicy struct {
+	APIVersion string  `yaml:"apiVersion"`
+	Kind       string  `yaml:"kind"`
+	Metadata   k8sMeta `yaml:"metadata"`
+	Spec       struct {
+		PodSelector k8sLabelSelector `yaml:"podSelector"`
+		PolicyTypes []string         `yaml:"policyTypes"`
+		Ingress     []struct {
+			From []struct {
+				PodSelector       *k8sLabelSelector `yaml:"podSelector"`
+				NamespaceSelector *k8sLabelSelector `yaml:"namespaceSelector"`
+			} `yaml:"from"`
+			Ports []struct {
+				Port     int    `yaml:"port"`
+				Protocol string `yaml:"protocol"`
+			} `yaml:"ports"`
+		} `yaml:"ingress"`
+	} `yaml:"spec"`
+}
+
 // k8sSchemas maps a kind to a new value of its schema type.
 var k8sSchemas = map[string]func() any{
 	"Deployment":              func() any { return new(k8sDeployment) },
@@ -344,6 +369,7 @@ var k8sSchemas = map[string]func() any{
 	"Secret":                  func() any { return new(k8sSecret) },
 	"ServiceMonitor":          func() any { return new(k8sServiceMonitor) },
 	"PrometheusRule":          func() any { return new(k8sPrometheusRule) },
+	"NetworkPolicy":           func() any { return new(k8sNetworkPolicy) },
 }
 
 // TestKubernetesSchema decodes every object strictly into its schema type.

@@ -138,6 +138,9 @@ spec:
                 secretKeyRef:
                   name: tenantmesh-admin
                   key: token
+            # The kind's gateway key: serve only requests a gateway proved (docs/security.md).
+            - name: TM_GATEWAY_KEY_FILE
+              value: /etc/tenantmesh/gate/gate.key
           ports:
             - name: http
               containerPort: 9000
@@ -173,6 +176,9 @@ spec:
             - name: nats-creds
               mountPath: /etc/tenantmesh/nats
               readOnly: true
+            - name: gate-key
+              mountPath: /etc/tenantmesh/gate
+              readOnly: true
       volumes:
         - name: tmp
           emptyDir: {}
@@ -180,6 +186,14 @@ spec:
           secret:
             secretName: tm-nats-shard-{{.Kind}}-{{.Name}}
             defaultMode: 0400
+        # Its kind's key only, never the gateways' (rebalance auth init writes gate/<kind>.key).
+        - name: gate-key
+          secret:
+            secretName: tenantmesh-gate
+            defaultMode: 0400
+            items:
+              - key: {{.Kind}}.key
+                path: gate.key
 ---
 # Names the shard's pods ({{.Name}}-0.{{.Name}}); clients do not use it: the gateway routes to
 # instances by the URL (TM_URL = pod IP) each registers in NATS.

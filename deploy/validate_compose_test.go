@@ -110,15 +110,24 @@ func TestCompose(t *testing.T) {
 			t.Errorf("%s: no healthcheck (CMD form)", where)
 		}
 		for _, p := range s.Ports {
+			// Published on the loopback address only (issue 34, item 13): a laptop's stack
+			// must not answer the network it is on.
 			parts := strings.Split(p, ":")
-			if len(parts) != 2 {
-				t.Errorf("%s: port %q: want host:container", where, p)
+			if len(parts) != 3 || parts[0] != "127.0.0.1" {
+				t.Errorf("%s: port %q: want 127.0.0.1:host:container", where, p)
 				continue
 			}
-			if other, dup := hostPorts[parts[0]]; dup {
-				t.Errorf("%s: host port %s is also published by %s", where, parts[0], other)
+			if other, dup := hostPorts[parts[1]]; dup {
+				t.Errorf("%s: host port %s is also published by %s", where, parts[1], other)
 			}
-			hostPorts[parts[0]] = name
+			hostPorts[parts[1]] = name
+		}
+		for k, v := range s.env() {
+			// A secret has no default everyone knows: ${VAR:?...} makes compose refuse to
+			// start without it.
+			if (strings.Contains(k, "TOKEN") || strings.Contains(k, "PASSWORD")) && !strings.Contains(v, ":?") {
+				t.Errorf("%s: %s=%q: a secret must be required (${VAR:?...}), never defaulted", where, k, v)
+			}
 		}
 		for _, v := range s.Volumes {
 			src, _, ok := strings.Cut(v, ":")

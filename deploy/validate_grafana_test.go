@@ -261,7 +261,7 @@ func TestGrafanaProvisioning(t *testing.T) {
 		t.Fatalf("want one prometheus data source, got %+v", ds.Datasources)
 	}
 	u, err := url.Parse(ds.Datasources[0].URL)
-	if err != nil || c.Services[u.Hostname()].Image == "" || !slices.Contains(c.Services[u.Hostname()].Ports, u.Port()+":"+u.Port()) {
+	if err != nil || c.Services[u.Hostname()].Image == "" || !slices.Contains(c.Services[u.Hostname()].Ports, "127.0.0.1:"+u.Port()+":"+u.Port()) {
 		t.Errorf("data source URL %q is not the compose prometheus service", ds.Datasources[0].URL)
 	}
 	var dash struct {

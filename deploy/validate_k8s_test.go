@@ -40,6 +40,7 @@ var apiVersions = map[string]string{
 	"Secret":                  "v1",
 	"ServiceMonitor":          "monitoring.coreos.com/v1",
 	"PrometheusRule":          "monitoring.coreos.com/v1",
+	"NetworkPolicy":           "networking.k8s.io/v1",
 }
 
 func loadK8s(t *testing.T) []k8sObject {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/gateway/edgeauth"
 	"github.com/tenantmesh/tenantmesh/gateway/h1"
+	"github.com/tenantmesh/tenantmesh/internal/gatesig"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -20,15 +21,26 @@ func (g *Gateway) admit(x *exchange) error {
 	if n > 1 {
 		return tmhttp.Errorf(http.StatusBadRequest, "invalid-tenant", "Invalid tenant", "x-tenant-id appears more than once; send it once")
 	}
-	tenant := g.tenants.get(tb)
+	if x.connNames && namedInConnection(x.fields, hdrTenant) {
+		// Connection would make the gateway drop x-tenant-id on the way: the instance would
+		// get a request without the tenant the gateway admitted it for.
+		return tmhttp.Errorf(http.StatusBadRequest, "invalid-tenant", "Invalid tenant", "the Connection field names x-tenant-id; it is not a hop-by-hop field")
+	}
+	// Validated before anything keeps it: an id that is not one costs nothing but this answer.
+	if len(tb) > 0 && !validTenant(tb) {
+		return invalidTenant(schema.CheckTenant(str(tb)))
+	}
+	tenant := ""
+	if len(tb) > 0 {
+		tenant = g.tenants.get(tb)
+	}
 	if g.cfg.Auth != nil {
 		if err := g.identify(x, &tenant); err != nil {
 			return err
 		}
 	}
 	if !schema.ValidTenant(tenant) {
-		err := schema.CheckTenant(tenant)
-		return &tmhttp.Error{Status: http.StatusBadRequest, Type: "invalid-tenant", Title: "Invalid tenant id", Detail: err.Error(), Err: err}
+		return invalidTenant(schema.CheckTenant(tenant))
 	}
 	x.tenant = tenant
 	snap := g.reg.snap.Load()
@@ -46,6 +58,10 @@ func (g *Gateway) admit(x *exchange) error {
 		return tmhttp.Errorf(http.StatusNotFound, "unknown-kind", "Unknown kind", "the route's kind "+rt.kind+" is not registered")
 	}
 	x.rt, x.ke, x.policy = rt, ke, ke.policy()
+	x.dropAuthz = g.cfg.Auth != nil && !g.forwardAuthz[rt.kind]
+	if g.cfg.ShardKey != nil {
+		x.proof = g.signer(rt.kind)
+	}
 	if id, _ := h1.Get(x.fields, tmhttp.HeaderRequestID); !validRequestID(id) {
 		x.reqID = newRequestID(&x.reqIDb)
 	}
@@ -56,6 +72,34 @@ func (g *Gateway) admit(x *exchange) error {
 		}
 	}
 	return nil
+}
+
+var hdrTenant = []byte(tmhttp.HeaderTenant)
+
+func invalidTenant(err error) error {
+	return &tmhttp.Error{Status: http.StatusBadRequest, Type: "invalid-tenant", Title: "Invalid tenant id", Detail: err.Error(), Err: err}
+}
+
+// validTenant is schema.ValidTenant on the header's bytes.
+func validTenant(b []byte) bool {
+	if len(b) > schema.MaxTenantLen {
+		return false
+	}
+	for _, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// signer is the proof signer of kind (Config.ShardKey).
+func (g *Gateway) signer(kind string) *gatesig.Signer {
+	if v, ok := g.proofs.Load(kind); ok {
+		return v.(*gatesig.Signer)
+	}
+	v, _ := g.proofs.LoadOrStore(kind, gatesig.NewSigner(gatesig.KindKey(g.cfg.ShardKey, kind)))
+	return v.(*gatesig.Signer)
 }
 
 // identify checks the bearer token (401 without a valid one, 403 when x-tenant-id names another
@@ -70,7 +114,21 @@ func (g *Gateway) identify(x *exchange, tenant *string) error {
 	var id edgeauth.Identity
 	err := error(&edgeauth.Error{Reason: "missing", Err: edgeauth.ErrNoToken})
 	if tok != "" {
-		id, err = g.cfg.Auth.VerifyToken(tok)
+		var ok bool
+		if id, ok = g.cfg.Auth.Cached(tok); !ok {
+			// A token seen for the first time costs a signature check: a client whose tokens
+			// keep failing gets no more of them for a while.
+			if g.tokenFails != nil && g.tokenFails.empty(x.remoteIP, x.start) {
+				g.metrics.tokensShed.Inc()
+				return &tmhttp.Error{Status: http.StatusTooManyRequests, Type: "too-many-bad-tokens", Title: "Too many invalid tokens",
+					Detail: "this client sent too many tokens that did not verify; retry later", RetryAfter: 10 * time.Second}
+			}
+			if id, err = g.cfg.Auth.VerifyToken(tok); err != nil && g.tokenFails != nil {
+				g.tokenFails.allow(x.remoteIP, x.start)
+			}
+		} else {
+			err = nil
+		}
 	}
 	if err != nil {
 		return tokenRefused(err)

@@ -268,15 +268,17 @@ func (g *Gateway) switchProtocols(x *exchange, up *upConn) {
 		up.close()
 		return
 	}
+	t := &tunnel{idle: g.cfg.TunnelIdleTimeout, slow: g.metrics.slow}
+	t.last.Store(time.Now().UnixNano())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, _ = io.Copy(up.c, client)
+		_ = t.pipe(up.c, client, readDeadlineOf(client))
 		if cw, ok := up.c.(interface{ CloseWrite() error }); ok {
 			_ = cw.CloseWrite()
 		}
 	}()
-	_, _ = io.Copy(client, up.r)
+	_ = t.pipe(client, up.r, up.c.SetReadDeadline)
 	client.Close()
 	up.close()
 	<-done

@@ -39,12 +39,12 @@ func TestEdgeAuth(t *testing.T) {
 	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	v, err := edgeauth.New(context.Background(), edgeauth.Config{KeyFile: path, Audience: "tenantmesh"})
+	v, err := edgeauth.New(context.Background(), edgeauth.Config{KeyFile: path, Issuer: "https://idp.example", Audience: "tenantmesh"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	sign := func(tenant string, exp time.Duration) string {
-		s, err := jwt.NewWithClaims(jwt.SigningMethodES256, jwt.MapClaims{"sub": "user-7", "tenant_id": tenant, "aud": "tenantmesh",
+		s, err := jwt.NewWithClaims(jwt.SigningMethodES256, jwt.MapClaims{"sub": "user-7", "tenant_id": tenant, "iss": "https://idp.example", "aud": "tenantmesh",
 			"exp": time.Now().Add(exp).Unix()}).SignedString(key)
 		if err != nil {
 			t.Fatal(err)

@@ -241,14 +241,14 @@ func BenchmarkProxy(b *testing.B) {
 		if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o600); err != nil {
 			b.Fatal(err)
 		}
-		v, err := edgeauth.New(context.Background(), edgeauth.Config{KeyFile: path})
+		v, err := edgeauth.New(context.Background(), edgeauth.Config{KeyFile: path, Issuer: "https://idp.example", Audience: "tenantmesh"})
 		if err != nil {
 			b.Fatal(err)
 		}
 		tokens := make([]string, 1000)
 		for i := range tokens {
 			tokens[i], err = jwt.NewWithClaims(jwt.SigningMethodES256, jwt.MapClaims{"sub": "u", "tenant_id": fmt.Sprintf("t%d", i),
-				"exp": time.Now().Add(time.Hour).Unix()}).SignedString(key)
+				"iss": "https://idp.example", "aud": "tenantmesh", "exp": time.Now().Add(time.Hour).Unix()}).SignedString(key)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/gateway/h1"
@@ -32,8 +34,15 @@ type engine struct {
 
 	mu     sync.Mutex
 	idle   map[string][]*upConn
+	busy   map[string]map[*upConn]struct{} // connections with an exchange under way, by host
 	closed bool
 }
+
+// errAbandoned ends an exchange with an instance whose shard was taken over while the request
+// was there (abandon): the instance cannot answer it validly any more (it was dead, frozen or
+// cut off; if it wakes its gate withholds the answer). Whether the request took effect there is
+// unknown, so only a request that is safe to send again goes to the new owner.
+var errAbandoned = errors.New("its shard was taken over while the request was there: abandoned")
 
 // upConn is one connection to an instance with its buffers and the response being read on it.
 type upConn struct {
@@ -47,6 +56,8 @@ type upConn struct {
 	used    time.Time
 	reused  bool
 	dl      time.Time // the deadline set on c
+
+	abandoned atomic.Bool // the exchange under way was abandoned (engine.abandon)
 
 	resp    h1.Response
 	head    []byte // the response head (resp's fields point into it)
@@ -65,7 +76,47 @@ func newEngine(cfg Config) *engine {
 		idleTimeout: 30 * time.Second,
 		maxHead:     1 << 20,
 		idle:        map[string][]*upConn{},
+		busy:        map[string]map[*upConn]struct{}{},
 	}
+}
+
+// checkout records uc as busy. Caller holds e.mu.
+func (e *engine) checkout(uc *upConn) {
+	m := e.busy[uc.key]
+	if m == nil {
+		m = map[*upConn]struct{}{}
+		e.busy[uc.key] = m
+	}
+	m[uc] = struct{}{}
+}
+
+// checkin forgets uc as busy. Caller holds e.mu.
+func (e *engine) checkin(uc *upConn) {
+	if m := e.busy[uc.key]; m != nil {
+		delete(m, uc)
+		if len(m) == 0 {
+			delete(e.busy, uc.key)
+		}
+	}
+}
+
+// abandon ends every exchange under way with the instance at key (its reads and writes fail
+// at once with errAbandoned) and closes its idle connections: its shard was taken over, so no
+// answer of it can be used. It returns how many exchanges it ended.
+func (e *engine) abandon(key string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for uc := range e.busy[key] {
+		uc.abandoned.Store(true)
+		_ = uc.c.SetDeadline(aLongTimeAgo)
+		n++
+	}
+	for _, uc := range e.idle[key] {
+		uc.c.Close()
+	}
+	delete(e.idle, key)
+	return n
 }
 
 // get returns an idle connection to key (the host) or dials one. With check, a reused
@@ -77,6 +128,7 @@ func (e *engine) get(ctx context.Context, now time.Time, key, scheme, host strin
 		l[len(l)-1] = nil
 		e.idle[key] = l[:len(l)-1]
 		if now.Sub(uc.used) < e.idleTimeout && (!check || uc.open()) {
+			e.checkout(uc)
 			e.mu.Unlock()
 			uc.reused = true
 			return uc, nil
@@ -102,6 +154,9 @@ func (e *engine) get(ctx context.Context, now time.Time, key, scheme, host strin
 	rw := ioOf(conn)
 	uc := &upConn{e: e, c: conn, rw: rw, r: h1.NewReader(rw, 32<<10), w: bufio.NewWriterSize(rw, 8<<10), key: key}
 	uc.flushFn = uc.w.Flush
+	e.mu.Lock()
+	e.checkout(uc)
+	e.mu.Unlock()
 	return uc, nil
 }
 
@@ -116,7 +171,8 @@ func (uc *upConn) open() bool {
 // put returns a connection whose exchange finished cleanly to the pool.
 func (e *engine) put(uc *upConn) {
 	e.mu.Lock()
-	if !e.closed && len(e.idle[uc.key]) < e.maxIdle {
+	e.checkin(uc)
+	if !e.closed && len(e.idle[uc.key]) < e.maxIdle && !uc.abandoned.Load() {
 		e.idle[uc.key] = append(e.idle[uc.key], uc)
 		e.mu.Unlock()
 		return
@@ -155,6 +211,9 @@ func (e *engine) roundTrip(ctx context.Context, now time.Time, x *exchange, in *
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
+		}
+		if uc.abandoned.Load() {
+			return nil, errAbandoned
 		}
 		if isTimeout(err) && !uc.dl.IsZero() && !time.Now().Before(uc.dl) {
 			return nil, context.DeadlineExceeded // the connection's deadline is the context's
@@ -315,6 +374,9 @@ func (uc *upConn) close() {
 	if uc.stop != nil {
 		uc.stop()
 	}
+	uc.e.mu.Lock()
+	uc.e.checkin(uc)
+	uc.e.mu.Unlock()
 	uc.c.Close()
 }
 
@@ -391,33 +453,43 @@ func hasTokenBytes(v, tok []byte) bool {
 	return false
 }
 
-// dropRequestField: fields of the client's request that are not forwarded as they are.
+// dropRequestField: fields of the client's request that are not forwarded as they are. Names
+// with an underscore go too, as nginx drops them: CGI, WSGI and PHP read x_tenant_id and
+// x-tenant-id as the same variable (HTTP_X_TENANT_ID), so an x_tenant_id or x_tm_subject the
+// client sent could shadow the gateway's (docs/security.md).
 func dropRequestField(x *exchange, f h1.Field) bool {
 	n := f.Name
-	if hopByHop(n) || h1.HasPrefixFold(n, tmhttp.HeaderPrefixTM) {
+	if hopByHop(n) || h1.HasPrefixFold(n, tmhttp.HeaderPrefixTM) || bytes.IndexByte(n, '_') >= 0 {
 		return true
 	}
+	drop := false
 	switch len(n) {
 	case 4:
-		return h1.EqualFold(n, "Host")
+		drop = h1.EqualFold(n, "Host")
 	case 6:
-		return h1.EqualFold(n, "Expect")
+		drop = h1.EqualFold(n, "Expect")
 	case 9:
-		return h1.EqualFold(n, "Forwarded")
+		drop = h1.EqualFold(n, "Forwarded")
 	case 10:
-		return x.sc.IsValid() && h1.EqualFold(n, "Tracestate")
+		drop = x.sc.IsValid() && h1.EqualFold(n, "Tracestate")
 	case 11:
-		return x.sc.IsValid() && h1.EqualFold(n, "Traceparent")
+		drop = x.sc.IsValid() && h1.EqualFold(n, "Traceparent")
 	case 12:
-		return x.reqID != "" && h1.EqualFold(n, tmhttp.HeaderRequestID)
+		drop = x.reqID != "" && h1.EqualFold(n, tmhttp.HeaderRequestID)
+	case 13:
+		drop = x.dropAuthz && h1.EqualFold(n, "Authorization")
 	case 14:
-		return h1.EqualFold(n, "Content-Length")
+		// X-Forwarded-By is shardkit's forward mode's loop guard: only an instance sets it.
+		drop = h1.EqualFold(n, "Content-Length") || h1.EqualFold(n, tmhttp.HeaderForwardedBy)
 	case 15:
-		return h1.EqualFold(n, "X-Forwarded-For")
+		drop = h1.EqualFold(n, "X-Forwarded-For")
 	case 16:
-		return h1.EqualFold(n, "X-Forwarded-Host")
+		drop = h1.EqualFold(n, "X-Forwarded-Host")
 	case 17:
-		return h1.EqualFold(n, "X-Forwarded-Proto")
+		drop = h1.EqualFold(n, "X-Forwarded-Proto")
+	}
+	if drop {
+		return true
 	}
 	return x.connNames && namedInConnection(x.fields, n)
 }
@@ -433,6 +505,8 @@ func writeRequestHead(w *bufio.Writer, x *exchange, base string) {
 			base = base[:len(base)-1]
 		}
 		w.WriteString(base)
+	} else {
+		base = ""
 	}
 	w.Write(x.target)
 	w.WriteString(" HTTP/1.1\r\nHost: ")
@@ -485,6 +559,9 @@ func writeRequestHead(w *bufio.Writer, x *exchange, base string) {
 		w.WriteString(x.subject)
 		w.WriteString("\r\n")
 	}
+	if x.proof != nil {
+		writeProof(w, x, base)
+	}
 	if x.upgrade {
 		up, _ := h1.Get(x.fields, "Upgrade")
 		w.WriteString("Connection: Upgrade\r\nUpgrade: ")
@@ -503,6 +580,21 @@ func writeRequestHead(w *bufio.Writer, x *exchange, base string) {
 	case x.body != nil:
 		w.WriteString("Transfer-Encoding: chunked\r\n")
 	}
+	w.WriteString("\r\n")
+}
+
+// writeProof writes X-Tm-Proof: the gateway's proof of the request line and the fields the
+// shard's gate acts on (internal/gatesig), as they were just written.
+func writeProof(w *bufio.Writer, x *exchange, base string) {
+	f := &x.pf
+	f.Method, f.Base, f.Target, f.Kind, f.Tenant, f.Subject = x.method, base, str(x.target), x.ke.name, x.tenant, x.subject
+	if x.entry.Epoch != 0 {
+		f.Shard, f.Epoch = x.entry.Shard, str(strconv.AppendUint(x.pnum[:0], x.entry.Epoch, 10))
+	} else {
+		f.Shard, f.Epoch = x.inst.id.Shard, ""
+	}
+	w.WriteString(tmhttp.HeaderProof + ": ")
+	w.Write(x.proof.Append(x.pbuf[:0], time.Now().Unix(), f))
 	w.WriteString("\r\n")
 }
 

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tenantmesh/tenantmesh/gateway/h1"
+	"github.com/tenantmesh/tenantmesh/internal/gatesig"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 )
 
@@ -28,6 +29,11 @@ type exchange struct {
 	upgrade  bool // Upgrade + Connection: upgrade
 	// connNames: the request has a Connection field, whose named fields are not forwarded.
 	connNames bool
+	// proof signs the request for the instance (X-Tm-Proof); nil without Config.ShardKey.
+	proof *gatesig.Signer
+	// dropAuthz: the client's Authorization is not forwarded (it carried the edge identity's
+	// token, and the kind does not ask for it).
+	dropAuthz bool
 	body      io.Reader // nil: no body
 	bodyLen   int64     // -1: unknown (chunked)
 	// cancelable: the context ends when the client goes away (net/http's server watches it).
@@ -74,6 +80,9 @@ type exchange struct {
 	lim     io.LimitedReader
 	reqIDb  [16]byte
 	num     [20]byte
+	pnum    [20]byte // the epoch, for the proof
+	pbuf    [80]byte // the proof
+	pf      gatesig.Fields
 	chunked h1.ChunkedReader
 	bodyMem []byte
 }

@@ -54,10 +54,16 @@ func (f *frontEnd) serve(ln net.Listener) error {
 			return err
 		}
 		delay = 0
-		cc := &clientConn{f: f, c: c}
+		ip := remoteIP(c)
+		if !f.g.conns.acquire(ip) {
+			c.Close()
+			continue
+		}
+		cc := &clientConn{f: f, c: c, ip: ip}
 		f.mu.Lock()
 		if f.closing.Load() {
 			f.mu.Unlock()
+			f.g.conns.release(ip)
 			c.Close()
 			continue
 		}
@@ -117,14 +123,22 @@ type clientConn struct {
 	// arrives whole within it gets no deadline of its own.
 	dl     time.Time
 	dlKind deadlineKind
+	// The body being read (deadline.go): when it began, the bytes read so far, and the
+	// reader that renews its deadline before each read.
+	bodyStart time.Time
+	bodyN     int64
+	bodyR     bodyReader
+	// wdl is the write deadline, renewed coarsely before writes (deadline.go).
+	wdl writeDeadline
 }
 
 type deadlineKind uint8
 
 const (
-	dlNone deadlineKind = iota // no read deadline (a body is being read)
-	dlIdle                     // waiting for the next request: IdleTimeout, renewed coarsely
-	dlHead                     // reading a head that did not arrive whole: ReadHeaderTimeout
+	dlNone deadlineKind = iota
+	dlIdle              // waiting for the next request: IdleTimeout, renewed coarsely
+	dlHead              // reading a head that did not arrive whole: ReadHeaderTimeout
+	dlBody              // reading a body: BodyReadTimeout and MinBodyRate (deadline.go)
 )
 
 // idleDeadline bounds the wait for the next request by the idle timeout, within an eighth of it.
@@ -147,14 +161,6 @@ func (cc *clientConn) headDeadline() {
 	}
 }
 
-// noDeadline lifts the read deadline: the head's does not bound the body.
-func (cc *clientConn) noDeadline() {
-	if cc.dlKind != dlNone {
-		cc.dl, cc.dlKind = time.Time{}, dlNone
-		_ = cc.c.SetReadDeadline(time.Time{})
-	}
-}
-
 var (
 	readers = sync.Pool{New: func() any { return h1.NewReader(nil, 8<<10) }}
 	writers = sync.Pool{New: func() any { return &outBuf{} }}
@@ -166,21 +172,21 @@ func (cc *clientConn) serve() {
 	defer func() {
 		if !handedOff {
 			cc.c.Close()
+			f.g.conns.release(cc.ip)
 		}
 		f.mu.Lock()
 		delete(f.conns, cc)
 		f.mu.Unlock()
 		f.wg.Done()
 	}()
-	if ip, _, err := net.SplitHostPort(cc.c.RemoteAddr().String()); err == nil {
-		cc.ip = ip
-	}
 	rw := ioOf(cc.c)
 	cc.r = readers.Get().(*h1.Reader)
 	cc.r.Reset(rw)
 	cc.r.BeforeHeadRead = cc.headDeadline
+	cc.wdl = writeDeadline{c: cc.c, d: f.g.cfg.WriteTimeout, slow: f.g.metrics.slow}
 	cc.w = writers.Get().(*outBuf)
 	cc.w.reset(rw)
+	cc.w.dl = &cc.wdl
 	defer func() {
 		cc.r.Reset(nil)
 		readers.Put(cc.r)
@@ -241,7 +247,9 @@ func (cc *clientConn) handOff(x *exchange) bool {
 		p, _ := cc.r.Next(cc.r.Buffered())
 		pending = append(pending, p...)
 	}
-	return cc.f.handoff.give(&replayConn{Conn: cc.c, pending: pending})
+	ip := cc.ip
+	_ = cc.c.SetWriteDeadline(time.Time{}) // net/http's server sets its own
+	return cc.f.handoff.give(&replayConn{Conn: cc.c, pending: pending, release: func() { cc.f.g.conns.release(ip) }})
 }
 
 // exchange runs one request through the stages; false: close the connection.
@@ -264,7 +272,9 @@ func (cc *clientConn) exchange(x *exchange) bool {
 		x.body, x.bodyLen = &x.lim, r.ContentLength
 	}
 	if x.body != nil {
-		cc.noDeadline()
+		cc.bodyStart, cc.bodyN = time.Now(), 0
+		cc.bodyR = bodyReader{cc: cc, r: x.body}
+		x.body = &cc.bodyR
 	}
 	if x.body != nil && r.Expect100 {
 		cc.expect = expectReader{cc: cc, r: x.body}
@@ -478,10 +488,18 @@ func (l *handoffListener) Close() error {
 
 func (l *handoffListener) Addr() net.Addr { return l.addr }
 
-// replayConn reads the bytes the front end had read before the connection's own.
+// replayConn reads the bytes the front end had read before the connection's own; it uncounts
+// the connection (connLimiter) once, when net/http's server closes it.
 type replayConn struct {
 	net.Conn
 	pending []byte
+	release func()
+	once    sync.Once
+}
+
+func (c *replayConn) Close() error {
+	c.once.Do(c.release)
+	return c.Conn.Close()
 }
 
 func (c *replayConn) Read(p []byte) (int, error) {

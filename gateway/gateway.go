@@ -72,6 +72,21 @@ type Config struct {
 	// token's tenant fills x-tenant-id when the client sent none. Its sub reaches the shard as
 	// x-tm-subject.
 	Auth *edgeauth.Verifier
+	// ShardKey, if set, is the gateways' master key for proving to shards that a request came
+	// through a gateway (internal/gatesig): every request to an instance carries X-Tm-Proof,
+	// an HMAC with its kind's key over the request line, tenant, epoch, shard and subject, which
+	// shardkit's gate checks when the shard has its kind's key (shardkit Config.GatewayKey).
+	ShardKey []byte
+	// ForwardAuthorization names the kinds whose instances receive the client's
+	// Authorization field when Auth is set (the bearer token is the edge's; other kinds do
+	// not get it, so an instance cannot replay a user's token). Without Auth the field is
+	// the application's own and always goes.
+	ForwardAuthorization []string
+	// FailedTokens bounds the signature checks of tokens that fail, per client address: a
+	// client whose token bucket is empty gets 429 without a check (tokens verified before
+	// still pass). Default 10 a second, bursts of 100; a negative rate turns it off.
+	FailedTokens      float64
+	FailedTokensBurst int
 	// AdminToken guards /admin/* and /debug/pprof/ (Authorization: Bearer); without one they
 	// are refused. RegistrationToken (or the admin token) guards the affinity servers'
 	// registration (/prerender-servers): a registered server receives tenants' traffic.
@@ -105,6 +120,26 @@ type Config struct {
 	ReadHeaderTimeout time.Duration
 	// IdleTimeout closes idle client connections. Default 2m.
 	IdleTimeout time.Duration
+	// BodyReadTimeout bounds each wait for more of a request body; after it, the body must
+	// also keep arriving at MinBodyRate bytes a second on average since it began. A body that
+	// does not is answered 408 and its connection closed, so a client that stops sending
+	// cannot hold a connection, a goroutine and a buffer. Defaults 10s and 1024 (nginx's
+	// client_body_timeout is 60s between reads; the average rate is what stops a client
+	// that sends a byte every few seconds). A negative MinBodyRate checks no rate.
+	BodyReadTimeout time.Duration
+	MinBodyRate     int64
+	// WriteTimeout bounds each write to a client: a client that does not take the answer's
+	// bytes for this long is cut off (a slow reader cannot pin the connection, the request
+	// and its instance connection). Default 30s.
+	WriteTimeout time.Duration
+	// TunnelIdleTimeout closes an upgraded connection (WebSocket) after this long without a
+	// byte in either direction. Default 10m.
+	TunnelIdleTimeout time.Duration
+	// MaxConns and MaxConnsPerIP bound the client connections open at once, overall and from
+	// one address; a connection beyond either is closed as soon as it is accepted
+	// (tm_gateway_connections_refused_total). Defaults 10,000 and 1,000; negative: no bound.
+	// Behind a load balancer that does not keep the client's address, raise MaxConnsPerIP.
+	MaxConns, MaxConnsPerIP int
 	// ShutdownTimeout bounds the wait for in-flight requests at shutdown. Default 30s.
 	ShutdownTimeout time.Duration
 	// ConnectTimeout bounds dialing an instance (the Queen coordinator's connect timeout). Default 1s.
@@ -113,6 +148,10 @@ type Config struct {
 	MaxIdleConnsPerHost int
 	// Hold bounds the hold buffer.
 	Hold HoldLimits
+	// Assign bounds the unplaced-tenant rule (assign): anyone who may send a request could
+	// otherwise fill every shard with placements (and the audit journal with entries) for
+	// made-up tenants.
+	Assign AssignLimits
 	// Breaker sets the circuit breakers' numbers (default the Queen coordinator's: 3 failures, 5s, 5m).
 	Breaker breaker.Config
 	// Thresholds turn heartbeat age into instance status (schema defaults).
@@ -152,6 +191,18 @@ func (c Config) withDefaults() Config {
 	def(&c.RefreshWait, 500*time.Millisecond)
 	def(&c.ReadHeaderTimeout, 5*time.Second)
 	def(&c.IdleTimeout, 2*time.Minute)
+	def(&c.BodyReadTimeout, 10*time.Second)
+	def(&c.WriteTimeout, 30*time.Second)
+	def(&c.TunnelIdleTimeout, 10*time.Minute)
+	if c.MinBodyRate == 0 {
+		c.MinBodyRate = 1024
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = 10000
+	}
+	if c.MaxConnsPerIP == 0 {
+		c.MaxConnsPerIP = 1000
+	}
 	def(&c.ShutdownTimeout, 30*time.Second)
 	def(&c.ConnectTimeout, time.Second)
 	if c.MaxReplayBody <= 0 {
@@ -162,6 +213,13 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxHeaderBytes <= 0 {
 		c.MaxHeaderBytes = 64 << 10
+	}
+	c.Assign = c.Assign.withDefaults()
+	if c.FailedTokens == 0 {
+		c.FailedTokens = 10
+	}
+	if c.FailedTokensBurst <= 0 {
+		c.FailedTokensBurst = 100
 	}
 	if c.MaxIdleConnsPerHost <= 0 {
 		c.MaxIdleConnsPerHost = 256
@@ -175,10 +233,18 @@ type Gateway struct {
 	cfg     Config
 	log     *slog.Logger
 	store   *schema.Store
-	reg     *registry   // routes, directory and kinds as an immutable snapshot
-	holds   *holdBuffer // the hold stage's per-tenant queues
-	tenants interned    // tenant ids as strings
-	engine  *engine     // the send stage's upstream connections
+	reg     *registry    // routes, directory and kinds as an immutable snapshot
+	holds   *holdBuffer  // the hold stage's per-tenant queues
+	tenants interned     // tenant ids as strings
+	conns   *connLimiter // client connections, overall and per address
+	assigns *assignLimiter
+	// forwardAuthz: kinds that get the client's Authorization with edge identity on.
+	forwardAuthz map[string]bool
+	// tokenFails: refused tokens per client address (nil: no bound).
+	tokenFails *tenantLimiter
+	// proofs: kind -> *gatesig.Signer with the kind's key (ShardKey set).
+	proofs  sync.Map
+	engine  *engine // the send stage's upstream connections
 	metrics *gwMetrics
 	admin   *http.ServeMux
 	// health checks the servers registered through the gateway (control plane, not requests).
@@ -196,6 +262,11 @@ type Gateway struct {
 
 	assignMu  sync.Mutex
 	assigning map[holdKey]*assignCall
+
+	// abandoned is when the requests under way at each "<kind>.<shard>" were last abandoned
+	// (abandonShard).
+	abandonMu sync.Mutex
+	abandoned map[string]time.Time
 
 	ready     chan struct{}
 	readyOnce sync.Once
@@ -230,7 +301,17 @@ func New(cfg Config) (*Gateway, error) {
 	g.changed.Store(&ch)
 	g.bgCtx, g.bgStop = context.WithCancel(context.Background())
 	g.reg = newRegistry(g)
+	g.conns = newConnLimiter(cfg)
+	g.assigns = newAssignLimiter(cfg.Assign)
+	g.forwardAuthz = map[string]bool{}
+	for _, k := range cfg.ForwardAuthorization {
+		g.forwardAuthz[k] = true
+	}
+	if cfg.FailedTokens > 0 {
+		g.tokenFails = newTenantLimiter(cfg.FailedTokens, cfg.FailedTokensBurst)
+	}
 	g.metrics = newMetrics(g, cfg.Registry)
+	g.conns.refused = g.metrics.connsRefused
 	g.holds = newHoldBuffer(cfg.Hold, g.metrics)
 	g.engine = newEngine(cfg)
 	g.health = &http.Client{Transport: &http.Transport{
@@ -298,9 +379,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 	serveErr := make(chan error, 2)
 	var front *frontEnd
 	if g.cfg.TLS != nil {
-		go func() { serveErr <- srv.Serve(tls.NewListener(ln, g.cfg.TLS)) }()
+		go func() { serveErr <- srv.Serve(tls.NewListener(limitListener{ln, g.conns}, g.cfg.TLS)) }()
 	} else if g.cfg.stdFrontEnd {
-		go func() { serveErr <- srv.Serve(ln) }()
+		go func() { serveErr <- srv.Serve(limitListener{ln, g.conns}) }()
 	} else {
 		// The gateway's own HTTP/1.1 front end; net/http's server takes the connections it
 		// hands over.
@@ -309,6 +390,10 @@ func (g *Gateway) Run(ctx context.Context) error {
 		go func() { serveErr <- front.serve(ln) }()
 	}
 	g.log.Info("gateway listening", "addr", a.String(), "id", g.cfg.ID)
+	if g.cfg.Auth == nil {
+		g.log.Warn("TENANT IDENTITY IS NOT CHECKED: x-tenant-id is believed as the client sends it; anyone who reaches this gateway may act as any tenant. Only run it so behind something that sets x-tenant-id itself; otherwise check a bearer JWT (--jwt-jwks-url or --jwt-key-file)",
+			"addr", a.String())
+	}
 	var err error
 	select {
 	case <-ctx.Done():
@@ -464,6 +549,10 @@ func (g *Gateway) housekeeping() {
 					}
 					ke.lt.Sweep() // expired load-policy affinities
 				}
+				g.assigns.sweep(now)
+				if g.tokenFails != nil {
+					g.tokenFails.sweep(now, time.Minute)
+				}
 			}
 		case <-g.bgCtx.Done():
 			return
@@ -488,15 +577,66 @@ func (g *Gateway) onLoad(r schema.LoadReport) {
 	}
 }
 
-// onChange runs on a kind's placement apply goroutine for every change: it ends holds when a
-// handoff commits or aborts, and wakes requests waiting for a newer placement after a 421.
+// onChange runs on a kind's placement apply goroutine for every change: it abandons the
+// requests under way at a shard whose tenants are being taken over, ends holds when a handoff
+// or takeover commits or aborts, and wakes requests waiting for a newer placement after a 421.
 func (g *Gateway) onChange(c placement.Change) {
-	if c.OldOK && c.Old.Phase == schema.PhaseHandoff && !(c.NewOK && c.New.Phase == schema.PhaseHandoff) {
+	if c.NewOK && c.New.Phase == schema.PhaseTakeover && !(c.OldOK && c.Old.Phase == schema.PhaseTakeover && c.Old.Shard == c.New.Shard) {
+		g.abandonShard(c.Kind, c.New.Shard)
+	}
+	if c.OldOK && c.Old.Phase.Moving() && !(c.NewOK && c.New.Phase.Moving()) {
 		aborted := !c.NewOK || c.New.Shard == c.Old.Shard
 		g.holds.release(c.Kind, c.Tenant, aborted)
 	}
 	if g.waiters.Load() > 0 {
 		ch := make(chan struct{})
 		close(*g.changed.Swap(&ch))
+	}
+}
+
+// abandonEvery is how often the requests under way at one shard are abandoned at most: a
+// failover takes over all of a shard's tenants in a burst.
+const abandonEvery = time.Second
+
+// abandonShard ends the exchanges under way with kind's shard's instances: a takeover began
+// there, because the shard had no live instance (dead, frozen, cut off). A request that went
+// to a frozen instance would otherwise wait for its answer until the upstream timeout; abandoned,
+// it goes to the new owner if it is safe to send again (GET, or an Idempotency-Key for a kind
+// that honours it), else it is answered at once as failed with an unknown outcome.
+func (g *Gateway) abandonShard(kind, shard string) {
+	key := kind + "." + shard
+	now := time.Now()
+	g.abandonMu.Lock()
+	if last, ok := g.abandoned[key]; ok && now.Sub(last) < abandonEvery {
+		g.abandonMu.Unlock()
+		return
+	}
+	if g.abandoned == nil {
+		g.abandoned = map[string]time.Time{}
+	}
+	g.abandoned[key] = now
+	for k, t := range g.abandoned {
+		if now.Sub(t) > time.Minute {
+			delete(g.abandoned, k)
+		}
+	}
+	g.abandonMu.Unlock()
+	var hosts []string
+	g.reg.mu.Lock()
+	for _, in := range g.reg.insts {
+		if in.id.Kind == kind && in.id.Shard == shard {
+			if u := in.url.Load(); u != nil {
+				hosts = append(hosts, u.Host)
+			}
+		}
+	}
+	g.reg.mu.Unlock()
+	n := 0
+	for _, h := range hosts {
+		n += g.engine.abandon(h)
+	}
+	if n > 0 {
+		g.log.Warn("abandoned the requests under way at a shard being taken over; those safe to resend go to the new owner",
+			"kind", kind, "shard", shard, "requests", n)
 	}
 }

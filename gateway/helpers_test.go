@@ -82,6 +82,10 @@ func (e *env) startGateway(cfg Config) {
 	if cfg.AdminToken == "" {
 		cfg.AdminToken = testAdminToken
 	}
+	if cfg.Assign == (AssignLimits{}) {
+		// Tests place tenants as fast as they like; harden_test.go sets its limits.
+		cfg.Assign = AssignLimits{PerClient: -1, PerKind: -1}
+	}
 	if cfg.RefreshWait == 0 {
 		cfg.RefreshWait = 200 * time.Millisecond
 	}

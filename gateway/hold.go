@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -258,12 +259,12 @@ func (g *Gateway) holdIfMoving(x *exchange) error {
 	if x.ticket != nil || !x.policy.holds() {
 		return nil
 	}
-	if !(x.entry.Phase == schema.PhaseHandoff && !x.ke.config().Overlap) && !g.holds.queued(x.ke.name, x.tenant) {
+	if !holding(x.entry, x.ke.config().Overlap) && !g.holds.queued(x.ke.name, x.tenant) {
 		return nil
 	}
 	t, err := g.holds.wait(x.ctx, x.ke, x.tenant, int64(len(x.bodyBuf)), x.ke.config().HoldBudget.D(), func() bool {
 		e, ok := x.ke.lookup(x.tenant)
-		return ok && e.Phase == schema.PhaseHandoff
+		return ok && e.Phase.Moving()
 	})
 	if err != nil {
 		return err
@@ -273,6 +274,13 @@ func (g *Gateway) holdIfMoving(x *exchange) error {
 		x.entry = e
 	}
 	return nil
+}
+
+// holding reports whether a tenant placed at e has its requests held: in a handoff (unless its
+// kind only reads, overlap: the source serves until the commit), and always in a takeover,
+// where no instance serves it until the commit.
+func holding(e placement.Entry, overlap bool) bool {
+	return e.Phase == schema.PhaseTakeover || e.Phase == schema.PhaseHandoff && !overlap
 }
 
 // bufferBody reads a body of up to MaxReplayBody bytes into x.bodyBuf; a larger one (or one of
@@ -297,7 +305,9 @@ func (g *Gateway) bufferBody(x *exchange) error {
 		x.replayable = false
 		return nil
 	}
-	n := x.bodyLen
+	// The buffer grows as bytes arrive: a Content-Length whose body never comes costs no
+	// more than its first read.
+	n := min(x.bodyLen, 16<<10)
 	if n < 0 {
 		n = 512
 	}

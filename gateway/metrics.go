@@ -24,6 +24,16 @@ type gwMetrics struct {
 	producer      *prometheus.CounterVec // kind, decision (producer routes)
 	affinity      *prometheus.CounterVec // kind, result (affinity policy: affinitymetrics.go)
 	corrupt       *prometheus.CounterVec // bucket
+	// Refusals of the hardening bounds (docs/security.md): connections over MaxConns or
+	// MaxConnsPerIP (reason total, per_ip), requests cut for a body or a reader too slow
+	// (phase body, write, tunnel), assignments refused (reason client, kind, cap), tokens
+	// not checked because the client failed too many (edge identity).
+	connsRefused  *prometheus.CounterVec // reason
+	slow          *prometheus.CounterVec // phase
+	assignRefused *prometheus.CounterVec // kind, reason
+	tokensShed    prometheus.Counter
+	// routeConflicts counts snapshots built while two kinds publish the same route.
+	routeConflicts prometheus.Counter
 }
 
 func newMetrics(g *Gateway, reg prometheus.Registerer) *gwMetrics {
@@ -46,7 +56,7 @@ func newMetrics(g *Gateway, reg prometheus.Registerer) *gwMetrics {
 			Name: "tm_gateway_hold_queued", Help: "Requests held now.",
 		}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tm_gateway_retries_total", Help: "Upstream attempts retried, by reason (misdirected, unreachable, failed, idempotent, instance_stopping).",
+			Name: "tm_gateway_retries_total", Help: "Upstream attempts retried, by reason (misdirected, unreachable, failed, read, idempotent, instance_stopping).",
 		}, []string{"kind", "reason"}),
 		assigned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tm_gateway_assignments_total", Help: "Unplaced tenants this gateway assigned to a shard.",
@@ -61,6 +71,32 @@ func newMetrics(g *Gateway, reg prometheus.Registerer) *gwMetrics {
 			Name: "tm_gateway_corrupt_total", Help: "Registry, directory or kind values skipped because they could not be decoded.",
 		}, []string{"bucket"}),
 	}
+	m.connsRefused = promreg.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tm_gateway_connections_refused_total", Help: "Client connections closed on accept because MaxConns (reason total) or MaxConnsPerIP (per_ip) was reached.",
+	}, []string{"reason"}))
+	m.slow = promreg.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tm_gateway_slow_clients_total", Help: "Client connections cut because a body arrived too slowly (phase body), the client did not take the answer within WriteTimeout (write), or an upgraded connection sat idle (tunnel).",
+	}, []string{"phase"}))
+	m.assignRefused = promreg.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tm_gateway_assignments_refused_total", Help: "Unplaced tenants not assigned: the client (reason client) or the kind (kind) was over its assignment rate, or the kind holds its cap of placements (cap).",
+	}, []string{"kind", "reason"}))
+	m.routeConflicts = promreg.Register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tm_gateway_route_conflicts_total", Help: "Routing snapshots built while two kinds publish the same method and prefix (neither is routed); nonzero means a misconfiguration or a shard publishing another kind's route.",
+	}))
+	m.tokensShed = promreg.Register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tm_gateway_tokens_shed_total", Help: "Bearer tokens answered 429 without a signature check: their client had too many refused tokens.",
+	}))
+	promreg.Register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tm_gateway_edge_identity", Help: "1 when tenant requests need a verified bearer JWT, 0 when x-tenant-id is believed as sent (--trust-tenant-header).",
+	}, func() float64 {
+		if g.cfg.Auth != nil {
+			return 1
+		}
+		return 0
+	}))
+	promreg.Register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tm_gateway_connections", Help: "Client connections open (counted against MaxConns).",
+	}, func() float64 { return float64(g.conns.open()) }))
 	m.requests = promreg.Register(reg, m.requests)
 	m.duration = promreg.Register(reg, m.duration)
 	m.holds = promreg.Register(reg, m.holds)

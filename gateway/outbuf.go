@@ -11,12 +11,13 @@ import (
 type outBuf struct {
 	w   socketIO
 	buf []byte
+	dl  *writeDeadline // renewed before each write to the socket; nil: none
 }
 
 const outBufSize = 16 << 10
 
 func (o *outBuf) reset(w socketIO) {
-	o.w = w
+	o.w, o.dl = w, nil
 	if o.buf == nil {
 		o.buf = make([]byte, 0, outBufSize)
 	}
@@ -25,9 +26,10 @@ func (o *outBuf) reset(w socketIO) {
 
 func (o *outBuf) Write(p []byte) (int, error) {
 	if len(p) >= 4<<10 {
+		o.dl.renew()
 		_, err := o.w.Writev(o.buf, p)
 		o.buf = o.buf[:0]
-		return len(p), err
+		return len(p), o.dl.check(err)
 	}
 	if len(o.buf)+len(p) > cap(o.buf) {
 		if err := o.Flush(); err != nil {
@@ -44,7 +46,9 @@ func (o *outBuf) WriteString(s string) (int, error) {
 			return 0, err
 		}
 		if len(s) > cap(o.buf) {
-			return o.w.Write([]byte(s))
+			o.dl.renew()
+			n, err := o.w.Write([]byte(s))
+			return n, o.dl.check(err)
 		}
 	}
 	o.buf = append(o.buf, s...)
@@ -66,9 +70,10 @@ func (o *outBuf) Flush() error {
 	if len(o.buf) == 0 {
 		return nil
 	}
+	o.dl.renew()
 	_, err := o.w.Write(o.buf)
 	o.buf = o.buf[:0]
-	return err
+	return o.dl.check(err)
 }
 
 // socketIO is how the front end and the engine read and write a connection: its socket with

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"time"
 
@@ -19,6 +20,9 @@ func (g *Gateway) place(x *exchange) error {
 		if x.ke.config().Unplaced == schema.UnplacedReject {
 			return tmhttp.Errorf(http.StatusNotFound, "tenant-not-placed", "Tenant not placed",
 				"the tenant has no placement for kind "+x.ke.name+" and the kind does not assign new tenants")
+		}
+		if err := g.assigns.allow(g.metrics, x.ke.name, x.remoteIP, x.start); err != nil {
+			return err
 		}
 		var err error
 		ctx := x.ctx
@@ -70,8 +74,12 @@ func (g *Gateway) assign(ctx context.Context, snap *snapshot, ke *kindEntry, ten
 }
 
 func (g *Gateway) doAssign(snap *snapshot, ke *kindEntry, tenant string) (placement.Entry, error) {
-	shard, err := chooseShard(snap, ke)
+	shard, err := chooseShard(snap, ke, g.cfg.Assign.MaxPlacements)
 	if err != nil {
+		var te *tmhttp.Error
+		if errors.As(err, &te) && te.Type == "placement-cap" {
+			g.metrics.assignRefused.WithLabelValues(ke.name, "cap").Inc()
+		}
 		return placement.Entry{}, err
 	}
 	// Not the request's context: a client that goes away must not leave a half-done assignment.
@@ -99,8 +107,9 @@ func (g *Gateway) doAssign(snap *snapshot, ke *kindEntry, tenant string) (placem
 		Owners: p.Owners, Pinned: p.Pinned, Revision: p.Revision}, nil
 }
 
-// chooseShard returns the live shard with the lowest tenants/capacity that still has room.
-func chooseShard(snap *snapshot, ke *kindEntry) (string, error) {
+// chooseShard returns the live shard with the lowest tenants/capacity that still has room,
+// unless the kind already holds maxPlacements (<= 0: no cap).
+func chooseShard(snap *snapshot, ke *kindEntry, maxPlacements int) (string, error) {
 	shards := snap.shards[ke.name]
 	if len(shards) == 0 {
 		return "", &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "no-live-instance", Title: "No live instance",
@@ -109,6 +118,16 @@ func chooseShard(snap *snapshot, ke *kindEntry) (string, error) {
 	var counts map[string]int
 	if w := ke.w.Load(); w != nil {
 		counts = w.ShardCounts(ke.name)
+	}
+	if maxPlacements > 0 {
+		total := 0
+		for _, n := range counts {
+			total += n
+		}
+		if total >= maxPlacements {
+			return "", &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "placement-cap", Title: "No room for new tenants",
+				Detail: "kind " + ke.name + " holds as many placements as the gateway may assign; an operator places more", RetryAfter: 60 * time.Second}
+		}
 	}
 	best, bestUtil := "", 0.0
 	for _, s := range shards {

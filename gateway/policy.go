@@ -79,7 +79,12 @@ func (p managedPolicy) pick(g *Gateway, x *exchange, n int) (*instance, error) {
 		return in, nil
 	}
 	if x.lastErr != nil {
-		return nil, x.lastErr
+		// The attempt that failed was safe to send again (judgeManaged set lastErr only then),
+		// and no other instance of the shard is left to send it to: the shard may be dead, and
+		// the client may send it again once it is taken over.
+		return nil, &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "no-live-instance", Title: "No live instance",
+			Detail:     "no other live instance of shard " + x.entry.Shard + " after " + x.lastErr.Error() + "; the request is safe to send again: retry after Retry-After",
+			RetryAfter: time.Second}
 	}
 	return nil, &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "no-live-instance", Title: "No live instance",
 		Detail: "shard " + x.entry.Shard + " has no live instance serving this route (or all its circuits are open)", RetryAfter: time.Second}

@@ -43,6 +43,18 @@ func (l *tenantLimiter) allow(tenant string, now time.Time) (bool, time.Duration
 	return false, time.Duration((1 - b.tokens) / l.rate * float64(time.Second))
 }
 
+// empty reports whether key's bucket has no token left at now (without taking one).
+func (l *tenantLimiter) empty(key string, now time.Time) bool {
+	v, ok := l.m.Load(key)
+	if !ok {
+		return false
+	}
+	b := v.(*bucket)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.tokens+now.Sub(b.last).Seconds()*l.rate < 1
+}
+
 // sweep drops buckets that have been full (idle) since before cutoff.
 func (l *tenantLimiter) sweep(now time.Time, idle time.Duration) {
 	l.m.Range(func(k, v any) bool {

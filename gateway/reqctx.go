@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"sync"
 	"time"
 )
 
@@ -57,32 +56,4 @@ func (c *reqContext) end() {
 	if c.cancel != nil {
 		c.cancel()
 	}
-}
-
-// interned keeps one string per tenant id seen (up to a bound), so the request path turns the
-// x-tenant-id bytes into a string without allocating (the map lookup with string(b) does not).
-type interned struct {
-	mu sync.RWMutex
-	m  map[string]string
-}
-
-const maxInterned = 1 << 20
-
-func (t *interned) get(b []byte) string {
-	t.mu.RLock()
-	s, ok := t.m[string(b)]
-	t.mu.RUnlock()
-	if ok {
-		return s
-	}
-	s = string(b)
-	t.mu.Lock()
-	if t.m == nil {
-		t.m = map[string]string{}
-	}
-	if len(t.m) < maxInterned {
-		t.m[s] = s
-	}
-	t.mu.Unlock()
-	return s
 }

@@ -419,14 +419,15 @@ func TestMoveUnderLoad(t *testing.T) {
 // A POST whose attempt broke after it was sent (the instance may have applied it) is sent again
 // on another instance only when it carries an Idempotency-Key and its kind declares that its
 // services honour the key (KindConfig.Idempotent): the client gets one answer. Otherwise the
-// gateway answers 502 and the client decides.
+// gateway answers 502 and the client decides. Any request to a kind that only reads
+// (KindConfig.Overlap, the projection's queries) is sent again, key or not.
 func TestIdempotentRequestsReplayed(t *testing.T) {
-	keyedRoute := schema.Route{Method: "*", Prefix: "/keyed/", Kind: "keyed"}
-	plainRoute := schema.Route{Method: "*", Prefix: "/plain/", Kind: "plain"}
+	kinds := []string{"keyed", "plain", "reads"}
 	var drop, good map[string]*backend
-	e := newEnv(t, Config{}, []schema.KindConfig{{Kind: "keyed", Idempotent: true}, {Kind: "plain"}}, func(e *env) {
+	e := newEnv(t, Config{}, []schema.KindConfig{{Kind: "keyed", Idempotent: true}, {Kind: "plain"}, {Kind: "reads", Overlap: true}}, func(e *env) {
 		drop, good = map[string]*backend{}, map[string]*backend{}
-		for kind, route := range map[string]schema.Route{"keyed": keyedRoute, "plain": plainRoute} {
+		for _, kind := range kinds {
+			route := schema.Route{Method: "*", Prefix: "/" + kind + "/", Kind: kind}
 			drop[kind] = newBackend(t, kind, kind+"-1", "drop")
 			good[kind] = newBackend(t, kind, kind+"-1", "good")
 			e.register(drop[kind], "", 10, route)
@@ -441,13 +442,17 @@ func TestIdempotentRequestsReplayed(t *testing.T) {
 			}
 		})
 	}
-	for _, kind := range []string{"keyed", "plain"} {
+	for _, kind := range kinds {
 		failed := 0
 		for i := 0; ; i++ {
 			if seen, _ := drop[kind].requests(); len(seen) > 0 || i == 50 {
 				break // the dropping instance had a request: the case this test is about
 			}
-			resp, _ := e.do("POST", "/"+kind+"/cmd", "t1", fmt.Sprintf(`{"i":%d}`, i), map[string]string{"Idempotency-Key": fmt.Sprintf("k%d", i)})
+			hdr := map[string]string{"Idempotency-Key": fmt.Sprintf("k%d", i)}
+			if kind == "reads" {
+				hdr = nil
+			}
+			resp, _ := e.do("POST", "/"+kind+"/cmd", "t1", fmt.Sprintf(`{"i":%d}`, i), hdr)
 			if resp.StatusCode == http.StatusBadGateway {
 				failed++
 			} else if resp.StatusCode != 200 {
@@ -461,11 +466,16 @@ func TestIdempotentRequestsReplayed(t *testing.T) {
 		switch {
 		case kind == "keyed" && failed != 0:
 			t.Errorf("keyed: %d answers were 502; a keyed request to an idempotent kind is replayed", failed)
+		case kind == "reads" && failed != 0:
+			t.Errorf("reads: %d answers were 502; any request to a kind that only reads is replayed", failed)
 		case kind == "plain" && failed != len(seen):
 			t.Errorf("plain: %d answers were 502 for %d requests that broke; a POST to a kind that does not declare Idempotent is not replayed", failed, len(seen))
 		}
 	}
-	if _, metrics := e.do("GET", "/metrics", "", "", nil); !contains2(metrics, `reason="idempotent"`) {
-		t.Error(`metrics lack reason="idempotent"`)
+	_, metrics := e.do("GET", "/metrics", "", "", nil)
+	for _, reason := range []string{"idempotent", "read"} {
+		if !contains2(metrics, `reason="`+reason+`"`) {
+			t.Errorf(`metrics lack reason=%q`, reason)
+		}
 	}
 }

@@ -62,8 +62,9 @@ func (g *Gateway) attempt(x *exchange, in *instance) (*upConn, error) {
 	up, err := g.engine.roundTrip(ctx, t0, x, in)
 	in.inflight.Add(-1)
 	if err != nil {
-		if errors.Is(x.ctx.Err(), context.Canceled) {
-			in.breaker.Abandon()
+		var cbe *clientBodyError
+		if errors.Is(x.ctx.Err(), context.Canceled) || errors.As(err, &cbe) {
+			in.breaker.Abandon() // the client failed, not the instance: a slow body must not open circuits
 		} else {
 			in.failures.Add(1)
 			in.breaker.Failure()
@@ -90,6 +91,15 @@ func (g *Gateway) judgeManaged(x *exchange, in *instance, up *upConn, err error,
 			return fail, x.lastErr
 		}
 		x.ke.metrics.retry(reason)
+		if errors.Is(err, errAbandoned) {
+			// The tenant's shard is being taken over: the next attempt waits in the hold for
+			// the new owner, as a request arriving now would.
+			if e, ok := x.ke.lookup(x.tenant); ok {
+				x.entry = e
+			}
+			x.tried = x.tried[:0]
+			return again, nil
+		}
 		x.tried = append(x.tried, in)
 		return again, nil
 	}
@@ -108,9 +118,16 @@ func (g *Gateway) judgeManaged(x *exchange, in *instance, up *upConn, err error,
 		return fail, &tmhttp.Error{Status: status, Type: strings.TrimPrefix(prob.Type, tmhttp.TypeBase), Title: prob.Title,
 			Detail: prob.Detail, RetryAfter: time.Duration(max(prob.RetryAfter, 1)) * time.Second}
 	}
-	if string(refused) == "closing" {
+	switch string(refused) {
+	case "closing":
 		x.ke.metrics.retry("instance_stopping")
 		x.tried = append(x.tried, in) // another instance of the same shard
+		return again, nil
+	case "unconfirmed":
+		// The instance's lease ran out (it cannot confirm its view of placement with NATS):
+		// another instance of the shard may still hold one.
+		x.ke.metrics.retry("instance_unconfirmed")
+		x.tried = append(x.tried, in)
 		return again, nil
 	}
 	x.ke.metrics.retry("misdirected")
@@ -123,9 +140,10 @@ func (g *Gateway) judgeManaged(x *exchange, in *instance, up *upConn, err error,
 
 // retryable says whether a failed attempt may be sent again to another instance, and why.
 // A refused connection provably never reached the application, so any method may go again (if
-// its body is buffered); other failures only for GET, HEAD and OPTIONS, or for a request with
-// an Idempotency-Key to a kind whose services honour it (KindConfig.Idempotent: applied once
-// however often it is sent); a timeout never.
+// its body is buffered); other failures only for GET, HEAD and OPTIONS, for any request to a
+// kind that only reads (KindConfig.Overlap: the projection's POST queries), or for a request
+// with an Idempotency-Key to a kind whose services honour it (KindConfig.Idempotent: applied
+// once however often it is sent); a timeout never.
 func (g *Gateway) retryable(x *exchange, err error) (string, bool) {
 	if !x.replayable || x.ctx.Err() != nil || isTimeout(err) {
 		return "", false
@@ -137,7 +155,11 @@ func (g *Gateway) retryable(x *exchange, err error) (string, bool) {
 	case http.MethodGet, http.MethodHead, http.MethodOptions:
 		return "failed", true
 	}
-	if c := x.ke.config(); c != nil && c.Idempotent {
+	c := x.ke.config()
+	if c != nil && c.Overlap {
+		return "read", true
+	}
+	if c != nil && c.Idempotent {
 		if key, n := h1.Get(x.fields, "Idempotency-Key"); n == 1 && len(key) > 0 {
 			return "idempotent", true
 		}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"fmt"
 	"maps"
 	"math"
 	"math/rand/v2"
@@ -124,11 +125,18 @@ type snapshot struct {
 // match returns the route for method and path: the longest prefix whose method matches.
 func (s *snapshot) match(method, path string) *route {
 	for _, r := range s.routes {
-		if (r.method == method || r.method == "*") && strings.HasPrefix(path, r.prefix) {
+		if (r.method == method || r.method == "*") && underPrefix(path, r.prefix) {
 			return r
 		}
 	}
 	return nil
+}
+
+// underPrefix reports whether path falls under a route's prefix on a segment boundary: /jobs
+// takes /jobs and /jobs/7, not /jobsadmin (a prefix ending in / takes what follows it).
+func underPrefix(path, prefix string) bool {
+	return strings.HasPrefix(path, prefix) &&
+		(len(path) == len(prefix) || prefix[len(prefix)-1] == '/' || path[len(prefix)] == '/')
 }
 
 // registry holds the raw state the followers deliver and builds snapshots from it.
@@ -144,6 +152,8 @@ type registry struct {
 	kinds    map[string]*kindEntry
 	followed map[string]*kvwatch.Follower // bucket -> follower, for staleness
 	synced   map[string]bool
+
+	conflicts map[[2]string]bool // routes two kinds publish, at the last rebuild
 
 	snap  atomic.Pointer[snapshot]
 	dirty chan struct{} // a change arrived since the last rebuild
@@ -202,9 +212,16 @@ func (r *registry) apply(bucket string, e kvwatch.Entry) {
 		if err = json.Unmarshal(e.Value, &v); err == nil {
 			err = v.Validate()
 		}
+		if kind, ok := schema.RouteKeyKind(e.Key); err == nil && ok && kind != v.Kind {
+			// A route under one kind's key that names another: only that kind's shards may
+			// write under its key, and they may not route to another kind.
+			err = fmt.Errorf("the route under kind %s's key names kind %s", kind, v.Kind)
+		}
 		if err == nil {
 			v.Revision = e.Revision
 			r.routes[e.Key] = v
+		} else {
+			delete(r.routes, e.Key)
 		}
 	case schema.BucketInstances:
 		if e.Op != kvwatch.Put {
@@ -417,8 +434,29 @@ func (r *registry) rebuild() {
 		s.shards[kind] = list
 	}
 
-	// Routes.
+	// Routes. The same method and prefix published by two kinds is a conflict: neither is
+	// routed (a shard of one kind must not take another kind's traffic by publishing its
+	// route), and it is logged and counted until one goes.
+	claims := map[[2]string]string{}
+	conflicts := map[[2]string]bool{}
 	for _, rt := range r.routes {
+		k := [2]string{rt.Method, rt.Prefix}
+		if other, ok := claims[k]; ok && other != rt.Kind {
+			conflicts[k] = true
+		}
+		claims[k] = rt.Kind
+	}
+	for k := range conflicts {
+		r.g.metrics.routeConflicts.Inc()
+		if !r.conflicts[k] { // said once, while it lasts
+			r.g.log.Error("two kinds publish the same route; neither is routed until one goes", "method", k[0], "prefix", k[1])
+		}
+	}
+	r.conflicts = conflicts
+	for _, rt := range r.routes {
+		if conflicts[[2]string{rt.Method, rt.Prefix}] {
+			continue
+		}
 		nr := &route{method: rt.Method, prefix: rt.Prefix, kind: rt.Kind, byShard: map[string][]*instance{}, producer: newProducerSpec(rt.Producer),
 			consumer: newConsumerSpec(rt.Consumer)}
 		for _, key := range rt.Instances {

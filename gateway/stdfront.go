@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/tenantmesh/tenantmesh/gateway/h1"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
@@ -47,11 +48,13 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	x.tls = r.TLS != nil
 	x.upgrade = r.ProtoMajor == 1 && r.Header.Get("Upgrade") != "" && httpHasToken(r.Header["Connection"], "upgrade")
+	rc := http.NewResponseController(w)
 	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
-		x.body, x.bodyLen = r.Body, r.ContentLength
+		x.body, x.bodyLen = &stdBody{rc: rc, r: r.Body, start: time.Now(), idle: g.cfg.BodyReadTimeout,
+			rate: g.cfg.MinBodyRate, slow: g.metrics.slow}, r.ContentLength
 	}
 	x.ctx, x.cancelable = r.Context(), true
-	x.out = &stdResponder{w: w, r: r}
+	x.out = &stdResponder{w: w, r: r, dl: writeDeadline{c: rcDeadline{rc}, d: g.cfg.WriteTimeout, slow: g.metrics.slow}}
 	g.serve(x)
 }
 
@@ -69,8 +72,9 @@ func httpHasToken(vv []string, tok string) bool {
 
 // stdResponder answers through net/http's ResponseWriter.
 type stdResponder struct {
-	w http.ResponseWriter
-	r *http.Request
+	w  http.ResponseWriter
+	r  *http.Request
+	dl writeDeadline // each write's bound (WriteTimeout)
 }
 
 func (s *stdResponder) writeHead(status int, fields []h1.Field, n int64, noBody bool) error {
@@ -88,9 +92,16 @@ func (s *stdResponder) writeHead(status int, fields []h1.Field, n int64, noBody 
 	return nil
 }
 
-func (s *stdResponder) write(p []byte) error { _, err := s.w.Write(p); return err }
+func (s *stdResponder) write(p []byte) error {
+	s.dl.renew()
+	_, err := s.w.Write(p)
+	return s.dl.check(err)
+}
 
-func (s *stdResponder) flush() error { return http.NewResponseController(s.w).Flush() }
+func (s *stdResponder) flush() error {
+	s.dl.renew()
+	return s.dl.check(http.NewResponseController(s.w).Flush())
+}
 
 func (s *stdResponder) finish(trailer []h1.Field) error {
 	for _, f := range trailer {

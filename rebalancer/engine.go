@@ -44,6 +44,11 @@ type Config struct {
 	PauseBudget time.Duration
 	// Thresholds decide which instances are live. Default schema's.
 	Thresholds schema.Thresholds
+	// Presence, if set, tells of dead instances within seconds (the directory's ages take
+	// minutes): moves stop waiting for them, a move whose source shard died becomes a takeover,
+	// and a takeover commits once every instance of its source is gone, without waiting out
+	// their lease. Without it (the CLI's apply) a takeover always waits out the lease.
+	Presence *Presence
 	// LeaseHeld tells the engine that its caller holds the leader lease as Holder for as long
 	// as the engine is used (rebalancer serve keeps it) and cancels the context it passes if
 	// the lease is lost; Apply and Rollback then do not take the lease themselves.
@@ -124,8 +129,15 @@ func (e *Engine) CreatePlan(ctx context.Context, p *planner.Plan, actor string) 
 // CreatePlanMoves is CreatePlan that also returns the move records as stored (with their
 // revisions), so a caller answering with the new plan need not read it back.
 func (e *Engine) CreatePlanMoves(ctx context.Context, p *planner.Plan, actor string) (PlanRecord, []MoveRecord, error) {
+	return e.StorePlan(ctx, PlanRecord{Actor: actor, Origin: "operator", Plan: *p})
+}
+
+// StorePlan stores rec (its ID, status and times are set here) and its moves, all pending:
+// for a caller that fills in more of the record than the plan (the autopilot: origin,
+// trigger).
+func (e *Engine) StorePlan(ctx context.Context, rec PlanRecord) (PlanRecord, []MoveRecord, error) {
 	now := time.Now().UTC()
-	rec := PlanRecord{ID: NewPlanID(now), Status: PlanPlanned, Actor: actor, Created: now, Updated: now, Plan: *p}
+	rec.ID, rec.Status, rec.Created, rec.Updated = NewPlanID(now), PlanPlanned, now, now
 	moves, err := e.storePlan(ctx, &rec)
 	return rec, moves, err
 }
@@ -272,14 +284,20 @@ func (e *Engine) apply(ctx context.Context, id string) (rec PlanRecord, err erro
 	if err != nil {
 		return rec, err
 	}
-	if rec.Status == PlanPlanned {
+	if rec.Status == PlanPlanned || rec.Status == PlanPaused {
 		rec.Status = PlanApplying
 		if err := e.savePlan(ctx, &rec); err != nil {
 			return rec, err
 		}
 	}
+	ctl := e.watchControl(ctx, &rec)
+	defer ctl.stop()
 	conc := max(rec.Plan.Concurrency, 1)
-	pace := newPacer(conc, e.cfg.PauseBudget, func(limit int, pause time.Duration) {
+	budget := e.cfg.PauseBudget
+	if rec.Plan.Strategy == planner.StrategyFailover {
+		budget = -1 // a takeover holds its tenant for its source's lease, not for a drain: no pacing on it
+	}
+	pace := newPacer(conc, budget, func(limit int, pause time.Duration) {
 		e.cfg.Logger.Info("moves slowed: a handoff pause exceeded the budget", "plan", id, "pause", pause.Round(time.Millisecond),
 			"budget", e.cfg.PauseBudget, "at_once", limit, "concurrency", conc)
 	})
@@ -312,11 +330,18 @@ func (e *Engine) apply(ctx context.Context, id string) (rec PlanRecord, err erro
 			if moves[i].State.Terminal() {
 				continue
 			}
+			if ctl.halted() {
+				break // paused or cancelled: start nothing more
+			}
 			epoch, err := pace.acquire(ctx)
 			if err != nil {
 				mu.Lock()
 				firstErr = cmp.Or(firstErr, err)
 				mu.Unlock()
+				break
+			}
+			if ctl.halted() {
+				pace.release()
 				break
 			}
 			wg.Go(func() {
@@ -333,7 +358,7 @@ func (e *Engine) apply(ctx context.Context, id string) (rec PlanRecord, err erro
 					learn()
 					pace.release()
 				}()
-				if err := e.drive(ctx, m, learn); err != nil {
+				if err := e.drive(ctx, m, learn, ctl); err != nil {
 					mu.Lock()
 					if firstErr == nil {
 						firstErr = err
@@ -346,10 +371,25 @@ func (e *Engine) apply(ctx context.Context, id string) (rec PlanRecord, err erro
 		if firstErr != nil {
 			return rec, firstErr
 		}
+		if ctl.halted() {
+			break
+		}
 	}
 	rec.Status = PlanDone
+	switch {
+	case ctl.cancelled():
+		for i := range moves {
+			if err := e.cancelMove(ctx, &moves[i], ctl); err != nil {
+				return rec, err
+			}
+		}
+		rec.Status = PlanCancelled
+	case ctl.halted():
+		rec.Status = PlanPaused
+		e.cfg.Logger.Info("plan paused", "plan", id, "by", ctl.by())
+	}
 	for _, m := range moves {
-		if m.State != MoveDone {
+		if m.State != MoveDone && rec.Status == PlanDone {
 			rec.Status = PlanPartial
 		}
 	}
@@ -375,6 +415,7 @@ func (e *Engine) savePlan(ctx context.Context, rec *PlanRecord) error {
 		if cur.RolledBackBy != "" {
 			rec.RolledBackBy = cur.RolledBackBy
 		}
+		rec.Control, rec.ControlBy = cur.Control, cur.ControlBy // an operator's pause or cancel stays
 	}
 	return fmt.Errorf("rebalancer: plan %s kept changing underneath", rec.ID)
 }

@@ -124,7 +124,8 @@ func (h *history) check(t *testing.T, st *schema.Store) {
 		if !decodeAs(ev.Before, &before) || !decodeAs(ev.After, &after) {
 			continue
 		}
-		commit := before.Phase == schema.PhaseHandoff && after.Phase == schema.PhaseDraining && after.Epoch == before.Epoch+1
+		commit := before.Phase == schema.PhaseHandoff && after.Phase == schema.PhaseDraining && after.Epoch == before.Epoch+1 ||
+			before.Phase == schema.PhaseTakeover && after.Phase == schema.PhaseActive && after.Shard == before.Target && after.Epoch == before.Epoch+1
 		if commit && ev.Action == "move.commit" {
 			commits++
 		}
@@ -371,23 +372,57 @@ func TestWarmTimeoutAborts(t *testing.T) {
 	}
 }
 
-// TestMoveOffDeadShard evacuates a tenant whose shard has no live instance: nothing can be in
-// flight there, so the move commits with fence 0 instead of aborting at the handoff timeout.
+// TestMoveOffDeadShard moves a tenant whose shard has no instance at all. Without Presence the
+// engine cannot tell that nothing serves the tenant there, and the source never drains: the
+// move aborts at the handoff timeout (it used to commit with fence 0, on the guess that nothing
+// was in flight, which a frozen source breaks). With Presence the move becomes a takeover and
+// commits as soon as the target is ready: no instance of the source is registered, so none can
+// serve.
 func TestMoveOffDeadShard(t *testing.T) {
 	st := openStore(t)
 	startShard(t, st, "s-2") // s-1 has no instance at all
 	ctx := context.Background()
 	p := place(t, st, "orphan", "s-1")
-	e := newEngine(t, st, Config{HandoffTimeout: 5 * time.Second})
+	e := newEngine(t, st, Config{HandoffTimeout: 2 * time.Second})
 	rec, _ := e.CreatePlan(ctx, planOf(p), "test")
 	if _, err := e.Apply(ctx, rec.ID); err != nil {
 		t.Fatal(err)
 	}
 	_, moves, _ := e.Plan(ctx, rec.ID)
-	got, _ := st.Placement(ctx, "aggregate", "orphan")
-	if moves[0].State != MoveDone || got.Shard != "s-2" || got.Epoch != 2 {
-		t.Fatalf("move %s (%s), placement %s@%d", moves[0].State, moves[0].Reason, got.Shard, got.Epoch)
+	got, _ := st.LatestPlacement(ctx, "aggregate", "orphan")
+	if moves[0].State != MoveAborted || got.Shard != "s-1" || got.Phase != schema.PhaseActive || got.Epoch != 1 {
+		t.Fatalf("without presence: move %s (%s), placement %s@%d %s", moves[0].State, moves[0].Reason, got.Shard, got.Epoch, got.Phase)
 	}
+
+	e = newEngine(t, st, Config{HandoffTimeout: 5 * time.Second, Presence: runPresence(t, st)})
+	rec, _ = e.CreatePlan(ctx, planOf(got), "test")
+	if _, err := e.Apply(ctx, rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, moves, _ = e.Plan(ctx, rec.ID)
+	got, _ = st.LatestPlacement(ctx, "aggregate", "orphan")
+	if m := moves[0]; m.State != MoveDone || !m.Takeover || !strings.Contains(m.Fenced, "gone") || got.Shard != "s-2" || got.Epoch != 2 || got.Phase != schema.PhaseActive {
+		t.Fatalf("with presence: move %s takeover=%v fenced %q (%s), placement %s@%d %s", m.State, m.Takeover, m.Fenced, m.Reason, got.Shard, got.Epoch, got.Phase)
+	}
+}
+
+// runPresence runs a Presence until the test ends, once it has read the memberships.
+func runPresence(t *testing.T, st *schema.Store) *Presence {
+	t.Helper()
+	pr := NewPresence(st, PresenceConfig{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = pr.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	deadline := time.Now().Add(10 * time.Second)
+	for !pr.Ready() {
+		select {
+		case <-pr.Changed():
+		case <-time.After(time.Until(deadline)):
+			t.Fatal("presence did not read the memberships within 10s")
+		}
+	}
+	return pr
 }
 
 // scripted is a move's two shards played by the test, one live instance each (src on s-1, dst
@@ -515,5 +550,111 @@ func TestStaleReleasedSignalDoesNotCommit(t *testing.T) {
 	got, err := st.LatestPlacement(ctx, "aggregate", "acme")
 	if err != nil || got.Shard != "s-1" || got.Epoch != p.Epoch {
 		t.Fatalf("placement %+v, %v; want s-1 at epoch %d", got, err, p.Epoch)
+	}
+}
+
+// takeoverPlan is a failover plan of one move per placement, off s-1 onto s-2.
+func takeoverPlan(ps ...schema.Placement) *planner.Plan {
+	p := planOf(ps...)
+	p.Strategy = planner.StrategyFailover
+	for i := range p.Moves {
+		p.Moves[i].Takeover = true
+	}
+	return p
+}
+
+// crashedShard runs an aggregate instance of shard on a NATS connection of its own and
+// returns a function that kills it as a process death does: the connection closes, nothing
+// is unregistered.
+func crashedShard(t *testing.T, url, shard string) (kill func()) {
+	t.Helper()
+	st := tmtest.StoreAt(t, url)
+	tmtest.Shard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard, Instance: "dead"}})
+	return func() { st.JS().Conn().Close() }
+}
+
+// TestTakeoverCrashAtEveryStep fails over tenants of a shard whose only instance died (its
+// connection closed): the engine stops right after each durable step of the takeover and a
+// restarted one finishes it. Every move ends done on s-2 at the next epoch, the owner changes
+// only at the commit, and the commit never comes before the target is ready.
+func TestTakeoverCrashAtEveryStep(t *testing.T) {
+	st, url := tmtest.Store(t)
+	startShard(t, st, "s-2")
+	kill := crashedShard(t, url, "s-1")
+	h := watchHistory(t, st)
+	ctx := context.Background()
+	var ps []schema.Placement
+	steps := []string{"move.takeover", "record.takeover", "move.commit", "record.done"}
+	for i := range steps {
+		ps = append(ps, place(t, st, fmt.Sprintf("orphan%d", i), "s-1"))
+	}
+	kill()
+	pr := runPresence(t, st)
+	tmtest.WaitFor(t, 10*time.Second, tmtest.Until("s-1 gone", func() bool { return pr.Shard("aggregate", "s-1").Down() }))
+	for i, step := range steps {
+		t.Run(step, func(t *testing.T) {
+			crashing := newEngine(t, st, Config{Presence: pr, afterStep: func(s string) error {
+				if s == step {
+					return errCrash
+				}
+				return nil
+			}})
+			rec, err := crashing.CreatePlan(ctx, takeoverPlan(ps[i]), "test")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := crashing.Apply(ctx, rec.ID); !errors.Is(err, errCrash) {
+				_, ms, _ := crashing.Plan(ctx, rec.ID)
+				t.Fatalf("apply with a crash at %s: %v (move %+v)", step, err, ms)
+			}
+			restarted := newEngine(t, st, Config{Presence: pr})
+			if _, err := restarted.Apply(ctx, rec.ID); err != nil {
+				t.Fatalf("resume after a crash at %s: %v", step, err)
+			}
+			_, moves, _ := restarted.Plan(ctx, rec.ID)
+			got, _ := st.LatestPlacement(ctx, "aggregate", ps[i].Tenant)
+			if m := moves[0]; m.State != MoveDone || !m.Takeover || got.Shard != "s-2" || got.Epoch != 2 || got.Phase != schema.PhaseActive {
+				t.Fatalf("after resume: move %s takeover=%v (%s), placement %s@%d %s", m.State, m.Takeover, m.Reason, got.Shard, got.Epoch, got.Phase)
+			}
+		})
+	}
+	h.check(t, st)
+}
+
+// TestTakeoverWaitsOutTheLease fails over a tenant whose source instance is alive but silent
+// (its connection open, as a frozen process's): without a drained signal and without the
+// instance gone, the commit waits until the source's lease ran out since the takeover began.
+// Presence is left out, as in the CLI's apply, so the lease is the only way out.
+func TestTakeoverWaitsOutTheLease(t *testing.T) {
+	st, _ := tmtest.Store(t)
+	kc := schema.DefaultKindConfig("aggregate")
+	kc.Lease = schema.Duration(time.Second)
+	if _, err := st.PutKind(context.Background(), kc); err != nil {
+		t.Fatal(err)
+	}
+	startShard(t, st, "s-2")
+	ctx := context.Background()
+	p := place(t, st, "frozen", "s-1")
+	// s-1's instance: registered with a lease of 3s, never answers (no shardkit behind it: it
+	// reports no signal, as a frozen process reports none).
+	if _, err := st.Directory().Register(ctx, schema.Instance{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: "s-1", Instance: "frozen"},
+		URL: "http://127.0.0.1:1", Capacity: 10, Started: time.Now().UTC(), Heartbeat: time.Now().UTC(), Reported: schema.StatusOnline, LeaseMS: 3000}); err != nil {
+		t.Fatal(err)
+	}
+	e := newEngine(t, st, Config{})
+	rec, _ := e.CreatePlan(ctx, takeoverPlan(p), "test")
+	start := time.Now()
+	if _, err := e.Apply(ctx, rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	_, moves, _ := e.Plan(ctx, rec.ID)
+	got, _ := st.LatestPlacement(ctx, "aggregate", p.Tenant)
+	if m := moves[0]; m.State != MoveDone || !strings.Contains(m.Fenced, "lease (3s) ran out") || got.Shard != "s-2" || got.Epoch != 2 {
+		t.Fatalf("move %s fenced %q (%s), placement %s@%d", m.State, m.Fenced, m.Reason, got.Shard, got.Epoch)
+	}
+	// The instance registered a lease of 3s, longer than the kind's 1s: the longer one counts.
+	if took < 3*time.Second {
+		t.Fatalf("committed %s after the takeover began: before the source's 3s lease ran out", took)
 	}
 }

@@ -117,17 +117,19 @@ func (d *dirView) Synced() {
 	d.changed()
 }
 
-// live returns the live instance keys of kind's shards, whether the view has synced, and a
-// channel closed when liveness may have changed.
+// live returns the live instance keys of kind's shards (live by their directory entries, and
+// not dead by Presence), whether the view has synced, and a channel closed when liveness may
+// have changed (Presence's changes have a channel of their own).
 func (d *dirView) live(kind string, shards ...string) (map[string][]string, bool, <-chan struct{}) {
 	now := time.Now()
 	th := d.e.cfg.Thresholds
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := make(map[string][]string, len(shards))
+	pr := d.e.cfg.Presence
 	for _, sh := range shards {
 		for key, inst := range d.byShard[kind+"."+sh] {
-			if th.Status(inst, now).Live() {
+			if th.Status(inst, now).Live() && (pr == nil || !pr.Dead(key)) {
 				out[sh] = append(out[sh], key)
 			}
 		}

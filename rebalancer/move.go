@@ -25,16 +25,21 @@ import (
 // placement as it was before this move's own last write, and the round would take the move
 // for aborted while its warming stays in place (a chaos run found one so). committed, if set,
 // is called once the move has committed (its pause is known).
-func (e *Engine) drive(ctx context.Context, m *MoveRecord, committed func()) (err error) {
+func (e *Engine) drive(ctx context.Context, m *MoveRecord, committed func(), ctl *planControl) (err error) {
 	ctx, span := tracer.Start(ctx, "move", trace.WithAttributes(attribute.String("tm.kind", m.Kind),
 		attribute.String("tm.tenant", m.Tenant), attribute.String("tm.from", m.From), attribute.String("tm.to", m.To),
 		attribute.String("tm.move", m.Key())))
 	defer func() { endSpan(span, err, attribute.String("tm.move.state", string(m.State))) }()
 	w := e.newSignalWatch(m)
+	w.cancelled = ctl.cancelCh()
 	defer w.stop()
 	for !m.State.Terminal() {
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if m.State == MovePending && ctl.cancelled() {
+			m.State, m.Reason, m.Finished = MoveSkipped, "cancelled by "+ctl.by(), time.Now().UTC()
+			return e.saveMove(ctx, m)
 		}
 		p, err := e.st.LatestPlacement(ctx, m.Kind, m.Tenant)
 		if errors.Is(err, schema.ErrNotFound) {
@@ -74,6 +79,16 @@ func (e *Engine) round(ctx context.Context, m *MoveRecord, p schema.Placement, w
 			m.Started = time.Now().UTC()
 		}
 		return e.saveMove(ctx, m)
+	case m.ours(p) && p.Phase == schema.PhaseTakeover && m.State != MoveTakeover:
+		m.State, m.Epoch, m.Takeover = MoveTakeover, p.Epoch, true
+		now := time.Now().UTC()
+		if m.Started.IsZero() {
+			m.Started = now
+		}
+		if m.Handoff.IsZero() {
+			m.Handoff = now
+		}
+		return e.saveMove(ctx, m)
 	case m.ours(p) && p.Phase == schema.PhaseHandoff && m.State != MoveHandoff:
 		m.State, m.Epoch = MoveHandoff, p.Epoch
 		if m.Handoff.IsZero() {
@@ -91,6 +106,9 @@ func (e *Engine) round(ctx context.Context, m *MoveRecord, p schema.Placement, w
 		switch {
 		case p.Shard == m.To && p.Epoch == m.Epoch+1:
 			m.State = MoveDone
+			if m.Commit.IsZero() {
+				m.Commit = p.UpdatedAt // a takeover's commit, recorded after a crash
+			}
 		case p.Shard == m.From && p.Epoch == m.Epoch:
 			m.State = MoveAborted
 			if m.Reason == "" {
@@ -110,11 +128,17 @@ func (e *Engine) round(ctx context.Context, m *MoveRecord, p schema.Placement, w
 		var step func(context.Context) error
 		switch m.State {
 		case MovePending:
-			step = func(ctx context.Context) error { return e.start(ctx, m, p) }
+			if m.Takeover {
+				step = func(ctx context.Context) error { return e.startTakeover(ctx, m, p, w) }
+			} else {
+				step = func(ctx context.Context) error { return e.start(ctx, m, p) }
+			}
 		case MoveWarming:
 			step = func(ctx context.Context) (err error) { next, err = e.warm(ctx, m, p, w); return err }
 		case MoveHandoff:
 			step = func(ctx context.Context) error { return e.handoff(ctx, m, p, w) }
+		case MoveTakeover:
+			step = func(ctx context.Context) error { return e.takeover(ctx, m, p, w) }
 		case MoveCommitted:
 			step = func(ctx context.Context) error { return e.finish(ctx, m, p, w) }
 		default:
@@ -163,12 +187,23 @@ func (e *Engine) start(ctx context.Context, m *MoveRecord, p schema.Placement) e
 	return e.saveMove(ctx, m)
 }
 
-// warm waits for every live instance of the target to be ready, then starts the handoff.
+// warm waits for every live instance of the target to be ready, then starts the handoff. If
+// the source shard dies meanwhile (Presence), the move becomes a takeover.
 func (e *Engine) warm(ctx context.Context, m *MoveRecord, p schema.Placement, w *signalWatch) (*schema.Placement, error) {
 	deadline := m.Started.Add(e.cfg.WarmTimeout)
+	sourceDown := false
 	err := w.wait(ctx, deadline, func(v signalView) bool {
+		if sourceDown = e.shardDown(m.Kind, m.From); sourceDown {
+			return true
+		}
 		return v.all(m.To, func(s schema.TenantSignal) bool { return s.Phase == schema.SignalReady && s.Epoch == m.Epoch })
 	})
+	if err == nil && sourceDown {
+		return nil, e.toTakeover(ctx, m, p, w)
+	}
+	if errors.Is(err, errCancelled) {
+		return nil, e.abort(ctx, m, p, "the plan was cancelled")
+	}
 	if errors.Is(err, errTimeout) {
 		return nil, e.abort(ctx, m, p, fmt.Sprintf("the target %s was not ready within %s", m.To, e.cfg.WarmTimeout))
 	}
@@ -201,8 +236,13 @@ func (e *Engine) handoff(ctx context.Context, m *MoveRecord, p schema.Placement,
 	deadline := m.Handoff.Add(e.cfg.HandoffTimeout)
 	var fence uint64
 	for trustReleased := true; ; trustReleased = false {
-		released := false
+		released, sourceDown := false, false
 		err := w.wait(ctx, deadline, func(v signalView) bool {
+			// A source that died before it drained cannot hand the tenant over: the move
+			// becomes a takeover (its drained signal, if it comes, still lets it commit early).
+			if sourceDown = e.shardDown(m.Kind, m.From); sourceDown {
+				return true
+			}
 			// The target may commit, and the source report drained at the commit's epoch,
 			// before this view showed the source's drained at the handoff's: then the signals
 			// this wait looks for are gone, and only the commit's tell that the handoff is over
@@ -225,6 +265,9 @@ func (e *Engine) handoff(ctx context.Context, m *MoveRecord, p schema.Placement,
 		}
 		if err != nil {
 			return err
+		}
+		if sourceDown {
+			return e.toTakeover(ctx, m, p, w)
 		}
 		if !released {
 			break
@@ -385,12 +428,11 @@ func (v signalView) all(shard string, ok func(schema.TenantSignal) bool) bool {
 	return true
 }
 
-// fence is the highest fence reported drained at epoch by every live instance of shard. A shard
-// with no live instance left has nothing in flight: fence 0 (shardkit's targets agree).
+// fence is the highest fence reported drained at epoch by every live instance of shard (at
+// least one). A source with no live instance left reports nothing, and its tenant is not
+// handed off on a guess that nothing is in flight there: the move becomes a takeover (with
+// Presence), which fences the source, or it aborts at HandoffTimeout.
 func (v signalView) fence(shard string, epoch uint64) (uint64, bool) {
-	if v.live != nil && len(v.live[shard]) == 0 {
-		return 0, true
-	}
 	var f uint64
 	ok := v.all(shard, func(s schema.TenantSignal) bool {
 		if s.Phase != schema.SignalDrained || s.Epoch != epoch {
@@ -423,6 +465,13 @@ type signalWatch struct {
 	m       *MoveRecord
 	start   sync.Once
 	started bool
+	// every, if set, also wakes wait this often (a condition on time); fencedAt is when this
+	// engine wrote the move's takeover, or first drove it (a takeover's lease counts from it).
+	every    time.Duration
+	fencedAt time.Time
+	// cancelled, closed when the move's plan is cancelled, ends a wait with errCancelled (only
+	// warming waits for it: a move past its handoff finishes).
+	cancelled <-chan struct{}
 }
 
 func (e *Engine) newSignalWatch(m *MoveRecord) *signalWatch { return &signalWatch{e: e, m: m} }
@@ -449,7 +498,17 @@ func (w *signalWatch) wait(ctx context.Context, deadline time.Time, cond func(si
 	w.run()
 	wctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
+	var tick <-chan time.Time
+	if w.every > 0 {
+		t := time.NewTicker(w.every)
+		defer t.Stop()
+		tick = t.C
+	}
+	var presence <-chan struct{} // nil: never
 	for {
+		if w.e.cfg.Presence != nil {
+			presence = w.e.cfg.Presence.Changed()
+		}
 		live, dirSynced, dirCh := w.e.dir.live(w.m.Kind, w.m.From, w.m.To)
 		sigs, sigSynced, sigCh := w.e.sigs.tenant(w.m.Kind, w.m.Tenant)
 		if sigSynced && dirSynced && cond(signalView{sigs: sigs, live: live}) {
@@ -458,11 +517,21 @@ func (w *signalWatch) wait(ctx context.Context, deadline time.Time, cond func(si
 		select {
 		case <-sigCh:
 		case <-dirCh:
+		case <-presence:
+		case <-tick:
+		case <-w.cancelled:
+			if w.m.State == MoveWarming {
+				return errCancelled
+			}
+			w.cancelled = nil // past the handoff: finish
 		case <-wctx.Done():
 			return w.e.waitErr(ctx)
 		}
 	}
 }
+
+// errCancelled ends a warming move's wait when its plan is cancelled.
+var errCancelled = errors.New("plan cancelled")
 
 func (e *Engine) waitErr(ctx context.Context) error {
 	if ctx.Err() != nil {

@@ -31,7 +31,44 @@ const (
 	PlanDone       PlanStatus = "done"
 	PlanPartial    PlanStatus = "partial" // finished, but some moves were skipped, aborted or failed
 	PlanRolledBack PlanStatus = "rolled_back"
+	// PlanPaused: an operator paused it (or the autopilot yielded to an operator's plan): no
+	// move starts until it is resumed; the moves under way finished.
+	PlanPaused PlanStatus = "paused"
+	// PlanCancelled: cancelled; the moves past their handoff finished, the rest were aborted or
+	// skipped.
+	PlanCancelled PlanStatus = "cancelled"
 )
+
+// Finished reports whether the plan will not change any more.
+func (s PlanStatus) Finished() bool {
+	return s == PlanDone || s == PlanPartial || s == PlanRolledBack || s == PlanCancelled
+}
+
+// Control is an operator's instruction to a plan being applied.
+type Control string
+
+const (
+	// ControlPause: start no more moves; the plan becomes paused once those under way end.
+	ControlPause Control = "pause"
+	// ControlCancel: start no more moves, abort those warming, let those past their handoff
+	// finish; the plan becomes cancelled.
+	ControlCancel Control = "cancel"
+)
+
+// Trigger says why the autopilot made a plan: which detector, what it measured on what, and
+// the threshold that crossed.
+type Trigger struct {
+	// Detector is failover, balance, fill or evacuate.
+	Detector string `json:"detector"`
+	// Subject is what the detector looked at: kind/shard, or the kind.
+	Subject string `json:"subject"`
+	// Figure is what it measured ("no live instance: 2 registered, 2 gone"; "max/mean 1.42").
+	Figure string `json:"figure"`
+	// Threshold is the rule the figure crossed ("max/mean > 1.20 for 5m0s").
+	Threshold string `json:"threshold"`
+	// Since is when the condition began.
+	Since time.Time `json:"since,omitzero"`
+}
 
 // PlanRecord is a plan as stored, key plan.<id> in tm_rebalance.
 type PlanRecord struct {
@@ -44,6 +81,16 @@ type PlanRecord struct {
 	// RollbackOf names the plan this one reverses; RolledBackBy the plan that reversed this one.
 	RollbackOf   string `json:"rollback_of,omitempty"`
 	RolledBackBy string `json:"rolled_back_by,omitempty"`
+	// Origin is who made the plan: "operator" (the CLI, the API, the dashboard) or "autopilot".
+	Origin string `json:"origin,omitempty"`
+	// Trigger is why the autopilot made it (nil for an operator's plan).
+	Trigger *Trigger `json:"trigger,omitempty"`
+	// Proposed marks an autopilot plan made in dry-run mode: never applied unless an operator
+	// applies it.
+	Proposed bool `json:"proposed,omitempty"`
+	// Control is the last instruction given to the plan, by ControlBy.
+	Control   Control `json:"control,omitempty"`
+	ControlBy string  `json:"control_by,omitempty"`
 
 	Revision uint64 `json:"-"`
 }
@@ -55,6 +102,7 @@ const (
 	MovePending   MoveState = "pending"
 	MoveWarming   MoveState = "warming"
 	MoveHandoff   MoveState = "handoff"
+	MoveTakeover  MoveState = "takeover"  // placement takeover(from -> to): it only goes forward
 	MoveCommitted MoveState = "committed" // placement draining(to, epoch+1): it will finish forward
 	MoveDone      MoveState = "done"
 	MoveAborted   MoveState = "aborted" // back to active on the source, before commit
@@ -78,7 +126,11 @@ type MoveRecord struct {
 	// Epoch is the placement's epoch when the move started; the new owner gets Epoch+1.
 	Epoch uint64 `json:"epoch,omitempty"`
 	// Fence is the source's last applied sequence at handoff.
-	Fence    uint64    `json:"fence,omitempty"`
+	Fence uint64 `json:"fence,omitempty"`
+	// Fenced says how a takeover knew that no instance of the former owner could still serve
+	// the tenant when it committed: its live instances drained, all of them were gone (their
+	// NATS connections closed), or their lease ran out.
+	Fenced   string    `json:"fenced,omitempty"`
 	Reason   string    `json:"reason,omitempty"`
 	Started  time.Time `json:"started,omitzero"`
 	Handoff  time.Time `json:"handoff,omitzero"`
@@ -94,7 +146,8 @@ type MoveRecord struct {
 // Key is the move's name in placements (Placement.Move) and audit events.
 func (m *MoveRecord) Key() string { return m.Plan + "/" + m.ID }
 
-// Pause is how long the tenant's requests were held: from handoff to commit.
+// Pause is how long the tenant's requests were held: from handoff (a takeover's start) to
+// commit.
 func (m *MoveRecord) Pause() time.Duration {
 	if m.Handoff.IsZero() || m.Commit.IsZero() {
 		return 0

@@ -31,7 +31,7 @@ func (e *Engine) Rollback(ctx context.Context, id string) (PlanRecord, error) {
 	maxWave := 0
 	for i := range moves {
 		m := &moves[i]
-		if err := e.stopMove(lctx, m); err != nil {
+		if err := e.stopMove(lctx, m, "rolled back", true); err != nil {
 			return rec, err
 		}
 		if m.State != MoveDone {
@@ -64,8 +64,9 @@ func (e *Engine) Rollback(ctx context.Context, id string) (PlanRecord, error) {
 }
 
 // stopMove brings a move to a terminal state without going further than needed: pending is
-// skipped, warming and handoff are aborted, committed finishes.
-func (e *Engine) stopMove(ctx context.Context, m *MoveRecord) error {
+// skipped, warming is aborted (handoff too if abortHandoff: a rollback; a cancel lets it
+// finish), committed and takeover finish. why is the reason.
+func (e *Engine) stopMove(ctx context.Context, m *MoveRecord, why string, abortHandoff bool) error {
 	w := e.newSignalWatch(m)
 	defer w.stop()
 	for !m.State.Terminal() {
@@ -75,10 +76,10 @@ func (e *Engine) stopMove(ctx context.Context, m *MoveRecord) error {
 		}
 		switch {
 		case m.State == MovePending && !m.ours(p):
-			m.State, m.Reason, m.Finished = MoveSkipped, "rolled back before it started", time.Now().UTC()
+			m.State, m.Reason, m.Finished = MoveSkipped, why+" before it started", time.Now().UTC()
 			err = e.saveMove(ctx, m)
-		case m.ours(p) && (p.Phase == schema.PhaseWarming || p.Phase == schema.PhaseHandoff):
-			err = e.abort(ctx, m, p, "rolled back")
+		case m.ours(p) && (p.Phase == schema.PhaseWarming || abortHandoff && p.Phase == schema.PhaseHandoff):
+			err = e.abort(ctx, m, p, why)
 		default:
 			err = e.round(ctx, m, p, w) // reconcile, or finish a committed move
 		}

@@ -29,10 +29,16 @@ type Telemetry struct {
 // forgetAfter is how long a silent instance's last report is kept.
 const forgetAfter = 10 * time.Minute
 
-// WatchTelemetry subscribes to the load reports of kind ("" for every kind) until Stop.
-func WatchTelemetry(st *schema.Store, kind string) (*Telemetry, error) {
+// WatchTelemetry subscribes to the load reports of kind ("" for every kind) until Stop; also
+// calls each heard function with every report (Presence.Heard), on the subscription's goroutine.
+func WatchTelemetry(st *schema.Store, kind string, heard ...func(schema.LoadReport)) (*Telemetry, error) {
 	t := &Telemetry{latest: map[string]schema.LoadReport{}}
-	sub, err := st.SubscribeLoad(kind, t.Add)
+	sub, err := st.SubscribeLoad(kind, func(r schema.LoadReport) {
+		t.Add(r)
+		for _, h := range heard {
+			h(r)
+		}
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -122,6 +128,9 @@ type WorldOptions struct {
 	Headroom float64
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
+	// Dead, if set, tells of instances known dead sooner than their directory entries age (the
+	// rebalancer's Presence): they are not live.
+	Dead func(key string) bool
 }
 
 func (o WorldOptions) withDefaults() WorldOptions {
@@ -149,8 +158,8 @@ func (o WorldOptions) withDefaults() WorldOptions {
 // live instance or all of them report draining.
 //
 // Tenants are the placements, sorted by tenant id, with their revision and pin. A tenant whose
-// placement is in the middle of a move (not active) is treated as pinned: the move in flight
-// owns it.
+// placement is in the middle of a move (not active) is Moving: the move in flight owns it, and
+// only a failover takes it over.
 //
 // Load: a tenant's load is the sum of its rates in the Top lists of its shard's newest
 // reports. A tenant that no Top list names gets its shard's unexplained rate (the instances'
@@ -215,6 +224,9 @@ func assembleWorld(kind string, insts []schema.Instance, pls []schema.Placement,
 	live := map[string]bool{}
 	for _, i := range insts {
 		s := get(i.Shard)
+		if opts.Dead != nil && opts.Dead(i.Key()) {
+			continue
+		}
 		switch opts.Thresholds.Status(i, now) {
 		case schema.StatusOnline, schema.StatusDegraded:
 			s.live++
@@ -270,7 +282,7 @@ func assembleWorld(kind string, insts []schema.Instance, pls []schema.Placement,
 	w := planner.World{Kind: kind, Shards: []planner.Shard{}, Tenants: make([]planner.Tenant, 0, len(pls))}
 	var totalLoad float64
 	for _, p := range pls {
-		t := planner.Tenant{ID: p.Tenant, Shard: p.Shard, Revision: p.Revision, Pinned: p.Pinned || p.Phase != schema.PhaseActive}
+		t := planner.Tenant{ID: p.Tenant, Shard: p.Shard, Revision: p.Revision, Pinned: p.Pinned, Moving: p.Phase != schema.PhaseActive}
 		t.Load = opts.TenantFloor
 		if loadMode {
 			if r, ok := rates[p.Tenant]; ok {

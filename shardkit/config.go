@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tenantmesh/tenantmesh/internal/gatesig"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -25,7 +26,9 @@ type Config struct {
 	Store *schema.Store
 	// Watcher, if set, is a placement watcher of the instance's kind that the caller runs and
 	// shares among the instances it hosts in one process (each would otherwise hold its own
-	// copy of the kind's placements). Default: the instance makes and runs its own.
+	// copy of the kind's placements); it must confirm its view (placement.Config.Confirm, at
+	// most a quarter of the kind's lease), since the instances' lease is its confirmations.
+	// Default: the instance makes and runs its own, confirming every Confirm.
 	Watcher *placement.Watcher
 	// ID names this instance: kind, shard and instance; required.
 	ID schema.InstanceID
@@ -73,6 +76,17 @@ type Config struct {
 	// dials within the connect timeout (ConnectTimeout).
 	Transport http.RoundTripper
 
+	// GatewayKey, if set, is this kind's gateway key (internal/gatesig; `rebalance auth
+	// gate-key` makes it from the gateways' key): the gate then serves only requests that
+	// carry a gateway's valid X-Tm-Proof, made within GatewaySkew (default 30s) of this
+	// instance's clock, and answers others 403 before it reads anything else. Without it the
+	// gate believes x-tenant-id, x-tm-epoch and x-tm-subject from whoever reaches the port:
+	// run so only where nothing but gateways can (deploy/k8s's NetworkPolicies).
+	GatewayKey  []byte
+	GatewaySkew time.Duration
+	// gateProof verifies X-Tm-Proof with GatewayKey (made by withDefaults).
+	gateProof *gatesig.Signer
+
 	// AdminToken is the bearer token /admin/* requires. Default $TM_ADMIN_TOKEN. Without a
 	// token, admin routes answer 403: they are refused, never open.
 	AdminToken string
@@ -89,6 +103,12 @@ type Config struct {
 	// Heartbeat is the interval of load reports (core NATS), which gateways and the rebalancer
 	// hear as the instance's heartbeat. Default 1s.
 	Heartbeat time.Duration
+	// Confirm is how often the instance confirms its view of placement with the placement
+	// stream's leader (one request); it serves its tenants only while the newest confirmation
+	// is younger than the kind's lease (KindConfig.Lease, 5s by default), so a shard cut off
+	// from NATS or frozen stops serving before a takeover may give its tenants to another
+	// shard. Default 1s, and at most a quarter of the lease.
+	Confirm time.Duration
 	// DirectoryRefresh is how often the directory entry (tm_instances, a replicated JetStream
 	// write) is rewritten when nothing in it changed; a change of status, URL, capacity,
 	// labels or version is written at the next Heartbeat. Readers allow for it before they
@@ -151,6 +171,16 @@ type Hooks struct {
 	// then (or the service keeps what it needs at Fence). An error (the state moved past at)
 	// leaves the move unverified, never a mismatch. Default: no digest is recorded.
 	Digest func(ctx context.Context, tenant string, at uint64) (schema.Digest, error)
+	// Takeover is called on a takeover's target (the former owner has no live instance, or was
+	// fenced for another reason, and does not drain): it must make the former owner's late
+	// writes fail in the service's store from now on (the events package stores an epoch
+	// marker that every later append of an older writer trips on) and return the sequence
+	// that Warm must then reach (0: just the newest state). epoch is the one this shard will
+	// own the tenant at. Without it the target warms from the store as it is: right for a
+	// service that only reads (projection) or whose every write is already refused to a
+	// former owner (the runner's claims and effect markers); a service with writes of its own
+	// must implement it, or run with failover off (KindConfig.Failover).
+	Takeover func(ctx context.Context, tenant string, epoch uint64) (fence uint64, err error)
 }
 
 func (h Hooks) applied(tenant string) uint64 {
@@ -190,6 +220,12 @@ func (c Config) withDefaults() Config {
 	if c.AdminToken == "" {
 		c.AdminToken = os.Getenv(EnvAdminToken)
 	}
+	if c.GatewaySkew <= 0 {
+		c.GatewaySkew = 30 * time.Second
+	}
+	if len(c.GatewayKey) > 0 && c.gateProof == nil {
+		c.gateProof = gatesig.NewSigner(c.GatewayKey)
+	}
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 10 * time.Second
 	}
@@ -198,6 +234,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Heartbeat <= 0 {
 		c.Heartbeat = time.Second
+	}
+	if c.Confirm <= 0 {
+		c.Confirm = time.Second
 	}
 	if c.DirectoryRefresh <= 0 {
 		c.DirectoryRefresh = 15 * time.Second
@@ -250,6 +289,9 @@ func (c Config) valid() error {
 	}
 	if c.Watcher != nil && !c.Watcher.Has(c.ID.Kind) {
 		return fmt.Errorf("%w: Watcher does not follow kind %s", ErrConfig, c.ID.Kind)
+	}
+	if c.Watcher != nil && c.Watcher.ConfirmEvery() <= 0 {
+		return fmt.Errorf("%w: Watcher must confirm its view (placement.Config.Confirm): the instances' lease is its confirmations", ErrConfig)
 	}
 	if c.ForwardFallback && !c.Forward {
 		return fmt.Errorf("%w: ForwardFallback needs Forward", ErrConfig)

@@ -21,19 +21,20 @@ import (
 type verdict uint8
 
 const (
-	serve      verdict = iota
-	notOwner           // another shard owns the tenant: 421 naming it, or forward
-	unplaced           // nobody owns it: 421 without an owner
-	inHandoff          // the tenant is being handed off: 503 Retry-After
-	behind             // the request's epoch is newer than what this instance learned: 503
-	staleEpoch         // the request's epoch is older than the owner's: 421 naming the owner
-	draining           // the tenant is draining here: 421 to the new owner, else 503
-	closing            // the instance is shutting down: 503 (forward mode: to a sibling)
+	serve       verdict = iota
+	notOwner            // another shard owns the tenant: 421 naming it, or forward
+	unplaced            // nobody owns it: 421 without an owner
+	inHandoff           // the tenant is being handed off: 503 Retry-After
+	behind              // the request's epoch is newer than what this instance learned: 503
+	staleEpoch          // the request's epoch is older than the owner's: 421 naming the owner
+	draining            // the tenant is draining here: 421 to the new owner, else 503
+	closing             // the instance is shutting down: 503 (forward mode: to a sibling)
+	unconfirmed         // the instance's lease ran out (it cannot confirm its placement view): 503
 )
 
 var refuseReasons = [...]string{
 	notOwner: "not_owner", unplaced: "unplaced", inHandoff: "handoff", behind: "behind",
-	staleEpoch: "stale_epoch", draining: "draining", closing: "closing",
+	staleEpoch: "stale_epoch", draining: "draining", closing: "closing", unconfirmed: "unconfirmed",
 }
 
 // refusedValues are the X-Tm-Refused header values, allocated once.
@@ -89,6 +90,9 @@ func (g *gatekeeper) tracedGate(next http.Handler, w http.ResponseWriter, r *htt
 var tracer = tracing.NewTracer("github.com/tenantmesh/tenantmesh/shardkit")
 
 func (g *gatekeeper) serveGate(next http.Handler, w http.ResponseWriter, r *http.Request) {
+	if !g.fromGateway(w, r) { // gateauth.go
+		return
+	}
 	tenant := r.Header.Get(tmhttp.HeaderTenant)
 	if !schema.ValidTenant(tenant) {
 		tmhttp.WriteError(w, r, schema.CheckTenant(tenant), tenant, g.s.kind)
@@ -109,6 +113,9 @@ func (g *gatekeeper) serveGate(next http.Handler, w http.ResponseWriter, r *http
 		e, ok = g.awaitEpoch(r.Context(), tenant, want)
 	}
 	v := g.judge(e, ok, want)
+	if v == serve && !g.s.leaseHolds() {
+		v = unconfirmed
+	}
 	if v != serve {
 		g.refuse(next, w, r, tenant, v, e)
 		return
@@ -132,21 +139,23 @@ func (g *gatekeeper) serveGate(next http.Handler, w http.ResponseWriter, r *http
 		ts = g.s.states.getOrCreate(tenant)
 	}
 	defer ts.release()
-	g.serveOwned(next, w, r, ts)
+	g.serveOwned(next, w, r, ts, e.Epoch)
 }
 
-// serveOwned runs next, counting the answer.
-func (g *gatekeeper) serveOwned(next http.Handler, w http.ResponseWriter, r *http.Request, ts *tenantState) {
+// serveOwned runs next, counting the answer. The answer leaves only if the instance may still
+// answer for the tenant when it begins (answerable): a request admitted just before the
+// process froze, or before a takeover, gets a 503 instead of an answer from stale state.
+func (g *gatekeeper) serveOwned(next http.Handler, w http.ResponseWriter, r *http.Request, ts *tenantState, epoch uint64) {
 	start := time.Now()
 	w.Header()[tmhttp.HeaderServedBy] = g.s.servedBy
 	sw := writerPool.Get().(*statusWriter)
-	sw.ResponseWriter, sw.status = w, 0
+	*sw = statusWriter{ResponseWriter: w, g: g, r: r, tenant: ts.tenant, epoch: epoch}
 	defer func() {
 		status := sw.status
 		if status == 0 {
 			status = http.StatusOK
 		}
-		sw.ResponseWriter = nil
+		*sw = statusWriter{}
 		writerPool.Put(sw)
 		ts.requests.Add(1)
 		if status >= 500 {
@@ -167,6 +176,24 @@ func (g *gatekeeper) releaseInstance() {
 		default:
 		}
 	}
+}
+
+// answerable reports whether an answer for tenant, admitted at epoch, may still leave the
+// instance: its lease holds, and the placement still gives the tenant to this shard at that
+// epoch (or this shard is the source of its handoff, whose drain waits for the answer). Under
+// the affinity policy the owner set may change while a request runs: only the lease counts.
+func (g *gatekeeper) answerable(tenant string, epoch uint64) bool {
+	if !g.s.leaseHolds() {
+		return false
+	}
+	if kc := g.s.kindCfg.Load(); kc != nil && kc.Policy == schema.PolicyAffinity {
+		return true
+	}
+	e, ok := g.s.watcher.Lookup(g.s.kind, tenant)
+	if !ok || e.Epoch != epoch {
+		return false
+	}
+	return g.owns(e) || (e.Phase == schema.PhaseHandoff && e.Shard == g.s.cfg.ID.Shard)
 }
 
 // owns reports whether this shard serves e's tenant now.
@@ -191,7 +218,7 @@ func (g *gatekeeper) judge(e placement.Entry, ok bool, want uint64) verdict {
 		return unplaced
 	case want > e.Epoch:
 		return behind
-	case e.Phase == schema.PhaseHandoff:
+	case e.Phase.Moving():
 		return inHandoff
 	case !g.owns(e):
 		return notOwner
@@ -230,7 +257,7 @@ func (g *gatekeeper) refuse(next http.Handler, w http.ResponseWriter, r *http.Re
 		trace.SpanFromContext(r.Context()).SetAttributes(attribute.String("tm.refused", refuseReasons[v]))
 	}
 	owner := e.Shard
-	if v == draining && (e.Shard == g.s.cfg.ID.Shard || e.Phase == schema.PhaseHandoff) {
+	if v == draining && (e.Shard == g.s.cfg.ID.Shard || e.Phase.Moving()) {
 		owner = ""
 	}
 	switch v {
@@ -251,15 +278,12 @@ func (g *gatekeeper) refuse(next http.Handler, w http.ResponseWriter, r *http.Re
 		tmhttp.WriteProblem(w, r, g.s.problem(http.StatusMisdirectedRequest, "not-owner", "Not the owner", tenant,
 			"the tenant has no placement for kind "+g.s.kind))
 		return
-	case closing:
+	case closing, unconfirmed:
 		if g.s.cfg.Forward {
 			g.s.fwd.forward(nil, w, r, tenant, g.s.cfg.ID.Shard)
 			return
 		}
-		p := g.s.problem(http.StatusServiceUnavailable, "instance-draining", "Instance shutting down", tenant,
-			"instance "+g.s.self+" is shutting down; retry on another instance")
-		p.RetryAfter = 1
-		tmhttp.WriteProblem(w, r, p)
+		g.writeUnavailable(w, r, tenant, v)
 		return
 	case inHandoff:
 		p := g.s.problem(http.StatusServiceUnavailable, "handoff", "Tenant in handoff", tenant,
@@ -280,15 +304,70 @@ func (g *gatekeeper) refuse(next http.Handler, w http.ResponseWriter, r *http.Re
 	tmhttp.WriteProblem(w, r, p)
 }
 
-// statusWriter records the status the service answers. Pooled: the gate allocates nothing.
+// writeUnavailable answers 503 for an instance that cannot serve now (shutting down, or its
+// lease ran out): the gateway sends the request to another instance.
+func (g *gatekeeper) writeUnavailable(w http.ResponseWriter, r *http.Request, tenant string, v verdict) {
+	var p tmhttp.Problem
+	if v == closing {
+		p = g.s.problem(http.StatusServiceUnavailable, "instance-draining", "Instance shutting down", tenant,
+			"instance "+g.s.self+" is shutting down; retry on another instance")
+	} else {
+		p = g.s.problem(http.StatusServiceUnavailable, "lease-expired", "Placement view not confirmed", tenant,
+			"instance "+g.s.self+" could not confirm its view of placement with NATS within its lease, so it serves no tenant; retry on another instance")
+	}
+	p.RetryAfter = 1
+	tmhttp.WriteProblem(w, r, p)
+}
+
+// statusWriter records the status the service answers, and checks before the answer begins
+// that it may leave (gatekeeper.answerable). Pooled: the gate allocates nothing.
 type statusWriter struct {
 	http.ResponseWriter
 	status int
+	g      *gatekeeper
+	r      *http.Request
+	tenant string
+	epoch  uint64
+	// checked: the answer began (and was judged); dropped: it was refused, the service's
+	// writes go nowhere.
+	checked, dropped bool
 }
 
 var writerPool = sync.Pool{New: func() any { return new(statusWriter) }}
 
+// begin judges the answer once, when it begins. A withheld answer is replaced by a 503, and
+// what the service writes after goes nowhere. It carries no X-Tm-Refused: the service saw the
+// request, and whatever it did stays done (an append that passed the store's fence happened
+// before the takeover's marker, so the new owner has it), so only the client may send it
+// again, with its Idempotency-Key to learn the outcome.
+func (sw *statusWriter) begin() {
+	if sw.checked {
+		return
+	}
+	sw.checked = true
+	if sw.g.answerable(sw.tenant, sw.epoch) {
+		return
+	}
+	sw.dropped = true
+	sw.status = http.StatusServiceUnavailable
+	h := sw.ResponseWriter.Header()
+	clear(h)
+	h[tmhttp.HeaderServedBy] = sw.g.s.servedBy
+	sw.g.s.metrics.refused.WithLabelValues("answer_withheld").Inc()
+	p := sw.g.s.problem(http.StatusServiceUnavailable, "answer-withheld", "Answer withheld", sw.tenant,
+		"the tenant moved, or this instance lost its lease, while the request ran, so its answer may be stale; "+
+			"what the request did is kept: send it again (with the same Idempotency-Key) to get the answer from the owner")
+	p.RetryAfter = 1
+	tmhttp.WriteProblem(sw.ResponseWriter, sw.r, p)
+}
+
 func (sw *statusWriter) WriteHeader(code int) {
+	if code >= 200 {
+		sw.begin()
+	}
+	if sw.dropped {
+		return
+	}
 	if sw.status == 0 && code >= 200 {
 		sw.status = code
 	}
@@ -296,6 +375,10 @@ func (sw *statusWriter) WriteHeader(code int) {
 }
 
 func (sw *statusWriter) Write(b []byte) (int, error) {
+	sw.begin()
+	if sw.dropped {
+		return len(b), nil
+	}
 	if sw.status == 0 {
 		sw.status = http.StatusOK
 	}
@@ -305,6 +388,10 @@ func (sw *statusWriter) Write(b []byte) (int, error) {
 // Flush passes through to the underlying writer when it can flush.
 func (sw *statusWriter) Flush() {
 	if f, ok := sw.ResponseWriter.(http.Flusher); ok {
+		sw.begin()
+		if sw.dropped {
+			return
+		}
 		if sw.status == 0 {
 			sw.status = http.StatusOK
 		}

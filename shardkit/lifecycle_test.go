@@ -431,10 +431,11 @@ func TestRoutesRepublished(t *testing.T) {
 func TestSharedWatcher(t *testing.T) {
 	srv := natstest.Server(t)
 	st := openStore(t, srv.URL())
-	w, err := placement.New(placement.Config{Store: st, Kinds: []string{"aggregate"}})
-	if err != nil {
-		t.Fatal(err)
+	if _, err := shardkit.New(shardkit.Config{Store: st, ID: id("aggregate-1", "a"), URL: "http://127.0.0.1:1",
+		Watcher: newWatcher(t, placement.Config{Store: st, Kinds: []string{"aggregate"}})}); !errors.Is(err, shardkit.ErrConfig) {
+		t.Fatalf("a watcher that does not confirm its view: %v", err)
 	}
+	w := newWatcher(t, placement.Config{Store: st, Kinds: []string{"aggregate"}, Confirm: time.Second})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = w.Run(ctx) }()
@@ -503,4 +504,13 @@ func TestAdminReloadReregistersAndCallsTheHook(t *testing.T) {
 	if !found {
 		t.Fatalf("routes after reload: %+v", rts)
 	}
+}
+
+func newWatcher(t *testing.T, cfg placement.Config) *placement.Watcher {
+	t.Helper()
+	w, err := placement.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
 }

@@ -24,9 +24,14 @@ func (mv *mover) handleChange(c placement.Change) {
 	me := mv.s.cfg.ID.Shard
 	n, o := c.New, c.Old
 	switch {
+	case c.NewOK && n.Phase == schema.PhaseTakeover && n.Target == me:
+		mv.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { mv.takeoverTask(ctx, ts, n) })
 	case c.NewOK && (n.Phase == schema.PhaseWarming || n.Phase == schema.PhaseHandoff) && n.Target == me:
 		mv.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { mv.warmTask(ctx, ts, n) })
-	case c.NewOK && n.Phase == schema.PhaseHandoff && n.Shard == me:
+	case c.NewOK && n.Phase.Moving() && n.Shard == me:
+		// A handoff, or a takeover of this shard that found it alive after all (it was frozen,
+		// or cut off for a while): stop, let in-flight requests finish, report drained. A
+		// takeover commits on it without waiting out this instance's lease.
 		mv.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { mv.handoffTask(ctx, ts, n) })
 	case c.NewOK && n.Phase == schema.PhaseDraining && n.Source == me:
 		mv.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { mv.commitTask(ctx, ts, n) })
@@ -89,25 +94,33 @@ func (mv *mover) warmTask(ctx context.Context, ts *tenantState, e placement.Entr
 	} else {
 		mv.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalWarming, Epoch: e.Epoch, Applied: mv.s.cfg.Hooks.applied(ts.tenant)})
 	}
+	ready, ok := mv.warmTo(ctx, ts, e, fence)
+	if !ok {
+		return
+	}
+	if e.Phase == schema.PhaseHandoff {
+		mv.commit(ctx, ts, e, ready, handoff)
+	} else {
+		mv.putSignal(ctx, ts, ready)
+	}
+}
+
+// warmTo calls Warm until the tenant's applied sequence reaches fence, reporting warming (with
+// the lag) between tries, and returns the ready signal to report; false if ctx ended first.
+func (mv *mover) warmTo(ctx context.Context, ts *tenantState, e placement.Entry, fence uint64) (schema.TenantSignal, bool) {
 	for {
 		var err error
 		if mv.s.cfg.Hooks.Warm != nil {
 			err = mv.s.cfg.Hooks.Warm(ctx, ts.tenant, fence)
 		}
 		if ctx.Err() != nil {
-			return
+			return schema.TenantSignal{}, false
 		}
 		applied := mv.s.cfg.Hooks.applied(ts.tenant)
 		lag := mv.s.cfg.Hooks.lag(ts.tenant, fence, applied)
 		if err == nil && applied >= fence {
 			mv.s.metrics.clearLag(ts.tenant)
-			ready := schema.TenantSignal{Phase: schema.SignalReady, Epoch: e.Epoch, Applied: applied, Fence: fence, Lag: lag}
-			if e.Phase == schema.PhaseHandoff {
-				mv.commit(ctx, ts, e, ready, handoff)
-			} else {
-				mv.putSignal(ctx, ts, ready)
-			}
-			return
+			return schema.TenantSignal{Phase: schema.SignalReady, Epoch: e.Epoch, Applied: applied, Fence: fence, Lag: lag}, true
 		}
 		if err != nil {
 			mv.s.cfg.Logger.Warn("warm-up failed; retrying", "tenant", ts.tenant, "fence", fence, "err", err)
@@ -115,8 +128,36 @@ func (mv *mover) warmTask(ctx context.Context, ts *tenantState, e placement.Entr
 		mv.s.metrics.setLag(ts.tenant, lag)
 		mv.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalWarming, Epoch: e.Epoch, Applied: applied, Fence: fence, Lag: lag})
 		if !ctxtime.Sleep(ctx, mv.s.cfg.WarmRetry) {
+			return schema.TenantSignal{}, false
+		}
+	}
+}
+
+// takeoverTask runs on a takeover's target. The former owner does not drain (it has no live
+// instance, or was fenced for another reason), so there is no source fence to wait for: the
+// service fences the former owner's late writes in its own store (Hooks.Takeover, at the epoch
+// this shard will own the tenant at) and names the sequence to warm up to; the instance warms
+// up to it and reports ready. The rebalancer commits (takeover -> active here at the next
+// epoch) once every live instance here is ready and no instance of the former owner can still
+// serve.
+func (mv *mover) takeoverTask(ctx context.Context, ts *tenantState, e placement.Entry) {
+	mv.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalWarming, Epoch: e.Epoch, Applied: mv.s.cfg.Hooks.applied(ts.tenant)})
+	var fence uint64
+	for hook := mv.s.cfg.Hooks.Takeover; hook != nil; {
+		var err error
+		if fence, err = hook(ctx, ts.tenant, e.Epoch+1); err == nil {
+			break
+		}
+		if ctx.Err() != nil {
 			return
 		}
+		mv.s.cfg.Logger.Warn("takeover: fencing the former owner failed; retrying", "tenant", ts.tenant, "from", e.Shard, "err", err)
+		if !ctxtime.Sleep(ctx, mv.s.cfg.WarmRetry) {
+			return
+		}
+	}
+	if ready, ok := mv.warmTo(ctx, ts, e, fence); ok {
+		mv.putSignal(ctx, ts, ready)
 	}
 }
 
@@ -247,8 +288,7 @@ func (mv *mover) readPlacement(ctx context.Context, tenant string) (get func() (
 }
 
 // awaitFence watches the source shard's signals for the tenant until every live source
-// instance (at least one) reports drained at epoch, and returns the highest fence reported; a
-// source with no live instance left gives fence 0.
+// instance (at least one) reports drained at epoch, and returns the highest fence reported.
 func (mv *mover) awaitFence(ctx context.Context, tenant, source string, epoch uint64) (uint64, bool) {
 	for ctx.Err() == nil {
 		fence, err := mv.watchFence(ctx, tenant, source, epoch)
@@ -265,8 +305,10 @@ func (mv *mover) awaitFence(ctx context.Context, tenant, source string, epoch ui
 
 func (mv *mover) watchFence(ctx context.Context, tenant, source string, epoch uint64) (uint64, error) {
 	// Instances die while we wait: heartbeats age, so look again every second even without a
-	// change, and take a source shard with no live instance as drained at fence 0 (nothing can
-	// be in flight there; the tenant's data stream is the truth the target warms from).
+	// change. A source with no live instance left never drains: the target does not guess that
+	// nothing is in flight there (a frozen or cut-off instance may wake with requests in flight
+	// and appends unsent); the rebalancer turns the move into a takeover, which fences the
+	// source in the store, or aborts it.
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	read := true // the source's signals, from the bucket: at the start and every tick
@@ -274,10 +316,6 @@ func (mv *mover) watchFence(ctx context.Context, tenant, source string, epoch ui
 	defer reads.Wait()
 	for {
 		live, dirChanged := mv.s.peers.liveNames(source)
-		if len(live) == 0 {
-			mv.s.cfg.Logger.Warn("the move's source has no live instance; taking fence 0", "tenant", tenant, "source", source)
-			return 0, nil
-		}
 		if read {
 			reads.Go(func() { mv.s.signals.refresh(ctx, tenant, source, live) })
 			read = false

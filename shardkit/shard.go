@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -45,6 +47,9 @@ type Shard struct {
 	idle     chan struct{}
 	ready    atomic.Bool
 	kindCfg  atomic.Pointer[schema.KindConfig]
+	// lease is how long the instance serves after its newest placement confirmation
+	// (KindConfig.Lease when it started); see leaseHolds.
+	lease atomic.Int64
 
 	changeMu sync.Mutex
 	changed  chan struct{} // closed and replaced on every placement change
@@ -120,6 +125,7 @@ func New(cfg Config) (*Shard, error) {
 		Store:      cfg.Store,
 		Kinds:      []string{s.kind},
 		OnChange:   s.onChange,
+		Confirm:    cfg.Confirm,
 		Logger:     cfg.Logger,
 		Registerer: cfg.Registerer,
 	})
@@ -184,6 +190,14 @@ func (s *Shard) Run(ctx context.Context) error {
 		s.undoRegister()
 		return err
 	}
+	// The rebalancer's liveness probe: answered while the process runs and holds its NATS
+	// connection, so a probe with no responders tells at once that the instance is gone.
+	ping, err := s.st.JS().Conn().Subscribe(schema.PingSubject(s.cfg.ID), func(m *nats.Msg) { _ = m.Respond(nil) })
+	if err != nil {
+		s.undoRegister()
+		return fmt.Errorf("shardkit: answer liveness probes on %s: %w", schema.PingSubject(s.cfg.ID), err)
+	}
+	defer func() { _ = ping.Unsubscribe() }()
 	s.ready.Store(true)
 	loops.Go(func() { s.applyLoop(runCtx) })
 	loops.Go(func() { s.rep.heartbeatLoop(runCtx) })
@@ -233,7 +247,48 @@ func (s *Shard) start(ctx context.Context) error {
 		return err
 	}
 	s.kindCfg.Store(&kc)
+	s.lease.Store(int64(kc.Lease.D()))
+	if every := s.watcher.ConfirmEvery(); every > kc.Lease.D()/4 {
+		s.cfg.Logger.Warn("the placement view is confirmed less often than a quarter of the kind's lease: a short NATS hiccup will make the instance refuse requests",
+			"confirm", every, "lease", kc.Lease.D())
+	}
+	if err := s.watcher.WaitConfirmed(wctx, s.kind); err != nil {
+		return fmt.Errorf("shardkit: %w", err)
+	}
 	return s.register(wctx)
+}
+
+// leaseHolds reports whether the instance may serve its tenants now: its view of placement was
+// confirmed with the placement stream's leader within its lease. An instance cut off from NATS
+// (or frozen: the monotonic clock counts the pause) stops serving within the lease, which is
+// what a takeover of its tenants waits out (docs/design.md, "Failover").
+func (s *Shard) leaseHolds() bool {
+	age, ok := s.watcher.Confirmed(s.kind)
+	return ok && age < time.Duration(s.lease.Load())
+}
+
+// Serving reports whether this instance serves tenant now: its shard owns it, at the current
+// placement, and the instance's lease holds. Work a service does for a tenant outside a request
+// (the runner claiming a job) checks it first.
+func (s *Shard) Serving(tenant string) bool {
+	e, ok := s.watcher.Lookup(s.kind, tenant)
+	return ok && s.gk.owns(e) && s.leaseHolds()
+}
+
+// WriteEpoch is the epoch at which this instance may write tenant's state now: the placement's
+// epoch while its shard owns the tenant (or is the source of its handoff, finishing the
+// requests in flight) and its lease holds; 0 otherwise (another shard owns it, a takeover is
+// under way or done, the lease ran out). shardkit/events' Log.SetWriteEpoch takes it: a tenant
+// whose events carry a newer epoch marker (a takeover's) is then fenced here.
+func (s *Shard) WriteEpoch(tenant string) uint64 {
+	e, ok := s.watcher.Lookup(s.kind, tenant)
+	if !ok || !s.leaseHolds() {
+		return 0
+	}
+	if s.gk.owns(e) || (e.Phase == schema.PhaseHandoff && e.Shard == s.cfg.ID.Shard) {
+		return e.Epoch
+	}
+	return 0
 }
 
 // register writes the directory entry and publishes the routes.
@@ -246,7 +301,8 @@ func (s *Shard) register(ctx context.Context) error {
 	}
 	s.instMu.Lock()
 	inst := schema.Instance{InstanceID: s.cfg.ID, URL: s.cfg.URL, Capacity: capacity, Labels: s.cfg.Labels,
-		Version: s.cfg.Version, Started: s.inst.Started, Reported: schema.StatusOnline, RefreshMS: s.cfg.DirectoryRefresh.Milliseconds()}
+		Version: s.cfg.Version, Started: s.inst.Started, Reported: schema.StatusOnline, RefreshMS: s.cfg.DirectoryRefresh.Milliseconds(),
+		LeaseMS: time.Duration(s.lease.Load()).Milliseconds()}
 	s.instMu.Unlock()
 	inst, err := s.st.Directory().Register(ctx, inst)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -82,6 +83,11 @@ func tryStack(t testing.TB, bin string, extra ...string) (*stack, error) {
 	s.rebalancer = fmt.Sprintf("http://127.0.0.1:%d", ports[2])
 	s.natsURL = fmt.Sprintf("nats://127.0.0.1:%d", ports[0])
 	s.natsCreds = filepath.Join(dir, "data", "creds", "rebalancer.creds")
+	if !slices.Contains(extra, "--autopilot") {
+		// Tests that move tenants themselves run without the autopilot (the dev stack runs it
+		// on): its balance and fill would move the same tenants.
+		extra = append(extra, "--autopilot", "off")
+	}
 	args := append([]string{"--bin", s.bin, "--data", filepath.Join(dir, "data"),
 		"--nats-port", fmt.Sprint(ports[0]), "--gateway-port", fmt.Sprint(ports[1]), "--rebalancer-port", fmt.Sprint(ports[2]),
 		"--shard-base-port", "0", "--log-level", cmp.Or(os.Getenv("TM_STACK_LOG_LEVEL"), "warn"), "--admin-token", stackAdminToken}, extra...)

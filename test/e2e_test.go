@@ -175,6 +175,24 @@ func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// checkApplied requires one effect per job, each delivered at least once, and returns how many
+// deliveries repeated an Idempotency-Key the receiver had seen: an idempotent receiver (the
+// runner's contract) applies each effect once. A repeat is the runner's documented window: an
+// instance killed after the receiver accepted an effect and before it recorded the delivery
+// (services/runner/README.md, "what exactly once means here").
+func (r *receiver) checkApplied(t testing.TB, jobs int) (repeats int) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, n := range r.byKey {
+		repeats += n - 1
+	}
+	if len(r.byKey) != jobs {
+		t.Errorf("%d effects delivered for %d jobs", len(r.byKey), jobs)
+	}
+	return repeats
+}
+
 // checkOnce requires every effect delivered exactly once, and one effect per job.
 func (r *receiver) checkOnce(t testing.TB, jobs int) {
 	t.Helper()

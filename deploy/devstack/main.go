@@ -8,14 +8,17 @@
 // For chaos tests it can also run a bigger, supervised stack: --instances N runs N instances
 // of every shard (named a, b, c...), --gateways N runs N gateways (the first on --gateway-port,
 // the others on free ports), --nats-cluster runs a 3-node embedded NATS cluster (children get
-// all three URLs and --replicas 3), and --keep-going restarts a child that dies (after
-// --restart-delay) instead of stopping the stack. --state-file writes, on every change, a JSON
+// all three URLs and --replicas 3). A child that dies does not stop the stack: it stays down
+// (--on-exit keep, the default: kill -9 a shard and watch the autopilot fail its tenants over),
+// is restarted after --restart-delay (--on-exit restart, or --keep-going), or stops the stack
+// (--on-exit stop). --state-file writes, on every change, a JSON
 // document naming each child's PID and URL and each NATS node's client URL; --control-addr
 // serves a small localhost HTTP API:
 //
-//	GET  /state             the same document, with which NATS node is JetStream meta leader
-//	POST /nats/{n}/stop     stops embedded NATS node n (1-based)
-//	POST /nats/{n}/start    starts it again on the same ports and store
+//	GET  /state                  the same document, with which NATS node is JetStream meta leader
+//	POST /nats/{n}/stop          stops embedded NATS node n (1-based)
+//	POST /nats/{n}/start         starts it again on the same ports and store
+//	POST /children/{name}/start  starts a child that died (with --on-exit keep)
 package main
 
 import (
@@ -59,6 +62,8 @@ type config struct {
 	instances, gateways    int
 	kindCounts, moreKinds  string
 	natsCluster, keepGoing bool
+	onExit, autopilot      string
+	rebalancerFlags        string
 	natsInsecure, natsTLS  bool
 	restartDelay           time.Duration
 	leaseTTL               time.Duration
@@ -94,8 +99,11 @@ func main() {
 	envflag.Bool(fs, &c.natsCluster, "nats-cluster", false, "run a 3-node embedded NATS cluster (replicas 3) instead of one server; --nats-port is then unused")
 	envflag.Bool(fs, &c.natsInsecure, "nats-insecure", false, "run NATS without authentication (every process connects as anyone); by default it trusts a chain kept in <data>/auth and each process gets its role's credentials in <data>/creds")
 	envflag.Bool(fs, &c.natsTLS, "nats-tls", false, "serve NATS over TLS with a CA and certificate generated in <data>/auth/tls")
-	envflag.Bool(fs, &c.keepGoing, "keep-going", false, "restart a child that dies (after --restart-delay) instead of stopping the stack")
-	envflag.Duration(fs, &c.restartDelay, "restart-delay", time.Second, "with --keep-going, how long to wait before restarting a dead child")
+	envflag.String(fs, &c.onExit, "on-exit", "keep", "what a child's death does: keep (the rest runs on; a dead shard's tenants fail over), restart (after --restart-delay) or stop (the whole stack)")
+	envflag.Bool(fs, &c.keepGoing, "keep-going", false, "same as --on-exit restart")
+	envflag.Duration(fs, &c.restartDelay, "restart-delay", time.Second, "with --on-exit restart, how long to wait before restarting a dead child")
+	envflag.String(fs, &c.autopilot, "autopilot", "on", "the rebalancer's autopilot: on (fails over dead shards, fills new ones, balances), dry-run (proposes plans) or off")
+	envflag.String(fs, &c.rebalancerFlags, "rebalancer-flags", "", `more flags for "rebalance serve", space-separated (e.g. "--autopilot-sustain 5s --autopilot-cooldown 30s")`)
 	envflag.Duration(fs, &c.leaseTTL, "lease-ttl", 10*time.Second, "the rebalancer's leader lease lifetime")
 	envflag.String(fs, &c.stateFile, "state-file", "", "write each child's PID and URL and the NATS nodes' URLs to this JSON file on every change")
 	envflag.String(fs, &c.controlAddr, "control-addr", "", "serve the control API (GET /state, POST /nats/{n}/stop|start) on this localhost address")
@@ -103,6 +111,15 @@ func main() {
 		if errors.Is(err, flag.ErrHelp) {
 			return
 		}
+		os.Exit(2)
+	}
+	if c.keepGoing {
+		c.onExit = "restart"
+	}
+	switch c.onExit {
+	case "keep", "restart", "stop":
+	default:
+		fmt.Fprintf(os.Stderr, "devstack: --on-exit %q: use keep, restart or stop\n", c.onExit)
 		os.Exit(2)
 	}
 	if err := run(ctx, c); err != nil {
@@ -123,6 +140,7 @@ type proc struct {
 	done     chan struct{}
 	err      error
 	restarts int
+	again    chan struct{} // closed when the control API starts the dead child again
 }
 
 func run(ctx context.Context, c config) error {
@@ -173,12 +191,12 @@ func run(ctx context.Context, c config) error {
 		stopAll(procs, c.stopTimeout, log)
 		wg.Wait()
 	}()
-	if c.keepGoing {
+	if c.onExit != "stop" {
 		for _, p := range procs {
 			wg.Go(func() { sup.supervise(ctx, p, &wg) })
 		}
 	}
-	if err := waitReady(ctx, procs, c.readyTimeout, c.keepGoing); err != nil {
+	if err := waitReady(ctx, procs, c.readyTimeout, c.onExit == "restart"); err != nil {
 		return err
 	}
 	if c.controlAddr != "" {
@@ -193,7 +211,7 @@ func run(ctx context.Context, c config) error {
 		}
 	}
 	printBanner(os.Stdout, c, admin, gw, moveTargets(ctx, admin, c.shards), extraGateways(procs))
-	if c.keepGoing {
+	if c.onExit != "stop" {
 		<-ctx.Done()
 		log.Info("stopping")
 		return nil
@@ -221,6 +239,15 @@ func (c config) processes(sec *security, natsURL string, log *slog.Logger) ([]*p
 		}
 		return append(args(o), common...)
 	}
+	gk, err := newGateKeys(filepath.Join(c.data, "auth"))
+	if err != nil {
+		return nil, err
+	}
+	if os.Getenv("TM_RUNNER_WEBHOOK_ALLOW") == "" { // runner.EnvWebhookAllow
+		// The stack's runners may post webhooks to receivers on this host (try-this, the
+		// end-to-end tests); a deployment's reach public addresses only.
+		_ = os.Setenv("TM_RUNNER_WEBHOOK_ALLOW", "public,127.0.0.0/8,::1")
+	}
 	addr := func(port int) string { return fmt.Sprintf("%s:%d", c.host, port) }
 	url := func(port int, path string) string { return fmt.Sprintf("http://%s:%d%s", c.host, port, path) }
 	var out []*proc
@@ -235,13 +262,17 @@ func (c config) processes(sec *security, natsURL string, log *slog.Logger) ([]*p
 			if i > 0 {
 				name = fmt.Sprintf("gateway-%d", i+1)
 			}
-			out = append(out, &proc{name: name, args: append([]string{p, "--addr", addr(port), "--admin-token", c.adminToken}, as(c.gatewayRole())...),
+			// The dev stack has no identity provider: it says so (docs/security.md).
+			out = append(out, &proc{name: name, args: append([]string{p, "--addr", addr(port), "--admin-token", c.adminToken, "--trust-tenant-header"}, append(gk.gateway(), as(c.gatewayRole())...)...),
 				ready: url(port, "/readyz")})
 		}
 	}
 	if p := c.binary("rebalance"); p != "" {
+		// The autopilot on (a new deployment starts in dry-run), with the dev stack's short
+		// windows so its fill and balance show within a minute.
 		out = append(out, &proc{name: "rebalancer", args: append([]string{p, "serve", "--addr", addr(c.rebalancerPort),
-			"--holder", "devstack-rebalancer", "--sweep-every", "5s", "--lease-ttl", c.leaseTTL.String(), "--admin-token", c.adminToken}, as(natsperm.Rebalancer())...), ready: url(c.rebalancerPort, "/readyz")})
+			"--holder", "devstack-rebalancer", "--sweep-every", "5s", "--lease-ttl", c.leaseTTL.String(), "--admin-token", c.adminToken,
+			"--autopilot", c.autopilot, "--autopilot-sustain", "20s", "--autopilot-cooldown", "2m"}, append(strings.Fields(c.rebalancerFlags), as(natsperm.Rebalancer())...)...), ready: url(c.rebalancerPort, "/readyz")})
 	}
 	perKind, err := c.kindInstances()
 	if err != nil {
@@ -264,8 +295,12 @@ func (c config) processes(sec *security, natsURL string, log *slog.Logger) ([]*p
 					name += "." + inst
 				}
 				port := next()
-				out = append(out, &proc{name: name, args: append([]string{bin, "--shard", shard, "--instance", inst,
-					"--addr", addr(port), "--admin-token", c.adminToken}, as(natsperm.Shard(kind, shard, natsperm.KindAssets(kind)))...), ready: url(port, "/readyz")})
+				keyArgs, err := gk.shard(kind)
+				if err != nil {
+					return nil, err
+				}
+				out = append(out, &proc{name: name, args: append(append([]string{bin, "--shard", shard, "--instance", inst,
+					"--addr", addr(port), "--admin-token", c.adminToken}, keyArgs...), as(natsperm.Shard(kind, shard, natsperm.KindAssets(kind)))...), ready: url(port, "/readyz")})
 			}
 		}
 	}
@@ -363,6 +398,16 @@ func (p *proc) current() (*exec.Cmd, chan struct{}) {
 	return p.cmd, p.done
 }
 
+// restarted is closed once the control API starts p again (--on-exit keep).
+func (p *proc) restarted() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.again == nil {
+		p.again = make(chan struct{})
+	}
+	return p.again
+}
+
 var outMu sync.Mutex
 
 // prefixLines copies r to w line by line, each prefixed with the process name.
@@ -422,9 +467,27 @@ func exited(procs []*proc) <-chan *proc {
 	return ch
 }
 
-// stopAll sends SIGTERM to every child (shards first, the gateway last so it can route
-// requests while shards drain), then SIGKILL to those still running after timeout.
+// stopAll stops every child: the rebalancer, then the others at once (shards first, the
+// gateway last so it can route requests while shards drain), with SIGTERM, then SIGKILL to
+// those still running after timeout.
 func stopAll(procs []*proc, timeout time.Duration, log *slog.Logger) {
+	// The rebalancer first, and alone: its autopilot would take the shards' clean exits for
+	// deaths and fail their tenants over while the stack stops.
+	var rb, rest []*proc
+	for _, p := range procs {
+		if p.name == "rebalancer" {
+			rb = append(rb, p)
+		} else {
+			rest = append(rest, p)
+		}
+	}
+	stopProcs(rb, timeout, log)
+	stopProcs(rest, timeout, log)
+}
+
+// stopProcs sends SIGTERM to procs (in reverse order) and waits for them, killing those still
+// running after timeout.
+func stopProcs(procs []*proc, timeout time.Duration, log *slog.Logger) {
 	for i := len(procs) - 1; i >= 0; i-- {
 		if cmd, done := procs[i].current(); cmd != nil && cmd.Process != nil && done != nil {
 			_ = cmd.Process.Signal(syscall.SIGTERM)
@@ -557,5 +620,12 @@ Try this:
   %s/rebalance plan move acme --to %s
   %s/rebalance apply <plan id printed above> --yes
   %s/rebalance status
-`, gws, dash, natsURL, c.data, c.adminToken, gw, gw, gw, gw, export, dash, c.adminToken, c.bin, c.bin, targets, c.bin, c.bin)
+
+Watch a failover (the autopilot is %s): kill a shard; its tenants come back on another
+shard within seconds, and it is filled again once you start it:
+  kill -9 $(pgrep -f 'aggregate --shard aggregate-1 ')
+  curl -s %s/aggregates/account/main -H 'x-tenant-id: acme' -i | grep -i x-served-by
+  %s/rebalance autopilot
+`, gws, dash, natsURL, c.data, c.adminToken, gw, gw, gw, gw, export, dash, c.adminToken, c.bin, c.bin, targets, c.bin, c.bin,
+		c.autopilot, gw, c.bin)
 }

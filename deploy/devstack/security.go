@@ -2,9 +2,11 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats"
+	"github.com/tenantmesh/tenantmesh/internal/gatesig"
 	"github.com/tenantmesh/tenantmesh/internal/natsauth"
 	"github.com/tenantmesh/tenantmesh/internal/natsperm"
 	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
@@ -64,6 +66,11 @@ func (s *security) conn(url string, role natsperm.Role) (natsconn.Options, error
 	if err != nil {
 		return o, fmt.Errorf("credentials for %s: %w", role.Name, err)
 	}
+	// Kept with the user on record, so `rebalance auth revoke --dir <data>/auth --role ...
+	// --push` works on the stack too.
+	if err := s.chain.Save(); err != nil {
+		return o, err
+	}
 	o.Creds = path
 	if s.tls != nil {
 		o.TLSCA = s.tls.CA
@@ -81,4 +88,33 @@ func args(o natsconn.Options) []string {
 		a = append(a, "--nats-tls-ca", o.TLSCA)
 	}
 	return a
+}
+
+// gateKeys are the gateway proof's keys (internal/gatesig) under <data>/auth: the gateways'
+// key gate.key (made on first start, kept) and each kind's key under gate/, so the stack's
+// shards serve only requests its gateways proved, as a production deployment's do.
+type gateKeys struct{ dir, master string }
+
+func newGateKeys(dir string) (*gateKeys, error) {
+	g := &gateKeys{dir: dir, master: filepath.Join(dir, "gate.key")}
+	if _, err := gatesig.LoadOrCreate(g.master); err != nil {
+		return nil, fmt.Errorf("the gateways' key: %w", err)
+	}
+	return g, nil
+}
+
+// gateway are a gateway's flags.
+func (g *gateKeys) gateway() []string { return []string{"--shard-key-file", g.master} }
+
+// shard are the flags of a shard of kind, its key written now.
+func (g *gateKeys) shard(kind string) ([]string, error) {
+	master, err := gatesig.ReadKeyFile(g.master)
+	if err != nil {
+		return nil, err
+	}
+	path := filepath.Join(g.dir, "gate", kind+".key")
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, err
+	}
+	return []string{"--gateway-key-file", path}, gatesig.WriteKeyFile(path, gatesig.KindKey(master, kind))
 }

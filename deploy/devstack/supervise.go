@@ -213,7 +213,9 @@ type supervisor struct {
 	fileMu sync.Mutex
 }
 
-// supervise restarts p each time it dies, until the stack stops.
+// supervise watches p until the stack stops: each time it dies it is restarted (--on-exit
+// restart), or left down for the rest to carry on without it (keep; the control API can start
+// it again).
 func (s *supervisor) supervise(ctx context.Context, p *proc, wg *sync.WaitGroup) {
 	for {
 		_, done := p.current()
@@ -228,8 +230,21 @@ func (s *supervisor) supervise(ctx context.Context, p *proc, wg *sync.WaitGroup)
 		p.mu.Lock()
 		err := p.err
 		p.mu.Unlock()
-		s.log.Warn("child died; restarting it", "proc", p.name, "err", err, "after", s.c.restartDelay)
 		s.writeState()
+		if s.c.onExit != "restart" {
+			s.log.Warn("child died; the platform keeps running without it (a shard's tenants fail over to the others)", "proc", p.name, "err", err)
+			again := p.restarted()
+			if _, done := p.current(); !closed(done) {
+				continue // started again meanwhile
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-again:
+			}
+			continue
+		}
+		s.log.Warn("child died; restarting it", "proc", p.name, "err", err, "after", s.c.restartDelay)
 		select {
 		case <-ctx.Done():
 			return
@@ -247,6 +262,34 @@ func (s *supervisor) supervise(ctx context.Context, p *proc, wg *sync.WaitGroup)
 		p.mu.Unlock()
 		s.writeState()
 	}
+}
+
+// startChild starts the dead child name again (--on-exit keep).
+func (s *supervisor) startChild(name string, wg *sync.WaitGroup) error {
+	for _, p := range s.procs {
+		if p.name != name {
+			continue
+		}
+		_, done := p.current()
+		select {
+		case <-done:
+		default:
+			return fmt.Errorf("%s is running", name)
+		}
+		if err := p.start(wg); err != nil {
+			return err
+		}
+		p.mu.Lock()
+		p.restarts++
+		if p.again != nil {
+			close(p.again)
+			p.again = nil
+		}
+		p.mu.Unlock()
+		s.log.Info("child started again through the control API", "proc", name)
+		return nil
+	}
+	return fmt.Errorf("no child %q", name)
 }
 
 func (s *supervisor) state() state {
@@ -316,6 +359,14 @@ func (s *supervisor) serveControl(ctx context.Context, wg *sync.WaitGroup) error
 	}
 	mux.HandleFunc("POST /nats/{n}/stop", node(s.nodes.stop))
 	mux.HandleFunc("POST /nats/{n}/start", node(s.nodes.start))
+	mux.HandleFunc("POST /children/{name}/start", func(w http.ResponseWriter, r *http.Request) {
+		if err := s.startChild(r.PathValue("name"), wg); err != nil {
+			http.Error(w, err.Error(), http.StatusConflict)
+			return
+		}
+		s.writeState()
+		w.WriteHeader(http.StatusNoContent)
+	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	wg.Go(func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -342,4 +393,17 @@ func extraGateways(procs []*proc) []string {
 		}
 	}
 	return out
+}
+
+// closed reports whether ch is closed (nil: never started, counted closed).
+func closed(ch chan struct{}) bool {
+	if ch == nil {
+		return true
+	}
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }

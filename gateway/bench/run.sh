@@ -48,7 +48,7 @@ done
 for _ in $(seq 1 600); do grep -q READY "$WORK/benchenv.out" && break; sleep 0.1; done
 grep -q READY "$WORK/benchenv.out" || { echo "benchenv not ready"; cat "$WORK/benchenv.out"; exit 1; }
 
-TM_NATS_URL=nats://127.0.0.1:4333 TM_NATS_CREDS="$WORK/creds/gateway.creds" TM_ADDR=127.0.0.1:9080 TM_LOG_LEVEL=warn TM_PPROF=true TM_ADMIN_TOKEN=bench env ${GW_ENV:-} "$WORK/bin/gateway" 2> "$WORK/gateway.log" & PIDS+=($!)
+TM_NATS_URL=nats://127.0.0.1:4333 TM_NATS_CREDS="$WORK/creds/gateway.creds" TM_ADDR=127.0.0.1:9080 TM_TRUST_TENANT_HEADER=true TM_LOG_LEVEL=warn TM_PPROF=true TM_ADMIN_TOKEN=bench env ${GW_ENV:-} "$WORK/bin/gateway" 2> "$WORK/gateway.log" & PIDS+=($!)
 GW_PID=$!
 for _ in $(seq 1 300); do curl -fs "http://127.0.0.1:9080/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
 curl -fs "http://127.0.0.1:9080/readyz" >/dev/null || { echo "gateway not ready"; cat "$WORK"/gateway.log; exit 1; }

@@ -20,7 +20,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -36,7 +38,8 @@ type Config struct {
 	JWKSURL string
 	// KeyFile is a PEM public key (RSA, ECDSA, Ed25519) or a JWK Set JSON file.
 	KeyFile string
-	// Issuer and Audience, when set, must match the token's iss and one of its aud.
+	// Issuer and Audience must match the token's iss and one of its aud (both required: a
+	// token another relying party of the same identity provider got must not pass here).
 	Issuer, Audience string
 	// TenantClaim names the claim holding the tenant id. Default "tenant_id".
 	TenantClaim string
@@ -100,6 +103,14 @@ func New(ctx context.Context, cfg Config) (*Verifier, error) {
 	if (cfg.JWKSURL == "") == (cfg.KeyFile == "") {
 		return nil, errors.New("edgeauth: set one of --jwt-jwks-url and --jwt-key-file")
 	}
+	if cfg.Issuer == "" || cfg.Audience == "" {
+		return nil, errors.New("edgeauth: set --jwt-issuer and --jwt-audience: without them a token the identity provider issued for another service, or another provider's, would pass")
+	}
+	if cfg.JWKSURL != "" {
+		if err := checkJWKSURL(cfg.JWKSURL); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.TenantClaim == "" {
 		cfg.TenantClaim = "tenant_id"
 	}
@@ -132,12 +143,7 @@ func New(ctx context.Context, cfg Config) (*Verifier, error) {
 	v := &Verifier{cfg: cfg, now: time.Now, cache: map[string]cached{}}
 	opts := []jwt.ParserOption{jwt.WithValidMethods(cfg.Methods), jwt.WithLeeway(cfg.Leeway), jwt.WithExpirationRequired(),
 		jwt.WithIssuedAt(), jwt.WithTimeFunc(func() time.Time { return v.now() })}
-	if cfg.Issuer != "" {
-		opts = append(opts, jwt.WithIssuer(cfg.Issuer))
-	}
-	if cfg.Audience != "" {
-		opts = append(opts, jwt.WithAudience(cfg.Audience))
-	}
+	opts = append(opts, jwt.WithIssuer(cfg.Issuer), jwt.WithAudience(cfg.Audience))
 	v.parser = jwt.NewParser(opts...)
 	var err error
 	if cfg.JWKSURL != "" {
@@ -149,6 +155,24 @@ func New(ctx context.Context, cfg Config) (*Verifier, error) {
 		return nil, err
 	}
 	return v, nil
+}
+
+// checkJWKSURL wants https: keys fetched in the clear could be swapped on the way. A loopback
+// address may use http (an identity provider's agent on the same host).
+func checkJWKSURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("edgeauth: --jwt-jwks-url %q: %w", raw, err)
+	}
+	if u.Scheme == "https" {
+		return nil
+	}
+	if u.Scheme == "http" {
+		if ip := net.ParseIP(u.Hostname()); (ip != nil && ip.IsLoopback()) || u.Hostname() == "localhost" {
+			return nil
+		}
+	}
+	return fmt.Errorf("edgeauth: --jwt-jwks-url %q must be https (http only on a loopback address): keys fetched in the clear could be replaced on the way", raw)
 }
 
 func remoteKeys(ctx context.Context, cfg Config) (jwt.Keyfunc, error) {
@@ -207,14 +231,23 @@ func (v *Verifier) Verify(r *http.Request) (Identity, error) {
 	return v.VerifyToken(tok)
 }
 
-// VerifyToken checks one compact JWT.
-func (v *Verifier) VerifyToken(tok string) (Identity, error) {
-	now := v.now()
+// Cached returns the identity of a token verified before and still remembered, without any
+// other work.
+func (v *Verifier) Cached(tok string) (Identity, bool) {
 	v.mu.RLock()
 	c, ok := v.cache[tok]
 	v.mu.RUnlock()
-	if ok && now.Before(c.until) {
-		return c.id, nil
+	if ok && v.now().Before(c.until) {
+		return c.id, true
+	}
+	return Identity{}, false
+}
+
+// VerifyToken checks one compact JWT.
+func (v *Verifier) VerifyToken(tok string) (Identity, error) {
+	now := v.now()
+	if id, ok := v.Cached(tok); ok {
+		return id, nil
 	}
 	claims := jwt.MapClaims{}
 	if _, err := v.parser.ParseWithClaims(tok, claims, v.keys); err != nil {
@@ -225,6 +258,11 @@ func (v *Verifier) VerifyToken(tok string) (Identity, error) {
 	id.Tenant, _ = claims[v.cfg.TenantClaim].(string)
 	if id.Tenant == "" {
 		return Identity{}, &Error{Reason: "no tenant", Err: fmt.Errorf("the token has no %q claim naming the tenant", v.cfg.TenantClaim)}
+	}
+	// Both travel to the shard in header fields: a control character would end the field
+	// and start another (x-tm-epoch, a second request).
+	if !headerSafe(id.Subject, MaxSubject) || !headerSafe(id.Tenant, MaxSubject) {
+		return Identity{}, &Error{Reason: "bad claims", Err: fmt.Errorf("the token's sub or %q holds a control character or is longer than %d bytes", v.cfg.TenantClaim, MaxSubject)}
 	}
 	until := now.Add(v.cfg.CacheTTL)
 	if exp, err := claims.GetExpirationTime(); err == nil && exp != nil && exp.Add(v.cfg.Leeway).Before(until) {
@@ -254,6 +292,23 @@ func (v *Verifier) evict(now time.Time) {
 		}
 		delete(v.cache, k)
 	}
+}
+
+// MaxSubject bounds the sub (and tenant) claim a token may carry.
+const MaxSubject = 256
+
+// headerSafe reports whether s may be a header field value: no control characters (CR, LF,
+// NUL, ...), at most max bytes.
+func headerSafe(s string, max int) bool {
+	if len(s) > max {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < ' ' || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 func reason(err error) string {

@@ -193,15 +193,15 @@ func TestKeyFile(t *testing.T) {
 	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	v, err := edgeauth.New(context.Background(), edgeauth.Config{KeyFile: path, TenantClaim: "org"})
+	v, err := edgeauth.New(context.Background(), edgeauth.Config{KeyFile: path, TenantClaim: "org", Issuer: "i", Audience: "a"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, _ := jwt.NewWithClaims(jwt.SigningMethodEdDSA, jwt.MapClaims{"sub": "s", "org": "globex", "exp": time.Now().Add(time.Minute).Unix()}).SignedString(priv)
+	tok, _ := jwt.NewWithClaims(jwt.SigningMethodEdDSA, jwt.MapClaims{"sub": "s", "org": "globex", "iss": "i", "aud": "a", "exp": time.Now().Add(time.Minute).Unix()}).SignedString(priv)
 	if id, err := v.VerifyToken(tok); err != nil || id.Tenant != "globex" {
 		t.Fatalf("%+v %v", id, err)
 	}
-	if _, err := edgeauth.New(context.Background(), edgeauth.Config{KeyFile: path, Methods: []string{"HS256"}}); err == nil {
+	if _, err := edgeauth.New(context.Background(), edgeauth.Config{KeyFile: path, Issuer: "i", Audience: "a", Methods: []string{"HS256"}}); err == nil {
 		t.Error("HS256 accepted as a method")
 	}
 }

@@ -17,11 +17,14 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 
+	"github.com/tenantmesh/tenantmesh/internal/secretfile"
 	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
 )
 
@@ -30,6 +33,10 @@ import (
 type Role struct {
 	Name     string
 	Pub, Sub []string
+	// Respond lets the role answer requests it receives (one reply each, to whatever reply
+	// subject the requester chose: NATS's allow_responses), without a publish permission on
+	// the requesters' inboxes.
+	Respond bool
 }
 
 // Inbox is the reply prefix the role's connections use (natsconn reads the name from the JWT).
@@ -42,7 +49,7 @@ func (r Role) Sorted() Role {
 		slices.Sort(s)
 		return slices.Compact(s)
 	}
-	return Role{Name: r.Name, Pub: sortUniq(r.Pub), Sub: sortUniq(r.Sub)}
+	return Role{Name: r.Name, Pub: sortUniq(r.Pub), Sub: sortUniq(r.Sub), Respond: r.Respond}
 }
 
 // Admin may do everything in tenantmesh's account: the rebalancer and the operator CLI.
@@ -52,6 +59,12 @@ func Admin() Role { return Role{Name: "rebalancer", Pub: []string{">"}, Sub: []s
 const AccountName = "TENANTMESH"
 
 // Chain is an operator with a system account and tenantmesh's account. Seeds are secrets.
+//
+// Users are signed by the account's signing keys (users.go), each with a version (seed 003's
+// key version), not by the account's own key: a signing key can be retired, which cuts off every
+// user it signed, without changing the account. Users expire (DefaultExpiry), can be revoked
+// one by one or by role, and every change to the account is pushed to running servers through
+// the system account (Push), so neither a rotation nor a revocation restarts anything.
 type Chain struct {
 	OperatorSeed string `json:"operator_seed"`
 	OperatorJWT  string `json:"operator_jwt"`
@@ -59,6 +72,19 @@ type Chain struct {
 	SystemJWT    string `json:"system_jwt"`
 	AccountSeed  string `json:"account_seed"`
 	AccountJWT   string `json:"account_jwt"`
+	// SigningKeys sign users; the newest version signs new ones. A chain made before there
+	// were signing keys has none, and its users are signed by the account key until Rotate.
+	SigningKeys []SigningKey `json:"signing_keys,omitempty"`
+	// Revocations: a user's public key (or "*" for all) -> users of it issued at or before
+	// this unix time are refused.
+	Revocations map[string]int64 `json:"revocations,omitempty"`
+	// Users are the users minted and not yet expired, so they can be revoked by role.
+	Users []User `json:"users,omitempty"`
+	// Roles are the roles minted, by name, so a rotation can mint each again.
+	Roles map[string]Role `json:"roles,omitempty"`
+
+	dir string     // where LoadOrCreate found it; Save writes there
+	mu  sync.Mutex // Users, as credentials are minted concurrently (tests)
 }
 
 // New makes a fresh chain.
@@ -86,6 +112,9 @@ func New() (*Chain, error) {
 	}
 	c := &Chain{OperatorJWT: opJWT, SystemJWT: sysJWT, AccountJWT: accJWT}
 	c.OperatorSeed, c.SystemSeed, c.AccountSeed = seed(op), seed(sys), seed(acc)
+	if err := c.addSigningKey(); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -136,6 +165,7 @@ func LoadOrCreate(dir string) (*Chain, error) {
 		if pub(c.AccountJWT) == "" || pub(c.OperatorJWT) == "" {
 			return nil, fmt.Errorf("natsauth: %s holds no trust chain; remove it to make a new one", path)
 		}
+		c.dir = dir
 		return &c, nil
 	}
 	if !errors.Is(err, os.ErrNotExist) {
@@ -145,23 +175,32 @@ func LoadOrCreate(dir string) (*Chain, error) {
 	if err != nil {
 		return nil, err
 	}
-	b, _ = json.MarshalIndent(c, "", "  ")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("natsauth: %w", err)
 	}
-	if err := writeFile(path, b); err != nil {
+	c.dir = dir
+	if err := c.Save(); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-// writeFile writes a secret atomically with mode 0600.
-func writeFile(path string, b []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("natsauth: %w", err)
+// Save writes the chain back where LoadOrCreate found it (mode 0600), dropping users that
+// have expired.
+func (c *Chain) Save() error {
+	if c.dir == "" {
+		return errors.New("natsauth: the chain was not loaded from a directory")
 	}
-	if err := os.Rename(tmp, path); err != nil {
+	c.forgetExpired(time.Now())
+	c.mu.Lock()
+	b, _ := json.MarshalIndent(c, "", "  ")
+	c.mu.Unlock()
+	return writeFile(filepath.Join(c.dir, chainFile), b)
+}
+
+// writeFile writes a secret with mode 0600 through a new file (secretfile).
+func writeFile(path string, b []byte) error {
+	if err := secretfile.Write(path, b); err != nil {
 		return fmt.Errorf("natsauth: %w", err)
 	}
 	return nil
@@ -199,37 +238,50 @@ func (c *Chain) ServerConfig() string {
 	return b.String()
 }
 
-// Creds mints a user for role in tenantmesh's account and returns its .creds file.
+// Creds mints a user for role in tenantmesh's account, expiring after DefaultExpiry, and
+// returns its .creds file.
 func (c *Chain) Creds(role Role) ([]byte, error) {
-	return creds(c.AccountSeed, role)
+	return c.CredsFor(role, DefaultExpiry)
 }
 
-// SystemCreds mints a user of the system account, for server monitoring (nats server ls).
+// SystemCreds mints a user of the system account, for server monitoring (nats server ls) and
+// for pushing account updates (Push); it expires after DefaultExpiry.
 func (c *Chain) SystemCreds() ([]byte, error) {
-	return creds(c.SystemSeed, Role{Name: "system", Pub: []string{">"}, Sub: []string{">"}})
+	b, _, err := creds(c.SystemSeed, "", Role{Name: "system", Pub: []string{">"}, Sub: []string{">"}}, DefaultExpiry)
+	return b, err
 }
 
-func creds(accountSeed string, role Role) ([]byte, error) {
-	acc, err := nkeys.FromSeed([]byte(accountSeed))
+// creds mints a user of role signed by signer (a seed); issuer, if set, is the account the
+// signer signs for (a signing key's). ttl 0: no expiry.
+func creds(signer, issuer string, role Role, ttl time.Duration) ([]byte, User, error) {
+	kp, err := nkeys.FromSeed([]byte(signer))
 	if err != nil {
-		return nil, fmt.Errorf("natsauth: account seed: %w", err)
+		return nil, User{}, fmt.Errorf("natsauth: signing seed: %w", err)
 	}
 	u, err := nkeys.CreateUser()
 	if err != nil {
-		return nil, err
+		return nil, User{}, err
 	}
 	upub, _ := u.PublicKey()
 	uc := jwt.NewUserClaims(upub)
 	uc.Name = role.Name
+	uc.IssuerAccount = issuer
+	if ttl > 0 {
+		uc.Expires = time.Now().Add(ttl).Unix()
+	}
 	r := role.Sorted()
 	uc.Pub.Allow = jwt.StringList(r.Pub)
 	uc.Sub.Allow = jwt.StringList(r.Sub)
-	tok, err := uc.Encode(acc)
+	if r.Respond {
+		uc.Resp = &jwt.ResponsePermission{MaxMsgs: 1, Expires: time.Minute}
+	}
+	tok, err := uc.Encode(kp)
 	if err != nil {
-		return nil, fmt.Errorf("natsauth: encode user %s: %w", role.Name, err)
+		return nil, User{}, fmt.Errorf("natsauth: encode user %s: %w", role.Name, err)
 	}
 	s, _ := u.Seed()
-	return jwt.FormatUserConfig(tok, s)
+	b, err := jwt.FormatUserConfig(tok, s)
+	return b, User{Name: role.Name, Key: upub, Issued: uc.IssuedAt, Expires: uc.Expires}, err
 }
 
 // WriteCreds mints role's credentials into dir/<role>.creds (mode 0600) and returns the path.

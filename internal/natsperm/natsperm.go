@@ -23,9 +23,10 @@ type Role = natsauth.Role
 func Rebalancer() Role { return natsauth.Admin() }
 
 // Gateway reads placements of kinds, kind config, routes and the directory; writes placements
-// (the unplaced-tenant rule and the affinity policy), the directory entries and routes of the
-// servers that register with it for affinityKinds, and audit events; reads load reports and
-// publishes its circuit reports.
+// of kinds (the unplaced-tenant rule and the affinity policy) and audits them, under those
+// kinds only; writes the directory entries and routes of the servers that register with it
+// for affinityKinds, under those kinds only; reads load reports and publishes its circuit
+// reports.
 func Gateway(kinds, affinityKinds []string) Role {
 	p := base("gateway")
 	p.readKV(schema.BucketKinds, schema.BucketInstances, schema.BucketMembers, schema.BucketRoutes, schema.BucketTenantState)
@@ -33,15 +34,13 @@ func Gateway(kinds, affinityKinds []string) Role {
 	for _, k := range kinds {
 		p.readKV(schema.PlacementBucket(k))
 		p.writeKV(schema.PlacementBucket(k), ">")
+		p.publishAudit(k)
 	}
 	for _, k := range affinityKinds {
 		p.writeKV(schema.BucketInstances, k+".>")
 		p.writeKV(schema.BucketMembers, k+".>")
+		p.writeKV(schema.BucketRoutes, k+".>")
 	}
-	if len(affinityKinds) > 0 {
-		p.writeKV(schema.BucketRoutes, ">")
-	}
-	p.publishAudit("*")
 	p.Sub = append(p.Sub, schema.SubjectLoadAll)
 	p.Pub = append(p.Pub, schema.SubjectCircuitAll)
 	return p.Role
@@ -90,8 +89,8 @@ func KindAssets(kind string) Assets {
 // Shard is one shard's instances: they read the control plane; write only their own
 // directory entries, their own tenant signals, their own move digests (tm_verify), their kind's placements (a drained tenant is
 // released by its shard), routes, their load reports and their kind's audit events; note
-// signals to their kind's shards and hear their own shard's notes; and use their kind's
-// application assets.
+// signals to their kind's shards and hear their own shard's notes; answer the rebalancer's
+// liveness probes of their own shard (a reply each); and use their kind's application assets.
 func Shard(kind, shard string, a Assets) Role {
 	p := base("shard-" + kind + "-" + shard)
 	p.readKV(schema.BucketKinds, schema.BucketInstances, schema.BucketMembers, schema.BucketRoutes,
@@ -103,9 +102,10 @@ func Shard(kind, shard string, a Assets) Role {
 	p.readKV(schema.BucketVerify)
 	p.writeKV(schema.BucketVerify, kind+".*.*.*."+shard+".*")
 	p.writeKV(schema.PlacementBucket(kind), ">")
-	p.writeKV(schema.BucketRoutes, ">")
+	p.writeKV(schema.BucketRoutes, kind+".>") // its own kind's routes (keys lead with the kind)
 	p.Pub = append(p.Pub, "tm.load."+kind+"."+shard+".*", schema.SignalNoteSubjectKind(kind))
-	p.Sub = append(p.Sub, schema.SignalNoteSubject(kind, shard))
+	p.Sub = append(p.Sub, schema.SignalNoteSubject(kind, shard), schema.PingSubjectShard(kind, shard))
+	p.Respond = true // the rebalancer's liveness probes
 	p.publishAudit(kind)
 	for _, s := range a.Streams {
 		p.ownStream(s)
@@ -153,19 +153,23 @@ func (p *perms) readObjects(buckets ...string) {
 	}
 }
 
-// readStream: stream info, gets, and consumers of every sort (ordered, push with flow control,
-// pull) on stream s.
+// readStream: stream info, gets, and the ephemeral consumers tenantmesh reads with (ordered
+// pull consumers with no acknowledgement: kvwatch, jsx.Reader) on stream s. No acknowledgement
+// and no durable consumer: nothing tenantmesh runs acknowledges a message or makes a durable
+// consumer, so no role may ack (or create) one in another role's name. Consumer names are
+// single subject tokens, which permissions cannot match by a role's prefix, so a role may
+// still delete or look up another's ephemeral consumer on a stream both read; its owner
+// makes a new one at once (docs/security.md).
 func (p *perms) readStream(s string) {
 	api := "$JS.API."
 	p.Pub = append(p.Pub,
 		api+"STREAM.INFO."+s, api+"STREAM.MSG.GET."+s,
 		api+"DIRECT.GET."+s, api+"DIRECT.GET."+s+".>",
 		api+"CONSUMER.CREATE."+s, api+"CONSUMER.CREATE."+s+".>",
-		api+"CONSUMER.DURABLE.CREATE."+s+".>",
 		api+"CONSUMER.INFO."+s+".>", api+"CONSUMER.DELETE."+s+".>",
 		api+"CONSUMER.MSG.NEXT."+s+".>",
 		api+"CONSUMER.NAMES."+s, api+"CONSUMER.LIST."+s,
-		"$JS.FC."+s+".>", "$JS.ACK."+s+".>",
+		"$JS.FC."+s+".>",
 	)
 }
 

@@ -118,9 +118,11 @@ func (c *ApplyCommand) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	switch rec.Status {
-	case rebalancer.PlanDone, rebalancer.PlanPartial, rebalancer.PlanRolledBack:
+	switch {
+	case rec.Status.Finished():
 		return fmt.Errorf("plan %s is already %s; see rebalance status %s", id, rec.Status, id)
+	case rec.Status == rebalancer.PlanPaused:
+		return fmt.Errorf("plan %s is paused (by %s); resume it with rebalance resume %s", id, rec.ControlBy, id)
 	}
 	if len(moves) == 0 {
 		fmt.Fprintf(c.m.Stderr, "plan %s has no moves\n", id)
@@ -194,8 +196,7 @@ func (c *ApplyCommand) applyThrough(ctx context.Context, eng *rebalancer.Engine,
 					prog.update(m)
 				}
 			}
-			switch rec.Status {
-			case rebalancer.PlanDone, rebalancer.PlanPartial, rebalancer.PlanRolledBack:
+			if rec.Status.Finished() || rec.Status == rebalancer.PlanPaused {
 				return nil
 			}
 		}

@@ -2,14 +2,23 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
+	"time"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/tenantmesh/tenantmesh/internal/gatesig"
 	"github.com/tenantmesh/tenantmesh/internal/natsauth"
 	"github.com/tenantmesh/tenantmesh/internal/natsperm"
+	"github.com/tenantmesh/tenantmesh/internal/secretfile"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -20,6 +29,8 @@ type AuthCommand struct {
 	common
 	dir, kinds, affinity, shards, out string
 	kind, shard, kv                   string
+	expiry                            time.Duration
+	revokeRole, user, push, pushCA    string
 }
 
 const authAbout = `Makes and keeps the NATS trust chain tenantmesh runs on (NATS decentralized JWT auth: an
@@ -30,14 +41,32 @@ allowed only the subjects that role needs (see 'auth permissions' and docs/secur
                config auth.conf to include from nats-server.conf, and credentials for the
                rebalancer, the gateway, and each --shards entry under --dir/creds
   creds ROLE   mint one role's credentials: rebalancer, gateway, or shard (--kind, --shard)
+  gate-key     write the gateway key of --kind (for its shards' --gateway-key-file) from the
+               gateways' key gate.key (init makes it, for the gateways' --shard-key-file)
   permissions  print what each role may publish and subscribe to
+  revoke       revoke the users of --role (every user minted with that name) or one --user
+               (public key U...): servers disconnect and refuse them once the account is
+               pushed (--push)
+  rotate       add a new version of the signing key and mint every role's credentials in
+               --dir/creds again with it; the older keys' users keep working until retire
+  retire       remove the older signing keys: their users are disconnected (once pushed) and
+               reconnect with the credentials minted by rotate, without a restart
+  push URL     send the account (signing keys, revocations) to the running servers at URL
+               through the system account; revoke, rotate and retire do it with --push URL
+
+Users expire after --expiry (default 90 days): mint again before then. Every change rewrites
+auth.conf too, so a server restarted later keeps it.
 
 --dir holds the chain's seeds: keep it secret, like a CA's key.`
 
 const authExamples = `  rebalance auth init --dir ./nats-auth --shards aggregate:aggregate-1,aggregate:aggregate-2
   rebalance auth creds shard --dir ./nats-auth --kind runner --shard runner-3 --out runner-3.creds
   rebalance auth creds shard --dir ./nats-auth --kind notes --shard notes-1 --kv notes --out notes-1.creds
+  rebalance auth gate-key --dir ./nats-auth --kind notes --out notes.key
   rebalance auth permissions --kind aggregate --shard aggregate-1 --output json
+  rebalance auth revoke --dir ./nats-auth --role shard-runner-runner-3 --push nats://nats-1:4222
+  rebalance auth rotate --dir ./nats-auth --push nats://nats-1:4222   # then deliver the new files, and
+  rebalance auth retire --dir ./nats-auth --push nats://nats-1:4222
 `
 
 // Run runs the subcommand.
@@ -52,6 +81,11 @@ func (c *AuthCommand) Run(ctx context.Context, args []string) error {
 	fs.StringVar(&c.shard, "shard", "aggregate-1", "creds shard, permissions: the shard")
 	fs.StringVar(&c.kv, "kv", "", "creds shard, permissions: KV buckets the shard's kind owns beyond the built-in kinds' (name,...: bucket tm_<kind>_<name>)")
 	fs.StringVar(&c.out, "out", "", "creds: write here instead of --dir/creds/<role>.creds")
+	fs.DurationVar(&c.expiry, "expiry", natsauth.DefaultExpiry, "init, creds, rotate: how long the users minted stay valid (0: forever, not advised)")
+	fs.StringVar(&c.revokeRole, "role", "", "revoke: the role name whose users to revoke (rebalancer, gateway, shard-<kind>-<shard>)")
+	fs.StringVar(&c.user, "user", "", "revoke: one user's public key (U...)")
+	fs.StringVar(&c.push, "push", "", "revoke, rotate, retire: push the account to the servers at this NATS URL")
+	fs.StringVar(&c.pushCA, "push-tls-ca", "", "with --push: CA of the servers' TLS certificate")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -60,9 +94,19 @@ func (c *AuthCommand) Run(ctx context.Context, args []string) error {
 		return err
 	}
 	if len(pos) == 0 {
-		return usagef("auth needs a subcommand: init, creds <role> or permissions (see rebalance auth --help)")
+		return usagef("auth needs a subcommand: init, creds <role>, gate-key, permissions, revoke, rotate, retire or push (see rebalance auth --help)")
 	}
 	switch pos[0] {
+	case "revoke", "rotate", "retire":
+		return c.change(pos[0])
+	case "push":
+		if len(pos) == 2 {
+			c.push = pos[1]
+		}
+		if c.push == "" {
+			return usagef("auth push takes the NATS URL of the servers")
+		}
+		return c.change("push")
 	case "init":
 		return c.init()
 	case "creds":
@@ -76,6 +120,8 @@ func (c *AuthCommand) Run(ctx context.Context, args []string) error {
 		return c.creds(role)
 	case "permissions":
 		return c.permissions()
+	case "gate-key":
+		return c.gateKey()
 	}
 	return usagef("auth %s: unknown; use init, creds or permissions", pos[0])
 }
@@ -146,21 +192,29 @@ func (c *AuthCommand) init() error {
 	}
 	creds := filepath.Join(c.dir, "creds")
 	for _, r := range roles {
-		path, err := chain.WriteCreds(creds, r)
+		path, err := c.writeCreds(chain, creds, r)
 		if err != nil {
 			return err
 		}
 		out = append(out, written{"credentials of " + r.Name, path})
+	}
+	if err := c.save(chain); err != nil {
+		return err
 	}
 	b, err := chain.SystemCreds()
 	if err != nil {
 		return err
 	}
 	sys := filepath.Join(creds, "system.creds")
-	if err := os.WriteFile(sys, b, 0o600); err != nil {
+	if err := secretfile.Write(sys, b); err != nil {
 		return err
 	}
 	out = append(out, written{"system account user (nats server ls, monitoring)", sys})
+	gate, err := c.gateKeys(list(c.kinds))
+	if err != nil {
+		return err
+	}
+	out = append(out, gate...)
 	return c.emit(c.m.Stdout, out, func(w io.Writer) error { return renderWritten(w, out) })
 }
 
@@ -171,19 +225,165 @@ func (c *AuthCommand) creds(r natsperm.Role) error {
 	}
 	path := c.out
 	if path == "" {
-		if path, err = chain.WriteCreds(filepath.Join(c.dir, "creds"), r); err != nil {
+		if path, err = c.writeCreds(chain, filepath.Join(c.dir, "creds"), r); err != nil {
 			return err
 		}
 	} else {
-		b, err := chain.Creds(r)
+		b, err := chain.CredsFor(r, c.expiry)
 		if err != nil {
 			return err
 		}
-		if err := os.WriteFile(path, b, 0o600); err != nil {
+		if err := secretfile.Write(path, b); err != nil {
 			return err
 		}
 	}
+	if err := c.save(chain); err != nil {
+		return err
+	}
 	out := []written{{"credentials of " + r.Name, path}}
+	return c.emit(c.m.Stdout, out, func(w io.Writer) error { return renderWritten(w, out) })
+}
+
+// writeCreds mints r's credentials with --expiry into dir/<role>.creds.
+func (c *AuthCommand) writeCreds(chain *natsauth.Chain, dir string, r natsperm.Role) (string, error) {
+	b, err := chain.CredsFor(r, c.expiry)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, r.Name+".creds")
+	return path, secretfile.Write(path, b)
+}
+
+// save keeps the chain and rewrites auth.conf from it (public JWTs only).
+func (c *AuthCommand) save(chain *natsauth.Chain) error {
+	if err := chain.Save(); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(c.dir, "auth.conf"), []byte(chain.ServerConfig()), 0o644)
+}
+
+// change is revoke, rotate, retire and push: change the account, keep it, rewrite auth.conf,
+// and with --push send it to the running servers.
+func (c *AuthCommand) change(what string) error {
+	chain, err := natsauth.LoadOrCreate(c.dir)
+	if err != nil {
+		return err
+	}
+	var out []written
+	switch what {
+	case "revoke":
+		switch {
+		case c.user != "":
+			err = chain.RevokeKey(c.user)
+			out = append(out, written{"revoked user", c.user})
+		case c.revokeRole != "":
+			var users []natsauth.User
+			users, err = chain.Revoke(func(u natsauth.User) bool { return u.Name == c.revokeRole })
+			for _, u := range users {
+				out = append(out, written{"revoked user of " + u.Name + " (key version " + strconv.Itoa(u.Version) + ")", u.Key})
+			}
+			if err == nil && len(users) == 0 {
+				return fmt.Errorf("no user of role %q is on record in %s", c.revokeRole, c.dir)
+			}
+		default:
+			return usagef("auth revoke needs --role or --user")
+		}
+	case "rotate":
+		var v int
+		if v, err = chain.Rotate(); err != nil {
+			return err
+		}
+		out = append(out, written{"signing key version " + strconv.Itoa(v), filepath.Join(c.dir, "chain.json")})
+		for _, name := range slices.Sorted(maps.Keys(chain.Roles)) {
+			path := filepath.Join(c.dir, "creds", name+".creds")
+			if _, serr := os.Stat(path); serr != nil {
+				continue // minted elsewhere (--out): mint it again with auth creds
+			}
+			if _, err = c.writeCreds(chain, filepath.Join(c.dir, "creds"), chain.Roles[name]); err != nil {
+				return err
+			}
+			out = append(out, written{"credentials of " + name + " (key version " + strconv.Itoa(v) + ")", path})
+		}
+	case "retire":
+		var vs []int
+		if vs, err = chain.Retire(); err == nil && len(vs) == 0 {
+			return errors.New("only one signing key is in use: nothing to retire (rotate first)")
+		}
+		for _, v := range vs {
+			out = append(out, written{"retired signing key version " + strconv.Itoa(v), filepath.Join(c.dir, "chain.json")})
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if err := c.save(chain); err != nil {
+		return err
+	}
+	out = append(out, written{"server config (restarted servers read it)", filepath.Join(c.dir, "auth.conf")})
+	if c.push != "" {
+		var opts []nats.Option
+		if c.pushCA != "" {
+			opts = append(opts, nats.RootCAs(c.pushCA))
+		}
+		if err := chain.Push(c.push, opts...); err != nil {
+			return err
+		}
+		out = append(out, written{"account pushed to the running servers", c.push})
+	}
+	return c.emit(c.m.Stdout, out, func(w io.Writer) error { return renderWritten(w, out) })
+}
+
+// gateKeyFile is the gateways' key in the --dir of init: the gateways' --shard-key-file.
+const gateKeyFile = "gate.key"
+
+// gateKeys makes the gateways' key (kept: made once) and writes each kind's key under
+// --dir/gate/<kind>.key.
+func (c *AuthCommand) gateKeys(kinds []string) ([]written, error) {
+	path := filepath.Join(c.dir, gateKeyFile)
+	master, err := gatesig.LoadOrCreate(path)
+	if err != nil {
+		return nil, err
+	}
+	out := []written{{"gateways' key (secret: --shard-key-file of every gateway)", path}}
+	for _, k := range kinds {
+		if err := schema.CheckName("kind", k); err != nil {
+			return nil, usagef("--kinds: %v", err)
+		}
+		kp := filepath.Join(c.dir, "gate", k+".key")
+		if err := os.MkdirAll(filepath.Dir(kp), 0o700); err != nil {
+			return nil, err
+		}
+		if err := gatesig.WriteKeyFile(kp, gatesig.KindKey(master, k)); err != nil {
+			return nil, err
+		}
+		out = append(out, written{"gateway key of kind " + k + " (--gateway-key-file of its shards)", kp})
+	}
+	return out, nil
+}
+
+// gateKey is `auth gate-key`: one kind's key, to --out or --dir/gate/<kind>.key.
+func (c *AuthCommand) gateKey() error {
+	if err := schema.CheckName("kind", c.kind); err != nil {
+		return usagef("%v", err)
+	}
+	if c.out == "" {
+		out, err := c.gateKeys([]string{c.kind})
+		if err != nil {
+			return err
+		}
+		return c.emit(c.m.Stdout, out, func(w io.Writer) error { return renderWritten(w, out) })
+	}
+	master, err := gatesig.ReadKeyFile(filepath.Join(c.dir, gateKeyFile))
+	if err != nil {
+		return fmt.Errorf("the gateways' key: %w (run rebalance auth init --dir %s first)", err, c.dir)
+	}
+	if err := gatesig.WriteKeyFile(c.out, gatesig.KindKey(master, c.kind)); err != nil {
+		return err
+	}
+	out := []written{{"gateway key of kind " + c.kind, c.out}}
 	return c.emit(c.m.Stdout, out, func(w io.Writer) error { return renderWritten(w, out) })
 }
 

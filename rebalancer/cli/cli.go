@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/internal/envflag"
+	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -51,6 +52,16 @@ var commands = []commandInfo{
 	{"apply", "apply a stored plan (by id) or a plan file", func(m *Main) command { return &ApplyCommand{m: m} }},
 	{"rollback", "reverse an applied plan", func(m *Main) command { return &RollbackCommand{m: m} }},
 	{"verify", "compare each move's target state at the fence with its source's", func(m *Main) command { return &VerifyCommand{m: m} }},
+	{"pause", "pause a plan: no move starts until it is resumed", func(m *Main) command {
+		return &ControlCommand{m: m, name: "pause", control: rebalancer.ControlPause}
+	}},
+	{"resume", "resume a paused plan from where it stopped", func(m *Main) command { return &ControlCommand{m: m, name: "resume"} }},
+	{"cancel", "cancel a plan: moves past their handoff finish, the rest stop", func(m *Main) command {
+		return &ControlCommand{m: m, name: "cancel", control: rebalancer.ControlCancel}
+	}},
+	{"autopilot", "the autopilot: mode, guardrails, budget used, decisions, dead shards", func(m *Main) command { return &AutopilotCommand{m: m} }},
+	{"freeze", "freeze the autopilot's rearranging (failover still runs), or --off", func(m *Main) command { return &FreezeCommand{m: m} }},
+	{"maintenance", "mark a shard for maintenance: the autopilot empties it; --off clears", func(m *Main) command { return &MaintenanceCommand{m: m} }},
 	{"status", "list plans, or show one plan's moves", func(m *Main) command { return &StatusCommand{m: m} }},
 	{"audit", "read the audit journal", func(m *Main) command { return &AuditCommand{m: m} }},
 	{"kinds", "list kinds, or set a kind's config", func(m *Main) command { return &KindsCommand{m: m} }},

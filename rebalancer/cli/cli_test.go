@@ -518,7 +518,7 @@ func TestAuthInit(t *testing.T) {
 		t.Fatalf("auth init: %d %s", code, errb.String())
 	}
 	var wrote []struct{ What, Path string }
-	if err := json.Unmarshal(out.Bytes(), &wrote); err != nil || len(wrote) != 6 {
+	if err := json.Unmarshal(out.Bytes(), &wrote); err != nil || len(wrote) != 11 { // chain, auth.conf, 4 credentials, the gateways' key and 4 kinds' keys
 		t.Fatalf("auth init printed %s (%v)", out.String(), err)
 	}
 	opts, err := natsserver.ProcessConfigFile(filepath.Join(dir, "auth.conf"))

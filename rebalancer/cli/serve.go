@@ -15,6 +15,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/tmlog"
 	"github.com/tenantmesh/tenantmesh/internal/tracing"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
+	"github.com/tenantmesh/tenantmesh/rebalancer/autopilot"
 	"github.com/tenantmesh/tenantmesh/rebalancer/server"
 	"github.com/tenantmesh/tenantmesh/rebalancer/sweeper"
 	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
@@ -30,6 +31,7 @@ type ServeCommand struct {
 	NATS                     natsconn.Options
 	LogLevel, LogFormat      string
 	Webhook, AdminToken      string
+	ReadToken                string
 	Replicas, WebhookRetries int
 	LeaseTTL, SweepEvery     time.Duration
 	OfflineAfter, Degraded   time.Duration
@@ -38,6 +40,16 @@ type ServeCommand struct {
 	PauseBudget              time.Duration
 	ErrorRate                float64
 	NoCompact                bool
+
+	// The autopilot and presence (see rebalancer/autopilot and rebalancer.Presence).
+	Autopilot                  string
+	AutoMaxMoves               int
+	AutoMaxGiB                 float64
+	AutoWindow, AutoCooldown   time.Duration
+	AutoSustain, AutoStartup   time.Duration
+	AutoTolerance, AutoTrigger float64
+	AutoWindows                string
+	SuspectAfter, DeadAfter    time.Duration
 
 	nc        *nats.Conn
 	closeOnce sync.Once
@@ -74,6 +86,7 @@ func (c *ServeCommand) ParseFlags(args []string) error {
 	envflag.String(fs, &c.LogFormat, "log-format", "auto", "auto (text on a terminal, JSON otherwise), text or json")
 	envflag.String(fs, &c.Webhook, "alert-webhook", "", "URL that receives AGENT_OFFLINE alerts as JSON POSTs (unset: no alerts)")
 	envflag.Secret(fs, &c.AdminToken, "admin-token", "bearer token the API's write routes need: POST /api/plans, .../apply, .../rollback, PUT /api/kinds/{kind} (unset: they are refused with 403)")
+	envflag.Secret(fs, &c.ReadToken, "read-token", "bearer token the API's reads need (plans, instances, tenants, audit, the event stream; the admin token works too; unset: clients on this host only)")
 	envflag.Int(fs, &c.Replicas, "replicas", 1, "replicas for buckets and streams this process creates (3 in a cluster)")
 	envflag.Int(fs, &c.WebhookRetries, "alert-retries", 3, "retries of a failed alert POST")
 	envflag.Duration(fs, &c.WebhookTimeout, "alert-timeout", 5*time.Second, "bound on one alert POST")
@@ -87,6 +100,18 @@ func (c *ServeCommand) ParseFlags(args []string) error {
 	envflag.Duration(fs, &c.Drain, "move-drain-timeout", 30*time.Second, "after commit, how long to wait for the former owner to drain")
 	envflag.Duration(fs, &c.PauseBudget, "pause-budget", rebalancer.DefaultPauseBudget, "run fewer moves at once while handoff pauses exceed this (0: always the plan's concurrency)")
 	envflag.Bool(fs, &c.NoCompact, "no-compact", false, "do not write compacted placement snapshots")
+	envflag.String(fs, &c.Autopilot, "autopilot", string(autopilot.DryRun), "off (decide nothing, failover included), dry-run (store plans as proposals, apply none) or on")
+	envflag.Int(fs, &c.AutoMaxMoves, "autopilot-max-moves", 60, "the autopilot's moves per --autopilot-window (failover counts, never stops)")
+	fs.Float64Var(&c.AutoMaxGiB, "autopilot-max-gib", 10, "GiB the autopilot's moves may carry per --autopilot-window")
+	envflag.Duration(fs, &c.AutoWindow, "autopilot-window", time.Hour, "the window the autopilot's move and byte budgets count over")
+	envflag.Duration(fs, &c.AutoCooldown, "autopilot-cooldown", 30*time.Minute, "no tenant is moved by the autopilot twice within this (failover excepted)")
+	fs.Float64Var(&c.AutoTolerance, "autopilot-tolerance", 0.1, "a balance plan aims at max/mean utilisation <= 1+this")
+	fs.Float64Var(&c.AutoTrigger, "autopilot-trigger", 0.25, "a kind is balanced when max/mean utilisation stays above 1+this for --autopilot-sustain (hysteresis: above the tolerance)")
+	envflag.Duration(fs, &c.AutoSustain, "autopilot-sustain", 5*time.Minute, "how long imbalance, or an empty shard, must hold before the autopilot plans")
+	envflag.Duration(fs, &c.AutoStartup, "autopilot-startup", 10*time.Second, "a new leader waits this long before the autopilot decides anything (instances starting beside it register)")
+	envflag.String(fs, &c.AutoWindows, "autopilot-windows", "", `maintenance windows (UTC) when balance and fill may run, ";"-separated: "Mon-Fri 22:00-06:00; Sat 00:00-24:00" (unset: any time)`)
+	envflag.Duration(fs, &c.SuspectAfter, "suspect-after", 1500*time.Millisecond, "probe an instance whose load reports stopped this long")
+	envflag.Duration(fs, &c.DeadAfter, "dead-after", 4*time.Second, "an instance silent this long that does not answer probes is dead (frozen or cut off)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -142,9 +167,15 @@ func (c *ServeCommand) Serve(ctx context.Context) error {
 		return fmt.Errorf("open tenantmesh state at %s: %w", c.NATS.Redacted(), err)
 	}
 	health := rebalancer.Health{Thresholds: schema.Thresholds{DegradedAfter: c.Degraded, OfflineAfter: c.OfflineAfter}, DegradedErrorRate: c.ErrorRate}
+	ap, err := c.autopilotConfig()
+	if err != nil {
+		return err
+	}
 	srv, err := server.New(server.Config{Store: st, Holder: c.Holder, LeaseTTL: c.LeaseTTL, Health: health,
-		WarmTimeout: c.Warm, HandoffTimeout: c.Handoff, DrainTimeout: c.Drain, PauseBudget: pauseBudget(c.PauseBudget), NoCompact: c.NoCompact, AdminToken: c.AdminToken, Logger: log,
-		Sweep: sweeper.Config{Interval: c.SweepEvery, Webhook: c.Webhook, WebhookTimeout: c.WebhookTimeout, WebhookRetries: c.WebhookRetries}})
+		WarmTimeout: c.Warm, HandoffTimeout: c.Handoff, DrainTimeout: c.Drain, PauseBudget: pauseBudget(c.PauseBudget), NoCompact: c.NoCompact, AdminToken: c.AdminToken, ReadToken: c.ReadToken, Logger: log,
+		Sweep:     sweeper.Config{Interval: c.SweepEvery, Webhook: c.Webhook, WebhookTimeout: c.WebhookTimeout, WebhookRetries: c.WebhookRetries},
+		Presence:  rebalancer.PresenceConfig{SuspectAfter: c.SuspectAfter, DeadAfter: c.DeadAfter},
+		Autopilot: ap})
 	if err != nil {
 		return err
 	}
@@ -161,6 +192,24 @@ func (c *ServeCommand) Serve(ctx context.Context) error {
 	}
 	log.Info("stopped")
 	return err
+}
+
+// autopilotConfig is the autopilot's configuration from the flags.
+func (c *ServeCommand) autopilotConfig() (autopilot.Config, error) {
+	mode, err := autopilot.ParseMode(c.Autopilot)
+	if err != nil {
+		return autopilot.Config{}, usagef("--autopilot: %v", err)
+	}
+	windows, err := autopilot.ParseWindows(c.AutoWindows)
+	if err != nil {
+		return autopilot.Config{}, usagef("--autopilot-windows: %v", err)
+	}
+	if c.AutoMaxGiB <= 0 || c.AutoMaxMoves <= 0 || c.AutoTolerance <= 0 || c.AutoTrigger < c.AutoTolerance {
+		return autopilot.Config{}, usagef("the autopilot's budgets and tolerance must be > 0, and --autopilot-trigger at least --autopilot-tolerance")
+	}
+	return autopilot.Config{Mode: mode, MaxMoves: c.AutoMaxMoves, MaxBytes: uint64(c.AutoMaxGiB * (1 << 30)), Window: c.AutoWindow,
+		Cooldown: c.AutoCooldown, Tolerance: c.AutoTolerance, Trigger: c.AutoTrigger, Sustain: c.AutoSustain, Startup: c.AutoStartup,
+		Windows: windows}, nil
 }
 
 // Close closes the NATS connection; it is idempotent.

@@ -18,6 +18,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/rebalancer/autopilot"
 	"github.com/tenantmesh/tenantmesh/rebalancer/server"
 	"github.com/tenantmesh/tenantmesh/rebalancer/sweeper"
 	"github.com/tenantmesh/tenantmesh/shardkit"
@@ -266,4 +267,108 @@ func TestDashboardInstancePage(t *testing.T) {
 	if status != "degraded" || flag != "flagged degraded by api/dash-test: disk replacement" {
 		t.Fatalf("page: status %q flag %q", status, flag)
 	}
+}
+
+// TestDashboardPlanControlAndAutopilot pauses and resumes a plan from the dashboard's buttons
+// (the admin token asked once and kept for the tab), and shows the autopilot's mode.
+func TestDashboardPlanControlAndAutopilot(t *testing.T) {
+	if testing.Short() {
+		t.Skip("browser test")
+	}
+	path := chromium(t)
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv.URL())
+	ctx := context.Background()
+	st, err := schema.Open(ctx, nc, schema.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	startShard(t, st, "s-1", shardkit.Hooks{})
+	startShard(t, st, "s-2", shardkit.Hooks{Warm: func(ctx context.Context, _ string, _ uint64) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}})
+	for _, tenant := range []string{"acme", "globex"} {
+		if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: tenant, Shard: "s-1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rs, err := server.New(server.Config{Store: st, Holder: "dash-test", NoCompact: true, AdminToken: adminToken,
+		Autopilot: autopilot.Config{Mode: autopilot.DryRun, Startup: 100 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, stop := context.WithCancel(ctx)
+	if err := rs.Start(sctx); err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(rs.Handler())
+	t.Cleanup(func() { stop(); rs.Wait(); ts.Close() })
+	for deadline := time.Now().Add(20 * time.Second); !rs.IsLeader(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the service did not lead")
+		}
+		time.Sleep(20 * time.Millisecond) // polling the lease; no event to await
+	}
+	var created server.PlanResponse
+	if err := json.Unmarshal(post(t, ts.URL+"/api/plans", map[string]any{"strategy": "manual", "kind": "aggregate", "concurrency": 1,
+		"moves": []map[string]string{{"tenant": "acme", "to": "s-2"}, {"tenant": "globex", "to": "s-2"}}}), &created); err != nil {
+		t.Fatal(err)
+	}
+	id := created.Plan.ID
+	post(t, ts.URL+"/api/plans/"+id+"/apply", nil)
+
+	alloc, cancelAlloc := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.Flag("disable-gpu", true), chromedp.UserDataDir(t.TempDir()),
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.Flag("no-first-run", true), chromedp.Flag("disable-quic", true))...)
+	defer cancelAlloc()
+	bctx, cancelBrowser := chromedp.NewContext(alloc)
+	defer cancelBrowser()
+	bctx, cancelTimeout := context.WithTimeout(bctx, 60*time.Second)
+	defer cancelTimeout()
+
+	plan := `[data-plan="` + id + `"]`
+	poll := func(what, expr string) {
+		t.Helper()
+		if _, err := chromedp.Run(bctx, chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(20*time.Second))); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	status := func(want string) string {
+		return `document.querySelector('` + plan + ` .head .pill')?.textContent === "` + want + `"`
+	}
+	if err := chromedp.Do(bctx, chromedp.Navigate(ts.URL+"/")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(bctx, chromedp.Evaluate[any](`sessionStorage.setItem("tmAdminToken", "`+adminToken+`")`)); err != nil {
+		t.Fatal(err)
+	}
+	poll("the autopilot's mode", `document.querySelector('#ap-mode').textContent.startsWith("dry-run")`)
+	err = chromedp.Do(bctx,
+		chromedp.WaitVisible(chromedp.CSS(`tr[data-move="`+id+`/m00001"][data-state="warming"]`)),
+		chromedp.Click(chromedp.CSS(plan+` button[data-act="pause"]`)),
+	)
+	if err != nil {
+		t.Fatalf("pausing from the dashboard: %v", err)
+	}
+	// The button's request is the page's: wait until the plan took it, then let the move under
+	// way finish; the next one does not start.
+	tmtest.WaitFor(t, 10*time.Second, tmtest.Until("the pause recorded", func() bool {
+		rec, _, err := rs.Engine().Plan(ctx, id)
+		return err == nil && rec.Control == "pause"
+	}))
+	close(release)
+	poll("the plan shown paused", status("paused"))
+	if rec, moves, err := rs.Engine().Plan(ctx, id); err != nil || rec.ControlBy != "dashboard" || moves[1].State != "pending" {
+		t.Fatalf("paused plan %+v moves %+v: %v", rec, moves, err)
+	}
+	if err := chromedp.Do(bctx, chromedp.Click(chromedp.CSS(plan+` button[data-act="resume"]`))); err != nil {
+		t.Fatalf("resuming from the dashboard: %v", err)
+	}
+	poll("the resumed plan shown done", status("done"))
 }

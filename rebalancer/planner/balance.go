@@ -125,7 +125,7 @@ func (b *balancer) lowerBound() int {
 			if excess <= 0 || leq(excess, 0) {
 				break
 			}
-			if ten := &s.w.Tenants[t]; !ten.Pinned && ten.Load > 0 {
+			if ten := &s.w.Tenants[t]; !ten.fixed() && ten.Load > 0 {
 				excess -= ten.Load
 				total++
 			}
@@ -185,7 +185,7 @@ func (b *balancer) pick(d int32, seg []int32, room, excess float64) int32 {
 	s := b.s
 	ts := s.w.Tenants
 	avail := func(t int32) bool {
-		return s.owner[t] == d && !b.skip[t] && !ts[t].Pinned && ts[t].Load > 0 && s.fitsBytes(t)
+		return s.owner[t] == d && !b.skip[t] && !ts[t].fixed() && ts[t].Load > 0 && s.fitsBytes(t)
 	}
 	// Entries before head[d] are gone for good (moved or skipped): donors never receive.
 	h := int(b.head[d])

@@ -69,6 +69,10 @@ func checkPlan(t *testing.T, o Options, p *Plan, worlds ...World) {
 		switch {
 		case ten.Pinned:
 			t.Fatalf("move %d: pinned tenant %s moved", i, m.Tenant)
+		case ten.Moving && p.Strategy != StrategyFailover:
+			t.Fatalf("move %d: tenant %s moved while in a move", i, m.Tenant)
+		case m.Takeover != (p.Strategy == StrategyFailover):
+			t.Fatalf("move %d: takeover %v in a %s plan", i, m.Takeover, p.Strategy)
 		case where[tk] != m.From:
 			t.Fatalf("move %d: %s is on %s, the move starts from %s", i, m.Tenant, where[tk], m.From)
 		case m.Revision != ten.Revision:
@@ -113,7 +117,7 @@ func checkPlan(t *testing.T, o Options, p *Plan, worlds ...World) {
 			t.Fatalf("%s/%s: before %v and moves do not add up to after %v", d.Kind, d.Shard, d.LoadBefore, d.LoadAfter)
 		}
 		if in[k] > 0 {
-			if !leq(load[k], sh.Capacity) {
+			if !leq(load[k], sh.Capacity) && p.Strategy != StrategyFailover { // a failover prefers over capacity to down
 				t.Fatalf("%s/%s: receives tenants and ends at %v load over capacity %v", d.Kind, d.Shard, load[k], sh.Capacity)
 			}
 			if sh.MaxTenants > 0 && count[k] > sh.MaxTenants {

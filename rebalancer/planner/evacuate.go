@@ -29,7 +29,7 @@ func Evacuate(w World, shard string, o Options) (*Plan, error) {
 	var pinned []string
 	var need float64
 	for _, t := range seg {
-		if ten := &w.Tenants[t]; ten.Pinned {
+		if ten := &w.Tenants[t]; ten.fixed() {
 			pinned = append(pinned, ten.ID)
 		} else {
 			need += ten.Load

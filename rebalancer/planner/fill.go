@@ -60,7 +60,7 @@ func Fill(w World, shard string, o Options) (*Plan, error) {
 		i := sort.Search(len(seg), func(i int) bool { return leq(ts[seg[i]].Load, lim) })
 		t := int32(-1)
 		for ; i < len(seg); i++ {
-			if c := seg[i]; s.owner[c] == d && !ts[c].Pinned && ts[c].Load > 0 && s.canHost(dst, c) {
+			if c := seg[i]; s.owner[c] == d && !ts[c].fixed() && ts[c].Load > 0 && s.canHost(dst, c) {
 				t = c
 				break
 			}

@@ -56,7 +56,7 @@ func (s *state) manual(t int32, id, to string) error {
 	ten := &s.w.Tenants[t]
 	sh := &s.w.Shards[r]
 	switch {
-	case ten.Pinned:
+	case ten.fixed():
 		return fmt.Errorf("%w: %s/%s is pinned: unpin it before moving it", ErrPinned, k, id)
 	case !s.budgetLeft():
 		return fmt.Errorf("%w: the plan needs more than the budget of %d moves: raise the budget", ErrBudget, s.opts.Budget)

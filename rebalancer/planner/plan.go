@@ -51,6 +51,12 @@ type Move struct {
 	Warmup        string  `json:"warmup,omitempty"`
 	WarmupSeconds float64 `json:"warmup_seconds,omitempty"`
 	WarmupReason  string  `json:"warmup_reason,omitempty"`
+	// Takeover moves the tenant without its source's drain (the source has no live instance):
+	// the target fences the source in the store and loads the tenant from it (docs/design.md,
+	// "Failover").
+	Takeover bool `json:"takeover,omitempty"`
+	// Goal says what the move is for: the plan's goal as it applies to this move.
+	Goal string `json:"goal,omitempty"`
 }
 
 // ShardDiff is one shard's predicted change.
@@ -161,12 +167,33 @@ func (p *Plan) finish() *Plan {
 	}
 	p.Waves = wave
 	p.Bytes, p.WarmupSeconds = 0, 0
-	for _, m := range p.Moves {
+	for i := range p.Moves {
+		m := &p.Moves[i]
 		p.Bytes += m.Bytes
 		p.WarmupSeconds += m.WarmupSeconds
+		if m.Goal == "" {
+			m.Goal = p.goal(m)
+		}
 	}
 	slices.SortStableFunc(p.Kinds, func(a, b KindSummary) int { return cmp.Compare(kindRank(a.Kind), kindRank(b.Kind)) })
 	return p
+}
+
+// goal says what move m is for, from the plan's strategy and figures.
+func (p *Plan) goal(m *Move) string {
+	switch p.Strategy {
+	case StrategyBalance:
+		sum := p.Summary(m.Kind)
+		return fmt.Sprintf("balance %s: max/mean %.2f -> %.2f (tolerance %.0f%%); %s is above the mean", m.Kind,
+			sum.Before.MaxOverMean, sum.After.MaxOverMean, 100*p.Tolerance, m.From)
+	case StrategyEvacuate:
+		return "empty " + m.Kind + "/" + m.From
+	case StrategyFill:
+		return "feed " + m.Kind + "/" + m.To + " towards the mean"
+	case StrategyFailover:
+		return "take over from " + m.Kind + "/" + m.From + ", which has no live instance"
+	}
+	return "requested: " + m.Kind + "/" + m.Tenant + " to " + m.To
 }
 
 // kindOrder is the order a tenant's moves across kinds run in; other kinds follow by name.

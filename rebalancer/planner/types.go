@@ -14,6 +14,9 @@ const (
 	StrategyFill       Strategy = "fill"
 	StrategyManual     Strategy = "manual"
 	StrategyMoveTenant Strategy = "move-tenant"
+	// StrategyFailover takes over the tenants of shards that have no live instance (see
+	// [Failover]): every move is a takeover.
+	StrategyFailover Strategy = "failover"
 )
 
 // Shard is one shard of a kind as the planner sees it.
@@ -41,8 +44,11 @@ type Tenant struct {
 	Load float64 `json:"load"`
 	// Revision is the placement's KV revision; the plan copies it into the tenant's move.
 	Revision uint64 `json:"revision,omitempty"`
-	// Pinned tenants are never moved.
+	// Pinned tenants are never moved (the operator's pin).
 	Pinned bool `json:"pinned,omitempty"`
+	// Moving tenants are in the middle of a move that owns them: no plan moves them, but a
+	// failover takes them over when the move's source is dead.
+	Moving bool `json:"moving,omitempty"`
 	// Requires are labels a shard must carry to host the tenant (for example region=eu).
 	Requires map[string]string `json:"requires,omitempty"`
 	// Bytes is what a move of the tenant carries (events replayed or snapshot loaded, views):
@@ -53,6 +59,9 @@ type Tenant struct {
 	ReplayBytes   uint64 `json:"replay_bytes,omitempty"`
 	SnapshotBytes uint64 `json:"snapshot_bytes,omitempty"`
 }
+
+// fixed reports whether a plan may not move the tenant: pinned, or in a move already.
+func (t *Tenant) fixed() bool { return t.Pinned || t.Moving }
 
 // World is a snapshot of one kind: its shards and its tenants. The planner reads it and never
 // modifies it. Ties between equal loads are broken by the order of Tenants (list placements
@@ -158,8 +167,10 @@ func Make(req Request, worlds ...World) (*Plan, error) {
 		return Fill(*w, req.Shard, req.Options)
 	case StrategyManual:
 		return Manual(*w, req.Moves, req.Options)
+	case StrategyFailover:
+		return Failover(*w, []string{req.Shard}, req.Options)
 	}
-	return nil, fmt.Errorf("%w: strategy %q is not one of balance, evacuate, fill, manual, move-tenant", ErrInvalid, req.Strategy)
+	return nil, fmt.Errorf("%w: strategy %q is not one of balance, evacuate, fill, manual, move-tenant, failover", ErrInvalid, req.Strategy)
 }
 
 // matches reports whether labels carry every key=value of req.

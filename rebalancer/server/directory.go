@@ -25,9 +25,13 @@ func (s *Server) registerDirectoryRoutes(r chi.Router) {
 // handleInstances lists the directory: ?kind=, ?status=online,degraded (derived statuses) and
 // ?label=k=v (repeatable: every one must match), the multi-host design's host list filters.
 func (s *Server) handleInstances(w http.ResponseWriter, r *http.Request) {
+	kind, err := kindParam(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	q := r.URL.Query()
 	var f rebalancer.InstanceFilter
-	var err error
 	if f.Statuses, err = rebalancer.ParseStatuses(q.Get("status")); err != nil {
 		s.fail(w, r, badRequest(err.Error()))
 		return
@@ -36,7 +40,7 @@ func (s *Server) handleInstances(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, badRequest(err.Error()))
 		return
 	}
-	views, err := rebalancer.Instances(r.Context(), s.st, q.Get("kind"), s.cfg.Health, time.Now())
+	views, err := rebalancer.Instances(r.Context(), s.st, kind, s.cfg.Health, time.Now())
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -45,13 +49,26 @@ func (s *Server) handleInstances(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleAudit reads the journal: ?kind= &tenant= &since= (RFC 3339 time or a duration back
-// from now, like 1h) &limit= (default 100).
+// from now, like 1h) &limit= (default 100, at most maxAuditLimit). kind and tenant are names,
+// never subject wildcards: they become the stream filter.
 func (s *Server) handleAudit(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	aq := schema.AuditQuery{Kind: q.Get("kind"), Tenant: q.Get("tenant")}
+	aq := schema.AuditQuery{Tenant: q.Get("tenant")}
 	var err error
+	if aq.Kind, err = kindParam(r); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if aq.Tenant != "" && !schema.ValidTenant(aq.Tenant) {
+		s.fail(w, r, badRequest(schema.CheckTenant(aq.Tenant).Error()))
+		return
+	}
 	if aq.Limit, err = intParam(r, "limit", 100); err != nil {
 		s.fail(w, r, err)
+		return
+	}
+	if aq.Limit < 1 || aq.Limit > maxAuditLimit {
+		s.fail(w, r, badRequest(fmt.Sprintf("limit must be 1 to %d", maxAuditLimit)))
 		return
 	}
 	if v := q.Get("since"); v != "" {
@@ -69,6 +86,22 @@ func (s *Server) handleAudit(w http.ResponseWriter, r *http.Request) {
 		evs = []schema.AuditEvent{}
 	}
 	tmhttp.WriteJSON(w, http.StatusOK, evs)
+}
+
+// maxAuditLimit bounds the entries one audit read returns.
+const maxAuditLimit = 1000
+
+// kindParam is ?kind=, "" or a valid kind name (400 otherwise: "*" or "a.b" would widen a
+// subject filter).
+func kindParam(r *http.Request) (string, error) {
+	kind := r.URL.Query().Get("kind")
+	if kind == "" {
+		return "", nil
+	}
+	if err := schema.CheckName("kind", kind); err != nil {
+		return "", badRequest(err.Error())
+	}
+	return kind, nil
 }
 
 func (s *Server) handleKinds(w http.ResponseWriter, r *http.Request) {

@@ -17,6 +17,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
 // Event is one server-sent event: Type is the SSE event name, Data its JSON payload.
@@ -69,13 +70,29 @@ func (h *hub) send(ev Event) {
 	}
 }
 
+// maxStreams bounds the event streams one process serves at once (each holds a goroutine
+// and a buffer of 256 events); beyond it a new stream is answered 503.
+const maxStreams = 64
+
+var errTooManyStreams = &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "too-many-streams", Title: "Too many event streams",
+	Detail: "this rebalancer serves as many event streams as it may; retry later", RetryAfter: 5 * time.Second}
+
 func (h *hub) subscribe() (chan Event, func()) {
+	c, cancel, _ := h.trySubscribe(0)
+	return c, cancel
+}
+
+// trySubscribe is subscribe with a bound on the streams (0: none).
+func (h *hub) trySubscribe(bound int) (chan Event, func(), error) {
 	c := make(chan Event, 256)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
 		close(c)
-		return c, func() {}
+		return c, func() {}, nil
+	}
+	if bound > 0 && len(h.subs) >= bound {
+		return nil, nil, errTooManyStreams
 	}
 	h.subs[c] = struct{}{}
 	return c, func() {
@@ -85,7 +102,7 @@ func (h *hub) subscribe() (chan Event, func()) {
 			delete(h.subs, c)
 			close(c)
 		}
-	}
+	}, nil
 }
 
 // close ends every stream (at shutdown).
@@ -231,7 +248,11 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, fmt.Errorf("streaming unsupported"))
 		return
 	}
-	c, cancel := s.hub.subscribe()
+	c, cancel, err := s.hub.trySubscribe(maxStreams)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	defer cancel()
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")

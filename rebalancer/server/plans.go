@@ -23,7 +23,58 @@ func (s *Server) registerPlanRoutes(r chi.Router) {
 	r.Get("/api/plans/{id}", s.handleGetPlan)
 	r.Post("/api/plans/{id}/apply", s.handleApply)
 	r.Post("/api/plans/{id}/rollback", s.handleRollback)
+	r.Post("/api/plans/{id}/pause", s.handleControl(rebalancer.ControlPause))
+	r.Post("/api/plans/{id}/resume", s.handleControl(""))
+	r.Post("/api/plans/{id}/cancel", s.handleControl(rebalancer.ControlCancel))
 	r.Get("/api/leader", s.handleLeader)
+}
+
+// ControlRequest is the optional body of POST /api/plans/{id}/pause|resume|cancel.
+type ControlRequest struct {
+	Actor string `json:"actor,omitempty"`
+}
+
+// handleControl pauses, resumes ("") or cancels a plan. A pause or cancel of a plan being
+// applied takes effect at its next move (202); resuming applies the plan again here (the
+// leader), from where it stopped.
+func (s *Server) handleControl(c rebalancer.Control) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req ControlRequest
+		if r.ContentLength != 0 {
+			dec := json.NewDecoder(io.LimitReader(r.Body, 1<<16))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&req); err != nil && !errors.Is(err, io.EOF) {
+				s.fail(w, r, badRequest(`the body is optional: {"actor": "who asks"}: `+err.Error()))
+				return
+			}
+		}
+		actor := req.Actor
+		if actor == "" {
+			actor = "api"
+		}
+		id := chi.URLParam(r, "id")
+		if c == "" && !s.IsLeader() {
+			s.fail(w, r, s.notLeader(r.Context()))
+			return
+		}
+		rec, err := s.eng.SetControl(r.Context(), id, c, actor)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		if c == "" {
+			apply := func(ctx context.Context) (rebalancer.PlanRecord, error) { return s.eng.Apply(ctx, id) }
+			if rec.Origin == "autopilot" && !rec.Proposed {
+				s.auto.Adopt(s.leaderContext(), rec)
+			} else if err := s.startWork(r.Context(), id, apply); err != nil {
+				s.fail(w, r, err)
+				return
+			}
+			rec.Status = rebalancer.PlanApplying
+		}
+		w.Header().Set("Location", "/api/plans/"+id)
+		tmhttp.WriteJSON(w, http.StatusAccepted, rec)
+	}
 }
 
 // PlanRequest is the body of POST /api/plans: a planner request, plus DryRun to only compute
@@ -118,7 +169,7 @@ func (s *Server) startPlanWork(w http.ResponseWriter, r *http.Request, what stri
 		s.fail(w, r, err)
 		return
 	}
-	if what == "applying" && (rec.Status == rebalancer.PlanDone || rec.Status == rebalancer.PlanRolledBack || rec.Status == rebalancer.PlanPartial) {
+	if what == "applying" && rec.Status.Finished() {
 		s.fail(w, r, &tmhttp.Error{Status: http.StatusConflict, Type: "plan-finished", Title: "Plan already finished",
 			Detail: fmt.Sprintf("plan %s is %s; make a new plan", id, rec.Status)})
 		return
@@ -161,6 +212,8 @@ func errorFor(err error) error {
 		return &tmhttp.Error{Status: http.StatusConflict, Type: "not-leader", Title: "Not the leader", Detail: err.Error()}
 	case errors.Is(err, errBusy):
 		return &tmhttp.Error{Status: http.StatusConflict, Type: "busy", Title: "An apply is in progress", Detail: err.Error()}
+	case errors.Is(err, rebalancer.ErrPlanState):
+		return &tmhttp.Error{Status: http.StatusConflict, Type: "plan-state", Title: "Not possible in the plan's state", Detail: err.Error()}
 	case errors.Is(err, planner.ErrInvalid), errors.Is(err, planner.ErrUnknownTenant), errors.Is(err, planner.ErrPinned),
 		errors.Is(err, planner.ErrLabels), errors.Is(err, planner.ErrBudget), errors.Is(err, planner.ErrNoCapacity):
 		return &tmhttp.Error{Status: http.StatusUnprocessableEntity, Type: "plan-infeasible", Title: "The plan cannot be made", Detail: err.Error()}

@@ -27,7 +27,9 @@
 //
 // Every request that is not a GET or HEAD (the POST and PUT routes above) changes state and
 // needs Authorization: Bearer <Config.AdminToken>: 401 without it, and 403 for all of them when
-// no token is configured. Reads, the event stream and the dashboard stay open.
+// no token is configured. Reads of /api/ need Config.ReadToken or the admin token (loopback
+// clients only when no read token is set); probes, /metrics and the dashboard's files stay
+// open (guard.go).
 //
 // Errors are problem+json (shardkit/tmhttp), mapped in one function (errorFor).
 package server
@@ -41,6 +43,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -50,12 +53,12 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
+	"github.com/tenantmesh/tenantmesh/rebalancer/autopilot"
 	"github.com/tenantmesh/tenantmesh/rebalancer/dashboard"
 	"github.com/tenantmesh/tenantmesh/rebalancer/sweeper"
 	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
-	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
 // Config configures a Server. Zero fields take the documented defaults.
@@ -79,9 +82,16 @@ type Config struct {
 	// CompactEvery and CompactInterval tune the compacting watcher (placement.Config).
 	CompactEvery    int
 	CompactInterval time.Duration
+	// Presence tunes how fast dead instances are noticed (rebalancer.PresenceConfig).
+	Presence rebalancer.PresenceConfig
+	// Autopilot configures the autopilot the leader runs (mode off, dry-run or on; guardrails).
+	Autopilot autopilot.Config
 	// AdminToken is the bearer token every route that changes state (not GET or HEAD) needs.
 	// Empty: those routes are refused with 403.
 	AdminToken string
+	// ReadToken (or AdminToken) is what the API's reads need (guard.go). Empty: reads are
+	// served to loopback clients only.
+	ReadToken string
 	// Logger; if nil, logs are discarded.
 	Logger *slog.Logger
 	// Registry receives metrics and is served on /metrics. Default a new registry with the Go
@@ -91,11 +101,16 @@ type Config struct {
 
 // Server is the rebalancer service.
 type Server struct {
-	cfg   Config
-	st    *schema.Store
-	eng   *rebalancer.Engine
-	sweep *sweeper.Sweeper
-	tel   *rebalancer.Telemetry
+	cfg      Config
+	st       *schema.Store
+	eng      *rebalancer.Engine
+	sweep    *sweeper.Sweeper
+	tel      *rebalancer.Telemetry
+	presence *rebalancer.Presence
+	auto     *autopilot.Autopilot
+	// placements is the leader's placement watcher (compaction, and the autopilot's shard
+	// counts); nil while not leading.
+	placements atomic.Pointer[placement.Watcher]
 	// circuits are the gateways' circuit reports, for an instance's page.
 	circuits *rebalancer.Circuits
 	hub      *hub
@@ -132,13 +147,29 @@ func New(cfg Config) (*Server, error) {
 		cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	s := &Server{cfg: cfg, st: cfg.Store, log: cfg.Logger, reg: cfg.Registry, hub: newHub()}
+	pc := cfg.Presence
+	pc.Logger = cfg.Logger
+	s.presence = rebalancer.NewPresence(cfg.Store, pc)
 	eng, err := rebalancer.New(rebalancer.Config{Store: cfg.Store, Holder: cfg.Holder, LeaseTTL: cfg.LeaseTTL, LeaseHeld: true,
 		WarmTimeout: cfg.WarmTimeout, HandoffTimeout: cfg.HandoffTimeout, DrainTimeout: cfg.DrainTimeout, PauseBudget: cfg.PauseBudget,
-		Thresholds: cfg.Health.Thresholds, Logger: cfg.Logger})
+		Thresholds: cfg.Health.Thresholds, Presence: s.presence, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
 	}
 	s.eng = eng
+	ac := cfg.Autopilot
+	ac.Logger, ac.Registerer = cfg.Logger, cfg.Registry
+	if ac.Actor == "" {
+		ac.Actor = "autopilot/" + cfg.Holder
+	}
+	s.auto, err = autopilot.New(ac, autopilot.Deps{Store: cfg.Store, Engine: eng, Presence: s.presence,
+		ShardTenants: s.shardTenants, OperatorBusy: s.operatorBusy,
+		Apply: func(ctx context.Context, id string) (rebalancer.PlanRecord, error) {
+			return resumed(ctx, s.log, id, func(c context.Context) (rebalancer.PlanRecord, error) { return s.eng.Apply(c, id) })
+		}})
+	if err != nil {
+		return nil, err
+	}
 	sc := cfg.Sweep
 	sc.Store, sc.Health, sc.Logger, sc.Registerer = cfg.Store, cfg.Health, cfg.Logger, cfg.Registry
 	sc.Actor = "rebalancer/" + cfg.Holder
@@ -215,11 +246,17 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 // Start runs the background parts (telemetry, event sources, the leadership loop) until ctx
 // ends; Wait waits for them. Serve calls both.
 func (s *Server) Start(ctx context.Context) error {
-	tel, err := rebalancer.WatchTelemetry(s.st, "")
+	tel, err := rebalancer.WatchTelemetry(s.st, "", s.presence.Heard)
 	if err != nil {
 		return err
 	}
 	s.tel = tel
+	s.auto.SetTelemetry(tel)
+	s.work.Go(func() {
+		if err := s.presence.Run(ctx); err != nil {
+			s.log.Error("presence stopped: dead instances are noticed only by their directory entries' age", "err", err)
+		}
+	})
 	circuits, err := rebalancer.WatchCircuits(s.st)
 	if err != nil {
 		tel.Stop()
@@ -271,10 +308,9 @@ func (s *Server) lead(ctx context.Context, l jsx.Lease) {
 	s.hub.publish("leader", map[string]any{"holder": s.cfg.Holder, "leading": true})
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = s.sweep.Run(lctx) })
+	wg.Go(func() { _ = s.auto.Run(lctx) })
 	wg.Go(func() { s.resumeApplying(lctx) })
-	if !s.cfg.NoCompact {
-		wg.Go(func() { s.compact(lctx) })
-	}
+	wg.Go(func() { s.compact(lctx) }) // the placement watcher: compaction unless NoCompact, the autopilot's counts
 	t := time.NewTicker(s.cfg.LeaseTTL / 3)
 	for lctx.Err() == nil {
 		select {
@@ -319,6 +355,10 @@ func (s *Server) resumeApplying(ctx context.Context) {
 		if plans[i].Status != rebalancer.PlanApplying {
 			continue
 		}
+		if plans[i].Origin == "autopilot" {
+			s.auto.Adopt(ctx, plans[i]) // in the autopilot's lanes: a failover does not wait for anything
+			continue
+		}
 		s.log.Info("resuming a plan left applying", "plan", id)
 		for {
 			err := s.startWork(ctx, id, func(c context.Context) (rebalancer.PlanRecord, error) { return s.eng.Apply(c, id) })
@@ -355,7 +395,7 @@ func (s *Server) compact(ctx context.Context) {
 			kinds = append(kinds, k.Kind)
 		}
 		slices.Sort(kinds)
-		w, err := placement.New(placement.Config{Store: s.st, Kinds: kinds, Compact: true, CompactEvery: s.cfg.CompactEvery,
+		w, err := placement.New(placement.Config{Store: s.st, Kinds: kinds, Compact: !s.cfg.NoCompact, CompactEvery: s.cfg.CompactEvery,
 			CompactInterval: s.cfg.CompactInterval, Logger: s.log})
 		if err != nil {
 			s.log.Warn("compacting watcher", "err", err)
@@ -364,6 +404,7 @@ func (s *Server) compact(ctx context.Context) {
 		wctx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
 		go func() { defer close(done); _ = w.Run(wctx) }()
+		s.placements.Store(w)
 		for wctx.Err() == nil {
 			ctxtime.Sleep(wctx, 30*time.Second)
 			if now, err := s.st.Kinds(wctx); err == nil && len(now) != len(kinds) {
@@ -372,7 +413,30 @@ func (s *Server) compact(ctx context.Context) {
 		}
 		cancel()
 		<-done
+		s.placements.Store(nil)
 	}
+}
+
+// shardTenants counts kind's tenants per shard from the leader's placement watcher (nil
+// before it is ready).
+func (s *Server) shardTenants(kind string) map[string]int {
+	w := s.placements.Load()
+	if w == nil || !w.Has(kind) {
+		return nil
+	}
+	select {
+	case <-w.Ready():
+		return w.ShardCounts(kind)
+	default:
+		return nil
+	}
+}
+
+// operatorBusy is the operator's plan this process applies ("" if none).
+func (s *Server) operatorBusy() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.busy
 }
 
 // errNotLeader and errBusy are answered 409.
@@ -387,11 +451,7 @@ func (s *Server) startWork(ctx context.Context, id string, fn func(context.Conte
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.leadCtx == nil {
-		holder := "another rebalancer"
-		if l, ok, err := rebalancer.Lease(ctx, s.st, time.Now()); err == nil && ok {
-			holder = fmt.Sprintf("%s (until %s)", l.Holder, l.Expires.Format(time.RFC3339))
-		}
-		return fmt.Errorf("%w: this rebalancer (%s) does not hold the leader lease; it is held by %s: send the request there", errNotLeader, s.cfg.Holder, holder)
+		return s.notLeader(ctx)
 	}
 	if s.busy != "" {
 		return fmt.Errorf("%w: plan %s is being applied by this rebalancer; wait for it to finish", errBusy, s.busy)
@@ -403,6 +463,7 @@ func (s *Server) startWork(ctx context.Context, id string, fn func(context.Conte
 	lctx := s.leadCtx
 	s.work.Go(func() {
 		defer close(done)
+		s.auto.Yield(lctx, id) // an operator's plan goes first: the autopilot's pauses meanwhile
 		rec, err := resumed(lctx, s.log, id, fn)
 		if err != nil {
 			s.log.Error("apply failed", "plan", id, "err", err)
@@ -416,6 +477,27 @@ func (s *Server) startWork(ctx context.Context, id string, fn func(context.Conte
 		s.applying.Set(0)
 	})
 	return nil
+}
+
+// notLeader is errNotLeader naming the lease's holder.
+func (s *Server) notLeader(ctx context.Context) error {
+	holder := "another rebalancer"
+	if l, ok, err := rebalancer.Lease(ctx, s.st, time.Now()); err == nil && ok {
+		holder = fmt.Sprintf("%s (until %s)", l.Holder, l.Expires.Format(time.RFC3339))
+	}
+	return fmt.Errorf("%w: this rebalancer (%s) does not hold the leader lease; it is held by %s: send the request there", errNotLeader, s.cfg.Holder, holder)
+}
+
+// leaderContext is the leader's context (a cancelled one when not leading).
+func (s *Server) leaderContext() context.Context {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.leadCtx == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		return ctx
+	}
+	return s.leadCtx
 }
 
 // resumeTries bounds how often an apply or rollback interrupted by NATS is started again.
@@ -453,33 +535,18 @@ func (s *Server) waitIdle() {
 // Handler is the HTTP API.
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
-	r.Use(writesNeedToken(s.cfg.AdminToken))
+	r.Use(s.guard()) // guard.go
 	s.registerPlanRoutes(r)
 	s.registerDirectoryRoutes(r)
 	s.registerInstanceRoutes(r)
 	s.registerTenantRoutes(r)
 	s.registerEventRoutes(r)
 	s.registerVerifyRoutes(r)
+	s.registerAutopilotRoutes(r)
 	r.Get("/healthz", s.handleHealthz)
 	r.Get("/readyz", s.handleReadyz)
 	r.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
 	r.Get("/openapi.json", handleOpenAPI)
 	r.Handle("/*", dashboard.Handler()) // the dashboard: /, /app.js, /style.css
 	return r
-}
-
-// writesNeedToken passes GET and HEAD requests on and sends every other one through the
-// admin token check, so a write route added later is guarded too.
-func writesNeedToken(token string) func(http.Handler) http.Handler {
-	check := tmhttp.RequireBearer(token, "rebalance serve --admin-token or TM_ADMIN_TOKEN")
-	return func(next http.Handler) http.Handler {
-		guarded := check(next)
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.Method == http.MethodGet || r.Method == http.MethodHead {
-				next.ServeHTTP(w, r)
-				return
-			}
-			guarded.ServeHTTP(w, r)
-		})
-	}
 }

@@ -363,7 +363,7 @@ func TestLeaderSweeps(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no alert")
 	}
-	if _, err := st.Routes().Get(ctx, "*", "/jobs"); err == nil {
+	if _, err := st.Routes().Get(ctx, "runner", "*", "/jobs"); err == nil {
 		t.Fatal("the route of dead instances survived the sweep")
 	}
 }

@@ -29,6 +29,11 @@ func (s *Server) handleTenants(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, badRequest("limit must be 1 to 1000"))
 		return
 	}
-	reports := s.tel.Reports(r.URL.Query().Get("kind"), time.Now(), tenantReportAge)
+	kind, err := kindParam(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	reports := s.tel.Reports(kind, time.Now(), tenantReportAge)
 	tmhttp.WriteJSON(w, http.StatusOK, rebalancer.LargestTenants(reports, limit))
 }

@@ -133,10 +133,10 @@ func TestSweepMarksOfflineAlertsOnceAndCleansUp(t *testing.T) {
 	if !marked {
 		t.Fatalf("the dead instance's membership after the sweep: %+v", members)
 	}
-	if r, err := st.Routes().Get(ctx, "*", "/render"); err != nil || len(r.Instances) != 1 || r.Instances[0] != live.Key() {
+	if r, err := st.Routes().Get(ctx, "render", "*", "/render"); err != nil || len(r.Instances) != 1 || r.Instances[0] != live.Key() {
 		t.Fatalf("shared route: %+v, %v", r, err)
 	}
-	if _, err := st.Routes().Get(ctx, only.Method, only.Prefix); !errors.Is(err, schema.ErrNotFound) {
+	if _, err := st.Routes().Get(ctx, only.Kind, only.Method, only.Prefix); !errors.Is(err, schema.ErrNotFound) {
 		t.Fatalf("a route left without instances must be deleted: %v", err)
 	}
 	if p, err := st.Placement(ctx, "render", "acme"); err != nil || len(p.Owners) != 1 || p.Owners[0] != live.Key() || p.Epoch != both.Epoch {

@@ -22,8 +22,11 @@ func (s *Service) Hooks() shardkit.Hooks {
 func (s *Service) Routes() []schema.Route { return RouteTable }
 
 // Handler serves the service's routes on their own router: the tenant routes behind sk's gate,
-// the admin ones behind its token check.
+// the admin ones behind its token check. It also tells the event log at which epoch sk may
+// write each tenant, so a takeover's epoch marker fences this instance once another shard took
+// a tenant over.
 func (s *Service) Handler(sk *shardkit.Shard) http.Handler {
+	s.log.SetWriteEpoch(sk.WriteEpoch)
 	r := chi.NewRouter()
 	s.Mount(r, sk.Gate, sk.RequireAdmin)
 	return r

@@ -65,3 +65,15 @@ func newMetrics(reg prometheus.Registerer, stream streamInfo) *metrics {
 	}
 	return m
 }
+
+// commandLabel is the command label of tm_aggregate_commands_total: the command's name when it
+// is one the ledger knows, else "other". The name comes from the tenant's request, so a label
+// taken as it came would let a tenant make a new series per request (each costs the
+// process and every Prometheus that scrapes it memory until restart).
+func commandLabel(name string) string {
+	switch name {
+	case CmdOpen, CmdDeposit, CmdWithdraw, CmdClose:
+		return name
+	}
+	return "other"
+}

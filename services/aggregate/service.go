@@ -183,18 +183,18 @@ func (s *Service) Handle(ctx context.Context, tenant string, cmd Command) (Resul
 	})
 	switch {
 	case err != nil && rejected != nil && errors.Is(err, rejected):
-		s.m.commands.WithLabelValues(cmd.Command, "rejected").Inc()
+		s.m.commands.WithLabelValues(commandLabel(cmd.Command), "rejected").Inc()
 		return Result{}, err
 	case errors.Is(err, events.ErrKeyReused), errors.Is(err, events.ErrConflict):
-		s.m.commands.WithLabelValues(cmd.Command, "rejected").Inc()
+		s.m.commands.WithLabelValues(commandLabel(cmd.Command), "rejected").Inc()
 		return Result{}, fmt.Errorf("%w: %w", ErrVersionConflict, err)
 	case err != nil:
-		s.m.commands.WithLabelValues(cmd.Command, "error").Inc()
+		s.m.commands.WithLabelValues(commandLabel(cmd.Command), "error").Inc()
 		return Result{}, err
 	case res.Replayed:
-		s.m.commands.WithLabelValues(cmd.Command, "replayed").Inc()
+		s.m.commands.WithLabelValues(commandLabel(cmd.Command), "replayed").Inc()
 	default:
-		s.m.commands.WithLabelValues(cmd.Command, "applied").Inc()
+		s.m.commands.WithLabelValues(commandLabel(cmd.Command), "applied").Inc()
 	}
 	return Result{AggregateType: AccountType, AggregateID: strings.TrimPrefix(res.Subject, AccountType+"."), Version: res.Version,
 		Event: res.Type, Seq: res.Seq, Replayed: res.Replayed}, nil

@@ -49,11 +49,16 @@ func KindConfig() schema.KindConfig {
 	return schema.KindConfig{Kind: Kind, Policy: schema.PolicyLoad}.WithDefaults()
 }
 
-// Bounds.
+// Bounds. A tenant names its queues and groups, so without MaxBoxes and MaxTenantBytes one
+// tenant could make boxes until the instance's memory ran out; MaxBytes bounds all tenants
+// together.
 const (
-	MaxMessage = 64 << 10 // bytes of one message
-	MaxKept    = 100      // messages kept per tenant, queue and group
-	MaxWait    = 30 * time.Second
+	MaxMessage     = 64 << 10 // bytes of one message
+	MaxKept        = 100      // messages kept per tenant, queue and group
+	MaxWait        = 30 * time.Second
+	MaxBoxes       = 64        // queue and group pairs per tenant on an instance
+	MaxTenantBytes = 4 << 20   // kept message bytes per tenant on an instance
+	MaxBytes       = 256 << 20 // kept message bytes on an instance
 )
 
 // Waiter announces waiting consumers (shardkit's *Shard).
@@ -67,6 +72,14 @@ type Service struct {
 
 	mu    sync.Mutex
 	boxes map[boxKey]*box
+	use   map[string]*usage // per tenant
+	bytes int64             // kept, all tenants
+}
+
+// usage is one tenant's boxes and kept bytes on this instance.
+type usage struct {
+	boxes int
+	bytes int64
 }
 
 type waiterBox struct{ w Waiter }
@@ -81,7 +94,7 @@ type box struct {
 }
 
 // New makes a Service.
-func New() *Service { return &Service{boxes: map[boxKey]*box{}} }
+func New() *Service { return &Service{boxes: map[boxKey]*box{}, use: map[string]*usage{}} }
 
 // Hooks: the mailbox keeps nothing worth moving.
 func (s *Service) Hooks() shardkit.Hooks { return shardkit.Hooks{} }
@@ -137,9 +150,15 @@ func (s *Service) handleConsume(w http.ResponseWriter, r *http.Request) {
 	ch := make(chan []byte, 1)
 	s.mu.Lock()
 	b := s.box(k)
+	if b == nil {
+		s.mu.Unlock()
+		full(w, r, "the tenant uses "+strconv.Itoa(MaxBoxes)+" queue and group pairs on this instance; use fewer")
+		return
+	}
 	if len(b.kept) > 0 {
 		msg := b.kept[0]
 		b.kept = b.kept[1:]
+		s.account(k.tenant, -int64(len(msg)))
 		s.tidy(k, b)
 		s.mu.Unlock()
 		deliver(w, msg)
@@ -199,6 +218,11 @@ func (s *Service) handleProduce(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	b := s.box(k)
+	if b == nil {
+		s.mu.Unlock()
+		full(w, r, "the tenant uses "+strconv.Itoa(MaxBoxes)+" queue and group pairs on this instance; use fewer")
+		return
+	}
 	if len(b.waiting) > 0 {
 		ch := b.waiting[0]
 		b.waiting = b.waiting[1:]
@@ -216,24 +240,56 @@ func (s *Service) handleProduce(w http.ResponseWriter, r *http.Request) {
 			RetryAfter: 1, Kind: Kind})
 		return
 	}
+	if u := s.use[k.tenant]; u.bytes+int64(len(msg)) > MaxTenantBytes || s.bytes+int64(len(msg)) > MaxBytes {
+		s.tidy(k, b)
+		s.mu.Unlock()
+		full(w, r, "this instance keeps as many message bytes as it may for the tenant; retry once consumers took some")
+		return
+	}
 	b.kept = append(b.kept, msg)
+	s.account(k.tenant, int64(len(msg)))
 	s.mu.Unlock()
 	tmhttp.WriteJSON(w, http.StatusAccepted, map[string]string{"delivered": "kept"})
 }
 
-// box returns k's box, made if absent (s.mu held).
+func full(w http.ResponseWriter, r *http.Request, detail string) {
+	tmhttp.WriteProblem(w, r, tmhttp.Problem{Type: tmhttp.TypeBase + "mailbox-full", Title: "Mailbox full",
+		Status: http.StatusServiceUnavailable, Detail: detail, RetryAfter: 1, Kind: Kind})
+}
+
+// box returns k's box, made if absent; nil when the tenant has MaxBoxes already (s.mu held).
 func (s *Service) box(k boxKey) *box {
 	b := s.boxes[k]
 	if b == nil {
+		u := s.use[k.tenant]
+		if u == nil {
+			u = &usage{}
+			s.use[k.tenant] = u
+		}
+		if u.boxes >= MaxBoxes {
+			return nil
+		}
+		u.boxes++
 		b = &box{}
 		s.boxes[k] = b
 	}
 	return b
 }
 
+// account adds n kept bytes to tenant's and the instance's counts (s.mu held).
+func (s *Service) account(tenant string, n int64) {
+	s.use[tenant].bytes += n
+	s.bytes += n
+}
+
 // tidy forgets an empty box (s.mu held).
 func (s *Service) tidy(k boxKey, b *box) {
 	if len(b.waiting) == 0 && len(b.kept) == 0 {
 		delete(s.boxes, k)
+		if u := s.use[k.tenant]; u != nil {
+			if u.boxes--; u.boxes == 0 && u.bytes == 0 {
+				delete(s.use, k.tenant)
+			}
+		}
 	}
 }

@@ -212,7 +212,7 @@ func TestRenderAffinityEndToEnd(t *testing.T) {
 	}
 	base := startGateway(t, st)
 	eventually(t, "route with both instances", func() bool {
-		rt, err := st.Routes().Get(ctx, "POST", "/render")
+		rt, err := st.Routes().Get(ctx, "render", "POST", "/render")
 		return err == nil && len(rt.Instances) == 2
 	})
 	per := map[string]int{}

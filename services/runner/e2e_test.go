@@ -37,7 +37,8 @@ func binary(t *testing.T, natsURL, shard, instance string, opts ...func(*shardma
 	go func() {
 		defer close(done)
 		err := m.Run(ctx, func(ctx context.Context, env shardmain.Env) (shardmain.App, error) {
-			return New(ctx, Config{Store: env.Store, ID: env.ID, Logger: env.Logger, Registerer: env.Registerer, MaxConcurrent: 8})
+			return New(ctx, Config{Store: env.Store, ID: env.ID, Logger: env.Logger, Registerer: env.Registerer, MaxConcurrent: 8,
+				WebhookAllow: testReceivers})
 		})
 		if err != nil {
 			t.Error(err)

@@ -99,8 +99,16 @@ func (l LogEffect) Do(_ context.Context, req Request) (Result, error) {
 // key, retrying transient failures (network errors, 408, 429, 5xx) with exponential backoff
 // and jitter. Any other 4xx is permanent.
 type Webhook struct {
-	// Client sends the requests. Default: an http.Client with Timeout.
+	// Client sends the requests. Default: an http.Client with Timeout that dials only what
+	// Allow admits and follows no redirect (webhookguard.go). A Client set here is used as
+	// it is: its guard is the caller's.
 	Client *http.Client
+	// Allow lists the destinations a webhook may reach, checked on the address dialled:
+	// "public" (any public address), IPs, CIDR prefixes (10.1.2.0/24) and host names (any
+	// address they resolve to). Default ["public"]: no loopback, private, link-local (cloud
+	// metadata), CGNAT or reserved address. A redirect is never followed (a 3xx fails the
+	// delivery for good).
+	Allow []string
 	// Timeout bounds one attempt. Default 5s.
 	Timeout time.Duration
 	// Attempts bounds the tries per Do. Default 5.
@@ -109,8 +117,9 @@ type Webhook struct {
 	// Defaults 100ms and 5s.
 	Backoff, MaxBackoff time.Duration
 
-	once   sync.Once
-	client *http.Client
+	once     sync.Once
+	client   *http.Client
+	allowErr error // Allow did not parse: every delivery fails with it
 }
 
 // httpClient is Client, or a client that keeps enough idle connections per receiver for the
@@ -120,9 +129,12 @@ func (w *Webhook) httpClient(timeout time.Duration) *http.Client {
 		return w.Client
 	}
 	w.once.Do(func() {
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.MaxIdleConnsPerHost = 64
-		w.client = &http.Client{Timeout: timeout, Transport: tr}
+		d, err := parseDestinations(w.Allow)
+		if err != nil {
+			w.allowErr = err
+			d = &destinations{} // admits nothing
+		}
+		w.client = guardedClient(d, timeout)
 	})
 	return w.client
 }
@@ -147,6 +159,9 @@ func (w *Webhook) Do(ctx context.Context, req Request) (Result, error) {
 		maxBackoff = 5 * time.Second
 	}
 	client := w.httpClient(timeout)
+	if w.allowErr != nil {
+		return Result{}, fmt.Errorf("%w: %w", ErrPermanent, w.allowErr)
+	}
 	if !strings.HasPrefix(req.To, "http://") && !strings.HasPrefix(req.To, "https://") {
 		return Result{}, fmt.Errorf("%w: webhook url %q must be http(s)", ErrPermanent, req.To)
 	}
@@ -197,6 +212,9 @@ func (w *Webhook) post(ctx context.Context, client *http.Client, timeout time.Du
 		otel.GetTextMapPropagator().Inject(ctx, propagation.HeaderCarrier(hr.Header))
 	}
 	resp, err := client.Do(hr)
+	if errors.Is(err, ErrDestination) {
+		return fmt.Errorf("%w: post %s: %w", ErrPermanent, req.To, err)
+	}
 	if err != nil {
 		return fmt.Errorf("post %s: %w", req.To, err)
 	}

@@ -3,6 +3,7 @@ package runner
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -16,6 +17,8 @@ const (
 	EnvRetention           = "TM_RUNNER_RETENTION"
 	EnvSMTPAddr            = "TM_SMTP_ADDR"
 	EnvSMTPFrom            = "TM_SMTP_FROM"
+	// EnvWebhookAllow is the webhook's allow-list, comma-separated (Webhook.Allow).
+	EnvWebhookAllow = "TM_RUNNER_WEBHOOK_ALLOW"
 )
 
 // ConfigFromEnv reads the runner's limits, how long finished runs are kept and its SMTP relay from the environment (getenv is
@@ -48,6 +51,12 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 			return Config{}, fmt.Errorf("%s=%q: want a duration of at least 1s, like 168h", EnvRetention, v)
 		}
 		c.Retention = d
+	}
+	if v := getenv(EnvWebhookAllow); v != "" {
+		c.WebhookAllow = strings.Split(v, ",")
+		if _, err := parseDestinations(c.WebhookAllow); err != nil {
+			return Config{}, fmt.Errorf("%s=%q: %w", EnvWebhookAllow, v, err)
+		}
 	}
 	if addr := getenv(EnvSMTPAddr); addr != "" {
 		from := getenv(EnvSMTPFrom)

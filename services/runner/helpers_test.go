@@ -25,6 +25,9 @@ func openStore(t testing.TB) *schema.Store {
 }
 
 // startService builds and runs a runner instance; it stops when the test ends.
+// testReceivers is the webhook allow-list of the tests' receivers (httptest, on loopback).
+var testReceivers = []string{"127.0.0.0/8"}
+
 func startService(t testing.TB, st *schema.Store, shard, instance string, cfg Config) *Service {
 	t.Helper()
 	s, _ := startStoppable(t, st, shard, instance, cfg)
@@ -38,6 +41,9 @@ func startStoppable(t testing.TB, st *schema.Store, shard, instance string, cfg 
 	cfg.ID = schema.InstanceID{Kind: Kind, Shard: shard, Instance: instance}
 	if cfg.Sagas == nil {
 		cfg.Sagas = []Saga{}
+	}
+	if cfg.WebhookAllow == nil {
+		cfg.WebhookAllow = testReceivers // the tests' receivers listen on loopback
 	}
 	s, err := New(context.Background(), cfg)
 	if err != nil {

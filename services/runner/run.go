@@ -119,6 +119,13 @@ func (x *executor) claim(ctx context.Context, tq *tenantQ, msg *jetstream.RawStr
 		}
 		x.s.cfg.Logger.Info("taking over a job whose lease ran out", "tenant", r.Tenant, "job", r.ID, "ran_on", r.RanOn)
 	}
+	if !x.s.servingNow(tq.tenant) {
+		// The shard does not serve the tenant now (a takeover gave it to another shard, or the
+		// lease ran out): leave the job to whoever does; the placement change releases it here,
+		// and a lease that comes back looks at the entry again in a second.
+		x.s.rescanAt(tq, msg.Sequence, now.Add(time.Second))
+		return nil, nil
+	}
 	lease := now.Add(x.s.cfg.RunTimeout + 5*time.Second)
 	r.Status, r.Attempts, r.RanOn = StatusRunning, r.Attempts+1, x.s.cfg.ID.Instance
 	r.StartedAt, r.LeaseUntil, r.NotBefore, r.Seq = &now, &lease, nil, msg.Sequence

@@ -357,7 +357,7 @@ func TestWebhookRetries(t *testing.T) {
 	rc := newReceiver(t)
 	rc.failFirst = 2
 	place(t, st, "acme", "runner-1")
-	s := startService(t, st, "runner-1", "a", Config{Effects: map[string]Effect{"webhook": &Webhook{Backoff: 5 * time.Millisecond}}})
+	s := startService(t, st, "runner-1", "a", Config{Effects: map[string]Effect{"webhook": &Webhook{Backoff: 5 * time.Millisecond, Allow: testReceivers}}})
 	owning(t, s, "acme", true)
 	ids := create(t, s, "acme", 1, hookJob(rc.URL, "x"))
 	runs := waitDone(t, s, "acme", ids, 10*time.Second)
@@ -382,7 +382,7 @@ func TestFailedDeliveryRetriedByTheNextAttempt(t *testing.T) {
 	rc.failFirst = 2 // the first attempt's two tries fail, the second attempt's first succeeds
 	place(t, st, "acme", "runner-1")
 	s := startService(t, st, "runner-1", "a", Config{RetryBackoff: 10 * time.Millisecond,
-		Effects: map[string]Effect{"webhook": &Webhook{Attempts: 2, Backoff: 5 * time.Millisecond}}})
+		Effects: map[string]Effect{"webhook": &Webhook{Attempts: 2, Backoff: 5 * time.Millisecond, Allow: testReceivers}}})
 	owning(t, s, "acme", true)
 	ids := create(t, s, "acme", 1, hookJob(rc.URL, "x"))
 	r := waitDone(t, s, "acme", ids, 10*time.Second)[ids[0]]

@@ -53,9 +53,10 @@ func (s *Service) subjects(tenant string) [2]string {
 }
 
 // owns says whether this shard acquires a tenant at placement e: it is the owner, and the
-// tenant is not in handoff (the source stops acquiring then; the target starts at commit).
+// tenant is not in handoff or takeover (the source stops acquiring then; the target starts at
+// commit).
 func (s *Service) owns(e placement.Entry, ok bool) bool {
-	return ok && e.Shard == s.cfg.ID.Shard && e.Phase != schema.PhaseHandoff
+	return ok && e.Shard == s.cfg.ID.Shard && !e.Phase.Moving()
 }
 
 // onChange runs on the watcher's apply goroutine: it only notes the tenants that concern

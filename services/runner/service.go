@@ -99,6 +99,9 @@ type Config struct {
 	// Effects are providers by name, beyond or replacing the built-ins: log, webhook (a
 	// Webhook with defaults) and email (only if set, for example an *SMTP).
 	Effects map[string]Effect
+	// WebhookAllow is the built-in webhook's allow-list (Webhook.Allow; default: public
+	// addresses only).
+	WebhookAllow []string
 	// Sagas triggered by events. Default: Welcome (account opened -> welcome email).
 	// Set to an empty, non-nil slice to run none.
 	Sagas []Saga
@@ -172,7 +175,10 @@ type Service struct {
 	// reachable is when a saga checkpoint was last read (unix ns): Warm's probe.
 	reachable atomic.Int64
 	// verify is the kind config's verify flag (followVerify): digests at a move's fence.
-	verify  atomic.Bool
+	verify atomic.Bool
+	// serving, once Handler bound the shard, says whether the shard serves a tenant now (its
+	// lease holds and it owns the tenant): a claim is made only then.
+	serving atomic.Pointer[func(tenant string) bool]
 	store   *runStore
 	m       *metrics
 	sched   *Scheduler
@@ -266,7 +272,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	for name, h := range cfg.Handlers {
 		s.handlers[name] = h
 	}
-	s.outbox.effects = map[string]Effect{"log": LogEffect{Logger: cfg.Logger}, "webhook": &Webhook{}}
+	s.outbox.effects = map[string]Effect{"log": LogEffect{Logger: cfg.Logger}, "webhook": &Webhook{Allow: cfg.WebhookAllow}}
 	for name, e := range cfg.Effects {
 		s.outbox.effects[name] = e
 	}
@@ -395,11 +401,24 @@ func (s *Service) Schedules() *Scheduler { return s.sched }
 func (s *Service) Routes() []schema.Route { return RouteTable }
 
 // Handler serves the service's routes on their own router: the tenant routes behind sk's gate,
-// the admin ones behind its token check.
+// the admin ones behind its token check. It also binds the claims to sk: a job is claimed
+// only while sk serves its tenant (its lease holds), so an instance frozen or cut off from
+// NATS, whose tenants a takeover gives to another shard, claims nothing once it wakes.
 func (s *Service) Handler(sk *shardkit.Shard) http.Handler {
+	serving := sk.Serving
+	s.serving.Store(&serving)
 	r := chi.NewRouter()
 	s.Mount(r, sk.Gate, sk.RequireAdmin)
 	return r
+}
+
+// servingNow reports whether this instance may start work for tenant now: without a bound
+// shard (tests that run the service alone), its own placement view decides.
+func (s *Service) servingNow(tenant string) bool {
+	if fn := s.serving.Load(); fn != nil {
+		return (*fn)(tenant)
+	}
+	return true
 }
 
 // Owned lists the tenants this instance acquires now, sorted.

@@ -13,11 +13,15 @@
 //		return events.Event{Type: "deposited", Data: body}, nil
 //	})
 //
-// Execute appends the event with JetStream's expected-last-subject-sequence set to the last
-// event this instance applied for the subject, so two writers that both believe they own a
-// tenant (the epoch fence of shardkit's gate is the first fence; this is the second) cannot fork
-// a subject's history: the second append is rejected, the instance catches the subject up from
-// the stream and decides again. The message id <tenant>:<key> and a per-tenant window of recent
+// Execute appends the event with JetStream's expected-last-subject-sequence, taken over all of
+// the tenant's subjects (Nats-Expected-Last-Subject-Sequence-Subject: Prefix(tenant) + ">"), set
+// to the last event of the tenant this instance applied, so two writers that both believe they
+// own a tenant (the epoch fence of shardkit's gate is the first fence; this is the second)
+// cannot fork its history: the second append is rejected, the instance catches the tenant up
+// from the stream and decides again. A takeover (the former owner had no live instance and did
+// not drain) stores an epoch marker in the tenant's events ([Log.Takeover]): every later
+// append of the former owner expects an earlier last event and fails, and once it has caught
+// up the marker fences it ([Log.SetWriteEpoch], schema.ErrFenced), for reads too. The message id <tenant>:<key> and a per-tenant window of recent
 // outcomes make a retried command apply once, also across a move: the window travels in
 // snapshots and is rebuilt from the events' message ids.
 //

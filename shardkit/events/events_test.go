@@ -199,3 +199,68 @@ func TestWarmTargetFollows(t *testing.T) {
 		t.Fatal("the new owner still follows after its first command")
 	}
 }
+
+// A takeover fences the former owner on the stream: once the new owner stored its epoch
+// marker, no append of the former owner succeeds, to an old subject or a new one, whatever
+// its view of placement says; its reads fail too once it has caught up to the marker; and the
+// new owner's state holds every write the former owner made before the marker.
+func TestTakeoverFencesTheFormerOwner(t *testing.T) {
+	st := openStore(t)
+	a, b := newLog(t, st, ""), newLog(t, st, "")
+	aEpoch, bEpoch := uint64(1), uint64(0) // a owns acme at epoch 1; b does not own it yet
+	a.SetWriteEpoch(func(string) uint64 { return aEpoch })
+	b.SetWriteEpoch(func(string) uint64 { return bEpoch })
+	for i := range 3 {
+		if _, err := inc(a, "acme", "c.x", fmt.Sprintf("a%d", i), 100); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	fence, err := b.Takeover(ctx, "acme", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := b.Takeover(ctx, "acme", 2); err != nil || again != fence {
+		t.Fatalf("a second takeover at the same epoch: fence %d (first %d), %v: the marker must be stored once", again, fence, err)
+	}
+	// a still believes it owns acme at epoch 1 (a frozen process, a view behind): every
+	// write fails, to the subject it wrote and to one it never wrote.
+	for _, subject := range []string{"c.x", "c.new"} {
+		if _, err := inc(a, "acme", subject, "late-"+subject, 100); !errors.Is(err, schema.ErrFenced) {
+			t.Fatalf("the former owner's append to %s after the marker: %v, want schema.ErrFenced", subject, err)
+		}
+	}
+	if err := a.Read(ctx, "acme", "", func(*counters, uint64) error { return nil }); !errors.Is(err, schema.ErrFenced) {
+		t.Fatalf("the former owner's read after catching up to the marker: %v, want schema.ErrFenced", err)
+	}
+	// b warms up to the fence and, once it owns acme at epoch 2, has a's writes and writes.
+	if err := b.Warm(ctx, "acme", fence); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.Applied("acme"); got < fence {
+		t.Fatalf("b applied %d, fence %d", got, fence)
+	}
+	if _, err := inc(b, "acme", "c.x", "b-before-commit", 100); !errors.Is(err, schema.ErrFenced) {
+		t.Fatalf("the new owner before it owns the tenant: %v, want schema.ErrFenced", err)
+	}
+	bEpoch = 2
+	res, err := inc(b, "acme", "c.x", "b0", 100)
+	if err != nil || res.Version != 4 {
+		t.Fatalf("the new owner's first command: version %d, %v; want version 4 after a's 3", res.Version, err)
+	}
+	var n int
+	if _, err := b.Replay(ctx, "acme", "", 0, func(ev events.Event) error {
+		if ev.Subject != events.EpochSubject {
+			n++
+		}
+		return nil
+	}); err != nil || n != 4 {
+		t.Fatalf("%d events of the service (%v), want a's 3 and b's 1: nothing of a's after the marker", n, err)
+	}
+	// A later move of the tenant the usual way (drain, no marker) passes the fence: the new
+	// owner's epoch is past the marker's.
+	aEpoch = 3
+	if _, err := inc(a, "acme", "c.x", "a-again", 100); err != nil {
+		t.Fatalf("a, owner again at epoch 3: %v", err)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -102,6 +103,8 @@ type Log[S any] struct {
 	follows sync.WaitGroup
 
 	snapq chan string
+	// epochOf is SetWriteEpoch's function (nil: markers fence nothing).
+	epochOf atomic.Pointer[func(tenant string) uint64]
 }
 
 // slot is a tenant being loaded or loaded.
@@ -193,15 +196,18 @@ func (l *Log[S]) Execute(ctx context.Context, tenant, subject, key string, decid
 		if e, ok := ts.idem.get(key); ok {
 			return Result{Event: e, Replayed: true}, nil
 		}
+		if err := l.fenced(ts); err != nil {
+			return Result{}, err
+		}
 		at := ts.subjects[subject]
 		ev, err := decide(ts.state, at)
 		if err != nil {
 			// A rejection may come from state a sibling instance has moved on from: reject
-			// only once this instance has the subject's last event.
-			if fresh, ferr := ts.fresh(ctx, l.es, subject); ferr != nil {
+			// only once this instance has the tenant's last event.
+			if fresh, ferr := ts.fresh(ctx, l.es); ferr != nil {
 				return Result{}, ferr
 			} else if !fresh && attempt < l.cfg.MaxAttempts {
-				if err := ts.catchUpSubject(ctx, l.es, subject); err != nil {
+				if err := ts.catchUp(ctx, l.es); err != nil {
 					return Result{}, err
 				}
 				continue
@@ -209,12 +215,13 @@ func (l *Log[S]) Execute(ctx context.Context, tenant, subject, key string, decid
 			return Result{}, err
 		}
 		ev.Subject, ev.Key, ev.Version = subject, key, at.Version+1
-		seq, dup, err := l.es.append(ctx, tenant, ev, at.Seq)
+		seq, dup, err := l.es.append(ctx, tenant, ev, ts.contig)
 		if err == nil && !dup {
 			ev.Seq = seq
 			if err := ts.add(ev); err != nil {
 				return Result{}, err
 			}
+			ts.contig = seq // the append expected contig as the tenant's last event: nothing came between
 			l.afterAppend(ts)
 			return Result{Event: ev}, nil
 		}
@@ -232,16 +239,65 @@ func (l *Log[S]) Execute(ctx context.Context, tenant, subject, key string, decid
 			}
 			continue
 		}
-		// Another writer appended to this subject first: learn what it wrote, decide again,
+		// Another writer appended to the tenant first (a sibling instance, or a takeover's
+		// epoch marker): learn what it wrote, decide again (unless it fenced this instance),
 		// after a short random pause once it keeps happening (writers in lockstep).
 		l.m.Conflicts.Inc()
 		if attempt > 2 && !ctxtime.Sleep(ctx, conflictPause(attempt)) {
-			return Result{}, fmt.Errorf("%w: %s kept changing for %s (%d attempts); retry the command", ErrConflict, subject, l.cfg.Timeout, attempt)
+			return Result{}, fmt.Errorf("%w: %s kept changing for %s (%d attempts); retry the command", ErrConflict, tenant, l.cfg.Timeout, attempt)
 		}
-		if err := ts.catchUpSubject(ctx, l.es, subject); err != nil {
+		if err := ts.catchUp(ctx, l.es); err != nil {
 			return Result{}, err
 		}
 	}
+}
+
+// SetWriteEpoch tells the Log at which epoch this instance may write each tenant (shardkit's
+// Shard.WriteEpoch: the epoch it owns the tenant at, 0 when it does not). A tenant whose
+// events hold an epoch marker newer than that is fenced: its commands and reads fail with
+// schema.ErrFenced, so a former owner that was taken over (it was frozen, or cut off from
+// NATS, or its view of placement is behind) writes nothing after the marker and answers no
+// read from state the new owner may have changed. Without it (nil) markers are applied but
+// nothing is fenced by them. Call it before the Log serves requests.
+func (l *Log[S]) SetWriteEpoch(fn func(tenant string) uint64) {
+	if fn == nil {
+		l.epochOf.Store(nil)
+		return
+	}
+	l.epochOf.Store(&fn)
+}
+
+// fenced is schema.ErrFenced if a takeover's marker fenced this instance for ts. Caller holds
+// ts.mu.
+func (l *Log[S]) fenced(ts *tenant[S]) error {
+	fn := l.epochOf.Load()
+	if fn == nil || ts.epoch == 0 {
+		return nil
+	}
+	e := (*fn)(ts.name)
+	switch {
+	case e >= ts.epoch:
+		return nil
+	case e == 0:
+		return fmt.Errorf("%w: this instance does not own %s; it was taken over at epoch %d", schema.ErrFenced, ts.name, ts.epoch)
+	}
+	return fmt.Errorf("%w: this instance owns %s at epoch %d; it was taken over at epoch %d", schema.ErrFenced, ts.name, e, ts.epoch)
+}
+
+// Takeover fences the tenant's former owner on the stream for a takeover at epoch (the new
+// owner's): it stores the tenant's epoch marker, after which no append that expects an earlier
+// last event succeeds, and returns the marker's sequence: the fence this instance then warms
+// up to (Warm), so it holds every write the former owner made before the fence. Instances of
+// the new owner may all call it; the marker is stored once per epoch. shardkit's Takeover hook.
+func (l *Log[S]) Takeover(ctx context.Context, tenant string, epoch uint64) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+	defer cancel()
+	seq, err := l.es.writeEpoch(ctx, tenant, epoch)
+	if err != nil {
+		return 0, fmt.Errorf("events: takeover of %s at epoch %d: %w", tenant, epoch, err)
+	}
+	l.cfg.Logger.Info("takeover: the former owner's writes are fenced", "tenant", tenant, "epoch", epoch, "fence", seq)
+	return seq, nil
 }
 
 // conflictPause is a random pause before deciding again after the attempt-th lost append:
@@ -285,6 +341,9 @@ func (l *Log[S]) Read(ctx context.Context, tenant, subject string, fn func(state
 		err = ts.catchUpSubject(ctx, l.es, subject)
 	}
 	if err != nil {
+		return err
+	}
+	if err := l.fenced(ts); err != nil {
 		return err
 	}
 	return fn(ts.state, ts.contig)
@@ -370,9 +429,10 @@ func (l *Log[S]) writeSnapshot(ctx context.Context, tenant string) {
 	l.cfg.Logger.Debug("snapshot written", "tenant", tenant, "applied", snap.Applied, "bytes", len(b))
 }
 
-// Hooks are the Log's part of shardkit's move protocol: Warm, Applied, Fence and Release.
+// Hooks are the Log's part of shardkit's move protocol: Warm, Applied, Fence, Release and
+// Takeover.
 func (l *Log[S]) Hooks() shardkit.Hooks {
-	return shardkit.Hooks{Warm: l.Warm, Applied: l.Applied, Fence: l.Fence, Release: l.Release, Sizes: l.Sizes}
+	return shardkit.Hooks{Warm: l.Warm, Applied: l.Applied, Fence: l.Fence, Release: l.Release, Sizes: l.Sizes, Takeover: l.Takeover}
 }
 
 // Warm loads tenant (with the move's strategy, else the default) and catches it up until its
@@ -544,7 +604,8 @@ func (l *Log[S]) Following(tenant string) bool {
 }
 
 // Append is the single-writer fence on its own: it stores ev for tenant on ev.Subject if the
-// subject's last stored event is still expectLast (0: none), with ev.Key as the message id.
+// tenant's last stored event (on any subject) is still expectLast (0: none), with ev.Key as
+// the message id.
 // ErrStale says another writer appended first; dup that the key was stored before. Execute
 // uses it; call it directly only to write outside the Log's state (imports, tests).
 func (l *Log[S]) Append(ctx context.Context, tenant string, ev Event, expectLast uint64) (seq uint64, dup bool, err error) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -55,11 +56,14 @@ func (es *store) subject(tenant, subject string) string { return es.prefix(tenan
 // tenantFilter matches all of tenant's events.
 func (es *store) tenantFilter(tenant string) string { return es.prefix(tenant) + ">" }
 
-// Append stores ev for tenant if its subject's last event is still expectLast (0: the subject
-// has no events): JetStream's expected-last-subject-sequence, the single-writer fence. The
-// message id <tenant>:<ev.Key> makes a retried command a duplicate JetStream drops; dup
-// reports that. A lost race gives ErrStale; NATS failing gives ErrStore (tries are made again
-// within ctx while NATS is unavailable, when ev has a key).
+// Append stores ev for tenant if the tenant's last event (on any of its subjects) is still
+// expectLast (0: the tenant has no events): JetStream's expected-last-subject-sequence over the
+// tenant's subjects (Nats-Expected-Last-Subject-Sequence-Subject), the single-writer fence. It
+// covers the tenant as a whole, not one subject, so a takeover's epoch marker (EpochSubject)
+// fences every later append of the former owner, to a new subject too. The message id
+// <tenant>:<ev.Key> makes a retried command a duplicate JetStream drops; dup reports that. A
+// lost race gives ErrStale; NATS failing gives ErrStore (tries are made again within ctx while
+// NATS is unavailable, when ev has a key).
 func (es *store) append(ctx context.Context, tenant string, ev Event, expectLast uint64) (seq uint64, dup bool, err error) {
 	msg := &nats.Msg{Subject: es.subject(tenant, ev.Subject), Data: ev.Data, Header: nats.Header{}}
 	if ev.Type != "" {
@@ -74,10 +78,16 @@ func (es *store) append(ctx context.Context, tenant string, ev Event, expectLast
 		}()
 		tracing.Inject(ctx, msg.Header) // the trace goes on with the event, to its readers
 	}
-	opts := []jetstream.PublishOpt{jetstream.WithExpectLastSequencePerSubject(expectLast)}
+	opts := []jetstream.PublishOpt{jetstream.WithExpectLastSequenceForSubject(expectLast, es.tenantFilter(tenant))}
 	if ev.Key != "" {
 		opts = append(opts, jetstream.WithMsgID(tenant+":"+ev.Key))
 	}
+	return es.publish(ctx, msg, opts, ev.Key != "")
+}
+
+// publish sends msg with opts, each try bounded and made again while NATS is unavailable if
+// retry (msg has an id, so a stored try is recognised as a duplicate).
+func (es *store) publish(ctx context.Context, msg *nats.Msg, opts []jetstream.PublishOpt, retry bool) (seq uint64, dup bool, err error) {
 	wait, bound := 50*time.Millisecond, appendAttempt
 	for {
 		// Each try is bounded on its own and made again while NATS is unavailable: a publish
@@ -95,7 +105,7 @@ func (es *store) append(ctx context.Context, tenant string, ev Event, expectLast
 		if schema.IsConflict(err) {
 			return 0, false, fmt.Errorf("%w: %v", ErrStale, err)
 		}
-		if ev.Key == "" || !schema.IsUnavailable(err) || ctx.Err() != nil {
+		if !retry || !schema.IsUnavailable(err) || ctx.Err() != nil {
 			return 0, false, fmt.Errorf("%w: append to %s: %w", ErrStore, msg.Subject, err)
 		}
 		if es.retries != nil {
@@ -117,6 +127,27 @@ func (es *store) append(ctx context.Context, tenant string, ev Event, expectLast
 // milliseconds, a leader election well under a second: an append whose answer was lost with
 // a stream leader that stopped is made again after half a second, not one and a half.
 const appendAttempt = 500 * time.Millisecond
+
+// EpochSubject is the subject, within a tenant's events, of the epoch markers a takeover
+// writes (Log.Takeover): a service must not use it for events of its own.
+const EpochSubject = "tm-epoch"
+
+// epochMarker is an epoch marker's body.
+type epochMarker struct {
+	Epoch uint64 `json:"tm_epoch"`
+}
+
+// writeEpoch stores tenant's epoch marker for epoch, once per epoch however many instances of
+// the new owner write it (its message id), and returns its sequence: from then on every append
+// of the tenant that expects an earlier last event fails, the former owner's included.
+func (es *store) writeEpoch(ctx context.Context, tenant string, epoch uint64) (uint64, error) {
+	data, _ := json.Marshal(epochMarker{Epoch: epoch})
+	msg := &nats.Msg{Subject: es.subject(tenant, EpochSubject), Data: data, Header: nats.Header{}}
+	msg.Header.Set(HeaderType, EpochSubject)
+	id := tenant + ":" + EpochSubject + ":" + strconv.FormatUint(epoch, 10)
+	seq, _, err := es.publish(ctx, msg, []jetstream.PublishOpt{jetstream.WithMsgID(id)}, true)
+	return seq, err
+}
 
 // decode makes an Event of a stored message of tenant.
 func (es *store) decode(tenant string, m jetstream.Msg, seq uint64) Event {
@@ -181,8 +212,9 @@ func (es *store) count(ctx context.Context, tenant string) (uint64, error) {
 }
 
 // snapshotFormat is written in every snapshot; one of another format is not read (the tenant
-// is rebuilt from its events instead).
-const snapshotFormat = 2
+// is rebuilt from its events instead). Format 3 added Epoch; a format 2 snapshot is read as
+// one at epoch 0 (its writer knew no markers).
+const snapshotFormat = 3
 
 // snapshot is a tenant's state at one applied sequence.
 type snapshot[S any] struct {
@@ -196,6 +228,8 @@ type snapshot[S any] struct {
 	// written before they were kept has 0, and the size counts from its sequence on.
 	Events uint64 `json:"events,omitempty"`
 	Bytes  uint64 `json:"bytes,omitempty"`
+	// Epoch is the newest epoch marker applied (0: none).
+	Epoch uint64 `json:"epoch,omitempty"`
 }
 
 func (es *store) saveSnapshot(ctx context.Context, tenant string, b []byte) error {
@@ -222,7 +256,7 @@ func loadSnapshot[S any](ctx context.Context, es *store, tenant string, newState
 	if err := json.Unmarshal(b, &s); err != nil {
 		return nil, 0, fmt.Errorf("events: snapshot of %s is corrupt: %w", tenant, err)
 	}
-	if s.Format != snapshotFormat {
+	if s.Format != snapshotFormat && s.Format != 2 {
 		return nil, 0, nil
 	}
 	return &s, len(b), nil

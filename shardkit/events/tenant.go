@@ -2,6 +2,7 @@ package events
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -88,7 +89,10 @@ type tenant[S any] struct {
 	// instance can run ahead of it (a sibling may have written in between); catchUp closes it.
 	contig uint64
 	// applied is the highest sequence applied.
-	applied   uint64
+	applied uint64
+	// epoch is the newest epoch marker applied (a takeover's, EpochSubject): an instance
+	// serving the tenant at an older epoch is fenced (Log.fenced).
+	epoch     uint64
 	sinceSnap int
 	// events and bytes count the events applied and their bytes (eventBytes), kept in
 	// snapshots: the tenant's size, read without its lock.
@@ -102,8 +106,18 @@ type tenant[S any] struct {
 	advanced    chan struct{} // closed and replaced when the follow advances contig
 }
 
-// add applies ev unless its subject has reached it already, giving it its version.
+// add applies ev unless its subject has reached it already, giving it its version. An epoch
+// marker is not the service's: it raises the tenant's epoch and is not applied to the state.
 func (ts *tenant[S]) add(ev Event) error {
+	if ev.Subject == EpochSubject {
+		var m epochMarker
+		if err := json.Unmarshal(ev.Data, &m); err != nil {
+			return fmt.Errorf("events: epoch marker %d of %s: %w", ev.Seq, ts.name, err)
+		}
+		ts.epoch = max(ts.epoch, m.Epoch)
+		ts.applied = max(ts.applied, ev.Seq)
+		return nil
+	}
 	pos := ts.subjects[ev.Subject]
 	if pos.Seq >= ev.Seq {
 		return nil
@@ -141,13 +155,13 @@ func (ts *tenant[S]) catchUp(ctx context.Context, es *store) error {
 	return nil
 }
 
-// fresh reports whether this instance has applied the subject's last stored event.
-func (ts *tenant[S]) fresh(ctx context.Context, es *store, subject string) (bool, error) {
-	last, err := es.lastSeq(ctx, es.subject(ts.name, subject))
+// fresh reports whether this instance has applied the tenant's last stored event.
+func (ts *tenant[S]) fresh(ctx context.Context, es *store) (bool, error) {
+	last, err := es.lastSeq(ctx, es.tenantFilter(ts.name))
 	if err != nil {
 		return false, err
 	}
-	return ts.subjects[subject].Seq >= last, nil
+	return ts.contig >= last, nil
 }
 
 // catchUpSubject applies the events of one subject this instance has not seen.
@@ -162,7 +176,7 @@ func (ts *tenant[S]) snapshot() *snapshot[S] {
 		subj[k] = v
 	}
 	return &snapshot[S]{Format: snapshotFormat, Tenant: ts.name, Applied: ts.contig, Subjects: subj, Recent: ts.idem.entries(), State: ts.state,
-		Events: ts.events.Load(), Bytes: ts.bytes.Load()}
+		Events: ts.events.Load(), Bytes: ts.bytes.Load(), Epoch: ts.epoch}
 }
 
 // eventBytes is what one event stores beyond JetStream's fixed overhead: its subject
@@ -203,7 +217,7 @@ func load[S any](ctx context.Context, es *store, cfg *Config[S], name string, st
 			return nil, rep, err
 		}
 		if s != nil {
-			ts.state, ts.contig, ts.applied = s.State, s.Applied, s.Applied
+			ts.state, ts.contig, ts.applied, ts.epoch = s.State, s.Applied, s.Applied, s.Epoch
 			ts.events.Store(s.Events)
 			ts.bytes.Store(s.Bytes)
 			ts.snapBytes.Store(uint64(n))

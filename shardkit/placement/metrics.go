@@ -7,7 +7,8 @@ import (
 )
 
 type metrics struct {
-	corrupt *prometheus.CounterVec
+	corrupt         *prometheus.CounterVec
+	confirmFailures *prometheus.CounterVec
 }
 
 func newMetrics(w *Watcher, reg prometheus.Registerer) *metrics {
@@ -16,11 +17,18 @@ func newMetrics(w *Watcher, reg prometheus.Registerer) *metrics {
 			Name: "tm_placement_corrupt_total",
 			Help: "Placement values skipped because they could not be decoded.",
 		}, []string{"kind"}),
+		confirmFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tm_placement_confirm_failures_total",
+			Help: "Confirmations of the placement view with its stream leader that failed (a shard whose view stays unconfirmed for its lease stops serving).",
+		}, []string{"kind"}),
 	}
 	if reg == nil {
 		return m
 	}
 	m.corrupt = promreg.Register(reg, m.corrupt) // another watcher in this process may have registered it first
+	if w.cfg.Confirm > 0 {
+		m.confirmFailures = promreg.Register(reg, m.confirmFailures)
+	}
 	for kind := range w.kinds {
 		labels := prometheus.Labels{"kind": kind}
 		promreg.Register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -36,6 +44,17 @@ func newMetrics(w *Watcher, reg prometheus.Registerer) *metrics {
 		promreg.Register(reg, prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "tm_placement_watch_resumes_total", Help: "Placement watches replaced after a failure.", ConstLabels: labels,
 		}, func() float64 { st, _ := w.Stats(kind); return float64(st.Resumes) }))
+		if w.cfg.Confirm > 0 {
+			promreg.Register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "tm_placement_confirmed_age_seconds", ConstLabels: labels,
+				Help: "How long ago the placement view was last confirmed with its stream leader (a shard serves while it is under its lease); -1 before the first.",
+			}, func() float64 {
+				if d, ok := w.Confirmed(kind); ok {
+					return d.Seconds()
+				}
+				return -1
+			}))
+		}
 	}
 	return m
 }

@@ -104,7 +104,7 @@ const (
 	epochShift = 36
 )
 
-var phases = [...]schema.Phase{"", schema.PhaseActive, schema.PhaseWarming, schema.PhaseHandoff, schema.PhaseDraining}
+var phases = [...]schema.Phase{"", schema.PhaseActive, schema.PhaseWarming, schema.PhaseHandoff, schema.PhaseDraining, schema.PhaseTakeover}
 
 func phaseCode(p schema.Phase) uint64 {
 	for i, q := range phases {
@@ -137,7 +137,7 @@ type Entry struct {
 	Shard  string
 	Epoch  uint64
 	Phase  schema.Phase
-	Target string // warming, handoff: where the tenant is going
+	Target string // warming, handoff, takeover: where the tenant is going
 	Source string // draining: the former owner
 	Pinned bool
 	// Owners are the instances serving the tenant under the affinity policy.
@@ -189,7 +189,7 @@ func (t *table) decode(v, rev uint64) (Entry, bool) {
 		Revision: rev,
 	}
 	switch e.Phase {
-	case schema.PhaseWarming, schema.PhaseHandoff:
+	case schema.PhaseWarming, schema.PhaseHandoff, schema.PhaseTakeover:
 		e.Target = refs[peer].name
 	case schema.PhaseDraining:
 		e.Source = refs[peer].name

@@ -66,6 +66,12 @@ type Config struct {
 	// placement of the initial load (Old not OK), but not for those loaded from a snapshot: use
 	// Range after Ready for a complete view.
 	OnChange func(Change)
+	// Confirm, if set, makes the watcher confirm this often that it has applied every
+	// placement write acknowledged before: it asks each kind's placement stream leader for the
+	// stream's last sequence and waits (up to Confirm) until it has applied that revision.
+	// Confirmed then tells when the newest such question was asked. A shard serves its tenants
+	// only while that is recent (its lease): cut off from NATS, frozen, or behind, it stops.
+	Confirm time.Duration
 	// Logger; if nil, logs are discarded.
 	Logger *slog.Logger
 	// Registerer, if set, receives the watcher's metrics.
@@ -101,6 +107,8 @@ type kindState struct {
 	syncOnce  sync.Once
 	snapRev   uint64
 	startedAt time.Time
+	// confirmed is when (monoNow) the newest confirmation that held was asked; 0: never.
+	confirmed atomic.Int64
 }
 
 // New makes a watcher; it follows nothing until Run.
@@ -245,6 +253,9 @@ func (w *Watcher) Run(ctx context.Context) error {
 			return err
 		}
 		wg.Go(func() { _ = ks.f.Run(ctx) })
+		if w.cfg.Confirm > 0 {
+			wg.Go(func() { ks.confirmLoop(ctx) })
+		}
 		if w.cfg.Compact {
 			wg.Go(func() { ks.compactLoop(ctx) })
 		}
@@ -481,6 +492,117 @@ func (ks *kindState) compactLoop(ctx context.Context) {
 			}
 		case <-ctx.Done():
 			return
+		}
+	}
+}
+
+// monoBase anchors monoNow: durations since it are read from the monotonic clock, so a lease
+// measured with them neither jumps with the wall clock nor stops while the process is frozen.
+var monoBase = time.Now()
+
+// monoNow is the monotonic time since monoBase, in nanoseconds (always > 0).
+func monoNow() int64 { return int64(time.Since(monoBase)) + 1 }
+
+// ConfirmEvery is Config.Confirm: how often the watcher confirms its view (0: never).
+func (w *Watcher) ConfirmEvery() time.Duration { return w.cfg.Confirm }
+
+// Confirmed reports how long ago the watcher last confirmed that its view of kind held every
+// placement write acknowledged before (see Config.Confirm), and false if it never did. The
+// answer is from the monotonic clock: a process frozen (SIGSTOP, a long pause) wakes up with
+// the time it was frozen counted.
+func (w *Watcher) Confirmed(kind string) (time.Duration, bool) {
+	ks := w.kinds[kind]
+	if ks == nil {
+		return 0, false
+	}
+	c := ks.confirmed.Load()
+	if c == 0 {
+		return 0, false
+	}
+	return time.Duration(monoNow() - c), true
+}
+
+// WaitConfirmed waits until kind has been confirmed once (Config.Confirm must be set).
+func (w *Watcher) WaitConfirmed(ctx context.Context, kind string) error {
+	ks := w.kinds[kind]
+	if ks == nil || w.cfg.Confirm <= 0 {
+		return fmt.Errorf("placement: %s is not confirmed by this watcher (Config.Confirm)", kind)
+	}
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for ks.confirmed.Load() == 0 {
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return fmt.Errorf("placement: waiting for the first confirmation of %s with its stream leader: %w", kind, ctx.Err())
+		}
+	}
+	return nil
+}
+
+// confirmLoop confirms the kind's view every Config.Confirm until ctx ends.
+func (ks *kindState) confirmLoop(ctx context.Context) {
+	every := ks.w.cfg.Confirm
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for failed := 0; ; {
+		select {
+		case <-ks.synced:
+		case <-ctx.Done():
+			return
+		}
+		cctx, cancel := context.WithTimeout(ctx, every)
+		err := ks.confirm(cctx)
+		cancel()
+		switch {
+		case err == nil:
+			if failed > 0 {
+				ks.w.cfg.Logger.Info("placement view confirmed again", "kind", ks.kind, "after_failures", failed)
+			}
+			failed = 0
+		case ctx.Err() == nil:
+			failed++
+			ks.w.metrics.confirmFailures.WithLabelValues(ks.kind).Inc()
+			if failed == 1 || failed%10 == 0 {
+				ks.w.cfg.Logger.Warn("cannot confirm the placement view with its stream leader", "kind", ks.kind, "failures", failed, "err", err)
+			}
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// confirm asks the placement stream's leader for its last sequence and waits until the kind
+// has applied it; then the time it asked is the newest confirmation. Every write the leader
+// acknowledged before it answered is at or below that sequence, so once it is applied the view
+// holds all of them: a view confirmed at t is at least as new as the placement at t.
+func (ks *kindState) confirm(ctx context.Context) error {
+	asked := monoNow()
+	js := ks.w.cfg.Store.JS()
+	last, err := js.LastSeq(ctx, schema.PlacementStream(ks.kind), schema.PlacementSubjectPrefix(ks.kind)+">")
+	if err != nil {
+		return err
+	}
+	for wait := 200 * time.Microsecond; ; wait = min(2*wait, 10*time.Millisecond) {
+		ks.mu.Lock()
+		rev := ks.rev
+		ks.mu.Unlock()
+		if rev >= last {
+			break
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return fmt.Errorf("applied revision %d of %d: %w", rev, last, ctx.Err())
+		}
+	}
+	for {
+		c := ks.confirmed.Load()
+		if asked <= c || ks.confirmed.CompareAndSwap(c, asked) {
+			return nil
 		}
 	}
 }

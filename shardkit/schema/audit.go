@@ -81,6 +81,15 @@ func (s *Store) ReadAudit(ctx context.Context, q AuditQuery) ([]AuditEvent, erro
 }
 
 func (s *Store) readAudit(ctx context.Context, q AuditQuery) ([]AuditEvent, error) {
+	// Names, not wildcards: they become the consumer's subject filter.
+	if q.Kind != "" {
+		if err := CheckName("kind", q.Kind); err != nil {
+			return nil, err
+		}
+	}
+	if q.Tenant != "" && !ValidTenant(q.Tenant) {
+		return nil, CheckTenant(q.Tenant)
+	}
 	if q.Limit <= 0 {
 		q.Limit = 100
 	}

@@ -41,6 +41,11 @@ type Instance struct {
 	Metrics *InstanceMetrics `json:"metrics,omitempty"`
 	// Flag is the operator's manual flag (SetInstanceFlag); registrations and heartbeats keep it.
 	Flag *InstanceFlag `json:"flag,omitempty"`
+	// LeaseMS is the lease the instance serves under (KindConfig.Lease when it registered): how
+	// long it keeps serving after it last confirmed its placement view. A takeover of its
+	// shard's tenants waits the longest lease of the shard's instances. 0: not published
+	// (an instance older than leases: the kind's lease applies).
+	LeaseMS int64 `json:"lease_ms,omitempty"`
 
 	Revision uint64 `json:"-"`
 }

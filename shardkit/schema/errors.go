@@ -17,6 +17,10 @@ var (
 	ErrTransition = errors.New("invalid placement transition")
 	// ErrInvalid means a value failed validation before it was written.
 	ErrInvalid = errors.New("invalid value")
+	// ErrFenced means a takeover fenced this instance for a tenant: another shard owns it at a
+	// newer epoch, and this one may neither write it nor answer for it. HTTP answers it 421
+	// (not the owner), so a gateway sends the request again to the new owner.
+	ErrFenced = errors.New("fenced by a newer owner")
 )
 
 // The store's reads and writes fail with the JetStream layer's errors; they are named here too,

@@ -45,7 +45,9 @@ type KindConfig struct {
 	Capacity int `json:"capacity,omitempty"`
 	// HoldBudget is how long the gateway holds a tenant's requests during a handoff. Default 2s.
 	HoldBudget Duration `json:"hold_budget,omitempty"`
-	// Overlap marks a kind that only reads: moves skip the hold (warm then cut over).
+	// Overlap marks a kind that only reads: moves skip the hold (warm then cut over), and a
+	// gateway sends any request again on another instance after an attempt whose outcome is
+	// unknown (nothing it could have done needs undoing). Default: on for projection.
 	Overlap bool `json:"overlap,omitempty"`
 	// SingleWriter sends each tenant's requests to one instance of its shard (rendezvous hashing
 	// over the live instances: a tenant changes instance only when its instance leaves), so
@@ -80,7 +82,31 @@ type KindConfig struct {
 	// (a mismatch keeps it for good and is alerted), and the rebalancer judges and audits
 	// each move. Off by default; `rebalance verify` judges any move whose digests were recorded.
 	Verify bool `json:"verify,omitempty"`
+	// Lease is how long an instance of the kind keeps serving its tenants after it last
+	// confirmed, with the placement stream's leader, that its view of placement is current: a
+	// shard cut off from NATS (or frozen) stops serving within it, and a takeover of its
+	// tenants waits it out (unless the shard's instances are gone or report drained). Longer
+	// tolerates longer NATS outages without refusing requests; shorter fails over a frozen or
+	// partitioned shard sooner. Default 5s; instances publish the lease they run with, and a
+	// takeover waits the longest of them.
+	Lease Duration `json:"lease,omitempty"`
+	// Failover is whether the rebalancer's autopilot takes over the tenants of a shard of this
+	// kind that has no live instance: "auto" (the default) or "off" (a person decides).
+	Failover Failover `json:"failover,omitempty"`
 }
+
+// Failover is a kind's rule for shards without a live instance.
+type Failover string
+
+const (
+	// FailoverAuto: the autopilot moves the tenants of a dead shard to live ones (a takeover).
+	FailoverAuto Failover = "auto"
+	// FailoverOff: tenants wait for their shard to come back, or for an operator's plan.
+	FailoverOff Failover = "off"
+)
+
+// DefaultLease is KindConfig.Lease's default.
+const DefaultLease = 5 * time.Second
 
 // WarmupConfig is a kind's rule for choosing a move's warm-up strategy by tenant size (the
 // Cloudlysis PRD's "the rebalancer selecting the strategy based on tenant size/SLO"): a tenant
@@ -150,7 +176,7 @@ type LoadConfig struct {
 
 // DefaultKindConfig is the configuration a kind gets when it is first registered.
 func DefaultKindConfig(kind string) KindConfig {
-	c := KindConfig{Kind: kind, SingleWriter: kind == "aggregate", Idempotent: kind == "aggregate" || kind == "runner"}
+	c := KindConfig{Kind: kind, SingleWriter: kind == "aggregate", Idempotent: kind == "aggregate" || kind == "runner", Overlap: kind == "projection"}
 	if kind == "aggregate" {
 		c.Warmup = &WarmupConfig{}
 	}
@@ -179,6 +205,12 @@ func (c KindConfig) WithDefaults() KindConfig {
 	}
 	if c.DegradedErrorRate == 0 {
 		c.DegradedErrorRate = 0.5
+	}
+	if c.Lease <= 0 {
+		c.Lease = Duration(DefaultLease)
+	}
+	if c.Failover == "" {
+		c.Failover = FailoverAuto
 	}
 	if c.Warmup != nil {
 		w := c.Warmup.WithDefaults()
@@ -258,6 +290,14 @@ func (c KindConfig) Validate() error {
 	case UnplacedAssign, UnplacedReject:
 	default:
 		return fmt.Errorf("%w: kind %s: unplaced %q is not one of assign, reject", ErrInvalid, c.Kind, c.Unplaced)
+	}
+	switch c.Failover {
+	case FailoverAuto, FailoverOff:
+	default:
+		return fmt.Errorf("%w: kind %s: failover %q is not one of auto, off", ErrInvalid, c.Kind, c.Failover)
+	}
+	if c.Lease.D() < 500*time.Millisecond || c.Lease.D() > 5*time.Minute {
+		return fmt.Errorf("%w: kind %s: lease %s must be between 500ms and 5m", ErrInvalid, c.Kind, c.Lease.D())
 	}
 	if c.RateLimit != nil && (c.RateLimit.PerSecond <= 0 || c.RateLimit.Burst < 1) {
 		return fmt.Errorf("%w: kind %s: rate_limit needs per_second > 0 and burst >= 1", ErrInvalid, c.Kind)

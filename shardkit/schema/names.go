@@ -61,6 +61,7 @@ const (
 	subjectAuditPrefix = "tm.audit."
 	subjectLoadPrefix  = "tm.load."
 	subjectSignalNote  = "tm.signal."
+	subjectPingPrefix  = "tm.ping."
 	// SubjectAuditAll matches every audit event.
 	SubjectAuditAll = "tm.audit.>"
 	// SubjectLoadAll matches every load report.
@@ -87,6 +88,22 @@ func SnapshotObject(kind string) string { return "placement." + kind }
 func LoadSubject(id InstanceID) string {
 	return subjectLoadPrefix + id.Kind + "." + id.Shard + "." + id.Instance
 }
+
+// PingSubject is where one instance answers the rebalancer's liveness probe: a request there
+// with no responders tells that the instance's NATS connection is gone (the process died, or
+// its server closed the connection), in one round trip.
+func PingSubject(id InstanceID) string {
+	return subjectPingPrefix + id.Kind + "." + id.Shard + "." + id.Instance
+}
+
+// PingSubjectShard matches the probes of every instance of kind's shard (what a shard instance
+// may subscribe to).
+func PingSubjectShard(kind, shard string) string {
+	return subjectPingPrefix + kind + "." + shard + ".*"
+}
+
+// SubjectPingAll matches every instance's probe (what the rebalancer may publish to).
+const SubjectPingAll = "tm.ping.>"
 
 // SignalNoteSubject is where the writers of tenant signals note them for shard, the shard a
 // tenant moves to (or owns it): tm.signal.<kind>.<shard>.
@@ -208,12 +225,24 @@ func ParseInstanceID(key string) (InstanceID, error) {
 	return id, id.Check()
 }
 
-// routeKey encodes a route as a KV key: <METHOD>.<base64url(prefix)>. Method "*" is ANY.
-func routeKey(method, prefix string) string {
+// routeKey encodes a route as a KV key: <kind>.<METHOD>.<base64url(prefix)>. Method "*" is
+// ANY. The kind leads so that a shard's NATS user may write its own kind's routes only
+// ($KV.tm_routes.<kind>.>, internal/natsperm).
+func routeKey(kind, method, prefix string) string {
 	if method == "" || method == "*" {
 		method = "ANY"
 	}
-	return method + "." + base64.RawURLEncoding.EncodeToString([]byte(prefix))
+	return kind + "." + method + "." + base64.RawURLEncoding.EncodeToString([]byte(prefix))
+}
+
+// RouteKeyKind returns the kind a route key names, and false for a key without one (the
+// format before routes were keyed by kind: <METHOD>.<base64url(prefix)>).
+func RouteKeyKind(key string) (string, bool) {
+	if strings.Count(key, ".") != 2 {
+		return "", false
+	}
+	kind, _, _ := strings.Cut(key, ".")
+	return kind, true
 }
 
 func signalKey(kind, tenant string, id InstanceID) string {

@@ -14,6 +14,8 @@ import (
 //
 //	active(A) -> warming(A->B) -> handoff(A->B) -> draining(B, epoch+1, from A) -> active(B)
 //	warming or handoff -> active(A) aborts the move.
+//	active(A), warming(A->*) or handoff(A->*) -> takeover(A->B) -> active(B, epoch+1): a
+//	takeover, the move of a tenant off a shard with no live instance, without its drain.
 type Phase string
 
 const (
@@ -21,7 +23,20 @@ const (
 	PhaseWarming  Phase = "warming"
 	PhaseHandoff  Phase = "handoff"
 	PhaseDraining Phase = "draining"
+	// PhaseTakeover: the owner (Shard) is fenced and the target (Target) takes the tenant at the
+	// next epoch without the owner's drain. Nobody serves the tenant: gateways hold its
+	// requests, the owner's instances refuse it (a live one reports drained, which lets the
+	// takeover commit without waiting out its lease), the target loads the tenant from the
+	// store and fences the owner's late writes there (shardkit Hooks.Takeover). The rebalancer
+	// alone commits it, once the target is ready and no instance of the owner can still serve
+	// (see docs/design.md, "Failover"). A takeover never goes back to the owner: once the
+	// target may have fenced the owner's writes, the owner cannot write at its epoch again.
+	PhaseTakeover Phase = "takeover"
 )
+
+// Moving reports whether a tenant in phase p is between owners, so nobody serves it and a
+// gateway holds its requests (handoff, takeover).
+func (p Phase) Moving() bool { return p == PhaseHandoff || p == PhaseTakeover }
 
 // Placement is one tenant's owner for one kind, key <tenant> in tm_placement_<kind>.
 type Placement struct {
@@ -32,7 +47,7 @@ type Placement struct {
 	// Epoch grows by one with every change of owner; it fences stale routers and owners.
 	Epoch uint64 `json:"epoch"`
 	Phase Phase  `json:"phase"`
-	// Target is the shard a move goes to (warming, handoff).
+	// Target is the shard a move goes to (warming, handoff, takeover).
 	Target string `json:"target,omitempty"`
 	// Source is the former owner finishing its drain (draining).
 	Source string `json:"source,omitempty"`
@@ -73,7 +88,7 @@ func (p Placement) Validate() error {
 		if p.Target != "" || p.Source != "" {
 			return fmt.Errorf("%w: %s/%s: an active placement has no target or source", ErrInvalid, p.Kind, p.Tenant)
 		}
-	case PhaseWarming, PhaseHandoff:
+	case PhaseWarming, PhaseHandoff, PhaseTakeover:
 		if err := CheckName("target shard", p.Target); err != nil {
 			return err
 		}
@@ -85,7 +100,7 @@ func (p Placement) Validate() error {
 			return err
 		}
 	default:
-		return fmt.Errorf("%w: %s/%s: phase %q is not one of active, warming, handoff, draining", ErrInvalid, p.Kind, p.Tenant, p.Phase)
+		return fmt.Errorf("%w: %s/%s: phase %q is not one of active, warming, handoff, draining, takeover", ErrInvalid, p.Kind, p.Tenant, p.Phase)
 	}
 	return nil
 }
@@ -106,12 +121,29 @@ func CheckTransition(prev, next Placement) error {
 	} else if next.Epoch != prev.Epoch+1 {
 		return bad(fmt.Sprintf("the owner changes %s -> %s, so the epoch must become %d (got %d)", prev.Shard, next.Shard, prev.Epoch+1, next.Epoch))
 	}
+	if next.Phase == PhaseTakeover {
+		// A takeover starts from any phase in which the owner still serves or hands off, and
+		// may change its target (the first one died); it keeps the owner and the epoch.
+		switch prev.Phase {
+		case PhaseActive, PhaseWarming, PhaseHandoff, PhaseTakeover:
+			if next.Shard == prev.Shard {
+				return nil
+			}
+			return bad("a takeover keeps the owner and the epoch")
+		}
+		return bad("a takeover starts from active, warming, handoff or takeover")
+	}
 	switch prev.Phase {
 	case PhaseActive:
 		switch next.Phase {
 		case PhaseActive, PhaseWarming:
 			return nil // owner edits (affinity, manual reassignment) or a move starts
 		}
+	case PhaseTakeover:
+		if next.Phase == PhaseActive && next.Shard == prev.Target {
+			return nil // the takeover's commit
+		}
+		return bad(fmt.Sprintf("a takeover ends with its target %s active at the next epoch (it never goes back to the fenced owner)", prev.Target))
 	case PhaseWarming:
 		switch next.Phase {
 		case PhaseHandoff:

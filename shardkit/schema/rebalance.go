@@ -6,6 +6,9 @@ import "github.com/tenantmesh/tenantmesh/shardkit/jsx"
 const (
 	// LeaderLease is the key of the rebalancer's leader lease.
 	LeaderLease = "lease.leader"
+	// AutopilotState is the key of the autopilot's state: the operators' freezes and
+	// maintenance marks, and the moves it made lately (its budgets and cool-downs).
+	AutopilotState = "autopilot.state"
 )
 
 // PlanKey is the key of a plan record.

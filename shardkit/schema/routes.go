@@ -27,10 +27,19 @@ type Route struct {
 	Consumer *ConsumerRoute `json:"consumer,omitempty"`
 
 	Revision uint64 `json:"-"`
+	// key is where the route was read from (List, Get), so an edit writes the same key even
+	// when it is in the format before kinds led the key.
+	key string
 }
 
-// Key is the route's key in tm_routes.
-func (r Route) Key() string { return routeKey(r.Method, r.Prefix) }
+// Key is the route's key in tm_routes: <kind>.<METHOD>.<base64url(prefix)> (or the key it
+// was read from).
+func (r Route) Key() string {
+	if r.key != "" {
+		return r.key
+	}
+	return routeKey(r.Kind, r.Method, r.Prefix)
+}
 
 // Validate checks method, prefix and kind.
 func (r Route) Validate() error {
@@ -131,7 +140,7 @@ func (rr RouteRegistry) edit(ctx context.Context, r Route, edit func(*Route) boo
 		case err != nil:
 			return Route{}, err
 		}
-		cur.Revision = rev
+		cur.Revision, cur.key = rev, key
 		if !edit(&cur) {
 			return cur, nil
 		}
@@ -159,22 +168,23 @@ func (rr RouteRegistry) edit(ctx context.Context, r Route, edit func(*Route) boo
 	return Route{}, fmt.Errorf("schema: route %s %s: gave up after %d conflicting writers", r.Method, r.Prefix, maxCASAttempts)
 }
 
-// Get reads one route.
-func (rr RouteRegistry) Get(ctx context.Context, method, prefix string) (Route, error) {
+// Get reads one route of kind.
+func (rr RouteRegistry) Get(ctx context.Context, kind, method, prefix string) (Route, error) {
 	var r Route
-	rev, err := rr.s.js.GetJSON(ctx, rr.s.routes, routeKey(method, prefix), &r)
+	key := routeKey(kind, method, prefix)
+	rev, err := rr.s.js.GetJSON(ctx, rr.s.routes, key, &r)
 	if err != nil {
 		return Route{}, err
 	}
-	r.Revision = rev
+	r.Revision, r.key = rev, key
 	return r, nil
 }
 
 // List lists the registry.
 func (rr RouteRegistry) List(ctx context.Context) ([]Route, error) {
 	var out []Route
-	_, err := jsx.ListJSON(ctx, rr.s.js, rr.s.routes, ">", func(_ string, rev uint64, r Route) {
-		r.Revision = rev
+	_, err := jsx.ListJSON(ctx, rr.s.js, rr.s.routes, ">", func(key string, rev uint64, r Route) {
+		r.Revision, r.key = rev, key
 		out = append(out, r)
 	})
 	return out, err
@@ -189,8 +199,8 @@ func (rr RouteRegistry) RemoveInstanceEverywhere(ctx context.Context, id Instanc
 	}
 	n := 0
 	for _, r := range routes {
-		if !slices.Contains(r.Instances, id.Key()) {
-			continue
+		if r.Kind != id.Kind || !slices.Contains(r.Instances, id.Key()) {
+			continue // an instance serves its own kind's routes only
 		}
 		if _, err := rr.RemoveInstance(ctx, r, id); err != nil {
 			return n, err

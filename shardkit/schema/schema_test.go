@@ -288,7 +288,7 @@ func TestRoutesAddRemove(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got, err := st.Routes().Get(ctx, "POST", "/commands")
+	got, err := st.Routes().Get(ctx, "aggregate", "POST", "/commands")
 	if err != nil || len(got.Instances) != 2 {
 		t.Fatalf("route = %+v, %v", got, err)
 	}
@@ -303,7 +303,7 @@ func TestRoutesAddRemove(t *testing.T) {
 		t.Fatalf("sweep = %d, %v", n, err)
 	}
 	// The emptied route is deleted.
-	if _, err := st.Routes().Get(ctx, "POST", "/commands"); !errors.Is(err, schema.ErrNotFound) {
+	if _, err := st.Routes().Get(ctx, "aggregate", "POST", "/commands"); !errors.Is(err, schema.ErrNotFound) {
 		t.Fatalf("empty route not deleted: %v", err)
 	}
 	if _, err := st.Routes().AddInstance(ctx, schema.Route{Method: "get", Prefix: "/x", Kind: "aggregate"}, a); !errors.Is(err, schema.ErrInvalid) {

@@ -50,6 +50,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/certfile"
 	"github.com/tenantmesh/tenantmesh/internal/envflag"
+	"github.com/tenantmesh/tenantmesh/internal/gatesig"
 	"github.com/tenantmesh/tenantmesh/internal/tmlog"
 	"github.com/tenantmesh/tenantmesh/internal/tracing"
 	"github.com/tenantmesh/tenantmesh/shardkit"
@@ -109,6 +110,9 @@ type Main struct {
 	Shard, Instance string
 	// AdminToken guards /admin/*; Labels are k=v,k=v instance labels.
 	AdminToken, Labels string
+	// GatewayKeyFile holds the kind's gateway key (`rebalance auth gate-key`): the gate then
+	// serves only requests a gateway proved (shardkit.Config.GatewayKey).
+	GatewayKeyFile string
 	// LogLevel (debug, info, warn, error) and LogFormat (auto, text, json).
 	LogLevel, LogFormat string
 	// Version is published in the instance directory.
@@ -171,6 +175,7 @@ func (m *Main) ParseFlags(kind string, args []string) error {
 	envflag.String(fs, &m.Shard, "shard", shardDefault, "shard this instance belongs to (default <kind>-1)")
 	envflag.String(fs, &m.Instance, "instance", sanitize(host)+"-"+strconv.Itoa(os.Getpid()), "instance name, unique within the shard")
 	envflag.Secret(fs, &m.AdminToken, "admin-token", "bearer token for /admin/* (unset: admin routes are refused)")
+	envflag.String(fs, &m.GatewayKeyFile, "gateway-key-file", "", "file with the kind's gateway key (rebalance auth gate-key): serve only requests a gateway proved (unset: anyone who reaches this port may name any tenant)")
 	envflag.String(fs, &m.Labels, "labels", "", "instance labels, k=v,k=v (e.g. region=eu)")
 	envflag.String(fs, &m.LogLevel, "log-level", "info", "debug, info, warn or error")
 	envflag.String(fs, &m.LogFormat, "log-format", "auto", "auto (text on a terminal, JSON otherwise), text or json")
@@ -297,8 +302,18 @@ func (m *Main) Run(ctx context.Context, build Builder) error {
 			url = "https://" + ln.Addr().String()
 		}
 	}
+	var gateKey []byte
+	if m.GatewayKeyFile != "" {
+		if gateKey, err = gatesig.ReadKeyFile(m.GatewayKeyFile); err != nil {
+			ln.Close()
+			return fmt.Errorf("--gateway-key-file: %w", err)
+		}
+	} else {
+		log.Warn("REQUESTS ARE NOT CHECKED FOR A GATEWAY'S PROOF: anyone who reaches this instance's port may name any tenant in x-tenant-id, past the gateway's identity check; set --gateway-key-file, or keep everything but the gateways away from the port")
+	}
 	sk, err := shardkit.New(shardkit.Config{
-		Store: st, ID: id, URL: url, Capacity: m.Capacity, Labels: labels, Version: m.Version,
+		GatewayKey: gateKey,
+		Store:      st, ID: id, URL: url, Capacity: m.Capacity, Labels: labels, Version: m.Version,
 		Routes: app.Routes(), Hooks: app.Hooks(), Forward: m.Forward, ForwardFallback: m.ForwardFallback, AdminToken: m.AdminToken,
 		DrainTimeout: m.DrainTimeout, Heartbeat: m.Heartbeat, DirectoryRefresh: m.DirectoryRefresh, ShutdownGrace: m.ShutdownGrace,
 		Registerer: reg, Gatherer: reg, Logger: log,

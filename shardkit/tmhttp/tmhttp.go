@@ -36,6 +36,9 @@ const (
 	// checks tenant identity at the edge (gateway --jwt-*): a shard can trust it, since the
 	// gateway strips every x-tm-* header a client sends.
 	HeaderSubject = "X-Tm-Subject"
+	// HeaderProof is the gateway's proof that a request came through it (internal/gatesig),
+	// which shardkit's gate checks when the shard has its kind's key.
+	HeaderProof = "X-Tm-Proof"
 	// HeaderPrefixTM is the prefix of headers only tenantmesh may set.
 	HeaderPrefixTM = "X-Tm-"
 )
@@ -107,6 +110,9 @@ func FromError(err error) Problem {
 		return Problem{Type: TypeBase + "store-unavailable", Title: "State store unavailable", Status: http.StatusServiceUnavailable,
 			Detail:     "NATS could not serve the request for now (a leader election or a restarting server); retry after Retry-After seconds",
 			RetryAfter: int(UnavailableRetryAfter / time.Second)}
+	case errors.Is(err, schema.ErrFenced):
+		return Problem{Type: TypeBase + "not-owner", Title: "Not the owner", Status: http.StatusMisdirectedRequest,
+			Detail: err.Error() + "; send the request to the tenant's new owner"}
 	case errors.Is(err, schema.ErrInvalidTenant):
 		return Problem{Type: TypeBase + "invalid-tenant", Title: "Invalid tenant id", Status: http.StatusBadRequest, Detail: err.Error()}
 	case errors.Is(err, schema.ErrInvalidName), errors.Is(err, schema.ErrInvalid), errors.Is(err, schema.ErrTransition):

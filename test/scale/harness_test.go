@@ -146,7 +146,7 @@ func (h *harness) startWatchers() {
 	withRole(roleWatcher, func() {
 		for _, k := range kinds {
 			st := h.open(h.connect(natsperm.Shard(k, "watcher", natsperm.Assets{}), roleWatcher+":"+k), true)
-			w, err := placement.New(placement.Config{Store: st, Kinds: []string{k}})
+			w, err := placement.New(placement.Config{Store: st, Kinds: []string{k}, Confirm: time.Second})
 			if err != nil {
 				h.t.Fatal(err)
 			}

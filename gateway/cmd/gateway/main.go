@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"runtime"
@@ -18,6 +19,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/gateway/edgeauth"
 	"github.com/tenantmesh/tenantmesh/internal/certfile"
 	"github.com/tenantmesh/tenantmesh/internal/envflag"
+	"github.com/tenantmesh/tenantmesh/internal/gatesig"
 	"github.com/tenantmesh/tenantmesh/internal/tmlog"
 	"github.com/tenantmesh/tenantmesh/internal/tracing"
 	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
@@ -26,11 +28,21 @@ import (
 
 func main() {
 	spareProc()
-	if err := run(); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stderr)
+	stop()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "gateway:", err)
 		os.Exit(1)
 	}
 }
+
+// errNoEdgeIdentity refuses to start a gateway that would believe x-tenant-id from anyone
+// without being told to.
+var errNoEdgeIdentity = errors.New("no tenant identity at the edge: every client could name any tenant in x-tenant-id. " +
+	"Set --jwt-jwks-url or --jwt-key-file (with --jwt-issuer and --jwt-audience) to check a bearer JWT, or " +
+	"--trust-tenant-header if something in front of the gateway sets x-tenant-id itself (a development stack, " +
+	"an authenticating proxy)")
 
 // spareProc runs Go code on one processor (P) more than the runtime's default, unless
 // GOMAXPROCS is set. The gateway reads and writes its sockets with raw system calls
@@ -44,8 +56,10 @@ func spareProc() {
 	}
 }
 
-func run() error {
-	fs := flag.NewFlagSet("gateway", flag.ExitOnError)
+// run parses args and runs the gateway until ctx ends; logs go to stderr.
+func run(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	var (
 		nats                                      natsconn.Options
 		addr, id, logLevel, logFormat             string
@@ -57,7 +71,10 @@ func run() error {
 		jwtMethods                                string
 		maxBody, replayBody                       int
 		readHeader, shutdown, connect             time.Duration
+		trustTenant                               bool
+		shardKeyFile                              string
 	)
+	cfg := gateway.Config{}
 	nats.AddFlags(fs)
 	envflag.String(fs, &addr, "addr", ":8080", "listen address")
 	envflag.String(fs, &id, "gateway-id", "", "gateway id in audit events (default hostname-pid)")
@@ -86,32 +103,38 @@ func run() error {
 	envflag.Duration(fs, &jwt.Leeway, "jwt-leeway", 30*time.Second, "with --jwt-*: clock skew allowed on exp and nbf")
 	envflag.Int(fs, &jwt.CacheSize, "jwt-cache-size", 10000, "with --jwt-*: verified tokens remembered (about 1 KB each); more active users than this verify signatures more often")
 	envflag.String(fs, &jwtMethods, "jwt-algorithms", "RS256,RS384,RS512,PS256,ES256,ES384,EdDSA", "with --jwt-*: accepted signing algorithms (public-key ones only)")
+	envflag.Bool(fs, &trustTenant, "trust-tenant-header", false, "believe x-tenant-id as the client sends it, without --jwt-* (only when something in front of the gateway sets it: a development stack, an authenticating proxy); without either the gateway refuses to start")
+	envflag.String(fs, &shardKeyFile, "shard-key-file", "", "file with the gateways' key (rebalance auth init writes gate.key): every request to an instance carries a proof its shard checks with --gateway-key-file")
+	limits := addLimitFlags(fs, &cfg)
 	if err := envflag.Check(fs); err != nil {
 		return err
 	}
-	_ = fs.Parse(os.Args[1:])
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	limits()
 	if retries <= 0 {
 		retries = -1 // Config's zero means the default
 	}
-	log, err := tmlog.New(os.Stderr, logLevel, logFormat)
+	edge := jwt.JWKSURL != "" || jwt.KeyFile != ""
+	if !edge && !trustTenant {
+		return errNoEdgeIdentity
+	}
+	log, err := tmlog.New(stderr, logLevel, logFormat)
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	flush, err := tracing.Main(ctx, "tenantmesh-gateway")
 	if err != nil {
 		return err
 	}
 	defer flush()
 
-	cfg := gateway.Config{
-		ID: id, Addr: addr, Logger: log, Retries: retries,
-		MaxHeaderBytes: maxHeader, MaxBodyBytes: int64(maxBody), MaxReplayBody: int64(replayBody),
-		MaxIdleConnsPerHost: idlePerHost, ReadHeaderTimeout: readHeader, ShutdownTimeout: shutdown,
-		ConnectTimeout: connect, Pprof: pprof,
-		AdminToken: adminToken, RegistrationToken: registrationToken,
-	}
+	cfg.ID, cfg.Addr, cfg.Logger, cfg.Retries = id, addr, log, retries
+	cfg.MaxHeaderBytes, cfg.MaxBodyBytes, cfg.MaxReplayBody = maxHeader, int64(maxBody), int64(replayBody)
+	cfg.MaxIdleConnsPerHost, cfg.ReadHeaderTimeout, cfg.ShutdownTimeout = idlePerHost, readHeader, shutdown
+	cfg.ConnectTimeout, cfg.Pprof = connect, pprof
+	cfg.AdminToken, cfg.RegistrationToken = adminToken, registrationToken
 	if (tlsCert == "") != (tlsKey == "") {
 		return errors.New("--tls-cert and --tls-key go together")
 	}
@@ -122,12 +145,19 @@ func run() error {
 		}
 		cfg.TLS = rl.ServerConfig()
 	}
+	if shardKeyFile != "" {
+		if cfg.ShardKey, err = gatesig.ReadKeyFile(shardKeyFile); err != nil {
+			return fmt.Errorf("--shard-key-file: %w", err)
+		}
+	} else {
+		log.Warn("requests to shards carry no gateway proof (--shard-key-file): shards that check one refuse them, and shards that do not believe anyone who reaches their port")
+	}
 	if upstreamCA != "" {
 		if cfg.UpstreamCAs, err = certfile.Pool(upstreamCA); err != nil {
 			return fmt.Errorf("--upstream-ca: %w", err)
 		}
 	}
-	if jwt.JWKSURL != "" || jwt.KeyFile != "" {
+	if edge {
 		jwt.Methods = strings.Split(jwtMethods, ",")
 		jwt.Logger = log
 		if cfg.Auth, err = edgeauth.New(ctx, jwt); err != nil {

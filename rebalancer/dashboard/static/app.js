@@ -18,8 +18,21 @@ const fmt = (n, d = 0) => (n == null || Number.isNaN(n) ? "–" : Number(n).toFi
 const ago = (s) => (s < 1 ? "now" : s < 90 ? Math.round(s) + "s ago" : Math.round(s / 60) + "m ago");
 const hhmmss = (t) => new Date(t).toLocaleTimeString([], { hour12: false });
 
+// The API's read token (rebalance serve --read-token), given once in the page's address as
+// #token=... and kept for the tab; a dashboard opened on the rebalancer's host needs none.
+const token = (() => {
+  const m = location.hash.match(/(?:^#|&)token=([^&]+)/);
+  if (m) {
+    sessionStorage.setItem("tm-read-token", decodeURIComponent(m[1]));
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+  return sessionStorage.getItem("tm-read-token") || "";
+})();
+
 async function getJSON(path) {
-  const r = await fetch(path, { headers: { accept: "application/json" } });
+  const headers = { accept: "application/json" };
+  if (token) headers.authorization = "Bearer " + token;
+  const r = await fetch(path, { headers });
   if (!r.ok) throw new Error(path + ": " + r.status);
   return r.json();
 }
@@ -118,12 +131,78 @@ function drawPlans() {
         el("td", { text: warm, title: m.warmup_reason || "" }), el("td", {}, pill(m.state)), el("td", { text: pause }), el("td", { class: "muted", text: m.reason || "" })));
     }
     table.append(tb);
+    const why = p.trigger ? p.trigger.detector + ": " + p.trigger.figure + " (" + p.trigger.threshold + ")" : "";
     root.append(el("div", { class: "plan", "data-plan": p.id },
       el("div", { class: "head" }, el("span", { class: "id", text: p.id }), pill(p.status),
-        el("span", { class: "muted", text: (p.plan ? p.plan.strategy : "") + " · " + done + "/" + total + " moves" }),
-        el("div", { class: "progress" }, bar)),
+        el("span", { class: "muted", text: (p.plan ? p.plan.strategy : "") + " · " + done + "/" + total + " moves" +
+          (p.origin === "autopilot" ? " · autopilot" + (p.proposed ? " (proposed)" : "") : "") }),
+        el("div", { class: "progress" }, bar), ...controls(p)),
+      why ? el("p", { class: "muted why", text: why }) : "",
       table));
   }
+}
+
+// controls are a plan's buttons: pause, resume and cancel, as its status allows.
+function controls(p) {
+  const can = {
+    pause: ["planned", "applying"].includes(p.status) && p.control !== "pause",
+    resume: p.status === "paused",
+    cancel: ["planned", "applying", "paused"].includes(p.status) && p.control !== "cancel",
+  };
+  return Object.entries(can).filter(([, ok]) => ok).map(([what]) => {
+    const b = el("button", { class: "act", "data-act": what, text: what });
+    b.addEventListener("click", () => act(p.id, what, b));
+    return b;
+  });
+}
+
+// act sends a plan control with the admin token, asked for once and kept for the tab's session.
+async function act(id, what, button) {
+  for (let attempt = 0; attempt < 2; attempt++) {
+    let token = sessionStorage.getItem("tmAdminToken");
+    if (!token) {
+      token = prompt("Admin token of the rebalancer (rebalance serve --admin-token) to " + what + " plan " + id);
+      if (!token) return;
+      sessionStorage.setItem("tmAdminToken", token);
+    }
+    button.disabled = true;
+    const r = await fetch("/api/plans/" + encodeURIComponent(id) + "/" + what, {
+      method: "POST", headers: { authorization: "Bearer " + token, "content-type": "application/json" },
+      body: JSON.stringify({ actor: "dashboard" }),
+    });
+    button.disabled = false;
+    if (r.status === 401 || r.status === 403) { sessionStorage.removeItem("tmAdminToken"); continue; }
+    if (!r.ok) { alert(what + " " + id + ": " + ((await r.json().catch(() => ({}))).detail || r.status)); return; }
+    const rec = await r.json();
+    state.plans.set(id, Object.assign({}, state.plans.get(id) || {}, rec));
+    drawPlans();
+    return;
+  }
+}
+
+// The autopilot: mode, budget used, freezes, shards without a live instance, latest decisions.
+async function loadAutopilot() {
+  let a;
+  try { a = await getJSON("/api/autopilot"); } catch { return; }
+  const mode = $("#ap-mode");
+  mode.textContent = a.mode + (a.deciding ? "" : a.leading ? " · starting" : " · not leading");
+  mode.className = "pill " + (a.mode === "on" ? "s-online" : a.mode === "dry-run" ? "s-degraded" : "muted");
+  const g = a.guardrails || {};
+  $("#ap-budget").textContent = a.used.moves + "/" + g.max_moves + " moves, " + humanBytes(a.used.bytes) + " in the window" +
+    (a.running ? " · plan " + a.running : "") + (a.yielded ? " · paused for an operator: " + a.yielded : "");
+  const fz = $("#ap-frozen");
+  fz.hidden = !a.frozen;
+  if (a.frozen) fz.textContent = "frozen until " + hhmmss(a.frozen.until) + " by " + a.frozen.by + ": " + a.frozen.reason;
+  const down = $("#ap-down");
+  down.hidden = !a.down.length;
+  down.querySelector("tbody").replaceChildren(...a.down.map((d) => el("tr", { "data-down": d.kind + "/" + d.shard },
+    el("td", { text: d.kind }), el("td", { text: d.shard }), el("td", { class: "num", text: String(d.tenants) }),
+    el("td", { class: "num", text: String(d.gone) }), el("td", { class: "num", text: String(d.silent) }),
+    el("td", { text: d.since ? ago((Date.now() - new Date(d.since)) / 1000) : "–" }))));
+  $("#ap-decisions").replaceChildren(...(a.decisions.length ? a.decisions.slice(0, 12).map((d) => el("li", { "data-outcome": d.outcome },
+    el("span", { class: "t", text: hhmmss(d.time) }), el("span", {}, pill(d.outcome)),
+    el("span", { text: d.detector + " " + d.subject + (d.guardrail ? " · " + d.guardrail : "") }),
+    el("span", { class: "muted", text: d.detail }))) : [el("li", { class: "muted", text: "no decision yet" })]));
 }
 
 // humanBytes renders n as 512 B, 1.5 KiB, 3.2 MiB (the CLI's planner.HumanBytes).
@@ -176,7 +255,8 @@ async function loadLeader() {
 
 // Live updates.
 function connect() {
-  const es = new EventSource("/api/events");
+  // EventSource cannot send a header: the token goes as access_token.
+  const es = new EventSource("/api/events" + (token ? "?access_token=" + encodeURIComponent(token) : ""));
   es.onopen = () => { $("#live").textContent = "live"; $("#live").className = "pill s-online"; };
   es.onerror = () => { $("#live").textContent = "reconnecting…"; $("#live").className = "pill s-degraded"; };
   es.addEventListener("move", (e) => {
@@ -241,7 +321,8 @@ async function loadInstancePage() {
 }
 
 window.addEventListener("hashchange", loadInstancePage);
-loadInstances(); loadPlans(); loadAudit(); loadLeader(); loadTenants(); loadInstancePage(); connect();
+loadInstances(); loadPlans(); loadAudit(); loadLeader(); loadTenants(); loadInstancePage(); loadAutopilot(); connect();
+setInterval(loadAutopilot, 2000);
 setInterval(loadInstancePage, 2000);
 setInterval(loadInstances, 2000); // heartbeat ages and metrics move on their own
 setInterval(loadPlans, 2000);     // events are the fast path; this catches any a stream missed

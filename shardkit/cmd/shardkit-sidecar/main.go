@@ -36,6 +36,13 @@
 //
 // A hook that fails (an error status, no answer within its bound) fails that step of the move,
 // which the rebalancer then retries or aborts; an applied or fence that fails counts as 0.
+//
+// The hooks are the sidecar's to call, never a tenant's: a request for a path under
+// --hooks-path is answered 404 by the sidecar, whatever route led to it, and with
+// --hooks-secret-file every hook call carries X-Tm-Hook-Token, which the service should check
+// (bind the service to 127.0.0.1 so only its sidecar reaches it at all). Header fields with an
+// underscore in their name are dropped on the way to the service (CGI, WSGI and PHP read
+// x_tenant_id as x-tenant-id).
 package main
 
 import (

@@ -33,7 +33,13 @@ type options struct {
 	hooksPath   string
 	hookTimeout time.Duration
 	warmTimeout time.Duration
+	hookSecret  string // file holding the secret hook calls carry (--hooks-secret-file)
 }
+
+// HeaderHookToken carries the hooks' secret on every hook call (--hooks-secret-file): the
+// service should refuse a hook call without it, so nothing but its sidecar can warm or release
+// a tenant.
+const HeaderHookToken = "X-Tm-Hook-Token"
 
 // routeList is the repeatable --route flag: "METHOD /prefix".
 type routeList []schema.Route
@@ -68,6 +74,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	envflag.String(fs, &o.hooksPath, "hooks-path", "/tenantmesh", "path prefix of the hooks on the upstream")
 	envflag.Duration(fs, &o.hookTimeout, "hook-timeout", 5*time.Second, "bound on the applied, fence and release calls")
 	envflag.Duration(fs, &o.warmTimeout, "warm-timeout", 60*time.Second, "bound on one warm call")
+	envflag.String(fs, &o.hookSecret, "hooks-secret-file", "", "file with a secret every hook call carries in "+HeaderHookToken+" (the service should refuse hook calls without it)")
 }
 
 // sidecar is the shardmain.App that fronts the upstream.
@@ -78,6 +85,7 @@ type sidecar struct {
 	hc       *http.Client // hooks
 	proxy    *httputil.ReverseProxy
 	log      *slog.Logger
+	secret   string // sent with every hook call; "" without --hooks-secret-file
 }
 
 func newSidecar(o options) (*sidecar, error) {
@@ -106,11 +114,31 @@ func newSidecar(o options) (*sidecar, error) {
 		ResponseHeaderTimeout: 60 * time.Second,
 		TLSHandshakeTimeout:   5 * time.Second,
 	}
+	if !strings.HasPrefix(o.hooksPath, "/") || len(o.hooksPath) < 2 {
+		return nil, fmt.Errorf("--hooks-path %q: want a path such as /tenantmesh", o.hooksPath)
+	}
 	s := &sidecar{o: o, upstream: u, hooks: hooks, hc: &http.Client{Transport: tr}}
+	if o.hookSecret != "" {
+		b, err := os.ReadFile(o.hookSecret)
+		if err != nil {
+			return nil, fmt.Errorf("--hooks-secret-file: %w", err)
+		}
+		if s.secret = strings.TrimSpace(string(b)); len(s.secret) < 16 {
+			return nil, fmt.Errorf("--hooks-secret-file %s: the secret must be at least 16 characters", o.hookSecret)
+		}
+	}
 	s.proxy = &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.SetURL(u)
 			r.Out.Host = r.In.Host
+			for k := range r.Out.Header {
+				// Names with an underscore read as the same CGI variable as their dashed form
+				// (HTTP_X_TENANT_ID): only the gateway's fields may say who the tenant is.
+				if strings.Contains(k, "_") {
+					delete(r.Out.Header, k)
+				}
+			}
+			r.Out.Header.Del(HeaderHookToken)
 		},
 		Transport: tr, // FlushInterval 0: a response is sent whole, a stream (unknown length, SSE) as it comes
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -135,8 +163,26 @@ func (s *sidecar) Routes() []schema.Route {
 	return out
 }
 
-// Handler sends every request behind the gate to the upstream.
-func (s *sidecar) Handler(sk *shardkit.Shard) http.Handler { return sk.Gate(s.proxy) }
+// Handler sends every request behind the gate to the upstream, except those for the hooks'
+// path: a tenant request routed here must never reach the service's hooks (a tenant could
+// release or warm its state), so they are answered 404 here.
+func (s *sidecar) Handler(sk *shardkit.Shard) http.Handler {
+	gated := sk.Gate(s.proxy)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.underHooks(r.URL.Path) {
+			tmhttp.WriteError(w, r, tmhttp.Errorf(http.StatusNotFound, "no-route", "Not found",
+				"the service's hooks are not reachable through the sidecar"), shardkit.Tenant(r), "")
+			return
+		}
+		gated.ServeHTTP(w, r)
+	})
+}
+
+// underHooks reports whether path is the hooks' path or under it (in any letter case).
+func (s *sidecar) underHooks(path string) bool {
+	hp := strings.TrimSuffix(s.o.hooksPath, "/")
+	return len(path) >= len(hp) && strings.EqualFold(path[:len(hp)], hp) && (len(path) == len(hp) || path[len(hp)] == '/')
+}
 
 // Hooks are HTTP calls to the service, those it implements.
 func (s *sidecar) Hooks() shardkit.Hooks {
@@ -176,6 +222,7 @@ func (s *sidecar) post(ctx context.Context, hook string, body any) error {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	s.sign(req)
 	resp, err := s.hc.Do(req)
 	if err != nil {
 		return fmt.Errorf("hook %s: %w", hook, err)
@@ -204,6 +251,7 @@ func (s *sidecar) get(ctx context.Context, hook, tenant string) (uint64, error) 
 	if err != nil {
 		return 0, err
 	}
+	s.sign(req)
 	resp, err := s.hc.Do(req)
 	if err != nil {
 		return 0, err
@@ -217,6 +265,13 @@ func (s *sidecar) get(ctx context.Context, hook, tenant string) (uint64, error) 
 		return 0, fmt.Errorf("want {%q: number}: %w", hook, err)
 	}
 	return out[hook], nil
+}
+
+// sign adds the hooks' secret to a hook call.
+func (s *sidecar) sign(req *http.Request) {
+	if s.secret != "" {
+		req.Header.Set(HeaderHookToken, s.secret)
+	}
 }
 
 func (s *sidecar) hookURL(hook, tenant string) string {

@@ -74,7 +74,10 @@ livenessProbe:
   {{- toYaml .liveness | nindent 2 }}
 {{- end -}}
 
-{{/* Volume mounts and volumes: /tmp and the role's NATS credentials. */}}
+{{/* Volume mounts and volumes: /tmp, the role's NATS credentials and, for the gateway and
+the shards, a gateway-proof key ("gate": its key in the gate Secret: gate.key for the gateway,
+<kind>.key for a shard, which never sees the gateways' key). Both take a dict: root, creds,
+gate. */}}
 {{- define "tenantmesh.mounts" -}}
 volumeMounts:
   - name: tmp
@@ -82,6 +85,11 @@ volumeMounts:
   - name: nats-creds
     mountPath: /etc/tenantmesh/nats
     readOnly: true
+{{- if .gate }}
+  - name: gate-key
+    mountPath: /etc/tenantmesh/gate
+    readOnly: true
+{{- end }}
 {{- end -}}
 {{- define "tenantmesh.volumes" -}}
 volumes:
@@ -89,8 +97,17 @@ volumes:
     emptyDir: {}
   - name: nats-creds
     secret:
-      secretName: {{ . }}
+      secretName: {{ .creds }}
       defaultMode: 0400
+{{- if .gate }}
+  - name: gate-key
+    secret:
+      secretName: {{ .root.Values.secrets.names.gateKeys }}
+      defaultMode: 0400
+      items:
+        - key: {{ .gate }}
+          path: gate.key
+{{- end }}
 {{- end -}}
 
 {{/* Pod-level settings every tenantmesh pod shares. */}}

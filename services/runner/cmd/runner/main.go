@@ -2,8 +2,10 @@
 // GET /jobs/{id}, GET /jobs?status=), effects through an outbox, and sagas, on JetStream.
 // Besides the TM_* flags of every shard binary it reads TM_RUNNER_MAX_CONCURRENT,
 // TM_RUNNER_JOBS_PER_MINUTE, TM_RUNNER_TENANT_JOBS_PER_MINUTE, TM_RUNNER_MAX_QUEUED,
-// TM_RUNNER_RETENTION (how long finished runs are kept, default 168h) and, for the email
-// effect, TM_SMTP_ADDR and TM_SMTP_FROM.
+// TM_RUNNER_RETENTION (how long finished runs are kept, default 168h),
+// TM_RUNNER_WEBHOOK_ALLOW (the destinations webhooks may reach, comma-separated: "public",
+// IPs, CIDR prefixes, host names; default public addresses only) and, for the email effect,
+// TM_SMTP_ADDR and TM_SMTP_FROM.
 package main
 
 import (

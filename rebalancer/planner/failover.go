@@ -1,0 +1,123 @@
+package planner
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Failover plans taking over every tenant of the shards down (they have no live instance) onto
+// the live shards: heaviest first, each to the least utilised shard that can host it (labels,
+// tenant limit, load capacity). Unlike Evacuate it is not all or nothing: availability comes
+// first, so a tenant that fits under no shard's load capacity goes to the least utilised one
+// that matches its labels and has a free tenant slot (a note says so), and only a tenant no
+// shard can take at all stays (a note says which). Pinned tenants stay, with a note: the pin is
+// the operator's word. Tenants in the middle of a move from a down shard are taken over (their
+// move's source cannot finish it). The budget does not apply: every move is a takeover
+// (Move.Takeover), and the plan is complete when every tenant was placed.
+func Failover(w World, down []string, o Options) (*Plan, error) {
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	o.Budget = 0
+	s, err := newState(&w, o)
+	if err != nil {
+		return nil, err
+	}
+	var srcs []int32
+	for _, name := range down {
+		si, ok := s.byName[name]
+		if !ok {
+			return nil, fmt.Errorf("%w: %s has no shard %q: name one the directory or a placement lists", ErrInvalid, w.Kind, name)
+		}
+		s.excluded[si] = true
+		srcs = append(srcs, si)
+	}
+	s.buildSegments()
+	var moving []int32
+	var pinned, stranded []string
+	for _, si := range srcs {
+		for _, t := range s.tenantsOf(si, true) {
+			if w.Tenants[t].Pinned {
+				pinned = append(pinned, w.Tenants[t].ID)
+				continue
+			}
+			moving = append(moving, t)
+		}
+	}
+	// Heaviest first across all down shards, as Evacuate orders one.
+	slices.SortStableFunc(moving, func(a, b int32) int {
+		ta, tb := &w.Tenants[a], &w.Tenants[b]
+		switch {
+		case ta.Load > tb.Load:
+			return -1
+		case ta.Load < tb.Load:
+			return 1
+		}
+		return 0
+	})
+	over := 0
+	for _, t := range moving {
+		r := s.leastUtilised(t, s.canHost)
+		if r < 0 {
+			if r = s.leastUtilised(t, s.canHostOver); r >= 0 {
+				over++
+			}
+		}
+		if r < 0 {
+			stranded = append(stranded, w.Tenants[t].ID)
+			continue
+		}
+		s.move(t, r)
+		s.moves[len(s.moves)-1].Takeover = true
+	}
+	p := newPlan(StrategyFailover, o)
+	p.add(s)
+	if over > 0 {
+		p.Notes = append(p.Notes, fmt.Sprintf("%s: %d tenants went over a shard's load capacity: no shard had room for them, and a tenant served over capacity beats one not served; add a shard, then balance", w.Kind, over))
+	}
+	if len(pinned) > 0 {
+		p.Notes = append(p.Notes, fmt.Sprintf("%s: %d pinned tenants stay on their dead shard (%s): unpin them to fail them over", w.Kind, len(pinned), names10(pinned)))
+	}
+	if len(stranded) > 0 {
+		p.Notes = append(p.Notes, fmt.Sprintf("%s: no live shard can host %d tenants (labels or tenant limit: %s): add a shard that can", w.Kind, len(stranded), names10(stranded)))
+	}
+	p.Complete = len(pinned) == 0 && len(stranded) == 0
+	return p.finish(), nil
+}
+
+// leastUtilised is the shard ok allows for tenant t with the lowest utilisation (ties: by
+// name), or -1.
+func (s *state) leastUtilised(t int32, ok func(si, t int32) bool) int32 {
+	best := int32(-1)
+	for _, si := range s.order {
+		if s.excluded[si] || !ok(si, t) {
+			continue
+		}
+		if best < 0 || s.util(si) < s.util(best) {
+			best = si
+		}
+	}
+	return best
+}
+
+// canHostOver is canHost without the load capacity: labels and the tenant limit only.
+func (s *state) canHostOver(si, t int32) bool {
+	sh := &s.w.Shards[si]
+	ten := &s.w.Tenants[t]
+	if sh.Draining || s.owner[t] == si {
+		return false
+	}
+	if sh.MaxTenants > 0 && int(s.count[si]) >= sh.MaxTenants {
+		return false
+	}
+	return matches(sh.Labels, ten.Requires) && matches(sh.Labels, s.opts.Require)
+}
+
+// names10 lists up to ten names, then how many more.
+func names10(names []string) string {
+	if len(names) <= 10 {
+		return fmt.Sprint(names)
+	}
+	return fmt.Sprintf("%v and %d more", names[:10], len(names)-10)
+}
