@@ -39,8 +39,8 @@ EXAMPLES := examples/notes
 ## test: everything CI runs: gofmt check, go vet, staticcheck, and all tests with -race
 ## (integration tests run against a real embedded nats-server), the examples' modules included
 ## (examples/notes runs the README's "Make your service a shard" guide word for word). The
-## deploy tests run promtool and helm (make tools installs them); here a missing one fails
-## instead of skipping.
+## deploy tests run promtool and helm, the dashboard's browser tests Chromium (make tools
+## installs them); here a missing one fails instead of skipping.
 test: fmt-check vet staticcheck
 	TM_REQUIRE_TOOLS=1 TM_HELM=$(HELM) $(GO) test -race -count=1 -timeout 12m $(TESTFLAGS) $(if $(T),-run '$(T)') $(PKG)
 	@$(if $(filter ./...,$(PKG)),for d in $(EXAMPLES); do (cd $$d && $(GO) test -race -count=1 -timeout 5m $(TESTFLAGS) $(if $(T),-run '$(T)') ./...) || exit 1; done)
@@ -68,7 +68,8 @@ vet:
 	@for d in $(EXAMPLES); do (cd $$d && $(GO) vet ./...) || exit 1; done
 
 ## tools: builds the pinned Go tools (staticcheck: a `tool` line in go.mod, run with `go tool`),
-## installs promtool from Debian (package prometheus) if missing, and builds helm $(HELM_VERSION)
+## installs promtool (package prometheus) and Chromium (package chromium, for the dashboard's
+## browser tests) from Debian if missing, and builds helm $(HELM_VERSION)
 ## from its Go module into $(HELM) if missing (not a go.mod tool: it would add Kubernetes'
 ## client libraries to go.mod). Idempotent.
 HELM_VERSION := v3.22.0
@@ -77,6 +78,8 @@ tools:
 	$(GO) build -o /dev/null honnef.co/go/tools/cmd/staticcheck
 	@command -v promtool >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 		apt-get install -y -qq --no-install-recommends prometheus >/dev/null && promtool --version)
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || command -v google-chrome >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null && chromium --version)
 	@test -x '$(HELM)' || GOBIN='$(dir $(HELM))' GOFLAGS=-mod=mod $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 
 staticcheck:

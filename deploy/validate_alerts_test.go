@@ -71,6 +71,7 @@ var alertsCovered = map[string]string{
 	"breaker open":                      "TenantmeshBreakerOpen",
 	"NATS unreachable":                  "TenantmeshNATSUnreachable",
 	"scrape target down (process gone)": "TenantmeshTargetDown",
+	"move verification mismatch":        "TenantmeshMoveVerifyMismatch",
 }
 
 // loadAlertRules decodes the rules strictly and checks each one: named, labelled with a

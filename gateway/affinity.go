@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/tenantmesh/tenantmesh/gateway/h1"
 	"github.com/tenantmesh/tenantmesh/gateway/policy/affinity"
 	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
@@ -17,11 +19,30 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
-// Response headers of the affinity policy (the prerender manager's x-boxel-prerender-target / -realm).
+// Response headers of the affinity policy: the server that answered and the tenant (realm) it
+// answered for. The prerender manager's own names for them, x-boxel-prerender-target and
+// x-boxel-prerender-realm, are sent too, with the same values; an instance's answer carrying
+// any of the four has them replaced.
 const (
 	HeaderTarget       = "X-Tm-Target"
 	HeaderTargetTenant = "X-Tm-Tenant"
+	HeaderSeedTarget   = "X-Boxel-Prerender-Target"
+	HeaderSeedRealm    = "X-Boxel-Prerender-Realm"
 )
+
+// planString is a selection plan for the debug log: each attempt's server and why it is there.
+func planString(plan []affinity.Attempt) string {
+	parts := make([]string, len(plan))
+	for i, a := range plan {
+		parts[i] = a.Key + ":" + affinityResult(a)
+	}
+	return strings.Join(parts, " ")
+}
+
+// isAffinityHeader reports whether n is one of the affinity answer's headers (any spelling).
+func isAffinityHeader(n []byte) bool {
+	return h1.EqualFold(n, HeaderTarget) || h1.EqualFold(n, HeaderTargetTenant) || h1.EqualFold(n, HeaderSeedTarget) || h1.EqualFold(n, HeaderSeedRealm)
+}
 
 // labelRegisteredBy marks directory entries the gateway registered on a server's behalf (the
 // prerender manager's HTTP registration API); the gateway heartbeats them while their health checks pass.
@@ -104,6 +125,10 @@ func (affinityPolicy) pick(g *Gateway, x *exchange, n int) (*instance, error) {
 		var servers []affinity.Server
 		servers, s.byKey = affinityServers(x.rt, cfg.Capacity)
 		s.plan = x.ke.aff.Plan(x.tenant, servers, s.m)
+		if g.log.Enabled(x.ctx, slog.LevelDebug) {
+			g.log.Debug("affinity: selection", "kind", x.ke.name, "tenant", x.tenant, "owners", x.ke.aff.Owners(x.tenant),
+				"plan", planString(s.plan), "servers", len(servers))
+		}
 		if len(s.plan) == 0 {
 			return nil, &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "no-live-instance", Title: "No live instance",
 				Detail: "kind " + x.ke.name + " has no healthy server for this route", RetryAfter: time.Second}
@@ -181,6 +206,9 @@ func (affinityPolicy) judge(g *Gateway, x *exchange, in *instance, up *upConn, e
 		}
 		x.ke.aff.Served(x.tenant, s.cur.Key)
 		x.affinityAnswer = true
+		result := affinityResult(s.cur)
+		x.ke.metrics.m.affinity.WithLabelValues(x.ke.name, result).Inc()
+		g.log.Debug("affinity: served", "kind", x.ke.name, "tenant", x.tenant, "server", s.cur.Key, "result", result)
 		return deliver, nil
 	}
 	if s.first && (s.cur.Pressure || s.cur.Fallback) {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -17,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -98,6 +101,7 @@ func (e *env) registerServer(f *fakeServer, capacity int) {
 	if f.id == "" {
 		e.t.Fatal("no X-Prerender-Server-Id")
 	}
+	e.servers.Store(f.id, f)
 	e.waitServer(f.id, true)
 }
 
@@ -118,19 +122,23 @@ func (e *env) waitServer(id string, present bool) {
 	})
 }
 
-// render proxies one request for realm and returns the status and the target header.
+// render proxies one request for realm and returns the status and the target header. A 200
+// must name, in both the gateway's headers and the prerender manager's, the realm and the
+// server that answered: the registered server whose answer (its name) the body is.
 func (e *env) render(realm string) (int, string) {
 	e.t.Helper()
 	resp, body := e.do("POST", "/render", realm, `{"path":"/"}`, nil)
+	tgt := resp.Header.Get(HeaderTarget)
 	if resp.StatusCode == 200 {
-		if resp.Header.Get(HeaderTargetTenant) != realm || resp.Header.Get(HeaderTarget) == "" {
+		if resp.Header.Get(HeaderTargetTenant) != realm || resp.Header.Get(HeaderSeedRealm) != realm || resp.Header.Get(HeaderSeedTarget) != tgt {
 			e.t.Fatalf("target headers %v", resp.Header)
 		}
-		if tgt := resp.Header.Get(HeaderTarget); !strings.HasSuffix(tgt, "") || body == "" {
-			e.t.Fatalf("empty body from %s", tgt)
+		f, ok := e.servers.Load(tgt)
+		if !ok || body != f.(*fakeServer).name {
+			e.t.Fatalf("%s names server %q, but the answer %q is not that server's", HeaderTarget, tgt, body)
 		}
 	}
-	return resp.StatusCode, resp.Header.Get(HeaderTarget)
+	return resp.StatusCode, tgt
 }
 
 func (e *env) owners(realm string) []string {
@@ -458,6 +466,7 @@ func TestAffinityGatewaysAgree(t *testing.T) {
 	e.registerServer(a, 8)
 	e.registerServer(b, 8)
 	e2 := &env{t: t, nats: e.nats, st: e.st}
+	e.servers.Range(func(k, v any) bool { e2.servers.Store(k, v); return true })
 	e2.startGateway(Config{})
 	e2.waitServer(b.id, true)
 	e2.waitServer(a.id, true)
@@ -501,5 +510,163 @@ func TestAffinityTimeoutFailover(t *testing.T) {
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("took %v", d)
+	}
+}
+
+// lockedBuffer is a log sink the gateway writes from several goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A server's realm release answers 204 for any realm, as the prerender manager does ("realm
+// delete: 204 even if mapping missing"), a URL realm included: no tenant can be named so, so
+// there is nothing to drop, and the realm's server must not be told it did something wrong.
+func TestAffinityReleaseAnyRealm(t *testing.T) {
+	e := affEnv(t, renderKind(1, 4223, time.Hour))
+	a := newFakeServer(t, "a")
+	e.registerServer(a, 2)
+	e.render("r1")
+	for _, realm := range []string{"https://realms.example.com/acme/", "r1", "never-seen", "a realm with spaces"} {
+		e.releaseRealm(a, realm)
+	}
+	if o := e.owners("r1"); len(o) != 0 {
+		t.Fatalf("r1 still owned by %v after its release", o)
+	}
+}
+
+// The seed's response headers, x-boxel-prerender-target and x-boxel-prerender-realm, name the
+// answering server and the realm like x-tm-target and x-tm-tenant; a server setting any of them
+// itself has them replaced (render checks the values on every answer).
+func TestAffinitySeedHeaderNames(t *testing.T) {
+	e := affEnv(t, renderKind(1, 4223, time.Hour))
+	spoof := newFakeServer(t, "spoof")
+	spoof.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(HeaderSeedTarget, "someone-else")
+		w.Header().Set(HeaderSeedRealm, "other-realm")
+		w.Header().Set(HeaderTarget, "someone-else")
+		spoof.serve(w, r)
+	})
+	e.registerServer(spoof, 2)
+	resp, _ := e.do("POST", "/render", "r1", `{}`, nil)
+	for _, h := range []string{HeaderSeedTarget, HeaderSeedRealm, HeaderTarget} {
+		if n := len(resp.Header.Values(h)); n != 1 {
+			t.Fatalf("%s sent %d times: %v", h, n, resp.Header)
+		}
+	}
+	if code, tgt := e.render("r1"); code != 200 || tgt != spoof.id {
+		t.Fatalf("render: %d from %s", code, tgt)
+	}
+}
+
+// The prerender manager's metrics and logs: the realm hit ratio (tm_gateway_affinity_requests_total
+// by result), each server's utilisation (realms over capacity), and every selection decision
+// logged at debug.
+func TestAffinityMetricsAndDecisionLogs(t *testing.T) {
+	logs := &lockedBuffer{}
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	e := newEnv(t, Config{Logger: log}, []schema.KindConfig{renderKind(1, 4223, time.Hour)}, nil)
+	a, b := newFakeServer(t, "a"), newFakeServer(t, "b")
+	e.registerServer(a, 2)
+	e.registerServer(b, 4)
+	for _, realm := range []string{"r1", "r1", "r1", "r2", "r2", "r3"} {
+		if code, _ := e.render(realm); code != 200 {
+			t.Fatalf("%s: %d", realm, code)
+		}
+	}
+	_, metrics := e.do("GET", "/metrics", "", "", nil)
+	for _, want := range []string{
+		`tm_gateway_affinity_requests_total{kind="render",result="assigned"} 3`,
+		`tm_gateway_affinity_requests_total{kind="render",result="hit"} 3`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %s:\n%s", want, grepLines(metrics, "tm_gateway_affinity"))
+		}
+	}
+	ke := e.gw.reg.snap.Load().kinds["render"]
+	for f, capacity := range map[*fakeServer]int{a: 2, b: 4} {
+		want := fmt.Sprintf(`tm_gateway_affinity_server_utilisation{kind="render",server=%q} %g`, f.id, float64(ke.aff.Count(f.id))/float64(capacity))
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %s:\n%s", want, grepLines(metrics, "tm_gateway_affinity"))
+		}
+	}
+	out := logs.String()
+	for _, want := range []string{"affinity: selection", "tenant=r1", a.id + ":assigned", "affinity: served", "result=hit"} {
+		if !strings.Contains(out, want) && !strings.Contains(out, strings.Replace(want, a.id, b.id, 1)) {
+			t.Errorf("debug log lacks %q:\n%s", want, grepLines(out, "affinity:"))
+		}
+	}
+}
+
+// grepLines keeps the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for l := range strings.Lines(s) {
+		if strings.Contains(l, sub) {
+			out = append(out, strings.TrimSpace(l))
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// A gateway that starts from a compacted placement snapshot (the rebalancer writes one per
+// kind) counts the realms its servers own from it: those placements never pass the watcher's
+// change hook, so without the seeding a full server looked empty after a restart and took new
+// realms over its capacity.
+func TestAffinityCountsSeededFromSnapshot(t *testing.T) {
+	e := affEnv(t, renderKind(1, 4223, time.Hour))
+	a, b := newFakeServer(t, "a"), newFakeServer(t, "b")
+	e.registerServer(a, 1)
+	e.registerServer(b, 1)
+	ids := []string{a.id, b.id}
+	slices.Sort(ids)
+	full, free := ids[0], ids[1] // the round-robin cursor starts at the first key
+	ctx := context.Background()
+	if _, err := e.st.CreatePlacement(ctx, schema.Placement{Kind: "render", Tenant: "r1", Shard: shardOfKey(full), Owners: []string{full}}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := placement.New(placement.Config{Store: e.st, Kinds: []string{"render"}, Compact: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(wctx) }()
+	<-w.Ready()
+	if err := w.WriteSnapshot(ctx, "render"); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	<-done
+
+	e2 := &env{t: t, nats: e.nats, st: e.st}
+	e.servers.Range(func(k, v any) bool { e2.servers.Store(k, v); return true })
+	e2.startGateway(Config{})
+	e2.waitServer(a.id, true)
+	e2.waitServer(b.id, true)
+	eventually(t, 10*time.Second, "the snapshot's placements loaded", func() bool {
+		ke := e2.gw.reg.snap.Load().kinds["render"]
+		if ke == nil || ke.w.Load() == nil {
+			return false
+		}
+		st, _ := ke.w.Load().Stats("render")
+		return st.SnapshotRevision > 0
+	})
+	ke := e2.gw.reg.snap.Load().kinds["render"]
+	eventually(t, 10*time.Second, "r1 counted against "+full, func() bool { return ke.aff.Count(full) == 1 })
+	if code, got := e2.render("r2"); code != 200 || got != free {
+		t.Fatalf("a new realm went to %s (%d); %s is full (r1, from the snapshot), %s has room", got, code, full, free)
 	}
 }

@@ -193,7 +193,7 @@ func relay(out responder, up *upConn) error {
 
 // responseFields are the instance's response fields as the client gets them: hop-by-hop ones
 // (and those Connection names) removed, x-served-by and x-request-id set, the affinity policy's
-// x-tm-target and x-tm-tenant. framed: the front end frames the body, so the instance's
+// x-tm-target and x-tm-tenant (and the prerender manager's names for them). framed: the front end frames the body, so the instance's
 // Content-Length goes (a chunked body's Trailer declaration stays).
 func responseFields(x *exchange, up *upConn, framed bool) []h1.Field {
 	out := x.rfields[:0]
@@ -212,7 +212,7 @@ func responseFields(x *exchange, up *upConn, framed bool) []h1.Field {
 			framed && h1.EqualFold(n, "Content-Length"),
 			h1.EqualFold(n, tmhttp.HeaderServedBy),
 			x.reqID != "" && h1.EqualFold(n, tmhttp.HeaderRequestID),
-			x.affinityAnswer && (h1.EqualFold(n, HeaderTarget) || h1.EqualFold(n, HeaderTargetTenant)),
+			x.affinityAnswer && isAffinityHeader(n),
 			conn && namedInConnection(up.resp.Fields, n):
 			continue
 		}
@@ -223,7 +223,8 @@ func responseFields(x *exchange, up *upConn, framed bool) []h1.Field {
 		out = append(out, h1.Field{Name: hdrRequestID, Value: str2b(x.reqID)})
 	}
 	if x.affinityAnswer {
-		out = append(out, h1.Field{Name: hdrTarget, Value: str2b(x.inst.key)}, h1.Field{Name: hdrTargetTenant, Value: str2b(x.tenant)})
+		out = append(out, h1.Field{Name: hdrTarget, Value: str2b(x.inst.key)}, h1.Field{Name: hdrTargetTenant, Value: str2b(x.tenant)},
+			h1.Field{Name: hdrSeedTarget, Value: str2b(x.inst.key)}, h1.Field{Name: hdrSeedRealm, Value: str2b(x.tenant)})
 	}
 	x.rfields = out
 	return out
@@ -234,6 +235,8 @@ var (
 	hdrRequestID    = []byte(tmhttp.HeaderRequestID)
 	hdrTarget       = []byte(HeaderTarget)
 	hdrTargetTenant = []byte(HeaderTargetTenant)
+	hdrSeedTarget   = []byte(HeaderSeedTarget)
+	hdrSeedRealm    = []byte(HeaderSeedRealm)
 )
 
 // str2b is a read-only byte view of s.

@@ -30,6 +30,8 @@ type env struct {
 	client *http.Client
 	// stop ends the gateway's Run and returns its error (also called at cleanup).
 	stop func() error
+	// servers are the fake prerender servers registered through the gateway, by instance key.
+	servers sync.Map
 }
 
 func openStore(t testing.TB, url string) *schema.Store {

@@ -29,7 +29,8 @@ func (ke *kindEntry) chooseByLoad(x *exchange, insts, tried []*instance) *instan
 	return in
 }
 
-// chooseByScore is chooseByLoad's choice by the affinity cache and load scores.
+// chooseByScore is chooseByLoad's choice by the affinity cache and load scores; the cache is
+// keyed by the tenant, or on a consumer route by the request's affinity key (consumer.go).
 func (ke *kindEntry) chooseByScore(x *exchange, insts, tried []*instance) *instance {
 	var candArr [16]string
 	cands := candArr[:0]
@@ -43,7 +44,14 @@ func (ke *kindEntry) chooseByScore(x *exchange, insts, tried []*instance) *insta
 	if local != nil {
 		lk = local.key
 	}
-	key, d := ke.lt.Choose(x.tenant, cands, lk)
+	affKey := x.tenant
+	switch {
+	case x.rt.consumer != nil:
+		affKey = x.rt.consumer.affinityKey(x, x.rt.prefix)
+	case x.rt.producerKeyed:
+		affKey = producerAffinityKey(x)
+	}
+	key, d := ke.lt.Choose(affKey, cands, lk)
 	ke.metrics.m.loadDecisions.WithLabelValues(ke.name, string(d)).Inc()
 	for _, in := range insts {
 		if in.key == key {
@@ -115,5 +123,21 @@ func (g *Gateway) loadBalance(b *Balance) {
 		_, imb, ok := ke.lt.Balance(keys)
 		b.ImbalanceScore = max(b.ImbalanceScore, imb)
 		b.Balanced = b.Balanced && ok
+	}
+}
+
+// forgetGone drops, from their kinds' load trackers, the instances that were live in the
+// previous snapshot and are not now (they died, drained or left the directory): their scores
+// and every affinity to them (the Queen coordinator: "server dies -> all its affinities
+// invalidated"), so a tenant whose instance left is assigned afresh rather than kept on a stale
+// entry, and an instance that comes back starts from its own new reports, not the old score.
+func (r *registry) forgetGone(prev, live map[string]*instance) {
+	for key, in := range prev {
+		if _, ok := live[key]; ok {
+			continue
+		}
+		if ke := r.kinds[in.id.Kind]; ke != nil {
+			ke.lt.Forget(key)
+		}
 	}
 }

@@ -22,6 +22,7 @@ type gwMetrics struct {
 	assigned      *prometheus.CounterVec // kind
 	loadDecisions *prometheus.CounterVec // kind, decision (load policy)
 	producer      *prometheus.CounterVec // kind, decision (producer routes)
+	affinity      *prometheus.CounterVec // kind, result (affinity policy: affinitymetrics.go)
 	corrupt       *prometheus.CounterVec // bucket
 	// Refusals of the hardening bounds (docs/security.md): connections over MaxConns or
 	// MaxConnsPerIP (reason total, per_ip), requests cut for a body or a reader too slow
@@ -111,6 +112,8 @@ func newMetrics(g *Gateway, reg prometheus.Registerer) *gwMetrics {
 		Help: "How long the gateway's routing state has been cut off from NATS (0 while following). It keeps routing from it.",
 	}, func() float64 { return g.Staleness().Seconds() }))
 	promreg.Register[prometheus.Collector](reg, &breakerCollector{g: g})
+	m.affinity = newAffinityRequests(reg)
+	promreg.Register[prometheus.Collector](reg, &affinityCollector{g: g})
 	return m
 }
 

@@ -229,12 +229,14 @@ func (c registrar) handleReleaseRealm(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	realm := r.PathValue("realm")
-	if !schema.ValidTenant(realm) {
-		tmhttp.WriteError(w, r, schema.CheckTenant(realm), "", ke.name)
-		return
+	// 204 for any realm, as the prerender manager answers ("even if mapping missing"): a
+	// realm outside the tenant charset (a URL, say) can never have been placed, so there is
+	// nothing to release.
+	if realm := r.PathValue("realm"); schema.ValidTenant(realm) {
+		g.affCtl().removeOwner(ke, realm, id.Key())
+	} else {
+		g.log.Debug("realm released that no tenant can be", "kind", ke.name, "server", id.Key(), "realm", realm)
 	}
-	g.affCtl().removeOwner(ke, realm, id.Key())
 	w.WriteHeader(http.StatusNoContent)
 }
 

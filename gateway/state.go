@@ -73,6 +73,8 @@ type route struct {
 	method, prefix, kind string
 	byShard              map[string][]*instance
 	producer             *producerSpec // nil: not a producer route
+	consumer             *consumerSpec // nil: not a consumer route
+	producerKeyed        bool          // a producer route of a kind with consumer routes (consumer.go)
 }
 
 // kindEntry is one kind's configuration and per-kind machinery. It lives as long as the gateway.
@@ -146,6 +148,7 @@ type registry struct {
 	dir      map[string]schema.Instance
 	kindCfg  map[string]schema.KindConfig
 	insts    map[string]*instance
+	live     map[string]*instance // live at the last rebuild (forgetGone)
 	kinds    map[string]*kindEntry
 	followed map[string]*kvwatch.Follower // bucket -> follower, for staleness
 	synced   map[string]bool
@@ -395,6 +398,8 @@ func (r *registry) rebuild() {
 			delete(r.insts, key)
 		}
 	}
+	r.forgetGone(r.live, live)
+	r.live = live
 
 	// Shards per kind, from the live directory.
 	byKind := map[string]map[string]*shardInfo{}
@@ -452,7 +457,8 @@ func (r *registry) rebuild() {
 		if conflicts[[2]string{rt.Method, rt.Prefix}] {
 			continue
 		}
-		nr := &route{method: rt.Method, prefix: rt.Prefix, kind: rt.Kind, byShard: map[string][]*instance{}, producer: newProducerSpec(rt.Producer)}
+		nr := &route{method: rt.Method, prefix: rt.Prefix, kind: rt.Kind, byShard: map[string][]*instance{}, producer: newProducerSpec(rt.Producer),
+			consumer: newConsumerSpec(rt.Consumer)}
 		for _, key := range rt.Instances {
 			it := live[key]
 			if it == nil || it.id.Kind != rt.Kind {
@@ -465,6 +471,7 @@ func (r *registry) rebuild() {
 		}
 		s.routes = append(s.routes, nr)
 	}
+	keyProducers(s.routes)
 	slices.SortFunc(s.routes, func(a, b *route) int {
 		if c := cmp.Compare(len(b.prefix), len(a.prefix)); c != 0 {
 			return c

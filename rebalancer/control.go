@@ -84,12 +84,25 @@ type planControl struct {
 	cancel  chan struct{} // closed once the plan is cancelled
 	done    chan struct{}
 	wg      sync.WaitGroup
+	// read reads the plan record's control now: halted asks it before a move starts, since an
+	// operator's pause is answered as soon as the record holds it and the poll may not have
+	// seen it yet.
+	read func() (ctl Control, actor string, ok bool)
 }
 
 // watchControl follows rec's control (polling its record) until stop.
 func (e *Engine) watchControl(ctx context.Context, rec *PlanRecord) *planControl {
 	c := &planControl{cancel: make(chan struct{}), done: make(chan struct{})}
 	c.set(rec.Control, rec.ControlBy)
+	c.read = func() (Control, string, bool) {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		var cur PlanRecord
+		if _, err := e.st.Rebalance().Get(rctx, schema.PlanKey(rec.ID), &cur); err != nil {
+			return "", "", false
+		}
+		return cur.Control, cur.ControlBy, true
+	}
 	c.wg.Go(func() {
 		t := time.NewTicker(controlPoll)
 		defer t.Stop()
@@ -127,10 +140,16 @@ func (c *planControl) stop() {
 	c.wg.Wait()
 }
 
-// halted reports whether no more moves may start (paused or cancelled).
+// halted reports whether no more moves may start (paused or cancelled), from the plan record
+// as it is now (what the poll last saw if NATS does not answer).
 func (c *planControl) halted() bool {
 	if c == nil {
 		return false
+	}
+	if c.read != nil {
+		if ctl, actor, ok := c.read(); ok {
+			c.set(ctl, actor)
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -321,6 +321,7 @@ func assembleWorld(kind string, insts []schema.Instance, pls []schema.Placement,
 		}
 		w.Shards = append(w.Shards, sh)
 	}
+	fenceOffAllTenantShards(&w)
 	return w
 }
 
@@ -373,6 +374,9 @@ func MakePlan(ctx context.Context, st *schema.Store, req planner.Request, opts W
 			have = append(have, w.Kind)
 		}
 		return nil, fmt.Errorf("%w: name the kind to plan for; kinds with shards or tenants: %v", planner.ErrInvalid, have)
+	}
+	if err := refuseAllTenantShards(req, worlds); err != nil {
+		return nil, err
 	}
 	return planner.Make(req, worlds...)
 }

@@ -65,6 +65,8 @@ func (a *adminAPI) ownRoutes() []ownRoute {
 		{"DELETE", "/admin/drain", admin(a.handleUndrain)},
 		{"POST", "/admin/reload", admin(a.handleReload)},
 		{"GET", "/admin/tenants", admin(a.handleTenants)},
+		{"GET", "/admin/verify", admin(a.handleVerify)},
+		{"POST", "/admin/verify/release", admin(a.handleVerifyRelease)},
 	}
 }
 

@@ -39,6 +39,9 @@ type Config struct {
 	// Labels and Version are published in the instance directory.
 	Labels  map[string]string
 	Version string
+	// DiskPath names the filesystem whose use load reports and the directory carry (the
+	// instance's data). Default the working directory.
+	DiskPath string
 	// Routes this instance serves, published in the route registry (Aether routing) while it runs and
 	// removed on shutdown. An empty Kind means ID.Kind.
 	Routes []schema.Route
@@ -60,13 +63,17 @@ type Config struct {
 	// ForwardRetries is how many other instances of the owner a forwarded request may try after
 	// the first, when that is safe. Default 2.
 	ForwardRetries int
-	// ForwardTimeout bounds one forwarded request, all attempts included. Default 30s.
+	// ForwardTimeout bounds one forwarded request, all attempts included. Default: the kind's
+	// forward_timeout (its load config, the Queen coordinator's; 5s when unset).
 	ForwardTimeout time.Duration
+	// ConnectTimeout bounds connecting to a peer to forward to it, when Transport is the
+	// default. Default: the kind's connect_timeout (its load config; 1s when unset).
+	ConnectTimeout time.Duration
 	// MaxForwardBody is the largest request body buffered so a forward can be retried; larger
 	// bodies are streamed and not retried. Default 1 MiB.
 	MaxForwardBody int64
-	// Transport carries forwarded requests. Default: a clone of http.DefaultTransport with a 1s
-	// dial timeout.
+	// Transport carries forwarded requests. Default: a clone of http.DefaultTransport that
+	// dials within the connect timeout (ConnectTimeout).
 	Transport http.RoundTripper
 
 	// GatewayKey, if set, is this kind's gateway key (internal/gatesig; `rebalance auth
@@ -111,6 +118,10 @@ type Config struct {
 	// WarmRetry is the pause before Warm is called again when it failed or returned short of
 	// the fence. Default 500ms.
 	WarmRetry time.Duration
+	// VerifyWait bounds how long a move's source, for a kind whose config asks for verified
+	// moves, waits for the target's state digests before it releases the tenant (without them it
+	// releases: a target that died cannot be compared). Default 10s.
+	VerifyWait time.Duration
 	// TopN is how many tenants get their own metric labels; the rest are "other". Default 20.
 	// Load reports carry the same number of busiest tenants.
 	TopN int
@@ -152,6 +163,14 @@ type Hooks struct {
 	// Sizes lists the stored size of every tenant the instance hosts, from figures the service
 	// keeps (it is called every heartbeat: no NATS round trip). Default: none.
 	Sizes func() []schema.TenantSize
+	// Digest reduces the tenant's state at sequence at (a move's fence) to a digest two
+	// instances holding the same state make alike, for move verification (schema.BucketVerify,
+	// `rebalance verify`). On a move's target it is called once Warm reached the fence, before
+	// the commit, so inside the handoff pause: keep it quick. On the source it is called just
+	// after Fence, and the handoff does not wait for it: the state must still be at the fence
+	// then (or the service keeps what it needs at Fence). An error (the state moved past at)
+	// leaves the move unverified, never a mismatch. Default: no digest is recorded.
+	Digest func(ctx context.Context, tenant string, at uint64) (schema.Digest, error)
 	// Takeover is called on a takeover's target (the former owner has no live instance, or was
 	// fenced for another reason, and does not drain): it must make the former owner's late
 	// writes fail in the service's store from now on (the events package stores an epoch
@@ -195,14 +214,8 @@ func (c Config) withDefaults() Config {
 	if c.ForwardRetries <= 0 {
 		c.ForwardRetries = 2
 	}
-	if c.ForwardTimeout <= 0 {
-		c.ForwardTimeout = 30 * time.Second
-	}
 	if c.MaxForwardBody <= 0 {
 		c.MaxForwardBody = 1 << 20
-	}
-	if c.Transport == nil {
-		c.Transport = defaultTransport()
 	}
 	if c.AdminToken == "" {
 		c.AdminToken = os.Getenv(EnvAdminToken)
@@ -231,6 +244,12 @@ func (c Config) withDefaults() Config {
 	c.DirectoryRefresh = max(c.DirectoryRefresh, c.Heartbeat)
 	if c.WarmRetry <= 0 {
 		c.WarmRetry = 500 * time.Millisecond
+	}
+	if c.DiskPath == "" {
+		c.DiskPath = "."
+	}
+	if c.VerifyWait <= 0 {
+		c.VerifyWait = 10 * time.Second
 	}
 	if c.TopN <= 0 {
 		c.TopN = 20

@@ -265,7 +265,7 @@ func (fw *forwarder) forward(next http.Handler, w http.ResponseWriter, r *http.R
 	if next != nil && plan.retry {
 		plan.fallback, plan.in = next, r
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), fw.s.cfg.ForwardTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), fw.forwardTimeout())
 	defer cancel()
 	fw.s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, planKey{}, plan)))
 }
@@ -377,9 +377,48 @@ func retriable(req *http.Request, err error) bool {
 	return false
 }
 
-func defaultTransport() http.RoundTripper {
+// Forward timeouts when neither the Config nor the kind's load config names them: the Queen
+// coordinator's (a 1 s connect, 5 s for the whole forward).
+const (
+	defaultForwardTimeout = 5 * time.Second
+	defaultConnectTimeout = time.Second
+)
+
+// forwardTimeout bounds a forwarded request: Config.ForwardTimeout, else the kind's
+// forward_timeout, else 5s. The kind's config is read per request, so a change applies at the
+// instance's next reload.
+func (fw *forwarder) forwardTimeout() time.Duration {
+	if d := fw.s.cfg.ForwardTimeout; d > 0 {
+		return d
+	}
+	if kc := fw.s.kindCfg.Load(); kc != nil && kc.Load != nil && kc.Load.ForwardTimeout > 0 {
+		return kc.Load.ForwardTimeout.D()
+	}
+	return defaultForwardTimeout
+}
+
+// connectTimeout bounds dialing a peer: Config.ConnectTimeout, else the kind's connect_timeout,
+// else 1s.
+func (fw *forwarder) connectTimeout() time.Duration {
+	if d := fw.s.cfg.ConnectTimeout; d > 0 {
+		return d
+	}
+	if kc := fw.s.kindCfg.Load(); kc != nil && kc.Load != nil && kc.Load.ConnectTimeout > 0 {
+		return kc.Load.ConnectTimeout.D()
+	}
+	return defaultConnectTimeout
+}
+
+// defaultTransport carries forwards when Config.Transport is nil: every dial bounded by the
+// connect timeout as it is when the dial starts, and straight to the peer (as the gateway
+// dials instances): a process's HTTP_PROXY is for its way out, not to its own shard's peers.
+func (fw *forwarder) defaultTransport() http.RoundTripper {
 	t := http.DefaultTransport.(*http.Transport).Clone()
-	t.DialContext = (&net.Dialer{Timeout: time.Second, KeepAlive: 30 * time.Second}).DialContext
+	t.Proxy = nil
+	t.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		d := net.Dialer{Timeout: fw.connectTimeout(), KeepAlive: 30 * time.Second}
+		return d.DialContext(ctx, network, addr)
+	}
 	t.MaxIdleConnsPerHost = 64
 	t.ResponseHeaderTimeout = 30 * time.Second
 	return t

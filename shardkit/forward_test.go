@@ -4,7 +4,9 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,6 +25,35 @@ func deadURL(t *testing.T) string {
 	}
 	addr := ln.Addr().String()
 	_ = ln.Close()
+	return "http://" + addr
+}
+
+// unacceptedURL is an address whose listener never accepts and whose accept queue is full: a
+// connection attempt there hangs until the dialer gives up (a peer that is frozen, or behind a
+// black hole).
+func unacceptedURL(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*syscall.SockaddrInet4).Port))
+	for range 2 { // fill the accept queue (backlog 0 holds one)
+		if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
+			t.Cleanup(func() { c.Close() })
+		}
+	}
 	return "http://" + addr
 }
 
@@ -81,5 +112,41 @@ func TestForwardReachesOwnerWithoutLoops(t *testing.T) {
 	code, h, _ = call(t, "GET", b.URL+"/t/x", "t2", nil, "")
 	if code != http.StatusOK || h.Get(tmhttp.HeaderForwardedBy) != "" || !strings.HasSuffix(h.Get(tmhttp.HeaderServedBy), ".b") {
 		t.Fatalf("local tenant: %d %v", code, h)
+	}
+}
+
+// Forward mode's timeouts are the kind's (the Queen coordinator's connect_timeout and
+// forward_timeout, 1 s and 5 s by default), not fixed ones: a peer that does not accept the
+// connection is given up after the kind's connect timeout, so the next one still answers within
+// the forward's bound; and an owner that does not answer is a 504 once the kind's forward
+// timeout has passed.
+func TestForwardTimeoutsFromKind(t *testing.T) {
+	srv := natstest.Server(t)
+	st := openStore(t, srv.URL())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kc := schema.DefaultKindConfig("aggregate")
+	kc.Load = schema.KindConfig{Kind: "aggregate", Policy: schema.PolicyLoad}.WithDefaults().Load
+	kc.Load.ForwardTimeout, kc.Load.ConnectTimeout = schema.Duration(800*time.Millisecond), schema.Duration(150*time.Millisecond)
+	if _, err := st.PutKind(ctx, kc); err != nil {
+		t.Fatal(err)
+	}
+	rev := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"}).Revision
+	// An instance of the owner whose connections are never accepted (not refused): only the
+	// connect timeout ends an attempt there.
+	if _, err := st.Directory().Register(ctx, schema.Instance{InstanceID: id("aggregate-1", "hole"), URL: unacceptedURL(t), Capacity: 10}); err != nil {
+		t.Fatal(err)
+	}
+	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a")})
+	b := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-2", "b"), Forward: true})
+	synced(t, rev, a, b)
+	for i := range 4 { // the peers' order starts at the black hole at least once
+		if code, h, body := call(t, "GET", b.URL+"/t/x", "t1", nil, ""); code != http.StatusOK || h.Get(tmhttp.HeaderServedBy) != "aggregate.aggregate-1.a" {
+			t.Fatalf("forward %d past a peer that never connects: %d %s", i, code, body)
+		}
+	}
+	code, _, body := call(t, "GET", b.URL+"/t/slow", "t1", nil, "")
+	if code != http.StatusGatewayTimeout {
+		t.Fatalf("a forward to an owner that does not answer: %d %s, want 504 after the kind's forward timeout", code, body)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -451,6 +453,56 @@ func TestSharedWatcher(t *testing.T) {
 	if _, err := shardkit.New(shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "runner", Shard: "runner-1", Instance: "x"},
 		URL: "http://127.0.0.1:1", Watcher: w}); !errors.Is(err, shardkit.ErrConfig) {
 		t.Fatalf("a watcher of another kind: %v", err)
+	}
+}
+
+// POST /admin/reload does what it says, not just answer 200: it re-reads the kind's config (a
+// new default capacity reaches the instance's directory entry), re-registers the instance and
+// re-publishes its routes (both removed here, as a sweeper would), and calls the service's
+// Reload hook.
+func TestAdminReloadReregistersAndCallsTheHook(t *testing.T) {
+	srv := natstest.Server(t)
+	st := openStore(t, srv.URL())
+	ctx := context.Background()
+	route := schema.Route{Method: "GET", Prefix: "/t/state", Kind: "aggregate"}
+	var reloads atomic.Int32
+	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), AdminToken: testToken, Routes: []schema.Route{route},
+		Heartbeat: time.Hour, DirectoryRefresh: time.Hour, // nothing but the reload rewrites the entry and routes here
+		Hooks: shardkit.Hooks{Reload: func(context.Context) error { reloads.Add(1); return nil }}})
+	kc, err := st.Kind(ctx, "aggregate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc.Capacity = 77
+	if _, err := st.PutKind(ctx, kc); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Directory().Unregister(ctx, a.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Routes().RemoveInstance(ctx, route, a.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := admin(t, "POST", a.URL+"/admin/reload", testToken); code != http.StatusOK || !strings.Contains(body, "reloaded") {
+		t.Fatalf("reload: %d %s", code, body)
+	}
+	if n := reloads.Load(); n != 1 {
+		t.Fatalf("the Reload hook ran %d times", n)
+	}
+	inst, err := st.Directory().Instance(ctx, a.ID())
+	if err != nil || inst.Capacity != 77 {
+		t.Fatalf("directory entry after reload: %+v %v (want capacity 77, the kind's new default)", inst, err)
+	}
+	rts, err := st.Routes().List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, r := range rts {
+		found = found || (r.Prefix == route.Prefix && slices.Contains(r.Instances, a.ID().Key()))
+	}
+	if !found {
+		t.Fatalf("routes after reload: %+v", rts)
 	}
 }
 

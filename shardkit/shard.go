@@ -37,6 +37,7 @@ type Shard struct {
 	gk      *gatekeeper
 	fwd     *forwarder
 	rep     *reporter
+	ver     *verifier
 
 	// servedBy is the x-served-by value, shared by every response (never modified).
 	servedBy []string
@@ -104,8 +105,13 @@ func New(cfg Config) (*Shard, error) {
 		servedBy:  []string{cfg.ID.Key()},
 	}
 	s.api, s.moves, s.gk, s.fwd, s.rep = &adminAPI{s}, &mover{s}, &gatekeeper{s}, &forwarder{s}, &reporter{s: s}
+	if s.cfg.Transport == nil {
+		s.cfg.Transport = s.fwd.defaultTransport()
+	}
 	s.runCtx, s.cancel = context.WithCancel(context.Background())
 	s.metrics = newMetrics(cfg.Registerer, s)
+	s.ver = newVerifier(s)
+	s.cfg.Hooks = s.ver.wrap(cfg.Hooks)
 	s.states = newStateMap(s.metrics.seriesFor)
 	s.peers, s.signals = newPeerView(s), newSignalView(s)
 	if cfg.Forward {

@@ -116,7 +116,8 @@ func (rp *reporter) heartbeat(ctx context.Context, r schema.LoadReport) {
 	rp.s.instMu.Lock()
 	inst := rp.s.inst
 	inst.Metrics = &schema.InstanceMetrics{InFlight: r.InFlight, RatePerSec: r.RatePerSec, LatencyMS: r.LatencyMS,
-		CPU: r.CPU, Tenants: r.Tenants, ErrorRate: r.ErrorRate}
+		CPU: r.CPU, Tenants: r.Tenants, ErrorRate: r.ErrorRate,
+		MemBytes: r.MemBytes, MemPercent: r.MemPercent, DiskPercent: r.DiskPercent, DiskFreeBytes: r.DiskFreeBytes}
 	rp.s.instMu.Unlock()
 	inst.Reported = rp.reportedStatus(r)
 	inst.RefreshMS = rp.s.cfg.DirectoryRefresh.Milliseconds()
@@ -255,6 +256,8 @@ func (t *telemetry) sample(s *Shard, states []*tenantState) schema.LoadReport {
 	if dreq > 0 {
 		r.ErrorRate = float64(derr) / float64(dreq)
 	}
+	h := readHostStats(s.cfg.DiskPath)
+	r.MemBytes, r.MemPercent, r.DiskPercent, r.DiskFreeBytes = h.MemBytes, h.MemPercent, h.DiskPercent, h.DiskFreeBytes
 	s.rep.topSizes(&r)
 	t.at, t.requests, t.errors, t.latency, t.cpu = now, reqs, errs, lat, cpu
 	return r

@@ -351,6 +351,7 @@ func awaitSettled(t *testing.T, base, id string) int {
 					t.Fatalf("plan %s ended %s with a move %s: %v", id, status, st, states)
 				}
 			}
+			requireNoMismatch(t, base, id)
 			return aborted
 		}
 		if err == nil && status == "rolled_back" {

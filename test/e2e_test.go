@@ -243,12 +243,14 @@ func underLoad(t testing.TB, s *stack) (st *schema.Store, l *load, rcv *receiver
 // TestMovesUnderLoad moves tenants across shards of all three kinds, through the rebalancer
 // service, while clients send commands, queries and jobs through the gateway: no request may
 // fail, no acknowledged command may be lost or applied twice, every job's effect must be
-// delivered exactly once, and the views must converge to the ledger.
+// delivered exactly once, the views must converge to the ledger, and every move's target state
+// at the fence must equal its source's (move verification, on for every kind).
 func TestMovesUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the whole platform under load")
 	}
 	s := startStack(t)
+	enableVerify(t, s.rebalancer)
 	st, l, rcv, stopLoad := underLoad(t, s)
 
 	// Moves: each tenant in turn goes to the other shard of every kind, through the API.
@@ -294,6 +296,7 @@ func TestMovesUnderLoad(t *testing.T) {
 		pct(pauses, 0.5), pct(pauses, 0.99), pct(pauses, 1),
 		pct(in, 0.5), pct(in, 0.99), len(in), pct(out, 0.5), pct(out, 0.99), len(out))
 	t.Logf("handoff pause by quarter of the run (does it grow as the run goes on?): %s", byQuarter(pauses))
+	t.Logf("state digests at the fence (move verification): %s", digestSummary())
 	s.stop(t)
 }
 
@@ -337,7 +340,9 @@ func moveAcrossKinds(t testing.TB, st *schema.Store, base, tenant string) []move
 	}
 	id := createPlan(t, postOK, base, map[string]any{"strategy": "move-tenant", "tenant": tenant, "targets": targets})
 	postOK(t, base+"/api/plans/"+id+"/apply", nil)
-	return awaitPlanMoves(t, base, id)
+	pauses := awaitPlanMoves(t, base, id)
+	requireVerified(t, base, id)
+	return pauses
 }
 
 // movePause is one finished move's pause: from its handoff to its commit.

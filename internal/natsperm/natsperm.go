@@ -80,14 +80,14 @@ func KindAssets(kind string) Assets {
 		return Assets{Streams: []string{schema.StreamJobs}, ReadStreams: []string{schema.StreamEvents},
 			KV: []string{schema.ServiceBucket(kind, "runs"), schema.ServiceBucket(kind, "outbox"),
 				schema.ServiceBucket(kind, "checkpoints"), schema.ServiceBucket(kind, "status"), schema.BucketRunnerSchedules},
-			Publish:   []string{schema.SubjectJobsAll},
+			Publish:   []string{schema.SubjectJobsAll, schema.JobEventSubjectKind(kind)},
 			Subscribe: []string{schema.SubjectJobsAll, schema.SubjectEventsAll}}
 	}
 	return Assets{}
 }
 
 // Shard is one shard's instances: they read the control plane; write only their own
-// directory entries, their own tenant signals, their kind's placements (a drained tenant is
+// directory entries, their own tenant signals, their own move digests (tm_verify), their kind's placements (a drained tenant is
 // released by its shard), routes, their load reports and their kind's audit events; note
 // signals to their kind's shards and hear their own shard's notes; answer the rebalancer's
 // liveness probes of their own shard (a reply each); and use their kind's application assets.
@@ -99,6 +99,8 @@ func Shard(kind, shard string, a Assets) Role {
 	p.writeKV(schema.BucketInstances, kind+"."+shard+".*")
 	p.writeKV(schema.BucketMembers, kind+"."+shard+".*")
 	p.writeKV(schema.BucketTenantState, kind+".*."+shard+".*")
+	p.readKV(schema.BucketVerify)
+	p.writeKV(schema.BucketVerify, kind+".*.*.*."+shard+".*")
 	p.writeKV(schema.PlacementBucket(kind), ">")
 	p.writeKV(schema.BucketRoutes, kind+".>") // its own kind's routes (keys lead with the kind)
 	p.Pub = append(p.Pub, "tm.load."+kind+"."+shard+".*", schema.SignalNoteSubjectKind(kind))

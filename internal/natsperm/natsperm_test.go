@@ -122,6 +122,11 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 	ok(t, "append event", err)
 	_, err = sh.st.JS().ObjectStore(ctx, schema.ServiceBucket("aggregate", "snapshots"), "snapshots")
 	ok(t, "own object store", err)
+	digest := schema.DigestRecord{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1", Instance: "a", Role: schema.RoleSource, Epoch: 1}
+	ok(t, "own digest record", sh.st.PutDigestRecord(ctx, digest))
+	if recs, err := sh.st.DigestRecords(ctx, "aggregate", "t1", 1); err != nil || len(recs) != 1 {
+		t.Errorf("read digest records: %v %+v", err, recs)
+	}
 
 	// Refused: another shard's entry, another kind's placement, the rebalancer's records,
 	// kind config, another shard's signals, job queues.
@@ -156,6 +161,15 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 		t.Error("an aggregate shard enqueued a job")
 	}
 	sh.refused(t, "jobs.t1.any")
+	digest.Shard = "aggregate-2"
+	if err := sh.st.PutDigestRecord(short(t), digest); err == nil {
+		t.Error("a shard recorded another shard's digest")
+	}
+	sh.refused(t, "$KV.tm_verify.aggregate.t1.1.source.aggregate-2.a")
+	if err := sh.st.PublishJobEvent(schema.JobEvent{Event: schema.JobCreated, Kind: "aggregate", Tenant: "t1", Job: "j"}); err != nil {
+		t.Fatal(err)
+	}
+	sh.refused(t, "tm.job.created.aggregate.t1")
 
 	// Admin saw none of the refused writes land.
 	if got, err := admin.Placement(ctx, "projection", "t1"); err != nil || got.Shard != "projection-1" {

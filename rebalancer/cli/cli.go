@@ -4,7 +4,7 @@
 // in-process with buffers for stdin, stdout and stderr.
 //
 // Exit codes: 0 success, 1 error, 2 usage error, 3 a plan finished partially (moves skipped,
-// aborted or failed).
+// aborted or failed), 4 a verified move's target state differs from its source's.
 package cli
 
 import (
@@ -51,6 +51,7 @@ var commands = []commandInfo{
 	{"plan", "make a plan: balance, evacuate <shard>, fill <shard>, move <tenant>, manual", func(m *Main) command { return &PlanCommand{m: m} }},
 	{"apply", "apply a stored plan (by id) or a plan file", func(m *Main) command { return &ApplyCommand{m: m} }},
 	{"rollback", "reverse an applied plan", func(m *Main) command { return &RollbackCommand{m: m} }},
+	{"verify", "compare each move's target state at the fence with its source's", func(m *Main) command { return &VerifyCommand{m: m} }},
 	{"pause", "pause a plan: no move starts until it is resumed", func(m *Main) command {
 		return &ControlCommand{m: m, name: "pause", control: rebalancer.ControlPause}
 	}},
@@ -153,6 +154,8 @@ func ExitCode(err error) int {
 		return 2
 	case errors.Is(err, ErrPartial):
 		return 3
+	case errors.Is(err, ErrMismatch):
+		return 4
 	}
 	return 1
 }

@@ -319,7 +319,7 @@ func TestRenderGolden(t *testing.T) {
 		return rebalancer.InstanceView{Instance: in, Key: in.Key(), Status: st, HeartbeatAge: hb.Seconds()}
 	}
 	_ = renderInstances(&b, []rebalancer.InstanceView{
-		i("runner-1", "a", time.Second, schema.StatusOnline, &schema.InstanceMetrics{InFlight: 3, RatePerSec: 41.5, LatencyMS: 12.25, CPU: 37, Tenants: 12, ErrorRate: 0.004}),
+		i("runner-1", "a", time.Second, schema.StatusOnline, &schema.InstanceMetrics{InFlight: 3, RatePerSec: 41.5, LatencyMS: 12.25, CPU: 37, Tenants: 12, ErrorRate: 0.004, MemBytes: 96 << 20, MemPercent: 1.2, DiskPercent: 63.4}),
 		i("runner-1", "b", 9*time.Second, schema.StatusDegraded, nil),
 		i("runner-2", "a", 3*time.Minute+4*time.Second, schema.StatusOffline, nil),
 	})

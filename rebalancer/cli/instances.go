@@ -14,6 +14,8 @@ type InstancesCommand struct {
 	m *Main
 	common
 	kind                    string
+	status                  string
+	labels                  labelsFlag
 	degradedAfter, offAfter time.Duration
 	errorRate               float64
 	degrade                 string
@@ -22,8 +24,9 @@ type InstancesCommand struct {
 }
 
 const instancesAbout = `Shows the instance directory (the multi-host design's host view): every instance's status (online,
-degraded, draining, offline), the age of its last heartbeat, its capacity, last metrics,
-version and labels. Statuses are derived now: no heartbeat for --degraded-after is degraded,
+degraded, draining, offline), the age of its last heartbeat, its capacity, last metrics (CPU,
+memory, disk), version and labels; --status and --label keep the instances in those statuses
+and with those labels. Statuses are derived now: no heartbeat for --degraded-after is degraded,
 for --offline-after offline; an error rate of at least --degraded-error-rate is degraded, and so
 is an instance an operator flagged.
 
@@ -34,6 +37,7 @@ planners treat it like any degraded instance; heartbeats keep the flag); --undeg
 
 const instancesExamples = `  rebalance instances
   rebalance instances --kind runner --output json
+  rebalance instances --status degraded,offline --label region=eu
   rebalance instances runner.runner-1.runner-1-0
   rebalance instances runner.runner-1.runner-1-0 --degrade "disk replacement"
   rebalance instances runner.runner-1.runner-1-0 --undegrade
@@ -44,6 +48,8 @@ func (c *InstancesCommand) Run(ctx context.Context, args []string) error {
 	fs := c.m.newFlags("instances", "[<key>] [flags]", instancesAbout, instancesExamples)
 	c.register(fs)
 	fs.StringVar(&c.kind, "kind", "", "only this kind")
+	fs.StringVar(&c.status, "status", "", "only instances in these statuses: online, degraded, draining, offline (comma-separated)")
+	fs.Var(&c.labels, "label", "only instances carrying these labels, k=v[,k=v] (repeatable)")
 	fs.DurationVar(&c.degradedAfter, "degraded-after", 3*time.Second, "heartbeat age that makes an instance degraded")
 	fs.DurationVar(&c.offAfter, "offline-after", 2*time.Minute, "heartbeat age that makes an instance offline")
 	fs.Float64Var(&c.errorRate, "degraded-error-rate", 0.5, "error rate that makes an instance degraded (negative: never)")
@@ -74,10 +80,15 @@ func (c *InstancesCommand) Run(ctx context.Context, args []string) error {
 	if len(pos) == 1 {
 		return c.one(ctx, st, pos[0], h)
 	}
+	statuses, err := rebalancer.ParseStatuses(c.status)
+	if err != nil {
+		return usagef("--status: %v", err)
+	}
 	views, err := rebalancer.Instances(ctx, st, c.kind, h, c.m.Now())
 	if err != nil {
 		return err
 	}
+	views = rebalancer.InstanceFilter{Statuses: statuses, Labels: c.labels.m}.Filter(views)
 	return c.emit(c.m.Stdout, views, func(w io.Writer) error { return renderInstances(w, views) })
 }
 

@@ -18,7 +18,7 @@ type KindsCommand struct {
 	capacity, multiplex   int
 	holdBudget, upstream  time.Duration
 	overlap, singleWriter bool
-	idempotent            bool
+	idempotent, verify    bool
 	rateLimit             float64
 	rateBurst             int
 	degradedErrorRate     float64
@@ -33,6 +33,7 @@ const kindsExamples = `  rebalance kinds
   rebalance kinds set aggregate --unplaced reject
   rebalance kinds set render --policy affinity --capacity 4 --multiplex 2
   rebalance kinds set projection --overlap --hold-budget 1s
+  rebalance kinds set aggregate --verify
 `
 
 // Run lists or sets kinds.
@@ -48,6 +49,7 @@ func (c *KindsCommand) Run(ctx context.Context, args []string) error {
 	fs.BoolVar(&c.overlap, "overlap", false, "set: the kind only reads; moves skip the hold")
 	fs.BoolVar(&c.singleWriter, "single-writer", false, "set: send each tenant's requests to one instance of its shard (--single-writer=false: any instance)")
 	fs.BoolVar(&c.idempotent, "idempotent", false, "set: the kind's services apply a request with an Idempotency-Key once, so gateways may resend one whose answer was lost (--idempotent=false: never)")
+	fs.BoolVar(&c.verify, "verify", false, "set: verify every move of the kind as it ends: the source keeps the tenant until the target's state digest at the fence equals its own (--verify=false: off)")
 	fs.Float64Var(&c.rateLimit, "rate-limit", 0, "set: per-tenant requests per second (0: unchanged, -1: remove)")
 	fs.IntVar(&c.rateBurst, "rate-burst", 0, "set: per-tenant burst with --rate-limit (default: the rate, at least 1)")
 	fs.Float64Var(&c.degradedErrorRate, "degraded-error-rate", 0, "set: error rate at which an instance reports itself degraded (negative: never)")
@@ -129,6 +131,9 @@ func (c *KindsCommand) set(ctx context.Context, st *schema.Store, kind string, s
 	}
 	if set["idempotent"] {
 		kc.Idempotent = c.idempotent
+	}
+	if set["verify"] {
+		kc.Verify = c.verify
 	}
 	if set["multiplex"] {
 		if kc.Policy != schema.PolicyAffinity {

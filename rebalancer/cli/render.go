@@ -108,16 +108,22 @@ func renderInstances(w io.Writer, insts []rebalancer.InstanceView) error {
 		return err
 	}
 	tw := newTable(w)
-	fmt.Fprintln(tw, "INSTANCE\tSTATUS\tHEARTBEAT\tCAPACITY\tTENANTS\tIN-FLIGHT\tRATE/S\tLATENCY\tERRORS\tCPU\tVERSION\tLABELS\tURL")
+	fmt.Fprintln(tw, "INSTANCE\tSTATUS\tHEARTBEAT\tCAPACITY\tTENANTS\tIN-FLIGHT\tRATE/S\tLATENCY\tERRORS\tCPU\tMEM\tDISK\tVERSION\tLABELS\tURL")
 	for _, i := range insts {
-		tenants, inflight, rate, lat, errs, cpu := "-", "-", "-", "-", "-", "-"
+		tenants, inflight, rate, lat, errs, cpu, mem, disk := "-", "-", "-", "-", "-", "-", "-", "-"
 		if m := i.Metrics; m != nil {
 			tenants, inflight = fmt.Sprint(m.Tenants), fmt.Sprint(m.InFlight)
 			rate, lat = fmt.Sprintf("%.1f", m.RatePerSec), fmt.Sprintf("%.1fms", m.LatencyMS)
 			errs, cpu = fmt.Sprintf("%.1f%%", 100*m.ErrorRate), fmt.Sprintf("%.0f%%", m.CPU)
+			if m.MemBytes > 0 {
+				mem = fmt.Sprintf("%.0fMiB", float64(m.MemBytes)/(1<<20))
+			}
+			if m.DiskPercent > 0 {
+				disk = fmt.Sprintf("%.0f%%", m.DiskPercent)
+			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s ago\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", i.Key, i.Status, age(i.HeartbeatAge), i.Capacity,
-			tenants, inflight, rate, lat, errs, cpu, dash(i.Version), dash(rebalancer.LabelString(i.Labels)), i.URL)
+		fmt.Fprintf(tw, "%s\t%s\t%s ago\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", i.Key, i.Status, age(i.HeartbeatAge), i.Capacity,
+			tenants, inflight, rate, lat, errs, cpu, mem, disk, dash(i.Version), dash(rebalancer.LabelString(i.Labels)), i.URL)
 	}
 	return tw.Flush()
 }
@@ -211,7 +217,7 @@ func renderKinds(w io.Writer, kcs []schema.KindConfig) error {
 		return err
 	}
 	tw := newTable(w)
-	fmt.Fprintln(tw, "KIND\tPOLICY\tUNPLACED\tCAPACITY\tHOLD-BUDGET\tOVERLAP\tSINGLE-WRITER\tIDEMPOTENT\tUPSTREAM-TIMEOUT\tMULTIPLEX\tRATE-LIMIT")
+	fmt.Fprintln(tw, "KIND\tPOLICY\tUNPLACED\tCAPACITY\tHOLD-BUDGET\tOVERLAP\tSINGLE-WRITER\tIDEMPOTENT\tVERIFY\tUPSTREAM-TIMEOUT\tMULTIPLEX\tRATE-LIMIT")
 	for _, k := range kcs {
 		mux, rl := "-", "-"
 		if k.Affinity != nil {
@@ -220,7 +226,7 @@ func renderKinds(w io.Writer, kcs []schema.KindConfig) error {
 		if k.RateLimit != nil {
 			rl = fmt.Sprintf("%g/s burst %d", k.RateLimit.PerSecond, k.RateLimit.Burst)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%t\t%t\t%t\t%s\t%s\t%s\n", k.Kind, k.Policy, k.Unplaced, k.Capacity, k.HoldBudget.D(), k.Overlap, k.SingleWriter, k.Idempotent, k.UpstreamTimeout.D(), mux, rl)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%t\t%t\t%t\t%t\t%s\t%s\t%s\n", k.Kind, k.Policy, k.Unplaced, k.Capacity, k.HoldBudget.D(), k.Overlap, k.SingleWriter, k.Idempotent, k.Verify, k.UpstreamTimeout.D(), mux, rl)
 	}
 	return tw.Flush()
 }

@@ -22,10 +22,22 @@ func (s *Server) registerDirectoryRoutes(r chi.Router) {
 	r.Put("/api/kinds/{kind}", s.handlePutKind)
 }
 
+// handleInstances lists the directory: ?kind=, ?status=online,degraded (derived statuses) and
+// ?label=k=v (repeatable: every one must match), the multi-host design's host list filters.
 func (s *Server) handleInstances(w http.ResponseWriter, r *http.Request) {
 	kind, err := kindParam(r)
 	if err != nil {
 		s.fail(w, r, err)
+		return
+	}
+	q := r.URL.Query()
+	var f rebalancer.InstanceFilter
+	if f.Statuses, err = rebalancer.ParseStatuses(q.Get("status")); err != nil {
+		s.fail(w, r, badRequest(err.Error()))
+		return
+	}
+	if f.Labels, err = rebalancer.ParseLabels(q["label"]); err != nil {
+		s.fail(w, r, badRequest(err.Error()))
 		return
 	}
 	views, err := rebalancer.Instances(r.Context(), s.st, kind, s.cfg.Health, time.Now())
@@ -33,7 +45,7 @@ func (s *Server) handleInstances(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	tmhttp.WriteJSON(w, http.StatusOK, views)
+	tmhttp.WriteJSON(w, http.StatusOK, f.Filter(views))
 }
 
 // handleAudit reads the journal: ?kind= &tenant= &since= (RFC 3339 time or a duration back

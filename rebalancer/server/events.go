@@ -116,7 +116,8 @@ func (h *hub) close() {
 	}
 }
 
-// startEvents feeds the hub from the audit journal's subjects and a watch of tm_rebalance.
+// startEvents feeds the hub from the audit journal's subjects, the runners' job events
+// (job.created, job_run.done) and a watch of tm_rebalance.
 func (s *Server) startEvents(ctx context.Context) error {
 	sub, err := s.st.JS().Conn().Subscribe(schema.SubjectAuditAll, func(m *nats.Msg) {
 		if len(m.Data) > 0 && json.Valid(m.Data) {
@@ -126,9 +127,17 @@ func (s *Server) startEvents(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("server: subscribe to audit events: %w", err)
 	}
+	jobs, err := s.st.SubscribeJobEvents(func(raw []byte, ev schema.JobEvent) {
+		s.hub.send(Event{Type: ev.Event, Data: raw})
+	})
+	if err != nil {
+		_ = sub.Unsubscribe()
+		return err
+	}
 	s.work.Go(func() {
 		<-ctx.Done()
 		_ = sub.Unsubscribe()
+		_ = jobs.Unsubscribe()
 	})
 	s.work.Go(func() { s.watchRecords(ctx) })
 	return nil
@@ -167,6 +176,9 @@ func (s *Server) watchRecords(ctx context.Context) {
 				s.moves.track(en.Key(), m)
 				if fresh {
 					s.hub.publish("move", moveEvent{MoveRecord: m, PauseMS: m.Pause().Milliseconds()})
+					if m.State == rebalancer.MoveDone {
+						s.verify.moveDone(ctx, m)
+					}
 				}
 			case strings.HasPrefix(en.Key(), "plan.") && fresh:
 				s.hub.send(Event{Type: "plan", Data: en.Value()})

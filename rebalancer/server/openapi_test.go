@@ -85,6 +85,10 @@ func TestOpenAPI(t *testing.T) {
 		return err == nil && len(insts) == 2
 	}))
 	c.Do("GET", "/api/instances", "/api/instances?kind=aggregate", nil, nil)
+	if code, body := c.Do("GET", "/api/instances", "/api/instances?kind=aggregate&status=online,degraded&label=region=eu", nil, nil); code != 200 || strings.Contains(string(body), "aggregate-1") {
+		t.Fatalf("instances filtered by a label no instance has: %d %s", code, body)
+	}
+	c.Do("GET", "/api/instances", "/api/instances?status=sleeping", nil, nil)
 	inst := "/api/instances/aggregate.aggregate-1.i1"
 	c.Do("PUT", "/api/instances/{key}/degraded", inst+"/degraded", map[string]any{"reason": "disk replacement"}, admin)
 	c.Do("PUT", "/api/instances/{key}/degraded", inst+"/degraded", map[string]any{"reason": "x"}, nil)
@@ -123,15 +127,21 @@ func TestOpenAPI(t *testing.T) {
 		return json.Unmarshal(body, &pr) == nil && pr.Plan.Status == "done"
 	}))
 	c.Do("POST", "/api/plans/{id}/apply", "/api/plans/"+id+"/apply", nil, admin)
+	c.Do("GET", "/api/plans/{id}/verify", "/api/plans/"+id+"/verify", nil, nil)
+	c.Do("GET", "/api/plans/{id}/verify", "/api/plans/p-none/verify", nil, nil)
+	c.Do("GET", "/api/plans/{id}/moves/{move}/verify", "/api/plans/"+id+"/moves/m00001/verify", nil, nil)
+	c.Do("GET", "/api/plans/{id}/moves/{move}/verify", "/api/plans/"+id+"/moves/m00009/verify", nil, nil)
 	c.Do("GET", "/api/audit", "/api/audit?kind=aggregate&since=1h&limit=50", nil, nil)
 	c.Do("GET", "/api/audit", "/api/audit?since=yesterday", nil, nil)
 	c.Do("POST", "/api/plans/{id}/rollback", "/api/plans/"+id+"/rollback", nil, admin)
 	for _, want := range []string{"POST /api/plans 201", "POST /api/plans 200", "POST /api/plans 422", "POST /api/plans 400",
 		"POST /api/plans/{id}/apply 202", "POST /api/plans/{id}/apply 401", "POST /api/plans/{id}/apply 404",
 		"POST /api/plans/{id}/apply 409", "GET /api/plans/{id} 404", "PUT /api/kinds/{kind} 200", "PUT /api/kinds/{kind} 400",
-		"PUT /api/kinds/{kind} 401", "GET /api/audit 200", "GET /api/audit 400", "GET /api/instances 200",
+		"PUT /api/kinds/{kind} 401", "GET /api/audit 200", "GET /api/audit 400", "GET /api/instances 200", "GET /api/instances 400",
 		"GET /api/instances/{key} 200", "GET /api/instances/{key} 404", "GET /api/instances/{key} 400", "PUT /api/instances/{key}/degraded 200",
-		"PUT /api/instances/{key}/degraded 401", "PUT /api/instances/{key}/degraded 400", "DELETE /api/instances/{key}/degraded 200"} {
+		"PUT /api/instances/{key}/degraded 401", "PUT /api/instances/{key}/degraded 400", "DELETE /api/instances/{key}/degraded 200",
+		"GET /api/plans/{id}/verify 200", "GET /api/plans/{id}/verify 404", "GET /api/plans/{id}/moves/{move}/verify 200",
+		"GET /api/plans/{id}/moves/{move}/verify 404"} {
 		if !c.Seen[want] {
 			t.Errorf("no answer %s was validated (validated: %v)", want, c.Seen)
 		}

@@ -19,7 +19,9 @@
 //	GET  /api/kinds                 kind configs
 //	PUT  /api/kinds/{kind}          register or replace a kind's config (schema.KindConfig)
 //	GET  /api/leader                the leader lease and whether this process holds it
-//	GET  /api/events                server-sent events: plan, move, audit, instance
+//	GET  /api/plans/{id}/verify     judge the plan's moves by their state digests at the fence
+//	GET  /api/plans/{id}/moves/{move}/verify   one move's verdict
+//	GET  /api/events                server-sent events: plan, move, audit, instance, verify, job.created, job_run.done
 //	GET  /healthz /readyz /metrics
 //	GET  /openapi.json              this API as an OpenAPI 3.1 document (openapi.json)
 //
@@ -123,6 +125,7 @@ type Server struct {
 	leaderG  prometheus.Gauge
 	applying prometheus.Gauge
 	moves    moveTracker // moves in progress, from the watch of tm_rebalance
+	verify   *autoVerifier
 }
 
 // New makes a server; it does nothing until Run.
@@ -192,6 +195,9 @@ func New(cfg Config) (*Server, error) {
 		if err := s.reg.Register(c); err != nil {
 			return nil, err
 		}
+	}
+	if s.verify, err = newAutoVerifier(s); err != nil {
+		return nil, err
 	}
 	return s, nil
 }
@@ -535,6 +541,7 @@ func (s *Server) Handler() http.Handler {
 	s.registerInstanceRoutes(r)
 	s.registerTenantRoutes(r)
 	s.registerEventRoutes(r)
+	s.registerVerifyRoutes(r)
 	s.registerAutopilotRoutes(r)
 	r.Get("/healthz", s.handleHealthz)
 	r.Get("/readyz", s.handleReadyz)

@@ -10,8 +10,13 @@ import (
 )
 
 // Hooks connect the ledger to shardkit's move protocol (shardkit/events): warm-up to a fence,
-// the applied sequence, the fence a drained source reports, and release after a drain.
-func (s *Service) Hooks() shardkit.Hooks { return s.log.Hooks() }
+// the applied sequence, the fence a drained source reports, release after a drain, and the
+// per-account state digest at the fence that verifies a move.
+func (s *Service) Hooks() shardkit.Hooks {
+	h := s.log.Hooks()
+	h.Digest = s.log.Digest
+	return h
+}
 
 // Routes are the routes the service publishes in the registry.
 func (s *Service) Routes() []schema.Route { return RouteTable }

@@ -35,9 +35,11 @@ import (
 const Kind = "mailbox"
 
 // RouteTable is what the service publishes: the POST route is a producer route whose affinity
-// key is the queue (the path segment after /mailbox/) and the group (?group=).
+// key is the queue (the path segment after /mailbox/) and the group (?group=); the GET route,
+// where consumers wait, is a consumer route with the same key, so a tenant's queues and groups
+// spread over the shard's instances by load, each sticking to its instance.
 var RouteTable = []schema.Route{
-	{Method: http.MethodGet, Prefix: "/mailbox/", Kind: Kind},
+	{Method: http.MethodGet, Prefix: "/mailbox/", Kind: Kind, Consumer: &schema.ConsumerRoute{Key: []string{"path:0", "query:group"}}},
 	{Method: http.MethodPost, Prefix: "/mailbox/", Kind: Kind, Producer: &schema.ProducerRoute{Queue: "path:0", Group: "query:group"}},
 }
 

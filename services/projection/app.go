@@ -10,10 +10,12 @@ import (
 )
 
 // Hooks connect the views to shardkit's move protocol: warm-up to a fence, the applied
-// sequence (also the fence a drained source reports), exact lag, release after a drain or a
-// move away, and a placement re-check on reload.
+// sequence, the fence a drained source reports (its applied sequence, with the views' digest
+// there), exact lag, release after a drain or a move away, a placement re-check on reload, and
+// the views' digest at the fence that verifies a move.
 func (s *Service) Hooks() shardkit.Hooks {
-	return shardkit.Hooks{Warm: s.Warm, Applied: s.Applied, Lag: s.Lag, Release: s.Release, Reload: s.Reload, Sizes: s.Sizes}
+	return shardkit.Hooks{Warm: s.Warm, Applied: s.Applied, Fence: s.Fence, Lag: s.Lag, Release: s.Release, Reload: s.Reload,
+		Sizes: s.Sizes, Digest: s.Digest}
 }
 
 // Routes are the routes the service publishes in the registry.

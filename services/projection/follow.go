@@ -40,7 +40,9 @@ func (s *Service) wakeFollow() {
 }
 
 // followPlacement hosts the tenants placed on this shard or moving to it, and drops a tenant
-// once a move away from the shard completed (shardkit's Release usually did already).
+// once a move away from the shard completed (shardkit's Release usually did already), unless it
+// was the move's fenced source and shardkit has not released it: move verification holds a
+// source whose target's views differ (shardkit releases it once an operator says so).
 func (s *Service) followPlacement(ctx context.Context, w *placement.Watcher) {
 	for {
 		select {
@@ -58,12 +60,13 @@ func (s *Service) followPlacement(ctx context.Context, w *placement.Watcher) {
 			case ok && (e.Shard == s.cfg.Shard || e.Target == s.cfg.Shard):
 				s.host(tenant)
 			case !ok || e.Phase == schema.PhaseActive:
-				if s.lookup(tenant) != nil {
+				if ts := s.lookup(tenant); ts != nil && !ts.heldAsSource() {
 					rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 					_ = s.Release(rctx, tenant)
 					cancel()
 				}
 			}
 		}
+		s.passes.Add(1)
 	}
 }

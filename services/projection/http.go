@@ -60,9 +60,10 @@ func (s *Service) Query(ctx context.Context, tenant, viewType string, q Query) (
 		return Result{}, fmt.Errorf("%w: %s has applied up to sequence %d so far; retry shortly", ErrWarming, tenant, ts.appliedSeq())
 	}
 	ts.mu.RLock()
-	items, next := p.run(ts)
+	items, next, scanned := p.run(ts)
 	applied := ts.applied
 	ts.mu.RUnlock()
+	s.m.scanned.WithLabelValues(v.name).Observe(float64(scanned))
 	res := Result{View: v.name, Items: items, NextCursor: next, Applied: applied}
 	last, err := s.st.lastSeq(ctx, tenant)
 	if err != nil {
@@ -71,6 +72,7 @@ func (s *Service) Query(ctx context.Context, tenant, viewType string, q Query) (
 	if last > applied {
 		res.Lag = last - applied
 	}
+	s.m.viewLag.WithLabelValues(v.name).Observe(float64(res.Lag))
 	return res, nil
 }
 
@@ -86,8 +88,10 @@ func (s *Service) handleQuery(w http.ResponseWriter, r *http.Request) {
 	q, err := decodeQuery(w, r)
 	if err == nil {
 		var res Result
+		start := time.Now()
 		if res, err = s.Query(r.Context(), tenant, viewType, q); err == nil {
 			s.m.queries.WithLabelValues(viewType, "ok").Inc()
+			s.m.queryTime.WithLabelValues(viewType).Observe(time.Since(start).Seconds())
 			tmhttp.WriteJSON(w, http.StatusOK, res)
 			return
 		}

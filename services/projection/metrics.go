@@ -17,6 +17,12 @@ type metrics struct {
 	hosted      prometheus.Gauge
 	liveTenants prometheus.Gauge
 	queries     *prometheus.CounterVec
+	// Per view type (the Cloudlysis PRD's "query latency and scan counts", "lag per
+	// tenant/view_type"): each query's latency, the rows it scanned, and the lag of the view
+	// it read (per tenant, the lag is in /admin/projection/tenant).
+	queryTime *prometheus.HistogramVec
+	scanned   *prometheus.HistogramVec
+	viewLag   *prometheus.HistogramVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -54,6 +60,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		queries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tm_projection_queries_total", Help: "Queries by view type and result (ok, bad, error).",
 		}, []string{"view", "result"}),
+		queryTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "tm_projection_query_duration_seconds", Help: "Time to answer a query (ok), by view type.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
+		}, []string{"view"}),
+		scanned: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "tm_projection_query_rows_scanned", Help: "Rows a query scanned (views have no secondary indexes: every row of the tenant's view), by view type.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 12),
+		}, []string{"view"}),
+		viewLag: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "tm_projection_view_lag", Help: "Lag of the view a query read, by view type: the tenant's newest event's stream sequence minus the view's applied sequence (0: current).",
+			Buckets: append([]float64{0}, prometheus.ExponentialBuckets(1, 4, 12)...),
+		}, []string{"view"}),
 	}
 	if reg != nil {
 		m.applied = promreg.Register(reg, m.applied)
@@ -66,6 +84,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.hosted = promreg.Register(reg, m.hosted)
 		m.liveTenants = promreg.Register(reg, m.liveTenants)
 		m.queries = promreg.Register(reg, m.queries)
+		m.queryTime = promreg.Register(reg, m.queryTime)
+		m.scanned = promreg.Register(reg, m.scanned)
+		m.viewLag = promreg.Register(reg, m.viewLag)
 	}
 	return m
 }

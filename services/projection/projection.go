@@ -42,6 +42,9 @@ import (
 // Kind is the service kind.
 const Kind = "projection"
 
+// ErrAllTenants is a move to a multi-tenant shard (Config.AllTenants), which takes part in none.
+var ErrAllTenants = errors.New("projection: this shard consumes every tenant (multi-tenant mode) and takes part in no move; move tenants between tenant-filtered shards")
+
 // Config configures a Service. The zero value of each field is its documented default.
 type Config struct {
 	Store *schema.Store
@@ -71,7 +74,14 @@ type Config struct {
 	CatchUpBatch int
 	// QueryWait bounds how long a query for a tenant still catching up waits before it is
 	// answered 503. Default 5s.
-	QueryWait  time.Duration
+	QueryWait time.Duration
+	// AllTenants makes the instance a multi-tenant shard (the Cloudlysis PRD's first mode): it
+	// consumes every tenant's events, whatever the placement says, taking up each tenant it
+	// sees an event of (or a query for), with the tenant's history through its catch-up. It
+	// reads the whole stream, and it takes part in no move: a move needs a tenant-filtered
+	// shard at both ends (its Warm refuses; the rebalancer refuses to plan one, from the
+	// schema.LabelTenants label the binary gives such an instance).
+	AllTenants bool
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 }
@@ -134,6 +144,7 @@ type Service struct {
 	pmu    sync.Mutex
 	placed map[string]bool // tenants whose placement changed, to re-evaluate
 	pwake  chan struct{}
+	passes atomic.Uint64 // followPlacement's passes over queued tenants (tests wait on it)
 }
 
 // New opens the event stream and the views' buckets.
@@ -152,6 +163,17 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	for i := range cfg.TailPartitions {
 		s.tails = append(s.tails, newTail(s, i))
 	}
+	if cfg.AllTenants {
+		// A multi-tenant shard takes up every tenant whose events come after this point (and
+		// their history with them): its tails start here.
+		info, err := st.stream.Info(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("projection: read %s state: %w", schema.StreamEvents, err)
+		}
+		for _, t := range s.tails {
+			t.pos, t.posValid = info.State.LastSeq, true
+		}
+	}
 	return s, nil
 }
 
@@ -159,7 +181,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 // ends; then it stores every changed tenant's views.
 func (s *Service) Run(ctx context.Context) error {
 	var w *placement.Watcher
-	if s.cfg.Shard != "" {
+	if s.cfg.Shard != "" && !s.cfg.AllTenants {
 		var err error
 		w, err = placement.New(placement.Config{Store: s.cfg.Store, Kinds: []string{Kind}, NoSnapshot: true,
 			OnChange: s.placementChanged, Logger: s.cfg.Logger})
@@ -270,7 +292,13 @@ func (s *Service) drop(tenant string) *tenantState {
 // Warm starts consuming the tenant and returns once its applied sequence reaches fence, or, with
 // fence 0, the tenant's last event when Warm was called. It is shardkit's warm hook.
 func (s *Service) Warm(ctx context.Context, tenant string, fence uint64) error {
+	if s.cfg.AllTenants {
+		return ErrAllTenants
+	}
 	ts := s.host(tenant)
+	ts.mu.Lock()
+	ts.dig.keep(ts.applied) // a move's target: its digest at the fence is asked for later
+	ts.mu.Unlock()
 	select {
 	case <-ts.caught:
 	case <-ctx.Done():

@@ -432,9 +432,10 @@ type hit struct {
 }
 
 // run executes the plan over the tenant's views; the caller holds ts.mu (read).
-func (p *plan) run(ts *tenantState) (items []any, next string) {
+func (p *plan) run(ts *tenantState) (items []any, next string, scanned int) {
 	var hits []hit
 	p.v.scan(ts, func(row any) {
+		scanned++
 		for _, c := range p.conds {
 			if !c.match(row) {
 				return
@@ -455,5 +456,5 @@ func (p *plan) run(ts *tenantState) (items []any, next string) {
 	if len(hits) > n {
 		next = p.encodeCursor(hits[n-1].key)
 	}
-	return items, next
+	return items, next, scanned
 }

@@ -104,7 +104,7 @@ func (t *tail) run(ctx context.Context) {
 			// a change of the live set only, without a new consumer.
 			changed, t.restart = false, 0
 		}
-		if changed || t.remode || (t.cur == nil && len(t.live) > 0) {
+		if changed || t.remode || (t.cur == nil && (len(t.live) > 0 || t.s.cfg.AllTenants)) {
 			if err := t.rebuild(ctx); err != nil {
 				t.s.cfg.Logger.Warn("tail consumer rebuild failed; retrying", "err", err)
 				if !ctxtime.Sleep(ctx, time.Second) {
@@ -139,7 +139,7 @@ func (t *tail) takeChanges() bool {
 			changed = true
 		}
 	}
-	if len(t.live) == 0 {
+	if len(t.live) == 0 && !t.s.cfg.AllTenants {
 		t.posValid = false // no live tenant depends on pos any more
 	}
 	for _, j := range joins {
@@ -167,7 +167,7 @@ func (t *tail) takeChanges() bool {
 // filters are the consumer's filter subjects: one per live tenant, or all events (filtered
 // here) when there are more than MaxFilters live tenants or all is asked for.
 func (t *tail) filters(all bool) []string {
-	if all || len(t.live) > t.s.cfg.MaxFilters {
+	if all || len(t.live) > t.s.cfg.MaxFilters || t.s.cfg.AllTenants {
 		return []string{schema.SubjectEventsAll}
 	}
 	out := make([]string, 0, len(t.live))
@@ -181,13 +181,22 @@ func (t *tail) filters(all bool) []string {
 // where joiners need it.
 func (t *tail) rebuild(ctx context.Context) error {
 	t.closeFeed()
-	if len(t.live) == 0 {
+	if len(t.live) == 0 && !t.s.cfg.AllTenants {
 		t.restart = 0
 		return nil
 	}
 	start := t.restart
 	if t.posValid && (start == 0 || t.pos+1 < start) {
 		start = t.pos + 1
+	}
+	if start == 0 && len(t.live) == 0 {
+		// A multi-tenant shard with nothing hosted yet: every tenant whose events arrive from
+		// now on (a tenant's history comes with its catch-up).
+		info, err := t.s.st.stream.Info(ctx)
+		if err != nil {
+			return fmt.Errorf("projection: read %s state: %w", schema.StreamEvents, err)
+		}
+		start = info.State.LastSeq + 1
 	}
 	begin := time.Now()
 	r, filters, err := t.consumer(ctx, start, false)
@@ -206,7 +215,7 @@ func (t *tail) rebuild(ctx context.Context) error {
 	all := len(filters) == 1 && filters[0] == schema.SubjectEventsAll
 	f := &feed{r: r, ch: make(chan delivery, t.s.cfg.TailBatch), stop: make(chan struct{})}
 	go f.read()
-	t.cur, t.pos, t.posValid, t.restart = f, max(start, 1)-1, true, 0
+	t.cur, t.pos, t.posValid, t.restart = f, max(start, 1)-1, len(t.live) > 0 || t.s.cfg.AllTenants, 0
 	t.all, t.remode = all, false
 	took := time.Since(begin)
 	t.s.m.rebuilds.Observe(took.Seconds())
@@ -296,13 +305,20 @@ func (t *tail) handle(m jetstream.Msg, md *jetstream.MsgMetadata) {
 	t.pos = seq
 	t.received.Add(1)
 	t.s.m.received.Inc()
-	if t.all {
+	switch {
+	case t.s.cfg.AllTenants:
+		t.remode = false // always events.>
+	case t.all:
 		t.remode = md.NumPending <= filterResume && len(t.live) <= t.s.cfg.MaxFilters
-	} else {
+	default:
 		t.remode = md.NumPending > uint64(t.s.cfg.FilterBacklog) && len(t.live) > 1 && len(t.live) <= t.s.cfg.MaxFilters
 	}
-	ts := t.live[tenantOfSubject(m.Subject())]
+	tenant := tenantOfSubject(m.Subject())
+	ts := t.live[tenant]
 	if ts == nil {
+		if t.s.cfg.AllTenants && schema.ValidTenant(tenant) && t.s.tailOf(tenant) == t {
+			t.s.host(tenant) // a multi-tenant shard takes every tenant it sees: its catch-up covers this event
+		}
 		return
 	}
 	ts.mu.Lock()

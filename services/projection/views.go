@@ -67,6 +67,9 @@ type tenantState struct {
 	stored storedViews
 	// viewBytes is the size of the tenant's stored views (last loaded or stored).
 	viewBytes atomic.Uint64
+	// dig is the views' digest, kept as rows change, and its history while the tenant moves
+	// (digest.go).
+	dig viewDigest
 }
 
 type waiter struct {
@@ -93,6 +96,7 @@ func (ts *tenantState) advance(seq uint64) {
 	}
 	ts.applied = seq
 	ts.since++
+	ts.dig.advanced(seq)
 	if len(ts.waiters) == 0 {
 		return
 	}
@@ -112,6 +116,8 @@ func (ts *tenantState) applyAccount(ev ledger.Event) {
 	if acc == nil {
 		acc = &AccountRow{ID: ev.AggregateID, OpenedAt: ev.At}
 		ts.accounts[ev.AggregateID] = acc
+	} else {
+		ts.dig.removeAccount(acc)
 	}
 	var p struct {
 		Amount int64  `json:"amount"`
@@ -125,14 +131,21 @@ func (ts *tenantState) applyAccount(ev ledger.Event) {
 		acc.Owner, acc.OpenedAt = p.Owner, ev.At
 	case ledger.EvDeposited:
 		acc.Balance += p.Amount
-		ts.txs = append(ts.txs, TxRow{Seq: ev.Seq, Account: ev.AggregateID, Kind: TxDeposit, Amount: p.Amount, At: ev.At})
+		ts.addTx(TxRow{Seq: ev.Seq, Account: ev.AggregateID, Kind: TxDeposit, Amount: p.Amount, At: ev.At})
 	case ledger.EvWithdrawn:
 		acc.Balance -= p.Amount
-		ts.txs = append(ts.txs, TxRow{Seq: ev.Seq, Account: ev.AggregateID, Kind: TxWithdraw, Amount: p.Amount, At: ev.At})
+		ts.addTx(TxRow{Seq: ev.Seq, Account: ev.AggregateID, Kind: TxWithdraw, Amount: p.Amount, At: ev.At})
 	case ledger.EvClosed:
 		acc.Closed = true
 	}
 	acc.Version, acc.LastSeq, acc.UpdatedAt = ev.Version, ev.Seq, ev.At
+	ts.dig.addAccount(acc)
+}
+
+// addTx appends a row to the transactions view.
+func (ts *tenantState) addTx(tx TxRow) {
+	ts.txs = append(ts.txs, tx)
+	ts.dig.addTx(&ts.txs[len(ts.txs)-1])
 }
 
 // waitApplied returns a channel closed once the tenant's applied sequence reaches seq.
@@ -185,6 +198,7 @@ func (ts *tenantState) restore(l *loaded) {
 	}
 	ts.txs = l.Transactions
 	ts.applied, ts.flushed = l.Applied, l.Applied
+	ts.dig.reset(ts)
 	ts.stored = l.stored
 	ts.viewBytes.Store(uint64(l.stored.size()))
 }

@@ -246,6 +246,7 @@ func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bo
 	}
 	r.Seq = seq
 	s.m.created.Inc()
+	s.announce(schema.JobCreated, &r)
 	return r, true, nil
 }
 

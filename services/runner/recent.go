@@ -49,3 +49,16 @@ func truncateError(s string) string {
 	}
 	return s
 }
+
+// announce publishes a job event for the live event stream (the multi-host design's job.created
+// and job_run.done): core NATS, so a lost one costs nothing but the event.
+func (s *Service) announce(event string, r *Run) {
+	ev := schema.JobEvent{Event: event, Kind: s.cfg.ID.Kind, Tenant: r.Tenant, Job: r.ID, Type: r.Type, Instance: r.Instance,
+		RanOn: r.RanOn, Status: string(r.Status), Attempts: r.Attempts, Error: truncateError(r.Error)}
+	if event == schema.JobCreated {
+		ev.RanOn = ""
+	}
+	if err := s.st.PublishJobEvent(ev); err != nil {
+		s.cfg.Logger.Debug("publishing a job event", "event", event, "tenant", r.Tenant, "job", r.ID, "err", err)
+	}
+}

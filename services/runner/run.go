@@ -190,8 +190,10 @@ func (x *executor) execute(ctx context.Context, tq *tenantQ, r *Run, seq uint64)
 	rctx, cancel := context.WithTimeout(ctx, x.s.cfg.RunTimeout)
 	out, err := x.attempt(rctx, r)
 	cancel()
-	x.s.m.runSeconds.Observe(time.Since(start).Seconds())
+	took := time.Since(start)
+	x.s.m.runSeconds.Observe(took.Seconds())
 	x.finish(ctx, tq, r, seq, out, err)
+	x.s.runs.note(r.Tenant, took, r.Status)
 	x.done(tq)
 }
 
@@ -301,6 +303,7 @@ func (x *executor) finish(ctx context.Context, tq *tenantQ, r *Run, seq uint64, 
 	x.s.mu.Unlock()
 	x.s.m.finished.WithLabelValues(string(r.Status)).Inc()
 	x.s.recent.note(r)
+	x.s.announce(schema.JobRunDone, r)
 	if r.Status.done() {
 		x.dropEntry(seq)
 		return
@@ -327,6 +330,7 @@ func (s *Service) Release(ctx context.Context, tenant string) error {
 	}
 	tq.released = true
 	cancelRuns := tq.cancel
+	delete(s.fenced, tenant)
 	s.mu.Unlock()
 	s.wakes.unsubscribe(tq)
 	s.housekeeping.Go(func() {

@@ -174,6 +174,8 @@ type Service struct {
 	wakes    *wakeups
 	// reachable is when a saga checkpoint was last read (unix ns): Warm's probe.
 	reachable atomic.Int64
+	// verify is the kind config's verify flag (followVerify): digests at a move's fence.
+	verify atomic.Bool
 	// serving, once Handler bound the shard, says whether the shard serves a tenant now (its
 	// lease holds and it owns the tenant): a claim is made only then.
 	serving atomic.Pointer[func(tenant string) bool]
@@ -181,6 +183,7 @@ type Service struct {
 	m       *metrics
 	sched   *Scheduler
 	sizes   *sizer
+	runs    *runStats // per-tenant attempts, retries and latency (tenantruns.go)
 	started time.Time
 
 	mu       sync.Mutex
@@ -194,7 +197,9 @@ type Service struct {
 	wake     chan struct{}       // nudges the dispatcher
 	recon    chan struct{}       // nudges the reconciler
 	totals   Totals
-	recent   recentRuns // the newest runs, for the instance's load reports
+	recent   recentRuns          // the newest runs, for the instance's load reports
+	fenced   map[string]captured // digests taken at a move's fence, until shardkit asks (digest.go)
+	runsStr  jetstream.Stream    // the runs bucket's stream, for digests (digest.go)
 
 	housekeeping sync.WaitGroup // released tenants' outbox flushes and drain records
 }
@@ -228,7 +233,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if err := st.EnsureEventsStream(ctx); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, st: st, js: st.JS().JetStream(), tenants: map[string]*tenantQ{}, changed: map[string]struct{}{},
+	s := &Service{cfg: cfg, st: st, js: st.JS().JetStream(), tenants: map[string]*tenantQ{}, changed: map[string]struct{}{}, fenced: map[string]captured{},
 		wake: make(chan struct{}, 1), recon: make(chan struct{}, 1), started: time.Now().UTC()}
 	s.outbox = &outbox{s: s, flushWake: make(chan struct{}, 1)}
 	s.sagas = &sagas{s: s, wake: make(chan struct{}, 1)}
@@ -276,6 +281,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s.sizes = newSizer(s)
+	s.runs = newRunStats(cfg.Registerer)
 	// NoSnapshot: every placement then comes through OnChange, so the owned set is complete.
 	s.watcher, err = placement.New(placement.Config{Store: st, Kinds: []string{Kind}, NoSnapshot: true,
 		OnChange: s.onChange, Logger: cfg.Logger})
@@ -304,6 +310,7 @@ func (s *Service) Run(ctx context.Context) error {
 	wg.Go(func() { s.sweepLoop(ctx) })
 	wg.Go(func() { s.sched.run(ctx) })
 	wg.Go(func() { s.sizes.run(ctx) })
+	wg.Go(func() { s.followVerify(ctx) })
 	<-ctx.Done()
 	wg.Wait()
 	s.mu.Lock()
@@ -322,7 +329,8 @@ func (s *Service) Run(ctx context.Context) error {
 
 // Hooks connect the runner to shardkit's move protocol.
 func (s *Service) Hooks() shardkit.Hooks {
-	return shardkit.Hooks{Warm: s.Warm, Fence: s.Fence, Release: s.Release, Reload: s.Reload, Report: s.recent.report, Sizes: s.sizes.Sizes}
+	return shardkit.Hooks{Warm: s.Warm, Fence: s.Fence, Lag: s.Lag, Release: s.Release, Reload: s.Reload, Report: s.recent.report,
+		Sizes: s.sizes.Sizes, Digest: s.Digest}
 }
 
 // Warm prepares a tenant moving here: it reads the tenant's saga checkpoint so the bucket is
@@ -354,6 +362,9 @@ func (s *Service) Warm(ctx context.Context, tenant string, _ uint64) error {
 //
 // The move may have been aborted meanwhile, its placement back on this shard: reconciling the
 // tenant afterwards takes it up again (a released tenant this shard owns starts a new turn).
+//
+// For a kind that verifies moves it also takes the tenant's queue digest (digest.go): NATS
+// reads inside the pause, one for an empty queue.
 func (s *Service) Fence(tenant string) uint64 {
 	s.mu.Lock()
 	tq := s.tenants[tenant]
@@ -366,6 +377,7 @@ func (s *Service) Fence(tenant string) uint64 {
 		s.wakes.unsubscribe(tq)
 	}
 	nudge(s.recon)
+	s.captureAtFence(tenant)
 	return 0
 }
 

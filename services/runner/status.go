@@ -26,6 +26,9 @@ type InstanceStatus struct {
 	ReadyTenants  int               `json:"ready_tenants"`
 	Labels        map[string]string `json:"labels,omitempty"`
 	Totals        Totals            `json:"totals"`
+	// Verify tells whether the instance takes digests at a move's fence (its kind verifies
+	// moves).
+	Verify bool `json:"verify"`
 }
 
 // Status returns this instance's runner status now.
@@ -34,7 +37,7 @@ func (s *Service) Status() InstanceStatus {
 	defer s.mu.Unlock()
 	st := InstanceStatus{InstanceID: s.cfg.ID, At: time.Now().UTC(), Started: s.started, Running: s.running,
 		MaxConcurrent: s.cfg.MaxConcurrent, JobsPerMinute: s.cfg.InstanceJobsPerMinute, TenantPerMin: s.cfg.TenantJobsPerMinute,
-		ReadyTenants: len(s.ring), Labels: s.cfg.Labels, Totals: s.totals}
+		ReadyTenants: len(s.ring), Labels: s.cfg.Labels, Totals: s.totals, Verify: s.verify.Load()}
 	for _, tq := range s.tenants {
 		if tq.acquired && !tq.released {
 			st.Tenants++

@@ -37,6 +37,10 @@ type TenantStats struct {
 	Schedules int        `json:"schedules"`
 	Due       int        `json:"due"`
 	NextDue   *time.Time `json:"next_due,omitempty"`
+	// Runs are this instance's attempts of the tenant's jobs since it started: retries,
+	// failures and the latency of the recent ones (the Cloudlysis PRD's "work processing
+	// latency and retries by tenant").
+	Runs RunFigures `json:"runs"`
 }
 
 // Stats reads a tenant's figures.
@@ -89,6 +93,7 @@ func (s *Service) Stats(ctx context.Context, tenant string) (TenantStats, error)
 		st.Acquired, st.Running = tq.acquired && !tq.released, tq.inflight
 	}
 	s.mu.Unlock()
+	st.Runs = s.runs.figures(tenant)
 	return st, nil
 }
 

@@ -59,6 +59,12 @@ type InstanceMetrics struct {
 	Tenants    int     `json:"tenants"`
 	ErrorRate  float64 `json:"error_rate"`
 	Running    int     `json:"running,omitempty"`
+	// MemBytes, MemPercent, DiskPercent and DiskFreeBytes are the process's memory and its
+	// disk's use, as in LoadReport.
+	MemBytes      uint64  `json:"mem_bytes,omitempty"`
+	MemPercent    float64 `json:"mem_percent,omitempty"`
+	DiskPercent   float64 `json:"disk_percent,omitempty"`
+	DiskFreeBytes uint64  `json:"disk_free_bytes,omitempty"`
 }
 
 // Validate checks the registration.

@@ -64,7 +64,9 @@ type KindConfig struct {
 	// is at least this (the multi-host design's "degraded: high failure rate"). Default 0.5;
 	// negative: never.
 	DegradedErrorRate float64 `json:"degraded_error_rate,omitempty"`
-	// UpstreamTimeout bounds one proxied request. Default 30s.
+	// UpstreamTimeout bounds one proxied request, all of it: long polls, synchronous jobs and
+	// commands retried through a NATS election included, so not Aether's 5 s, which bounds one
+	// forward attempt before another node is tried (docs/decisions.md). Default 30s.
 	UpstreamTimeout Duration `json:"upstream_timeout,omitempty"`
 	// RateLimit, if set, limits each tenant's requests to this kind (429 beyond it).
 	RateLimit *RateLimit `json:"rate_limit,omitempty"`
@@ -75,6 +77,11 @@ type KindConfig struct {
 	// Warmup makes the rebalancer choose each move's warm-up strategy (snapshot migration or
 	// cold replay) from the tenant's size. Default: on for aggregate (see WarmupConfig).
 	Warmup *WarmupConfig `json:"warmup,omitempty"`
+	// Verify checks every move of the kind as it ends (move verification, BucketVerify): the
+	// source keeps the tenant's state until the target's digest at the fence equals its own
+	// (a mismatch keeps it for good and is alerted), and the rebalancer judges and audits
+	// each move. Off by default; `rebalance verify` judges any move whose digests were recorded.
+	Verify bool `json:"verify,omitempty"`
 	// Lease is how long an instance of the kind keeps serving its tenants after it last
 	// confirmed, with the placement stream's leader, that its view of placement is current: a
 	// shard cut off from NATS (or frozen) stops serving within it, and a takeover of its

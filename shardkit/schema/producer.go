@@ -66,6 +66,32 @@ func ParseKeySource(src string) (kind, arg string, err error) {
 	return "", "", fmt.Errorf("%w: affinity key source %q must be tenant, path:N (0-63), query:NAME or header:NAME", ErrInvalid, truncate(src, 40))
 }
 
+// ConsumerRoute marks a consumer route of a load-policy kind (the Queen coordinator's consumer
+// routes): the gateway's soft affinity (TTL, migrate and break thresholds) is kept per
+// affinity key instead of per tenant, so one tenant's queues and groups spread over its shard's
+// instances by load, each staying where it was assigned. Key names where each part of the key
+// is read ("tenant", "path:N", "query:NAME", "header:NAME", as for ProducerRoute); the parts are
+// joined with ":": the source design's queue:group (pop from a queue),
+// queue:partition:group (pop from a partition) and namespace:task:group (pop by namespace). A
+// part the request lacks reads as "". The key is scoped to the tenant. A single_writer kind
+// ignores it.
+type ConsumerRoute struct {
+	Key []string `json:"key"`
+}
+
+// Validate checks the key's sources: one to eight of them.
+func (c ConsumerRoute) Validate() error {
+	if len(c.Key) == 0 || len(c.Key) > 8 {
+		return fmt.Errorf("%w: a consumer route's key has 1 to 8 parts, not %d", ErrInvalid, len(c.Key))
+	}
+	for _, src := range c.Key {
+		if _, _, err := ParseKeySource(src); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // ConsumerPresence is how many consumers wait on an instance for one affinity key (a long poll,
 // an open subscription): Queue, and Group ("" when they wait for the queue as a whole).
 type ConsumerPresence struct {

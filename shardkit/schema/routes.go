@@ -23,6 +23,8 @@ type Route struct {
 	Instances []string `json:"instances"` // InstanceID keys, sorted
 	// Producer, if set, makes the route a producer route (see ProducerRoute).
 	Producer *ProducerRoute `json:"producer,omitempty"`
+	// Consumer, if set, makes the route a consumer route (see ConsumerRoute).
+	Consumer *ConsumerRoute `json:"consumer,omitempty"`
 
 	Revision uint64 `json:"-"`
 	// key is where the route was read from (List, Get), so an edit writes the same key even
@@ -52,6 +54,11 @@ func (r Route) Validate() error {
 			return err
 		}
 	}
+	if r.Consumer != nil {
+		if err := r.Consumer.Validate(); err != nil {
+			return err
+		}
+	}
 	return CheckName("kind", r.Kind)
 }
 
@@ -75,6 +82,9 @@ func (rr RouteRegistry) AddInstance(ctx context.Context, r Route, id InstanceID)
 		if !sameProducer(cur.Producer, r.Producer) {
 			cur.Producer, changed = r.Producer, true // the newest publisher's declaration wins
 		}
+		if !sameConsumer(cur.Consumer, r.Consumer) {
+			cur.Consumer, changed = r.Consumer, true
+		}
 		k := id.Key()
 		if i, found := slices.BinarySearch(cur.Instances, k); !found {
 			cur.Instances = slices.Insert(cur.Instances, i, k)
@@ -82,6 +92,10 @@ func (rr RouteRegistry) AddInstance(ctx context.Context, r Route, id InstanceID)
 		}
 		return changed || cur.Revision == 0
 	})
+}
+
+func sameConsumer(a, b *ConsumerRoute) bool {
+	return a == nil && b == nil || a != nil && b != nil && slices.Equal(a.Key, b.Key)
 }
 
 func sameProducer(a, b *ProducerRoute) bool {

@@ -78,6 +78,9 @@ type Store struct {
 
 	snapMu sync.Mutex // one opening at a time; the handle is kept
 	snaps  jetstream.ObjectStore
+
+	verifyMu sync.Mutex // VerifyKV: one opening at a time; the handle is kept
+	verify   jetstream.KeyValue
 }
 
 // Open connects a Store to nc, creating every missing bucket and stream, and registering the
@@ -131,8 +134,8 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 }
 
 // Provision creates what Attach-mode processes wait for beyond Open's buckets: the
-// application streams (TM_EVENTS, TM_JOBS) and the placement snapshots' object store. The
-// rebalancer provisions at start.
+// application streams (TM_EVENTS, TM_JOBS), the placement snapshots' object store and the
+// move verification bucket (tm_verify). The rebalancer provisions at start.
 func (s *Store) Provision(ctx context.Context) error {
 	if s.opts.Attach {
 		return errors.New("schema: a store opened to attach cannot provision")
@@ -141,6 +144,9 @@ func (s *Store) Provision(ctx context.Context) error {
 		return err
 	}
 	if err := s.EnsureJobsStream(ctx); err != nil {
+		return err
+	}
+	if _, err := s.VerifyKV(ctx); err != nil {
 		return err
 	}
 	_, err := s.Snapshots(ctx)

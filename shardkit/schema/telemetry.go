@@ -23,6 +23,13 @@ type LoadReport struct {
 	ErrorRate float64 `json:"error_rate"`
 	// CPU is the process's CPU use in percent of one core.
 	CPU float64 `json:"cpu"`
+	// MemBytes is the process's resident memory, MemPercent that share of the machine's RAM;
+	// DiskPercent how full the instance's disk is and DiskFreeBytes what is left on it (the
+	// multi-host design's last CPU/RAM/disk). 0: not measured.
+	MemBytes      uint64  `json:"mem_bytes,omitempty"`
+	MemPercent    float64 `json:"mem_percent,omitempty"`
+	DiskPercent   float64 `json:"disk_percent,omitempty"`
+	DiskFreeBytes uint64  `json:"disk_free_bytes,omitempty"`
 	// Capacity is the number of tenants the instance can host; Tenants how many it hosts.
 	Capacity int `json:"capacity"`
 	Tenants  int `json:"tenants"`
