@@ -94,7 +94,7 @@ var suite = []entry{
 		pkg:       "./internal/gatesig/",
 		bench:     "^BenchmarkAppend$",
 		benchtime: "1s", count: 3, benchmem: true,
-		note:      "The HMAC-SHA256 over the request line, tenant, epoch, shard and subject a gateway adds to every proxied request (the shard verifies the same).",
+		note: "The HMAC-SHA256 over the request line, tenant, epoch, shard and subject a gateway adds to every proxied request (the shard verifies the same).",
 	},
 	{
 		title:     "Sidecar: added latency per request",
