@@ -160,6 +160,13 @@ var suite = []entry{
 		benchtime: "1s", count: 3, benchmem: true,
 	},
 	{
+		title:     "Runner: a move's digest of the queue at the fence",
+		pkg:       "./services/runner/",
+		bench:     "^BenchmarkQueueDigest$",
+		benchtime: "1s", count: 3, benchmem: true,
+		note:      "What verification (KindConfig.Verify) costs a runner move inside the handoff pause, by the number of jobs waiting in the tenant's queue (embedded server).",
+	},
+	{
 		title:     "Cutover pause under load (whole platform)",
 		pkg:       "./test/",
 		bench:     "^BenchmarkCutoverPause$",
