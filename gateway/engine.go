@@ -53,6 +53,7 @@ type upConn struct {
 	w       *bufio.Writer
 	flushFn func() error // w.Flush, bound once
 	key     string       // host:port
+	tenant  string       // whose exchange is under way (set by get, under engine.mu)
 	used    time.Time
 	reused  bool
 	dl      time.Time // the deadline set on c
@@ -100,34 +101,34 @@ func (e *engine) checkin(uc *upConn) {
 	}
 }
 
-// abandon ends every exchange under way with the instance at key (its reads and writes fail
-// at once with errAbandoned) and closes its idle connections: its shard was taken over, so no
-// answer of it can be used. It returns how many exchanges it ended.
-func (e *engine) abandon(key string) int {
+// abandon ends tenant's exchanges under way with the instance at key (their reads and writes
+// fail at once with errAbandoned): its shard is being taken over, so no answer of it can be
+// used. It returns how many exchanges it ended.
+func (e *engine) abandon(key, tenant string) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	n := 0
 	for uc := range e.busy[key] {
+		if uc.tenant != tenant {
+			continue
+		}
 		uc.abandoned.Store(true)
 		_ = uc.c.SetDeadline(aLongTimeAgo)
 		n++
 	}
-	for _, uc := range e.idle[key] {
-		uc.c.Close()
-	}
-	delete(e.idle, key)
 	return n
 }
 
-// get returns an idle connection to key (the host) or dials one. With check, a reused
-// connection is first probed for a close by the instance.
-func (e *engine) get(ctx context.Context, now time.Time, key, scheme, host string, check bool) (*upConn, error) {
+// get returns an idle connection to key (the host) or dials one, for an exchange of tenant's.
+// With check, a reused connection is first probed for a close by the instance.
+func (e *engine) get(ctx context.Context, now time.Time, key, scheme, host, tenant string, check bool) (*upConn, error) {
 	e.mu.Lock()
 	for l := e.idle[key]; len(l) > 0; l = e.idle[key] {
 		uc := l[len(l)-1]
 		l[len(l)-1] = nil
 		e.idle[key] = l[:len(l)-1]
 		if now.Sub(uc.used) < e.idleTimeout && (!check || uc.open()) {
+			uc.tenant = tenant
 			e.checkout(uc)
 			e.mu.Unlock()
 			uc.reused = true
@@ -152,7 +153,7 @@ func (e *engine) get(ctx context.Context, now time.Time, key, scheme, host strin
 		conn = tc
 	}
 	rw := ioOf(conn)
-	uc := &upConn{e: e, c: conn, rw: rw, r: h1.NewReader(rw, 32<<10), w: bufio.NewWriterSize(rw, 8<<10), key: key}
+	uc := &upConn{e: e, c: conn, rw: rw, r: h1.NewReader(rw, 32<<10), w: bufio.NewWriterSize(rw, 8<<10), key: key, tenant: tenant}
 	uc.flushFn = uc.w.Flush
 	e.mu.Lock()
 	e.checkout(uc)
@@ -201,7 +202,7 @@ var errReusedClosed = errors.New("reused connection closed before answering")
 func (e *engine) roundTrip(ctx context.Context, now time.Time, x *exchange, in *instance) (*upConn, error) {
 	u := in.url.Load()
 	for try := 0; ; try++ {
-		uc, err := e.get(ctx, now, u.Host, u.Scheme, u.Host, !isIdempotent(x.method))
+		uc, err := e.get(ctx, now, u.Host, u.Scheme, u.Host, x.tenant, !isIdempotent(x.method))
 		if err != nil {
 			return nil, err
 		}

@@ -263,11 +263,6 @@ type Gateway struct {
 	assignMu  sync.Mutex
 	assigning map[holdKey]*assignCall
 
-	// abandoned is when the requests under way at each "<kind>.<shard>" were last abandoned
-	// (abandonShard).
-	abandonMu sync.Mutex
-	abandoned map[string]time.Time
-
 	ready     chan struct{}
 	readyOnce sync.Once
 	synced    chan struct{} // registry: routes, directory and kinds are in
@@ -582,7 +577,7 @@ func (g *Gateway) onLoad(r schema.LoadReport) {
 // or takeover commits or aborts, and wakes requests waiting for a newer placement after a 421.
 func (g *Gateway) onChange(c placement.Change) {
 	if c.NewOK && c.New.Phase == schema.PhaseTakeover && !(c.OldOK && c.Old.Phase == schema.PhaseTakeover && c.Old.Shard == c.New.Shard) {
-		g.abandonShard(c.Kind, c.New.Shard)
+		g.abandonTenant(c.Kind, c.New.Shard, c.Tenant)
 	}
 	if c.OldOK && c.Old.Phase.Moving() && !(c.NewOK && c.New.Phase.Moving()) {
 		aborted := !c.NewOK || c.New.Shard == c.Old.Shard
@@ -594,33 +589,15 @@ func (g *Gateway) onChange(c placement.Change) {
 	}
 }
 
-// abandonEvery is how often the requests under way at one shard are abandoned at most: a
-// failover takes over all of a shard's tenants in a burst.
-const abandonEvery = time.Second
-
-// abandonShard ends the exchanges under way with kind's shard's instances: a takeover began
-// there, because the shard had no live instance (dead, frozen, cut off). A request that went
-// to a frozen instance would otherwise wait for its answer until the upstream timeout; abandoned,
-// it goes to the new owner if it is safe to send again (GET, or an Idempotency-Key for a kind
-// that honours it), else it is answered at once as failed with an unknown outcome.
-func (g *Gateway) abandonShard(kind, shard string) {
-	key := kind + "." + shard
-	now := time.Now()
-	g.abandonMu.Lock()
-	if last, ok := g.abandoned[key]; ok && now.Sub(last) < abandonEvery {
-		g.abandonMu.Unlock()
-		return
-	}
-	if g.abandoned == nil {
-		g.abandoned = map[string]time.Time{}
-	}
-	g.abandoned[key] = now
-	for k, t := range g.abandoned {
-		if now.Sub(t) > time.Minute {
-			delete(g.abandoned, k)
-		}
-	}
-	g.abandonMu.Unlock()
+// abandonTenant ends the tenant's exchanges under way with kind's shard's instances: a takeover
+// of it began there, because the shard had no live instance (dead, frozen, cut off). A request
+// that went to a frozen instance would otherwise wait for its answer until the upstream
+// timeout; abandoned, it goes to the new owner if it is safe to send again (GET, a kind that
+// only reads, or an Idempotency-Key for a kind that honours it), else it is answered at once as
+// failed with an unknown outcome. Per tenant, because a failover takes a shard's tenants over
+// one by one: a request sent to the shard for a tenant whose takeover is yet to come is
+// abandoned at that tenant's.
+func (g *Gateway) abandonTenant(kind, shard, tenant string) {
 	var hosts []string
 	g.reg.mu.Lock()
 	for _, in := range g.reg.insts {
@@ -633,10 +610,10 @@ func (g *Gateway) abandonShard(kind, shard string) {
 	g.reg.mu.Unlock()
 	n := 0
 	for _, h := range hosts {
-		n += g.engine.abandon(h)
+		n += g.engine.abandon(h, tenant)
 	}
 	if n > 0 {
-		g.log.Warn("abandoned the requests under way at a shard being taken over; those safe to resend go to the new owner",
-			"kind", kind, "shard", shard, "requests", n)
+		g.log.Warn("abandoned the requests under way at a shard taking over their tenant; those safe to resend go to the new owner",
+			"kind", kind, "shard", shard, "tenant", tenant, "requests", n)
 	}
 }

@@ -479,3 +479,85 @@ func TestIdempotentRequestsReplayed(t *testing.T) {
 		}
 	}
 }
+
+// A takeover abandons its tenant's requests under way at the former owner (frozen here: it
+// never answers), and only its tenant's: a GET goes to the new owner once the takeover
+// commits, a POST (its outcome unknown) fails at once; another tenant's request to the same
+// shard stays until its own takeover, however soon after that comes.
+func TestTakeoverAbandonsItsTenantsRequests(t *testing.T) {
+	var frozen, b *backend
+	unfreeze := make(chan struct{})
+	e := newEnv(t, Config{}, []schema.KindConfig{{Kind: "aggregate", HoldBudget: schema.Duration(20 * time.Second),
+		UpstreamTimeout: schema.Duration(time.Minute)}}, func(e *env) {
+		frozen = newBackend(t, "aggregate", "aggregate-1", "i1")
+		b = newBackend(t, "aggregate", "aggregate-2", "i1")
+		e.register(frozen, "", 10, aggRoute)
+		e.register(b, "", 10, aggRoute)
+		e.place("aggregate", "t1", "aggregate-1")
+		e.place("aggregate", "t2", "aggregate-1")
+	})
+	defer close(unfreeze)
+	frozen.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-unfreeze:
+		case <-r.Context().Done():
+		}
+	})
+	type answer struct {
+		status int
+		by     string
+		err    error
+	}
+	send := func(method, tenant string) <-chan answer {
+		ch := make(chan answer, 1)
+		req, _ := http.NewRequest(method, e.url+"/agg/x", nil)
+		req.Header.Set(tmhttp.HeaderTenant, tenant)
+		go func() {
+			resp, err := e.client.Do(req)
+			if err != nil {
+				ch <- answer{err: err}
+				return
+			}
+			resp.Body.Close()
+			ch <- answer{status: resp.StatusCode, by: resp.Header.Get(tmhttp.HeaderServedBy)}
+		}()
+		return ch
+	}
+	get1, post2 := send("GET", "t1"), send("POST", "t2")
+	eventually(t, 10*time.Second, "both requests at the frozen instance", func() bool {
+		seen, _ := frozen.requests()
+		return len(seen) == 2
+	})
+	takeover := func(tenant string) {
+		e.move("aggregate", tenant, func(p *schema.Placement) { p.Phase, p.Target = schema.PhaseTakeover, "aggregate-2" })
+	}
+	takeover("t1")
+	e.waitPhase("aggregate", "t1", schema.PhaseTakeover)
+	select {
+	case a := <-post2:
+		t.Fatalf("t2's request ended at t1's takeover: %+v", a)
+	case a := <-get1:
+		t.Fatalf("t1's GET answered before its takeover committed: %+v", a)
+	case <-time.After(200 * time.Millisecond): // t1's GET is held, t2's POST still at the frozen instance
+	}
+	takeover("t2") // at once: no throttle may leave it hanging
+	select {
+	case a := <-post2:
+		if a.status != http.StatusBadGateway {
+			t.Fatalf("t2's abandoned POST: %+v, want 502 (its outcome is unknown)", a)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("t2's POST to the frozen instance was not abandoned at its takeover")
+	}
+	e.move("aggregate", "t1", func(p *schema.Placement) {
+		p.Phase, p.Shard, p.Target, p.Epoch = schema.PhaseActive, "aggregate-2", "", p.Epoch+1
+	})
+	select {
+	case a := <-get1:
+		if a.status != http.StatusOK || a.by != b.id.Key() {
+			t.Fatalf("t1's abandoned GET: %+v, want 200 from the new owner", a)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("t1's GET was not answered by the new owner after the commit")
+	}
+}
