@@ -8,7 +8,7 @@ BENCH ?=
 BENCHTIME ?=
 COUNT ?=
 
-.PHONY: all help bins run e2e scale test test-short test-norace vet lint staticcheck fmt fmt-check bench bench-smoke tools build bench-gateway bench-tools fuzz slowhttptest
+.PHONY: all help bins run e2e scale generate generate-check protoc test test-short test-norace vet lint staticcheck fmt fmt-check bench bench-smoke tools build bench-gateway bench-tools fuzz slowhttptest
 
 all: build
 
@@ -41,7 +41,7 @@ EXAMPLES := examples/notes
 ## (examples/notes runs the README's "Make your service a shard" guide word for word). The
 ## deploy tests run promtool and helm, the dashboard's browser tests Chromium (make tools
 ## installs them); here a missing one fails instead of skipping.
-test: fmt-check vet staticcheck
+test: fmt-check vet staticcheck generate-check
 	TM_REQUIRE_TOOLS=1 TM_HELM=$(HELM) $(GO) test -race -count=1 -timeout 12m $(TESTFLAGS) $(if $(T),-run '$(T)') $(PKG)
 	@$(if $(filter ./...,$(PKG)),for d in $(EXAMPLES); do (cd $$d && $(GO) test -race -count=1 -timeout 5m $(TESTFLAGS) $(if $(T),-run '$(T)') ./...) || exit 1; done)
 	$(MAKE) fuzz FUZZTIME=100000x
@@ -56,6 +56,24 @@ fuzz:
 	@for f in $(FUZZ_TARGETS); do \
 		$(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 0 ./gateway/h1/ || exit 1; \
 	done
+
+## generate: the Go code of proto/*.proto (gRPC APIs of the services), with Debian's protoc
+## (protobuf-compiler, installed if missing) and protoc-gen-go / protoc-gen-go-grpc pinned as
+## go.mod tools. The generated files are committed.
+generate: protoc
+	./proto/generate.sh
+
+## generate-check: fails when the committed generated code differs from what make generate
+## makes (part of make test).
+generate-check: protoc
+	@d=$$(mktemp -d) && ./proto/generate.sh $$d && \
+	for f in $$(cd $$d && find . -name '*.go'); do \
+		cmp -s $$d/$$f proto/$$f || { echo "proto/$$f is not what make generate makes: run make generate"; rm -rf $$d; exit 1; }; \
+	done; rm -rf $$d
+
+protoc:
+	@command -v protoc >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends protobuf-compiler >/dev/null && protoc --version)
 
 test-short:
 	$(GO) test -race -short -count=1 $(if $(T),-run '$(T)') $(PKG)

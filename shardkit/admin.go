@@ -191,7 +191,7 @@ func (a *adminAPI) handleDrain(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ts := a.s.states.getOrCreate(tenant)
-	ts.draining.Store(true) // refuse new requests from now on, before the answer
+	ts.setDraining(true) // refuse new requests from now on, before the answer
 	a.s.goTask(func() {
 		if _, err := a.s.Drain(a.s.runCtx, tenant); err != nil {
 			a.s.cfg.Logger.Warn("admin drain", "tenant", tenant, "err", err)

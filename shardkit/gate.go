@@ -139,6 +139,9 @@ func (g *gatekeeper) serveGate(next http.Handler, w http.ResponseWriter, r *http
 		ts = g.s.states.getOrCreate(tenant)
 	}
 	defer ts.release()
+	if tmhttp.IsGRPC(r) {
+		r = withCall(r, ts)
+	}
 	g.serveOwned(next, w, r, ts, e.Epoch)
 }
 
@@ -265,7 +268,7 @@ func (g *gatekeeper) refuse(next http.Handler, w http.ResponseWriter, r *http.Re
 		if owner == "" {
 			break
 		}
-		if g.s.cfg.Forward {
+		if g.s.cfg.Forward && !tmhttp.IsGRPC(r) { // gRPC callers are told the owner (x-tm-owner)
 			g.s.fwd.forward(next, w, r, tenant, owner)
 			return
 		}
@@ -279,7 +282,7 @@ func (g *gatekeeper) refuse(next http.Handler, w http.ResponseWriter, r *http.Re
 			"the tenant has no placement for kind "+g.s.kind))
 		return
 	case closing, unconfirmed:
-		if g.s.cfg.Forward {
+		if g.s.cfg.Forward && !tmhttp.IsGRPC(r) {
 			g.s.fwd.forward(nil, w, r, tenant, g.s.cfg.ID.Shard)
 			return
 		}
@@ -331,6 +334,20 @@ type statusWriter struct {
 	// checked: the answer began (and was judged); dropped: it was refused, the service's
 	// writes go nowhere.
 	checked, dropped bool
+	// scratch takes the service's header writes once dropped (a gRPC service sets its status
+	// in trailers after the answer began; they must not follow the withheld answer's status).
+	scratch http.Header
+}
+
+// Header is the answer's header map; once the answer is withheld, one that goes nowhere.
+func (sw *statusWriter) Header() http.Header {
+	if sw.dropped {
+		if sw.scratch == nil {
+			sw.scratch = http.Header{}
+		}
+		return sw.scratch
+	}
+	return sw.ResponseWriter.Header()
 }
 
 var writerPool = sync.Pool{New: func() any { return new(statusWriter) }}

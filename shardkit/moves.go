@@ -361,7 +361,7 @@ func fenceOf(sigs map[string]schema.TenantSignal, live []string, epoch uint64) (
 // within DrainTimeout, then report drained with the fence (the service's last applied sequence)
 // at the handoff epoch.
 func (mv *mover) handoffTask(ctx context.Context, ts *tenantState, e placement.Entry) {
-	ts.draining.Store(true)
+	ts.setDraining(true)
 	// Report draining while in-flight requests finish, and only if there are any: the
 	// handoff pause is the time to drained, this write is for people watching, and drained
 	// must wait for it (one key per instance: the last write is what stays).
@@ -392,7 +392,7 @@ func (mv *mover) handoffTask(ctx context.Context, ts *tenantState, e placement.E
 // commitTask runs on the former owner once the move committed: make sure nothing is in flight,
 // release the tenant's state and report drained at the new epoch.
 func (mv *mover) commitTask(ctx context.Context, ts *tenantState, e placement.Entry) {
-	ts.draining.Store(true)
+	ts.setDraining(true)
 	if !mv.quiesce(ctx, ts) {
 		return
 	}
@@ -411,7 +411,7 @@ func (mv *mover) resumeTask(ctx context.Context, ts *tenantState, e placement.En
 	ts.released = false
 	ts.mu.Unlock()
 	if !manual {
-		ts.draining.Store(false)
+		ts.setDraining(false)
 	}
 	mv.s.metrics.clearLag(ts.tenant)
 	if e.Phase == schema.PhaseActive && !manual {
@@ -424,7 +424,7 @@ func (mv *mover) resumeTask(ctx context.Context, ts *tenantState, e placement.En
 // finished. In-flight requests finish (within the bound), the state is released if it was not
 // yet, and the signal is removed.
 func (mv *mover) leaveTask(ctx context.Context, ts *tenantState, old placement.Entry) {
-	ts.draining.Store(true)
+	ts.setDraining(true)
 	mv.quiesce(ctx, ts)
 	if ctx.Err() != nil {
 		return
@@ -435,7 +435,7 @@ func (mv *mover) leaveTask(ctx context.Context, ts *tenantState, old placement.E
 	ts.mu.Lock()
 	ts.manual, ts.released = false, false
 	ts.mu.Unlock()
-	ts.draining.Store(false) // the gate refuses by placement now; let the state be forgotten
+	ts.setDraining(false) // the gate refuses by placement now; let the state be forgotten
 }
 
 // quiesce waits up to DrainTimeout for the tenant's in-flight requests to finish (its draining
@@ -550,7 +550,7 @@ func (s *Shard) Drain(ctx context.Context, tenant string) (int, error) {
 	ts.mu.Lock()
 	ts.manual = true
 	ts.mu.Unlock()
-	ts.draining.Store(true)
+	ts.setDraining(true)
 	e, _ := s.watcher.Lookup(s.kind, tenant)
 	s.moves.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalDraining, Epoch: e.Epoch})
 	if !s.moves.quiesce(ctx, ts) {
@@ -572,7 +572,7 @@ func (s *Shard) Undrain(ctx context.Context, tenant string) error {
 	ts.mu.Lock()
 	ts.manual, ts.released = false, false
 	ts.mu.Unlock()
-	ts.draining.Store(false)
+	ts.setDraining(false)
 	s.moves.clearSignal(ctx, ts)
 	return nil
 }

@@ -21,6 +21,9 @@ type tenantState struct {
 	dead     atomic.Bool
 	// idle gets a token when in-flight drops to zero while draining.
 	idle chan struct{}
+	// leave is closed when the tenant starts draining here (Leaving); made on first use
+	// under mu, and made anew when the drain is lifted.
+	leave chan struct{}
 
 	requests atomic.Uint64
 	errors   atomic.Uint64
@@ -55,6 +58,40 @@ func (ts *tenantState) acquire() (ok, dead bool) {
 		return false, ts.dead.Load()
 	}
 	return true, false
+}
+
+// setDraining starts or lifts the tenant's drain here. Starting it closes the channel that
+// Leaving gives the tenant's open calls (server streams end, so the drain does not wait for them).
+func (ts *tenantState) setDraining(on bool) {
+	ts.draining.Store(on)
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	if ts.leave == nil {
+		return
+	}
+	select {
+	case <-ts.leave:
+		if !on {
+			ts.leave = nil
+		}
+	default:
+		if on {
+			close(ts.leave)
+		}
+	}
+}
+
+// leaving returns a channel closed once the tenant starts draining here.
+func (ts *tenantState) leaving() <-chan struct{} {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	if ts.leave == nil {
+		ts.leave = make(chan struct{})
+		if ts.draining.Load() || ts.dead.Load() {
+			close(ts.leave)
+		}
+	}
+	return ts.leave
 }
 
 // release counts a request out and wakes a drain waiting for zero.

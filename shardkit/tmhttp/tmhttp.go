@@ -133,10 +133,15 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error, tenant, kind 
 	WriteProblem(w, r, p)
 }
 
-// WriteProblem writes p.
+// WriteProblem writes p: problem+json, or to a gRPC call (IsGRPC) the gRPC status it maps to
+// (WriteGRPCProblem).
 func WriteProblem(w http.ResponseWriter, r *http.Request, p Problem) {
 	if p.RequestID == "" && r != nil {
 		p.RequestID = r.Header.Get(HeaderRequestID)
+	}
+	if r != nil && IsGRPC(r) {
+		WriteGRPCProblem(w, p)
+		return
 	}
 	h := w.Header()
 	h.Set("Content-Type", ContentTypeProblem)
