@@ -107,8 +107,14 @@ func (s *Service) handleSize(w http.ResponseWriter, r *http.Request) {
 	tmhttp.WriteJSON(w, http.StatusOK, sz)
 }
 
-// writeErr is the one place that maps the service's errors to HTTP.
+// writeErr answers err as problem+json (or a gRPC status: tmhttp.WriteProblem).
 func writeErr(w http.ResponseWriter, r *http.Request, err error, tenant string) {
+	tmhttp.WriteError(w, r, problemOf(err), tenant, "aggregate")
+}
+
+// problemOf is the one place that maps the service's errors to their answers, for HTTP and
+// gRPC alike.
+func problemOf(err error) error {
 	status, typ, title := 0, "", ""
 	switch {
 	case errors.Is(err, ErrBadPayload), errors.Is(err, ErrUnknownCommand):
@@ -121,14 +127,12 @@ func writeErr(w http.ResponseWriter, r *http.Request, err error, tenant string) 
 		status, typ, title = http.StatusConflict, "rejected", "Command rejected by the ledger"
 	}
 	if status == 0 && (errors.Is(err, events.ErrStore) || schema.IsUnavailable(err)) {
-		tmhttp.WriteError(w, r, &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "store-unavailable", Title: "Event store unavailable",
+		return &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "store-unavailable", Title: "Event store unavailable",
 			Detail:     "the event store did not answer in time; the command may or may not have been applied: retry it with the same idempotency key",
-			RetryAfter: time.Second}, tenant, "aggregate")
-		return
+			RetryAfter: time.Second}
 	}
 	if status != 0 {
-		tmhttp.WriteError(w, r, &tmhttp.Error{Status: status, Type: typ, Title: title, Detail: err.Error()}, tenant, "aggregate")
-		return
+		return &tmhttp.Error{Status: status, Type: typ, Title: title, Detail: err.Error()}
 	}
-	tmhttp.WriteError(w, r, err, tenant, "aggregate")
+	return err
 }

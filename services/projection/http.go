@@ -204,6 +204,11 @@ func (s *Service) TenantInfo(ctx context.Context, tenant string) (TenantInfo, er
 
 // writeErr is the one place that maps the service's errors to HTTP.
 func writeErr(w http.ResponseWriter, r *http.Request, err error, tenant string) {
+	tmhttp.WriteError(w, r, problemOf(err), tenant, Kind)
+}
+
+// problemOf maps the service's errors to their answers, for HTTP and gRPC alike.
+func problemOf(err error) error {
 	var e *tmhttp.Error
 	switch {
 	case errors.Is(err, ErrBadQuery):
@@ -217,7 +222,7 @@ func writeErr(w http.ResponseWriter, r *http.Request, err error, tenant string) 
 			Detail: "the event store did not answer in time; retry the query", RetryAfter: time.Second}
 	}
 	if e != nil {
-		err = e
+		return e
 	}
-	tmhttp.WriteError(w, r, err, tenant, Kind)
+	return err
 }

@@ -131,6 +131,11 @@ func (a *api) handleInstances(w http.ResponseWriter, r *http.Request) {
 
 // writeErr is the one place that maps the service's errors to HTTP.
 func writeErr(w http.ResponseWriter, r *http.Request, err error, tenant string) {
+	tmhttp.WriteError(w, r, problemOf(err), tenant, Kind)
+}
+
+// problemOf maps the service's errors to their answers, for HTTP and gRPC alike.
+func problemOf(err error) error {
 	var e *tmhttp.Error
 	switch {
 	case errors.Is(err, schema.ErrInvalidTenant):
@@ -156,11 +161,10 @@ func writeErr(w http.ResponseWriter, r *http.Request, err error, tenant string) 
 		e = &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "store-unavailable", Title: "Job store unavailable",
 			Detail: "the job store did not answer in time; retry with the same Idempotency-Key to create the job once", RetryAfter: time.Second}
 	default:
-		tmhttp.WriteError(w, r, err, tenant, Kind)
-		return
+		return err
 	}
 	if e.Detail == "" {
 		e.Detail = err.Error()
 	}
-	tmhttp.WriteError(w, r, e, tenant, Kind)
+	return e
 }

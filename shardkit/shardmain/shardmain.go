@@ -39,6 +39,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,6 +48,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
 
 	"github.com/tenantmesh/tenantmesh/internal/certfile"
 	"github.com/tenantmesh/tenantmesh/internal/envflag"
@@ -56,6 +58,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
 // App is a shard service built on shardkit.
@@ -69,6 +72,29 @@ type App interface {
 	// Handler serves the service's routes, called once the shard is made: tenant routes behind
 	// sk.Gate, the service's own /admin/... routes behind sk.RequireAdmin. Any router works.
 	Handler(sk *shardkit.Shard) http.Handler
+}
+
+// GRPCApp is an App that also serves gRPC: shardmain makes a grpc.Server, lets the App
+// register its services, publishes a route per service (POST /<package.Service>) and serves
+// the calls on the same port as HTTP (HTTP/2 with prior knowledge, or TLS with ALPN h2) behind
+// the shard's gate: the tenant is the x-tenant-id metadata, and the gate's refusals are gRPC
+// statuses. A handler reads the call's tenant with tmgrpc.Tenant and maps its errors with
+// tmgrpc.Status; a server stream ends when shardkit.Leaving closes.
+type GRPCApp interface {
+	RegisterGRPC(s grpc.ServiceRegistrar)
+}
+
+// MaxGRPCMessage bounds a gRPC message either way (grpc-go's default receive bound).
+const MaxGRPCMessage = 4 << 20
+
+// grpcRoutes are the routes of the services registered on gs: one per service.
+func grpcRoutes(gs *grpc.Server) []schema.Route {
+	var out []schema.Route
+	for name := range gs.GetServiceInfo() {
+		out = append(out, schema.Route{Method: "POST", Prefix: "/" + name})
+	}
+	slices.SortFunc(out, func(a, b schema.Route) int { return strings.Compare(a.Prefix, b.Prefix) })
+	return out
 }
 
 // Runner is an App with background work: Run is called when serving starts, and its ctx ends
@@ -311,10 +337,17 @@ func (m *Main) Run(ctx context.Context, build Builder) error {
 	} else {
 		log.Warn("REQUESTS ARE NOT CHECKED FOR A GATEWAY'S PROOF: anyone who reaches this instance's port may name any tenant in x-tenant-id, past the gateway's identity check; set --gateway-key-file, or keep everything but the gateways away from the port")
 	}
+	routes := app.Routes()
+	var gs *grpc.Server
+	if ga, ok := app.(GRPCApp); ok {
+		gs = grpc.NewServer(grpc.MaxRecvMsgSize(MaxGRPCMessage), grpc.MaxSendMsgSize(MaxGRPCMessage))
+		ga.RegisterGRPC(gs)
+		routes = append(slices.Clip(routes), grpcRoutes(gs)...)
+	}
 	sk, err := shardkit.New(shardkit.Config{
 		GatewayKey: gateKey,
 		Store:      st, ID: id, URL: url, Capacity: m.Capacity, Labels: labels, Version: m.Version,
-		Routes: app.Routes(), Hooks: app.Hooks(), Forward: m.Forward, ForwardFallback: m.ForwardFallback, AdminToken: m.AdminToken,
+		Routes: routes, Hooks: app.Hooks(), Forward: m.Forward, ForwardFallback: m.ForwardFallback, AdminToken: m.AdminToken,
 		DrainTimeout: m.DrainTimeout, Heartbeat: m.Heartbeat, DirectoryRefresh: m.DirectoryRefresh, ShutdownGrace: m.ShutdownGrace,
 		Registerer: reg, Gatherer: reg, Logger: log,
 	})
@@ -325,8 +358,13 @@ func (m *Main) Run(ctx context.Context, build Builder) error {
 	mux := http.NewServeMux()
 	sk.MountMux(mux)
 	mux.Handle("/", app.Handler(sk))
-	srv := &http.Server{Handler: tracing.Handler(id.Kind, mux), ReadHeaderTimeout: m.ReadHeaderTimeout, MaxHeaderBytes: 64 << 10,
-		IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	var handler http.Handler = mux
+	if gs != nil {
+		handler = grpcOrHTTP(sk.Gate(gs), mux)
+	}
+	srv := &http.Server{Handler: tracing.Handler(id.Kind, handler), ReadHeaderTimeout: m.ReadHeaderTimeout, MaxHeaderBytes: 64 << 10,
+		IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		Protocols: serverProtocols(), HTTP2: &http.HTTP2Config{MaxConcurrentStreams: 1000, SendPingTimeout: 30 * time.Second, PingTimeout: 10 * time.Second}}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -351,6 +389,9 @@ func (m *Main) Run(ctx context.Context, build Builder) error {
 		}
 	}()
 	runErr := sk.Run(ctx) // returns after the clean shutdown (not ready, drain, unregister)
+	if gs != nil {
+		defer gs.Stop() // the calls' transports (srv.Shutdown ends their HTTP/2 streams)
+	}
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	if err := srv.Shutdown(sctx); err != nil {
 		log.Warn("http shutdown", "err", err)
@@ -363,6 +404,27 @@ func (m *Main) Run(ctx context.Context, build Builder) error {
 	_ = nc.FlushWithContext(dctx)
 	log.Info("stopped")
 	return runErr
+}
+
+// serverProtocols: HTTP/1.1, HTTP/2 by ALPN on TLS, and HTTP/2 with prior knowledge (h2c)
+// on plaintext, which is how the gateway reaches a shard's gRPC services.
+func serverProtocols() *http.Protocols {
+	p := new(http.Protocols)
+	p.SetHTTP1(true)
+	p.SetHTTP2(true)
+	p.SetUnencryptedHTTP2(true)
+	return p
+}
+
+// grpcOrHTTP sends gRPC calls to grpcH and everything else to httpH.
+func grpcOrHTTP(grpcH, httpH http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if tmhttp.IsGRPC(r) {
+			grpcH.ServeHTTP(w, r)
+			return
+		}
+		httpH.ServeHTTP(w, r)
+	})
 }
 
 // Exit is a shard binary's whole main: it parses the flags (exit 2 on a usage error, 0 for

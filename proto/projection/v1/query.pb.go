@@ -86,10 +86,8 @@ type QueryResponse struct {
 	NextCursor string `protobuf:"bytes,3,opt,name=next_cursor,json=nextCursor,proto3" json:"next_cursor,omitempty"`
 	// applied is the stream sequence of the tenant's last applied event; lag how far its views
 	// are behind its last event.
-	Applied uint64 `protobuf:"varint,4,opt,name=applied,proto3" json:"applied,omitempty"`
-	Lag     uint64 `protobuf:"varint,5,opt,name=lag,proto3" json:"lag,omitempty"`
-	// served_by is the instance that answered (for a stream: that sent this message).
-	ServedBy      string `protobuf:"bytes,6,opt,name=served_by,json=servedBy,proto3" json:"served_by,omitempty"`
+	Applied       uint64 `protobuf:"varint,4,opt,name=applied,proto3" json:"applied,omitempty"`
+	Lag           uint64 `protobuf:"varint,5,opt,name=lag,proto3" json:"lag,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -159,13 +157,6 @@ func (x *QueryResponse) GetLag() uint64 {
 	return 0
 }
 
-func (x *QueryResponse) GetServedBy() string {
-	if x != nil {
-		return x.ServedBy
-	}
-	return ""
-}
-
 var File_projection_v1_query_proto protoreflect.FileDescriptor
 
 const file_projection_v1_query_proto_rawDesc = "" +
@@ -174,7 +165,7 @@ const file_projection_v1_query_proto_rawDesc = "" +
 	"\fQueryRequest\x12\x12\n" +
 	"\x04view\x18\x01 \x01(\tR\x04view\x12\x1d\n" +
 	"\n" +
-	"query_json\x18\x02 \x01(\tR\tqueryJson\"\xac\x01\n" +
+	"query_json\x18\x02 \x01(\tR\tqueryJson\"\x8f\x01\n" +
 	"\rQueryResponse\x12\x12\n" +
 	"\x04view\x18\x01 \x01(\tR\x04view\x12\x1d\n" +
 	"\n" +
@@ -182,8 +173,7 @@ const file_projection_v1_query_proto_rawDesc = "" +
 	"\vnext_cursor\x18\x03 \x01(\tR\n" +
 	"nextCursor\x12\x18\n" +
 	"\aapplied\x18\x04 \x01(\x04R\aapplied\x12\x10\n" +
-	"\x03lag\x18\x05 \x01(\x04R\x03lag\x12\x1b\n" +
-	"\tserved_by\x18\x06 \x01(\tR\bservedBy2\x98\x01\n" +
+	"\x03lag\x18\x05 \x01(\x04R\x03lag2\x98\x01\n" +
 	"\fQueryService\x12B\n" +
 	"\x05Query\x12\x1b.projection.v1.QueryRequest\x1a\x1c.projection.v1.QueryResponse\x12D\n" +
 	"\x05Watch\x12\x1b.projection.v1.QueryRequest\x1a\x1c.projection.v1.QueryResponse0\x01BCZAgithub.com/tenantmesh/tenantmesh/proto/projection/v1;projectionv1b\x06proto3"
