@@ -88,6 +88,13 @@ func (g *Gateway) answerError(x *exchange, err error) {
 		x.out.problem(p.Status, nil, 0)
 		return
 	}
+	if x.grpc {
+		if p.Status >= 500 && p.Status != http.StatusServiceUnavailable {
+			g.log.Warn("proxy error", "status", p.Status, "kind", p.Kind, "err", err)
+		}
+		tmhttp.WriteGRPCProblem(x.out.(*stdResponder).w, p)
+		return
+	}
 	if p.Status >= 500 && p.Status != http.StatusServiceUnavailable {
 		g.log.Warn("proxy error", "status", p.Status, "kind", p.Kind, "err", err)
 	}

@@ -587,6 +587,13 @@ func writeRequestHead(w *bufio.Writer, x *exchange, base string) {
 // writeProof writes X-Tm-Proof: the gateway's proof of the request line and the fields the
 // shard's gate acts on (internal/gatesig), as they were just written.
 func writeProof(w *bufio.Writer, x *exchange, base string) {
+	w.WriteString(tmhttp.HeaderProof + ": ")
+	w.Write(proofValue(x, base))
+	w.WriteString("\r\n")
+}
+
+// proofValue is X-Tm-Proof's value for x's attempt, in x's buffer.
+func proofValue(x *exchange, base string) []byte {
 	f := &x.pf
 	f.Method, f.Base, f.Target, f.Kind, f.Tenant, f.Subject = x.method, base, str(x.target), x.ke.name, x.tenant, x.subject
 	if x.entry.Epoch != 0 {
@@ -594,9 +601,7 @@ func writeProof(w *bufio.Writer, x *exchange, base string) {
 	} else {
 		f.Shard, f.Epoch = x.inst.id.Shard, ""
 	}
-	w.WriteString(tmhttp.HeaderProof + ": ")
-	w.Write(x.proof.Append(x.pbuf[:0], time.Now().Unix(), f))
-	w.WriteString("\r\n")
+	return x.proof.Append(x.pbuf[:0], time.Now().Unix(), f)
 }
 
 // writeRequestBody writes the buffered body, or streams the body (chunked when its length is

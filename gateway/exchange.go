@@ -38,6 +38,10 @@ type exchange struct {
 	bodyLen   int64     // -1: unknown (chunked)
 	// cancelable: the context ends when the client goes away (net/http's server watches it).
 	cancelable bool
+	// grpc: a gRPC call (HTTP/2, application/grpc): sent over HTTP/2, answered with gRPC
+	// statuses (grpc.go); its request stream is rbody, not body.
+	grpc  bool
+	rbody *replayBody
 	out        responder
 	ctx        context.Context
 	cancel     context.CancelFunc

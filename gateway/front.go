@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -214,6 +215,12 @@ func (cc *clientConn) serve() {
 		x := getExchange()
 		x.head = append(x.head[:0], head...)
 		if err := h1.ParseRequest(x.head, &x.req, maxRequestFields); err != nil {
+			if bytes.Equal(x.head, h2Preface[:18]) {
+				// HTTP/2 with prior knowledge (h2c, gRPC): net/http's server speaks it.
+				handedOff = cc.give(x.head)
+				putExchange(x)
+				return
+			}
 			putExchange(x)
 			cc.refuse(err)
 			return
@@ -241,8 +248,18 @@ func (cc *clientConn) handOff(x *exchange) bool {
 			return false
 		}
 	}
-	pending := make([]byte, 0, len(x.head)+cc.r.Buffered())
-	pending = append(pending, x.head...)
+	return cc.give(x.head)
+}
+
+// h2Preface opens every HTTP/2 connection (RFC 9113 section 3.4); the own front end reads its
+// first 18 bytes as a request head that does not parse as HTTP/1.1, and net/http's server
+// checks the rest.
+var h2Preface = []byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+
+// give hands the connection to net/http's server with head and what was read after it.
+func (cc *clientConn) give(head []byte) bool {
+	pending := make([]byte, 0, len(head)+cc.r.Buffered())
+	pending = append(pending, head...)
 	for cc.r.Buffered() > 0 {
 		p, _ := cc.r.Next(cc.r.Buffered())
 		pending = append(pending, p...)

@@ -135,6 +135,9 @@ type Config struct {
 	// TunnelIdleTimeout closes an upgraded connection (WebSocket) after this long without a
 	// byte in either direction. Default 10m.
 	TunnelIdleTimeout time.Duration
+	// MaxStreams bounds the concurrent streams (requests, gRPC calls) of one HTTP/2 client
+	// connection. Default 250.
+	MaxStreams int
 	// MaxConns and MaxConnsPerIP bound the client connections open at once, overall and from
 	// one address; a connection beyond either is closed as soon as it is accepted
 	// (tm_gateway_connections_refused_total). Defaults 10,000 and 1,000; negative: no bound.
@@ -200,6 +203,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxConns == 0 {
 		c.MaxConns = 10000
 	}
+	if c.MaxStreams <= 0 {
+		c.MaxStreams = 250
+	}
 	if c.MaxConnsPerIP == 0 {
 		c.MaxConnsPerIP = 1000
 	}
@@ -244,7 +250,8 @@ type Gateway struct {
 	tokenFails *tenantLimiter
 	// proofs: kind -> *gatesig.Signer with the kind's key (ShardKey set).
 	proofs  sync.Map
-	engine  *engine // the send stage's upstream connections
+	engine  *engine   // the send stage's upstream connections
+	up      *upstream // the send stage's HTTP/2 connections, for gRPC calls (grpc.go)
 	metrics *gwMetrics
 	admin   *http.ServeMux
 	// health checks the servers registered through the gateway (control plane, not requests).
@@ -309,6 +316,7 @@ func New(cfg Config) (*Gateway, error) {
 	g.conns.refused = g.metrics.connsRefused
 	g.holds = newHoldBuffer(cfg.Hold, g.metrics)
 	g.engine = newEngine(cfg)
+	g.up = newUpstream(cfg)
 	g.health = &http.Client{Transport: &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: cfg.ConnectTimeout}).DialContext,
 		TLSClientConfig:     &tls.Config{RootCAs: cfg.UpstreamCAs, MinVersion: tls.VersionTLS12},
@@ -364,6 +372,18 @@ func (g *Gateway) Run(ctx context.Context) error {
 		ReadHeaderTimeout: g.cfg.ReadHeaderTimeout,
 		IdleTimeout:       g.cfg.IdleTimeout,
 		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+		// HTTP/2 by ALPN on TLS listeners, and with prior knowledge (h2c) on connections the
+		// own front end hands over when they open with the HTTP/2 preface.
+		Protocols: serverProtocols(),
+		HTTP2: &http.HTTP2Config{
+			MaxConcurrentStreams: g.cfg.MaxStreams,
+			// Stream and connection windows bound what one client may have buffered here.
+			MaxReceiveBufferPerStream:     1 << 20,
+			MaxReceiveBufferPerConnection: 4 << 20,
+			SendPingTimeout:               time.Minute,
+			PingTimeout:                   15 * time.Second,
+			WriteByteTimeout:              g.cfg.WriteTimeout,
+		},
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			if _, ok := c.(*replayConn); ok {
 				return context.WithValue(ctx, handedOffKey{}, true)
@@ -417,8 +437,18 @@ func (g *Gateway) Run(ctx context.Context) error {
 	g.bgStop()
 	g.bg.Wait()
 	g.engine.closeIdle(true)
+	g.up.t.CloseIdleConnections()
 	g.health.CloseIdleConnections()
 	return err
+}
+
+// serverProtocols: HTTP/1.1, HTTP/2 by ALPN, and HTTP/2 with prior knowledge (h2c).
+func serverProtocols() *http.Protocols {
+	p := new(http.Protocols)
+	p.SetHTTP1(true)
+	p.SetHTTP2(true)
+	p.SetUnencryptedHTTP2(true)
+	return p
 }
 
 // start launches the followers, the load subscription and the housekeeping loop.
@@ -610,7 +640,7 @@ func (g *Gateway) abandonTenant(kind, shard, tenant string) {
 	g.reg.mu.Unlock()
 	n := 0
 	for _, h := range hosts {
-		n += g.engine.abandon(h, tenant)
+		n += g.engine.abandon(h, tenant) + g.up.abandon(h, tenant)
 	}
 	if n > 0 {
 		g.log.Warn("abandoned the requests under way at a shard taking over their tenant; those safe to resend go to the new owner",

@@ -34,6 +34,10 @@ func (g *Gateway) serve(x *exchange) {
 		g.answerError(x, err)
 		return
 	}
+	if x.grpc { // over HTTP/2, with gRPC's deadline and answers (grpc.go)
+		g.serveGRPC(x)
+		return
+	}
 	if x.cancelable { // net/http's front end: the client's going away cancels the request
 		x.ctx, x.cancel = context.WithTimeout(x.ctx, x.policy.timeout(x.ke.config()))
 	} else {

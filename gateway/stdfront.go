@@ -16,7 +16,7 @@ import (
 // and the gateway's own endpoints (requests without x-tenant-id to /healthz, /readyz,
 // /metrics, /admin/, /prerender-servers, /debug/pprof/). Tenant requests run the same stages.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Context().Value(handedOffKey{}) != nil {
+	if r.ProtoMajor == 1 && r.Context().Value(handedOffKey{}) != nil {
 		// One request per handed-over connection: the next one goes back to a fresh
 		// connection, and so to the gateway's own front end.
 		w.Header().Set("Connection", "close")
@@ -49,7 +49,13 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	x.tls = r.TLS != nil
 	x.upgrade = r.ProtoMajor == 1 && r.Header.Get("Upgrade") != "" && httpHasToken(r.Header["Connection"], "upgrade")
 	rc := http.NewResponseController(w)
-	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
+	if x.grpc = tmhttp.IsGRPC(r); x.grpc {
+		// The request stream goes to the instance as it comes (grpc.go); HTTP/2's flow
+		// control and the server's bounds pace it, not the body deadlines of HTTP/1.1.
+		if r.Body != nil && r.Body != http.NoBody {
+			x.rbody = newReplayBody(r.Body, g.cfg.MaxReplayBody)
+		}
+	} else if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
 		x.body, x.bodyLen = &stdBody{rc: rc, r: r.Body, start: time.Now(), idle: g.cfg.BodyReadTimeout,
 			rate: g.cfg.MinBodyRate, slow: g.metrics.slow}, r.ContentLength
 	}

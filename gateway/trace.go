@@ -115,6 +115,18 @@ func endSpan(span trace.Span, err error) {
 
 // writeTraceparent writes the W3C traceparent (and tracestate) of sc as request fields, into
 // the writer's own buffer: "00-<trace id>-<span id>-<flags>".
+// traceparentValue is sc as traceparent and tracestate values (for HTTP/2 attempts).
+func traceparentValue(sc trace.SpanContext) (string, string) {
+	tid, sid := sc.TraceID(), sc.SpanID()
+	b := make([]byte, 0, 55)
+	b = append(b, "00-"...)
+	b = hex.AppendEncode(b, tid[:])
+	b = append(b, '-')
+	b = hex.AppendEncode(b, sid[:])
+	b = append(b, '-', hexDigits[sc.TraceFlags()>>4], hexDigits[sc.TraceFlags()&0xf])
+	return string(b), sc.TraceState().String()
+}
+
 func writeTraceparent(w *bufio.Writer, sc trace.SpanContext) {
 	tid, sid := sc.TraceID(), sc.SpanID()
 	b := w.AvailableBuffer()
