@@ -429,6 +429,19 @@ func TestChaosUnderLoad(t *testing.T) {
 	for i, tenant := range tenants {
 		wg.Go(func() { l.run(tenant, i, stop) })
 	}
+	// One gRPC client beside the HTTP ones (grpcload_test.go): acme's deposits as SubmitCommand
+	// calls and a Watch stream, with the same zero-failure rule (UNAVAILABLE retried as a 503
+	// with Retry-After is).
+	gl, err := newGRPCLoad("acme", gws, true, func(tenant string, amount int64) {
+		l.mu.Lock()
+		l.deposits[tenant] += amount
+		l.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gl.close()
+	wg.Go(func() { gl.run(stop) })
 	phase := time.Second
 	if chaosLong() {
 		phase = 10 * time.Second
@@ -562,6 +575,11 @@ func TestChaosUnderLoad(t *testing.T) {
 	if len(l.failures) > 0 {
 		t.Errorf("%d of %d requests failed:\n%s", len(l.failures), l.requests.Load(), strings.Join(first(l.failures, 20), "\n"))
 	}
+	if f := gl.failed(); len(f) > 0 {
+		t.Errorf("%d of %d gRPC calls failed:\n%s", len(f), gl.calls.Load(), strings.Join(first(f, 20), "\n"))
+	}
+	t.Logf("gRPC: %d unary calls (%d UNAVAILABLE retried), a Watch stream with %d messages, resumed %d times",
+		gl.calls.Load(), gl.retried.Load(), gl.messages.Load(), gl.resumed.Load())
 	// Invariants, checked through the same client (a 503 with Retry-After is still allowed).
 	l.failures = nil
 	gw := 1

@@ -252,6 +252,24 @@ func TestMovesUnderLoad(t *testing.T) {
 	s := startStack(t)
 	enableVerify(t, s.rebalancer)
 	st, l, rcv, stopLoad := underLoad(t, s)
+	// One gRPC client beside the HTTP ones: acme's deposits as SubmitCommand calls and a Watch
+	// stream of its views, which must resume at the new owner after each of acme's moves.
+	gl, err := newGRPCLoad("acme", []string{s.gateway}, false, func(tenant string, amount int64) {
+		l.mu.Lock()
+		l.deposits[tenant] += amount
+		l.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gl.close()
+	grpcStop := make(chan struct{})
+	grpcDone := make(chan struct{})
+	go func() { defer close(grpcDone); gl.run(grpcStop) }()
+	stopLoad = func(stop func()) func() {
+		var once sync.Once
+		return func() { once.Do(func() { close(grpcStop); <-grpcDone; stop() }) }
+	}(stopLoad)
 
 	// Moves: each tenant in turn goes to the other shard of every kind, through the API.
 	moves, pauses := e2eMoves(), []time.Duration{}
@@ -270,6 +288,13 @@ func TestMovesUnderLoad(t *testing.T) {
 	if len(l.failures) > 0 {
 		t.Errorf("%d of %d requests failed during %d moves:\n%s", len(l.failures), l.requests.Load(), moves, strings.Join(first(l.failures, 20), "\n"))
 	}
+	if f := gl.failed(); len(f) > 0 {
+		t.Errorf("%d of %d gRPC calls failed during %d moves:\n%s", len(f), gl.calls.Load(), moves, strings.Join(first(f, 20), "\n"))
+	}
+	if gl.resumed.Load() == 0 || gl.messages.Load() == 0 {
+		t.Errorf("acme's Watch stream got %d messages and was resumed %d times over its moves", gl.messages.Load(), gl.resumed.Load())
+	}
+	t.Logf("gRPC: %d unary calls, a Watch stream with %d messages, resumed %d times", gl.calls.Load(), gl.messages.Load(), gl.resumed.Load())
 	// The ledger: every acknowledged deposit once (the demo tenants had 1000 before).
 	for _, tenant := range loadTenants {
 		var tot struct{ Deposits, Withdrawals, Balances int64 }
