@@ -59,12 +59,12 @@ func newUpstream(cfg Config) *upstream {
 	p.SetUnencryptedHTTP2(true) // http:// instances: HTTP/2 with prior knowledge
 	p.SetHTTP2(true)            // https:// instances: ALPN h2
 	t := &http.Transport{
-		DialContext:           (&net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		TLSClientConfig:       &tls.Config{RootCAs: cfg.UpstreamCAs, MinVersion: tls.VersionTLS12},
-		TLSHandshakeTimeout:   cfg.ConnectTimeout + time.Second,
-		ForceAttemptHTTP2:     true,
-		Protocols:             p,
-		IdleConnTimeout:       90 * time.Second,
+		DialContext:            (&net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		TLSClientConfig:        &tls.Config{RootCAs: cfg.UpstreamCAs, MinVersion: tls.VersionTLS12},
+		TLSHandshakeTimeout:    cfg.ConnectTimeout + time.Second,
+		ForceAttemptHTTP2:      true,
+		Protocols:              p,
+		IdleConnTimeout:        90 * time.Second,
 		MaxResponseHeaderBytes: 1 << 20,
 		// A connection that has been silent this long is pinged, and closed when the ping is
 		// not answered: a frozen instance's streams end instead of waiting forever.

@@ -390,4 +390,3 @@ func TestGRPCTimeoutAndTakeover(t *testing.T) {
 		t.Fatalf("the new owner saw %d calls", len(b.calls()))
 	}
 }
-

@@ -14,6 +14,12 @@
 //
 // Every flag of a shard binary applies (--help lists them, each with its TM_* variable).
 //
+// A gRPC service is fronted the same way: name each service as a route (--route 'POST
+// /notes.v1.NoteService'); the sidecar serves gRPC on its port (HTTP/2 with prior knowledge,
+// or TLS with ALPN), the gate reads the tenant from the x-tenant-id metadata and answers its
+// refusals as gRPC statuses, and admitted calls go to --upstream over HTTP/2 (h2c to http://,
+// h2 to https://), each message flushed as it comes and the trailers relayed.
+//
 // # The hook contract
 //
 // A stateful service takes part in moves through HTTP calls the sidecar makes to it, under

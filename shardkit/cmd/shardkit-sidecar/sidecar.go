@@ -84,8 +84,12 @@ type sidecar struct {
 	hooks    map[string]bool
 	hc       *http.Client // hooks
 	proxy    *httputil.ReverseProxy
-	log      *slog.Logger
-	secret   string // sent with every hook call; "" without --hooks-secret-file
+	// grpcProxy sends gRPC calls to the service over HTTP/2 (h2c with prior knowledge to an
+	// http:// upstream, h2 by ALPN to https://), each message flushed as it comes, trailers
+	// relayed.
+	grpcProxy *httputil.ReverseProxy
+	log       *slog.Logger
+	secret    string // sent with every hook call; "" without --hooks-secret-file
 }
 
 func newSidecar(o options) (*sidecar, error) {
@@ -127,25 +131,44 @@ func newSidecar(o options) (*sidecar, error) {
 			return nil, fmt.Errorf("--hooks-secret-file %s: the secret must be at least 16 characters", o.hookSecret)
 		}
 	}
-	s.proxy = &httputil.ReverseProxy{
-		Rewrite: func(r *httputil.ProxyRequest) {
-			r.SetURL(u)
-			r.Out.Host = r.In.Host
-			for k := range r.Out.Header {
-				// Names with an underscore read as the same CGI variable as their dashed form
-				// (HTTP_X_TENANT_ID): only the gateway's fields may say who the tenant is.
-				if strings.Contains(k, "_") {
-					delete(r.Out.Header, k)
-				}
+	rewrite := func(r *httputil.ProxyRequest) {
+		r.SetURL(u)
+		r.Out.Host = r.In.Host
+		for k := range r.Out.Header {
+			// Names with an underscore read as the same CGI variable as their dashed form
+			// (HTTP_X_TENANT_ID): only the gateway's fields may say who the tenant is.
+			if strings.Contains(k, "_") {
+				delete(r.Out.Header, k)
 			}
-			r.Out.Header.Del(HeaderHookToken)
+		}
+		r.Out.Header.Del(HeaderHookToken)
+	}
+	failed := func(w http.ResponseWriter, r *http.Request, err error) {
+		s.log.Warn("upstream failed", "path", r.URL.Path, "err", err)
+		tmhttp.WriteError(w, r, tmhttp.Errorf(http.StatusBadGateway, "upstream-failed", "Service unavailable",
+			"the service behind the sidecar did not answer; check that it runs at --upstream"), shardkit.Tenant(r), "")
+	}
+	s.proxy = &httputil.ReverseProxy{
+		Rewrite:      rewrite,
+		Transport:    tr, // FlushInterval 0: a response is sent whole, a stream (unknown length, SSE) as it comes
+		ErrorHandler: failed,
+	}
+	h2 := new(http.Protocols)
+	h2.SetUnencryptedHTTP2(true)
+	h2.SetHTTP2(true)
+	s.grpcProxy = &httputil.ReverseProxy{
+		Rewrite: rewrite,
+		Transport: &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			Protocols:           h2,
+			ForceAttemptHTTP2:   true,
+			IdleConnTimeout:     90 * time.Second,
+			TLSHandshakeTimeout: 5 * time.Second,
+			// A silent connection is pinged, and closed when the ping goes unanswered.
+			HTTP2: &http.HTTP2Config{SendPingTimeout: 15 * time.Second, PingTimeout: 5 * time.Second},
 		},
-		Transport: tr, // FlushInterval 0: a response is sent whole, a stream (unknown length, SSE) as it comes
-		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			s.log.Warn("upstream failed", "path", r.URL.Path, "err", err)
-			tmhttp.WriteError(w, r, tmhttp.Errorf(http.StatusBadGateway, "upstream-failed", "Service unavailable",
-				"the service behind the sidecar did not answer; check that it runs at --upstream"), shardkit.Tenant(r), "")
-		},
+		FlushInterval: -1, // each message of a stream as it comes
+		ErrorHandler:  failed,
 	}
 	return s, nil
 }
@@ -167,11 +190,15 @@ func (s *sidecar) Routes() []schema.Route {
 // path: a tenant request routed here must never reach the service's hooks (a tenant could
 // release or warm its state), so they are answered 404 here.
 func (s *sidecar) Handler(sk *shardkit.Shard) http.Handler {
-	gated := sk.Gate(s.proxy)
+	gated, gatedGRPC := sk.Gate(s.proxy), sk.Gate(s.grpcProxy)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if s.underHooks(r.URL.Path) {
 			tmhttp.WriteError(w, r, tmhttp.Errorf(http.StatusNotFound, "no-route", "Not found",
 				"the service's hooks are not reachable through the sidecar"), shardkit.Tenant(r), "")
+			return
+		}
+		if tmhttp.IsGRPC(r) { // gRPC calls reach a gRPC service over HTTP/2
+			gatedGRPC.ServeHTTP(w, r)
 			return
 		}
 		gated.ServeHTTP(w, r)

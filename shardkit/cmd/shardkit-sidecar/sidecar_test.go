@@ -17,6 +17,14 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
 	"github.com/tenantmesh/tenantmesh/gateway"
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/internal/natsperm"
@@ -287,4 +295,89 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.w.Write(p)
+}
+
+// TestGRPCServiceBehindSidecar: a gRPC service (grpc-go, h2c) behind the sidecar, reached
+// through the gateway: a unary call and a server stream of the tenant's shard, and the
+// gate's refusal of another shard's tenant is a status, never the service's answer.
+func TestGRPCServiceBehindSidecar(t *testing.T) {
+	st, natsURL := openStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := st.EnsureKind(ctx, schema.KindConfig{Kind: "hc"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "hc", Tenant: "acme", Shard: "hc-1", Epoch: 1, Phase: schema.PhaseActive}); err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(gs, hs)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = gs.Serve(ln) }()
+	t.Cleanup(gs.Stop)
+
+	sc, err := newSidecar(options{upstream: "http://" + ln.Addr().String(), routes: routeList{{Method: "POST", Prefix: "/grpc.health.v1.Health"}},
+		hooksPath: "/tenantmesh", hookTimeout: 5 * time.Second, warmTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &shardmain.Main{Kind: "hc", Addr: "127.0.0.1:0", Shard: "hc-1", Instance: "a",
+		NATS:     natstest.Options(t, natsURL, natsperm.Shard("hc", "hc-1", natsperm.Assets{})),
+		LogLevel: "error", LogFormat: "json", Stderr: io.Discard, Heartbeat: 200 * time.Millisecond, DrainTimeout: 5 * time.Second}
+	ready := m.Listening()
+	rctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = m.Run(rctx, sc.build) }()
+	t.Cleanup(func() { stop(); <-done })
+	var direct string
+	select {
+	case direct = <-ready:
+	case <-time.After(30 * time.Second):
+		t.Fatal("sidecar not serving within 30s")
+	}
+	gw := startGateway(t, st)
+
+	dial := func(url string) healthpb.HealthClient {
+		cc, err := grpc.NewClient("passthrough:///"+strings.TrimPrefix(url, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		return healthpb.NewHealthClient(cc)
+	}
+	c := dial(gw)
+	cctx := metadata.AppendToOutgoingContext(ctx, "x-tenant-id", "acme")
+	var hdr metadata.MD
+	var resp *healthpb.HealthCheckResponse
+	tmtest.WaitFor(t, 20*time.Second, tmtest.Until("the route is published and the call served", func() bool {
+		resp, err = c.Check(cctx, &healthpb.HealthCheckRequest{}, grpc.Header(&hdr))
+		return err == nil
+	}))
+	if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING || strings.Join(hdr.Get("x-served-by"), "") != "hc.hc-1.a" {
+		t.Fatalf("Check through the gateway: %v, headers %v", resp, hdr)
+	}
+	ws, err := c.Watch(cctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := ws.Recv(); err != nil || m.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("Watch: %v %v", m, err)
+	}
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	if m, err := ws.Recv(); err != nil || m.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("Watch's second message: %v %v", m, err)
+	}
+	// Straight to the sidecar, for a tenant of another shard: the gate's status.
+	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "hc", Tenant: "globex", Shard: "hc-2", Epoch: 1, Phase: schema.PhaseActive}); err != nil {
+		t.Fatal(err)
+	}
+	var tr metadata.MD
+	tmtest.WaitFor(t, 10*time.Second, tmtest.Until("globex refused naming its owner", func() bool {
+		_, err = dial(direct).Check(metadata.AppendToOutgoingContext(ctx, "x-tenant-id", "globex"), &healthpb.HealthCheckRequest{}, grpc.Trailer(&tr))
+		return status.Code(err) == codes.Unavailable && strings.Join(tr.Get("x-tm-owner"), "") == "hc-2"
+	}))
 }
