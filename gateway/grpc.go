@@ -299,7 +299,8 @@ func (g *Gateway) grpcRequest(ctx context.Context, x *exchange, u *url.URL) *htt
 		h["X-Forwarded-Proto"] = []string{"http"}
 	}
 	if x.reqID != "" {
-		h[tmhttp.HeaderRequestID] = []string{x.reqID}
+		// A copy: x.reqID is a view of the pooled exchange, and HPACK keeps what it encodes.
+		h[tmhttp.HeaderRequestID] = []string{strings.Clone(x.reqID)}
 	}
 	h[tmhttp.HeaderKind] = []string{x.ke.name}
 	if x.entry.Epoch != 0 {
@@ -326,7 +327,9 @@ func (g *Gateway) grpcRequest(ctx context.Context, x *exchange, u *url.URL) *htt
 			h["Tracestate"] = []string{ts}
 		}
 	}
-	req := &http.Request{Method: x.method, URL: &url.URL{Scheme: u.Scheme, Host: u.Host, Opaque: base + str(x.target)},
+	// Every string handed to the transport is a copy: HPACK keeps what it encodes, and the
+	// exchange's views are reused by the next request.
+	req := &http.Request{Method: x.method, URL: &url.URL{Scheme: u.Scheme, Host: u.Host, Opaque: base + string(x.target)},
 		Proto: "HTTP/2.0", ProtoMajor: 2, Header: h, Body: x.rbody.attempt(), ContentLength: -1, Host: string(x.host)}
 	return req.WithContext(ctx)
 }
@@ -351,7 +354,7 @@ func (g *Gateway) answerGRPC(x *exchange, resp *http.Response, a *grpcAttempt) {
 	}
 	h[tmhttp.HeaderServedBy] = []string{x.inst.key}
 	if x.reqID != "" {
-		h[tmhttp.HeaderRequestID] = []string{x.reqID}
+		h[tmhttp.HeaderRequestID] = []string{strings.Clone(x.reqID)} // x.reqID is the pooled exchange's
 	}
 	out.w.WriteHeader(resp.StatusCode)
 	bp := copyBufs.Get().(*[]byte)

@@ -139,10 +139,15 @@ func (g *grpcLoad) watch(stop <-chan struct{}) {
 			g.resumed.Add(1)
 		}
 		st, err := projectionv1.NewQueryServiceClient(g.conns[gw%len(g.conns)]).Watch(ctx, &projectionv1.QueryRequest{View: "accounts", QueryJson: `{"limit":5}`})
+		got := 0
 		for err == nil {
 			if _, err = st.Recv(); err == nil {
 				g.messages.Add(1)
+				got++
 			}
+		}
+		if got == 0 && ctx.Err() == nil {
+			time.Sleep(50 * time.Millisecond) // ended before its first message: back off a little
 		}
 		switch {
 		case ctx.Err() != nil:
