@@ -1,6 +1,9 @@
 // Command backend is the benchmark's shard stand-in: a minimal HTTP/1.1 server that answers
 // every request with 200: "ok <name>\n" on /, and on /bytes/<n> a body of n bytes (up to 1 MiB)
-// that starts with the same line.
+// that starts with the same line. With -grpc it is a gRPC server (grpc-go's own HTTP/2
+// transport, h2c) whose every method reads one message and answers, whatever the message:
+// /bench.v1.Bench/Unary one message of -msg bytes, /bench.v1.Bench/Stream -stream messages of
+// -msg bytes (gateway/bench/grpc.sh).
 package main
 
 import (
@@ -17,7 +20,13 @@ import (
 func main() {
 	addr := flag.String("addr", "127.0.0.1:9101", "listen address")
 	name := flag.String("name", "b1", "name sent in x-backend")
+	grpcMode := flag.Bool("grpc", false, "serve gRPC (h2c) instead of HTTP/1.1")
+	msg := flag.Int("msg", 64, "gRPC answer message size")
+	stream := flag.Int("stream", 100, "messages a /bench.v1.Bench/Stream call answers")
 	flag.Parse()
+	if *grpcMode {
+		log.Fatal(serveGRPC(*addr, *name, *msg, *stream))
+	}
 	line := []byte("ok " + *name + "\n")
 	var mu sync.Mutex
 	sized := map[int][]byte{}

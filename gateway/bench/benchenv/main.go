@@ -30,14 +30,19 @@ func main() {
 		tenants  = flag.Int("tenants", 10000, "tenants to place")
 		port     = flag.Int("nats-port", 4333, "NATS client port")
 		dir      = flag.String("dir", ".", "where to write haproxy.map, nginx.map, tenants.txt and the NATS store")
+		grpcBe   = flag.String("grpc-backends", "", "gRPC backend addresses (h2c), one more instance of each shard, on the route POST /bench.v1.Bench (gateway/bench/grpc.sh)")
 	)
 	flag.Parse()
-	if err := run(strings.Split(*backends, ","), *tenants, *port, *dir); err != nil {
+	var gb []string
+	if *grpcBe != "" {
+		gb = strings.Split(*grpcBe, ",")
+	}
+	if err := run(strings.Split(*backends, ","), gb, *tenants, *port, *dir); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(backends []string, tenants, port int, dir string) error {
+func run(backends, grpcBackends []string, tenants, port int, dir string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	// Secured as a deployment is: the gateways under test connect with dir/creds/gateway.creds.
@@ -78,6 +83,18 @@ func run(backends []string, tenants, port int, dir string) error {
 		}
 		insts = append(insts, in)
 		if _, err := st.Routes().AddInstance(octx, route, in.InstanceID); err != nil {
+			return err
+		}
+	}
+	grpcRoute := schema.Route{Method: "POST", Prefix: "/bench.v1.Bench", Kind: "aggregate"}
+	for i, b := range grpcBackends {
+		in := schema.Instance{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: fmt.Sprintf("aggregate-%d", i+1), Instance: "g1"},
+			URL: "http://" + b, Capacity: tenants}
+		if in, err = st.Directory().Register(octx, in); err != nil {
+			return err
+		}
+		insts = append(insts, in)
+		if _, err := st.Routes().AddInstance(octx, grpcRoute, in.InstanceID); err != nil {
 			return err
 		}
 	}
