@@ -22,7 +22,7 @@ build:
 # Binaries: name=package. Those whose package does not exist yet are skipped.
 BINARIES := ./gateway/cmd/gateway ./rebalancer/cmd/rebalance ./services/aggregate/cmd/aggregate \
 	./services/projection/cmd/projection ./services/runner/cmd/runner ./services/render/cmd/render ./deploy/devstack \
-	./shardkit/cmd/shardkit-sidecar
+	./shardkit/cmd/shardkit-sidecar ./proto/cmd/grpcall
 
 ## bins: build every binary into bin/ (each named after its directory).
 bins:

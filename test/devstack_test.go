@@ -25,7 +25,7 @@ func buildBinaries(t testing.TB, dir string) {
 	bins := map[string]string{
 		"gateway": "./gateway/cmd/gateway", "rebalance": "./rebalancer/cmd/rebalance", "devstack": "./deploy/devstack",
 		"aggregate": "./services/aggregate/cmd/aggregate", "projection": "./services/projection/cmd/projection",
-		"runner": "./services/runner/cmd/runner",
+		"runner": "./services/runner/cmd/runner", "grpcall": "./proto/cmd/grpcall",
 	}
 	args := []string{"build", "-o", dir + string(os.PathSeparator)}
 	for _, pkg := range bins {
@@ -229,6 +229,9 @@ func TestDevStackTryThis(t *testing.T) {
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`"event": "deposited"`), regexp.MustCompile(`"balance": 1250`), regexp.MustCompile(`"view": "accounts"`),
 		regexp.MustCompile(`"status": "pending"`), regexp.MustCompile(`3 moves: 3 done`),
+		// The gRPC calls, one per kind (grpcall prints protojson, whose spacing varies).
+		regexp.MustCompile(`served by aggregate\.[^\n]*\n\{[^}]*"event":\s*"deposited"`), regexp.MustCompile(`"items_json":\s*"\[`),
+		regexp.MustCompile(`served by runner\.[^\n]*\n\{[^}]*"status":\s*"pending"`),
 	} {
 		if !want.Match(out) {
 			t.Errorf("try-this output lacks %s:\n%s", want, out)

@@ -615,6 +615,10 @@ Try this:
   curl -s %s/aggregates/account/main -H 'x-tenant-id: acme'
   curl -s -X POST %s/query/accounts -H 'x-tenant-id: acme' -d '{"limit":10}'
   curl -s -X POST %s/jobs -H 'x-tenant-id: acme' -d '{"type":"log","payload":{"message":"hello"}}'
+  %s/grpcall -H x-tenant-id=acme %s aggregate.gateway.v1.CommandService/SubmitCommand \
+    '{"aggregate_type":"account","aggregate_id":"main","command":"deposit","payload_json":"{\"amount\":50}","idempotency_key":"try-grpc-1"}'
+  %s/grpcall -H x-tenant-id=acme %s projection.v1.QueryService/Query '{"view":"accounts","query_json":"{\"limit\":10}"}'
+  %s/grpcall -H x-tenant-id=acme %s runner.v1.JobService/CreateJob '{"type":"log","payload_json":"{\"message\":\"hello\"}"}'
   export %s TM_REBALANCER_URL=%s TM_ADMIN_TOKEN=%s
   %s/rebalance instances
   %s/rebalance plan move acme --to %s
@@ -626,6 +630,6 @@ shard within seconds, and it is filled again once you start it:
   kill -9 $(pgrep -f 'aggregate --shard aggregate-1 ')
   curl -s %s/aggregates/account/main -H 'x-tenant-id: acme' -i | grep -i x-served-by
   %s/rebalance autopilot
-`, gws, dash, natsURL, c.data, c.adminToken, gw, gw, gw, gw, export, dash, c.adminToken, c.bin, c.bin, targets, c.bin, c.bin,
+`, gws, dash, natsURL, c.data, c.adminToken, gw, gw, gw, gw, c.bin, gw, c.bin, gw, c.bin, gw, export, dash, c.adminToken, c.bin, c.bin, targets, c.bin, c.bin,
 		c.autopilot, gw, c.bin)
 }

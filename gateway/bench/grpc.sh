@@ -56,7 +56,7 @@ done
 for _ in $(seq 1 600); do grep -q READY "$WORK/benchenv.out" && break; sleep 0.1; done
 grep -q READY "$WORK/benchenv.out" || { echo "benchenv not ready"; cat "$WORK/benchenv.out"; exit 1; }
 
-TM_NATS_URL=nats://127.0.0.1:4333 TM_NATS_CREDS="$WORK/creds/gateway.creds" TM_ADDR=127.0.0.1:9080 TM_TRUST_TENANT_HEADER=true TM_LOG_LEVEL=warn TM_ADMIN_TOKEN=bench env ${GW_ENV:-} "$WORK/bin/gateway" 2> "$WORK/gateway.log" & PIDS+=($!)
+TM_NATS_URL=nats://127.0.0.1:4333 TM_NATS_CREDS="$WORK/creds/gateway.creds" TM_ADDR=127.0.0.1:9080 TM_TRUST_TENANT_HEADER=true TM_LOG_LEVEL=warn TM_PPROF=true TM_ADMIN_TOKEN=bench env ${GW_ENV:-} "$WORK/bin/gateway" 2> "$WORK/gateway.log" & PIDS+=($!)
 GW_PID=$!
 for _ in $(seq 1 300); do curl -fs "http://127.0.0.1:9080/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
 curl -fs "http://127.0.0.1:9080/readyz" >/dev/null || { echo "gateway not ready"; cat "$WORK"/gateway.log; exit 1; }
@@ -119,7 +119,7 @@ mapfile -t TENANT_LIST < <(head -n 1000 "$WORK/tenants.txt")
 # grpc_call TARGET TENANT METHOD: status line of a call through TARGET, for the checks.
 grpc_call() {
   curl -s --http2-prior-knowledge -H 'content-type: application/grpc' -H 'te: trailers' -H "x-tenant-id: $2" \
-    --data-binary @"$WORK/req.bin" -o "$WORK/answer.bin" -w '%{http_code} %{size_download}' "$1/bench.v1.Bench/$3"
+    --data-binary @"$WORK/req.bin" -o "$WORK/answer.bin" -w '%{http_code} %{size_download}' "$1/bench.v1.Bench/$3" || true
 }
 for t in haproxy nginx gateway; do
   for _ in $(seq 1 100); do [ "$(grpc_call "${URL[$t]}" tenant-00001 Unary)" = "200 69" ] && break; sleep 0.1; done
@@ -142,7 +142,7 @@ TICK_US=$((1000000 / $(getconf CLK_TCK)))
 
 # run_point POINT TARGET TENANT: one h2load run; prints "rps p50_us p99_us errors requests".
 run_point() {
-  local url=${URL[$2]} args=() log="$WORK/h2load.log"
+  local url=${URL[$2]:-} args=() log="$WORK/h2load.log"
   if [ "$2" = direct ]; then
     url=http://127.0.0.1:911$(( ($(echo "$3" | sed 's/tenant-0*//;s/^$/0/') % 4) + 1 ))
     [ "$1" = h2c-get ] && url=http://127.0.0.1:910$(( ($(echo "$3" | sed 's/tenant-0*//;s/^$/0/') % 4) + 1 ))
@@ -154,7 +154,7 @@ run_point() {
   esac
   rm -f "$log"
   local out
-  out=$(h2load -t"$THREADS" -c"$CLIENTS" -m"$STREAMS" -D "$DURATION" --warm-up-time=0.3 -H "x-tenant-id: $3" --log-file="$log" "${args[@]}" 2>&1)
+  out=$(h2load -t"$THREADS" -c"$CLIENTS" -m"$STREAMS" -D "$DURATION" --warm-up-time=300ms -H "x-tenant-id: $3" --log-file="$log" "${args[@]}" 2>&1)
   python3 - "$log" "$DURATION" <<'PY' "$out"
 import sys, statistics
 lat, ok, bad = [], 0, 0
@@ -193,6 +193,19 @@ for r in $(seq 1 "$ROUNDS"); do
     done
   done
 done
+
+if [ -n "${PROFILE:-}" ]; then
+  echo "profiling the gateway under unary load -> $PROFILE"
+  h2load -t"$THREADS" -c"$CLIENTS" -m"$STREAMS" -D 12 -H 'x-tenant-id: tenant-00001' -d "$WORK/req.bin" -H 'content-type: application/grpc' \
+    -H 'te: trailers' "${URL[gateway]}/bench.v1.Bench/${PROFILE_METHOD:-Unary}" > "$WORK/profile-h2load.txt" 2>&1 &
+  H2_PID=$!
+  sleep 1
+  ss -tn state established '( dport = :9112 )' | tail -n +2 | wc -l | sed 's/^/connections to the tenant'"'"'s backend: /'
+  curl -fs -H "Authorization: Bearer bench" "http://127.0.0.1:9080/debug/pprof/profile?seconds=10" -o "$PROFILE" || echo "no pprof endpoint"
+  wait "$H2_PID"
+  grep -E 'requests:|status codes|finished' "$WORK/profile-h2load.txt"
+  cp "$WORK/bin/gateway" "$PROFILE.bin"
+fi
 
 cp "$WORK/results.txt" "${RESULTS:-/tmp/grpcbench-results.txt}"
 python3 - "$WORK/results.txt" <<'PY'
