@@ -8,7 +8,7 @@ BENCH ?=
 BENCHTIME ?=
 COUNT ?=
 
-.PHONY: all help bins run e2e scale generate generate-check protoc test test-short test-norace vet lint staticcheck fmt fmt-check bench bench-smoke tools build bench-gateway bench-tools fuzz slowhttptest
+.PHONY: all help bins run e2e scale generate generate-check protoc test test-short test-norace vet lint staticcheck fmt fmt-check bench bench-smoke tools build bench-gateway bench-tools fuzz slowhttptest bench-grpc
 
 all: build
 
@@ -161,6 +161,14 @@ bench-smoke:
 ## missing. PROFILE=/tmp/gw.prof also takes a CPU profile of the gateway under load.
 bench-gateway: bench-tools
 	./gateway/bench/run.sh
+
+## bench-grpc: gRPC through the gateway vs HAProxy (HTTP/2 backends) vs nginx (grpc_pass) vs
+## direct: unary calls and a server stream, and plain HTTP from h2c clients, interleaved rounds
+## with h2load (ROUNDS=5 DURATION=2 CLIENTS=8 STREAMS=32); installs haproxy, nginx and
+## nghttp2-client with apt-get if missing. PROFILE=/tmp/gw.prof also profiles the gateway.
+bench-grpc: bench-tools
+	@command -v h2load >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nghttp2-client)
+	./gateway/bench/grpc.sh
 
 # bench-tools: the peers of the gateway benchmark, from Debian, if missing.
 bench-tools:

@@ -92,10 +92,11 @@ http {
     map_hash_bucket_size 128;
     map_hash_max_size 65536;
     map \$http_x_tenant_id \$tenant_backend { include $WORK/nginx.map; }
-$(for n in 1 2 3 4; do printf '    upstream b%d { server 127.0.0.1:910%d; keepalive 64; }\n    upstream gb%d { server 127.0.0.1:911%d; keepalive 64; }\n' "$n" "$n" "$n" "$n"; done)
+$(for n in 1 2 3 4; do printf '    upstream b%d { server 127.0.0.1:910%d; keepalive 64; keepalive_requests 10000000; }\n    upstream gb%d { server 127.0.0.1:911%d; keepalive 64; keepalive_requests 10000000; }\n' "$n" "$n" "$n" "$n"; done)
     server {
         listen 127.0.0.1:9082 http2;
         http2_max_concurrent_streams 256;
+        keepalive_requests 10000000; # nginx closes a client connection after 1,000 requests by default
         location /bench.v1.Bench/ {
             grpc_pass grpc://g\$tenant_backend;
         }
