@@ -191,15 +191,21 @@ func (e *Engine) start(ctx context.Context, m *MoveRecord, p schema.Placement) e
 // the source shard dies meanwhile (Presence), the move becomes a takeover.
 func (e *Engine) warm(ctx context.Context, m *MoveRecord, p schema.Placement, w *signalWatch) (*schema.Placement, error) {
 	deadline := m.Started.Add(e.cfg.WarmTimeout)
-	sourceDown := false
+	sourceDown, targetDown := false, false
 	err := w.wait(ctx, deadline, func(v signalView) bool {
 		if sourceDown = e.shardDown(m.Kind, m.From); sourceDown {
+			return true
+		}
+		if targetDown = e.shardDown(m.Kind, m.To); targetDown {
 			return true
 		}
 		return v.all(m.To, func(s schema.TenantSignal) bool { return s.Phase == schema.SignalReady && s.Epoch == m.Epoch })
 	})
 	if err == nil && sourceDown {
 		return nil, e.toTakeover(ctx, m, p, w)
+	}
+	if err == nil && targetDown {
+		return nil, e.abort(ctx, m, p, fmt.Sprintf("the target %s has no live instance", m.To))
 	}
 	if errors.Is(err, errCancelled) {
 		return nil, e.abort(ctx, m, p, "the plan was cancelled")
@@ -236,11 +242,17 @@ func (e *Engine) handoff(ctx context.Context, m *MoveRecord, p schema.Placement,
 	deadline := m.Handoff.Add(e.cfg.HandoffTimeout)
 	var fence uint64
 	for trustReleased := true; ; trustReleased = false {
-		released, sourceDown := false, false
+		released, sourceDown, targetDown := false, false, false
 		err := w.wait(ctx, deadline, func(v signalView) bool {
 			// A source that died before it drained cannot hand the tenant over: the move
 			// becomes a takeover (its drained signal, if it comes, still lets it commit early).
 			if sourceDown = e.shardDown(m.Kind, m.From); sourceDown {
+				return true
+			}
+			// A target that died holds the tenant's requests for nothing: abort at once (the
+			// source serves again). Should it have committed first, the abort's CAS loses and
+			// the drive loop finds the commit (and the failover then takes the tenant over).
+			if targetDown = e.shardDown(m.Kind, m.To); targetDown {
 				return true
 			}
 			// The target may commit, and the source report drained at the commit's epoch,
@@ -268,6 +280,9 @@ func (e *Engine) handoff(ctx context.Context, m *MoveRecord, p schema.Placement,
 		}
 		if sourceDown {
 			return e.toTakeover(ctx, m, p, w)
+		}
+		if targetDown {
+			return e.abort(ctx, m, p, fmt.Sprintf("the target %s has no live instance", m.To))
 		}
 		if !released {
 			break

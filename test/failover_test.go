@@ -119,7 +119,7 @@ func TestFailoverUnderLoad(t *testing.T) {
 
 	ans := &answers{}
 	c := &history.Client{Gateways: []string{s.gateway}, HTTP: &http.Client{Timeout: 20 * time.Second}, Rec: history.NewRecorder(),
-		OnAnswer: ans.observe}
+		OnAnswer: ans.observe, Slow: 3 * time.Second, Logf: t.Logf}
 	tenants := []string{"fo-a", "fo-b", "fo-c", "fo-d", "fo-e", "fo-f", "fo-g", "fo-h"}
 	accounts := []string{"x", "y"}
 	for i, tenant := range tenants {

@@ -164,7 +164,7 @@ var suite = []entry{
 		pkg:       "./services/runner/",
 		bench:     "^BenchmarkQueueDigest$",
 		benchtime: "1s", count: 3, benchmem: true,
-		note:      "What verification (KindConfig.Verify) costs a runner move inside the handoff pause, by the number of jobs waiting in the tenant's queue (embedded server).",
+		note: "What verification (KindConfig.Verify) costs a runner move inside the handoff pause, by the number of jobs waiting in the tenant's queue (embedded server).",
 	},
 	{
 		title:     "Cutover pause under load (whole platform)",

@@ -183,6 +183,10 @@ type Client struct {
 	// succeeded, when the attempt was sent and when it was answered; a test measures with it
 	// when a tenant answers again.
 	OnAnswer func(tenant, kind string, ok bool, sent, answered time.Time)
+	// Slow, if set with Logf, logs every operation that took longer than Slow to get its final
+	// answer, with its attempts and what the last retried one got: where a test's time went.
+	Slow time.Duration
+	Logf func(format string, args ...any)
 
 	keys     atomic.Int64
 	mu       sync.Mutex
@@ -270,10 +274,21 @@ func (c *Client) send(client int, tenant, kind, method, path string, body any) (
 			key, _ = m["idempotency_key"].(string)
 		}
 	}
-	deadline := time.Now().Add(budget)
+	began := time.Now()
+	deadline := began.Add(budget)
 	gw := client
 	last := ""
+	attempts := 0
+	if c.Slow > 0 && c.Logf != nil {
+		defer func() {
+			if took := time.Since(began); took > c.Slow {
+				c.Logf("slow: %s %s %s %s took %s over %d attempts (final %d; last retried: %s)", tenant, kind, method, path,
+					took.Round(time.Millisecond), attempts, status, last)
+			}
+		}()
+	}
 	for attempt := 0; time.Now().Before(deadline) && attempt < 2000; attempt++ {
+		attempts = attempt + 1
 		req, _ := http.NewRequest(method, c.Gateways[gw%len(c.Gateways)]+path, bytes.NewReader(raw))
 		req.Header.Set("x-tenant-id", tenant)
 		req.Header.Set("content-type", "application/json")
