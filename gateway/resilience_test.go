@@ -561,3 +561,40 @@ func TestTakeoverAbandonsItsTenantsRequests(t *testing.T) {
 		t.Fatal("t1's GET was not answered by the new owner after the commit")
 	}
 }
+
+// An instance whose process is replaced (it registers again under its key, restarted at a new
+// address) gets a closed circuit: the failures that opened it were the old process's. With the
+// breaker's clock stopped, only the new registration can close it.
+func TestReplacedInstanceClosesItsCircuit(t *testing.T) {
+	clock := &testClock{t: time.Unix(1_000_000, 0)}
+	id := schema.InstanceID{Kind: "aggregate", Shard: "aggregate-1", Instance: "a"}
+	e := newEnv(t, Config{Breaker: breaker.Config{Now: clock.Now}}, nil, func(e *env) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		deadURL := "http://" + ln.Addr().String()
+		ln.Close() // the killed process: nothing listens
+		if _, err := e.st.Directory().Register(context.Background(), schema.Instance{InstanceID: id, URL: deadURL, Capacity: 10}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.st.Routes().AddInstance(context.Background(), aggRoute, id); err != nil {
+			t.Fatal(err)
+		}
+		e.place("aggregate", "t1", "aggregate-1")
+	})
+	for i := 0; e.circuit(id.Key()) != "open"; i++ {
+		if i == 20 {
+			t.Fatal("the dead instance's circuit did not open in 20 requests")
+		}
+		if resp, _ := e.do("GET", "/agg/x", "t1", "", nil); resp.StatusCode < 500 {
+			t.Fatalf("a request to the dead instance: %d", resp.StatusCode)
+		}
+	}
+	restarted := newBackend(t, "aggregate", "aggregate-1", "a")
+	e.register(restarted, "", 10)
+	eventually(t, 10*time.Second, "the replaced instance's circuit closed", func() bool { return e.circuit(id.Key()) == "closed" })
+	if resp, got := e.do("GET", "/agg/x", "t1", "", nil); resp.StatusCode != 200 || got != id.Key() {
+		t.Fatalf("the restarted instance: %d from %q", resp.StatusCode, got)
+	}
+}

@@ -29,7 +29,8 @@ type instance struct {
 	key     string // <kind>.<shard>.<instance>, also sent as x-served-by
 	id      schema.InstanceID
 	url     atomic.Pointer[url.URL]
-	rawURL  string // what url was parsed from (the rebuilder's only)
+	rawURL  string    // what url was parsed from (the rebuilder's only)
+	started time.Time // when its process registered (the rebuilder's only): a new one resets the breaker
 	breaker *breaker.Breaker
 
 	inflight atomic.Int64
@@ -380,6 +381,13 @@ func (r *registry) rebuild() {
 			it = &instance{key: key, id: in.InstanceID, breaker: breaker.New(breakerConfig(g.cfg.Breaker, r.kindCfg[in.Kind]))}
 			r.insts[key] = it
 		}
+		if !it.started.IsZero() && (!it.started.Equal(in.Started) || it.rawURL != in.URL) {
+			// Another process under the same key (restarted, or moved): what opened the
+			// circuit was the old one's failures. It serves from now on.
+			it.breaker.Reset()
+			it.ewmaNS.Store(0)
+		}
+		it.started = in.Started
 		if it.url.Load() == nil || it.rawURL != in.URL {
 			if pu, err := url.Parse(in.URL); err == nil {
 				it.url.Store(pu)

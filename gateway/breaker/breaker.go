@@ -199,6 +199,18 @@ func (b *Breaker) Abandon() {
 	}
 }
 
+// Reset closes the circuit and forgets its failures and backoff: the instance it guards was
+// replaced by a new process (the failures were the old one's).
+func (b *Breaker) Reset() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.state.Store(int32(Closed))
+	b.failures.Store(0)
+	b.probing = false
+	b.wait = b.cfg.Wait
+	b.until = time.Time{}
+}
+
 // Snapshot describes a breaker for /admin/balance.
 type Snapshot struct {
 	State    string        `json:"state"`
