@@ -156,6 +156,7 @@ run_point() {
   rm -f "$log"
   local out
   out=$(h2load -t"$THREADS" -c"$CLIENTS" -m"$STREAMS" -D "$DURATION" --warm-up-time=300ms -H "x-tenant-id: $3" --log-file="$log" "${args[@]}" 2>&1)
+  echo "$out" > "$WORK/h2load-$1-$2.txt" # the last run's summary of each point and target
   python3 - "$log" "$DURATION" <<'PY' "$out"
 import sys, statistics
 lat, ok, bad = [], 0, 0
@@ -163,7 +164,7 @@ for line in open(sys.argv[1]):
     f = line.split()
     if len(f) < 3: continue
     if f[1].startswith("2"): ok += 1; lat.append(int(f[2]))
-    else: bad += 1
+    elif f[1] != "0": bad += 1  # 0: still under way when the run stopped
 lat.sort()
 pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] if lat else 0
 out = sys.argv[3]
