@@ -14,6 +14,9 @@
 # changes each round. Latencies come from h2load's per-request log (p50, p99); CPU per call
 # from /proc as in run.sh. Reports medians and the ratios to the better of HAProxy and nginx
 # (per round, then the median). Everything listens on 127.0.0.1 only.
+#
+# EXTRA_START (a command run with WORK, NATS_URL and NATS_CREDS set) and EXTRA_TARGETS
+# ("name=url=process-name ...") add targets started outside this script, as in run.sh.
 set -euo pipefail
 ROUNDS=${ROUNDS:-5}
 DURATION=${DURATION:-2}
@@ -113,6 +116,14 @@ NGINX_PID=$!
 
 declare -A URL=([haproxy]=http://127.0.0.1:9081 [nginx]=http://127.0.0.1:9082 [gateway]=http://127.0.0.1:9080)
 declare -A PROCS=([haproxy]=$HAPROXY_PID [gateway]=$GW_PID [direct]=)
+if [ -n "${EXTRA_START:-}" ]; then
+  WORK=$WORK NATS_URL=nats://127.0.0.1:4333 NATS_CREDS="$WORK/creds/gateway.creds" bash -c "$EXTRA_START" & PIDS+=($!)
+fi
+EXTRA_NAMES=()
+for x in ${EXTRA_TARGETS:-}; do
+  IFS== read -r name url pid <<< "$x"
+  URL[$name]=$url; PROCS[$name]=${pid:-}; EXTRA_NAMES+=("$name")
+done
 # The request message: gRPC framing (uncompressed, length 10) and 10 bytes.
 printf '\x00\x00\x00\x00\x0a0123456789' > "$WORK/req.bin"
 mapfile -t TENANT_LIST < <(head -n 1000 "$WORK/tenants.txt")
@@ -122,14 +133,18 @@ grpc_call() {
   curl -s --http2-prior-knowledge -H 'content-type: application/grpc' -H 'te: trailers' -H "x-tenant-id: $2" \
     --data-binary @"$WORK/req.bin" -o "$WORK/answer.bin" -w '%{http_code} %{size_download}' "$1/bench.v1.Bench/$3" || true
 }
-for t in haproxy nginx gateway; do
+for t in haproxy nginx gateway "${EXTRA_NAMES[@]}"; do
   for _ in $(seq 1 100); do [ "$(grpc_call "${URL[$t]}" tenant-00001 Unary)" = "200 69" ] && break; sleep 0.1; done
   got=$(grpc_call "${URL[$t]}" tenant-00001 Unary); [ "$got" = "200 69" ] || { echo "$t: unary call answered '$got', want '200 69'"; exit 1; }
   got=$(grpc_call "${URL[$t]}" tenant-00001 Stream); [ "$got" = "200 6900" ] || { echo "$t: stream call answered '$got', want '200 6900'"; exit 1; }
+  case " ${EXTRA_NAMES[*]} " in *" $t "*) continue ;; esac # an experiment may serve gRPC only
   got=$(curl -fs --http2-prior-knowledge -H 'x-tenant-id: tenant-00001' "${URL[$t]}/bytes/64" | head -c 5)
   [ "$got" = "ok b2" ] || { echo "$t: h2c GET routed tenant-00001 to '$got', want 'ok b2'"; exit 1; }
 done
 PROCS[nginx]=$(pgrep -d' ' -P "$NGINX_PID" || true)
+for name in "${EXTRA_NAMES[@]}"; do
+  [ -n "${PROCS[$name]}" ] && PROCS[$name]=$(pgrep -d' ' -x "${PROCS[$name]}" || true)
+done
 
 cpu_ticks() {
   local sum=0 p
@@ -180,7 +195,7 @@ print(f"{rps:.1f} {pct(0.5)} {pct(0.99)} {errs + bad} {ok}")
 PY
 }
 
-read -r -a TARGETS <<< "${TARGETS:-haproxy nginx gateway direct}"
+read -r -a TARGETS <<< "${TARGETS:-haproxy nginx gateway ${EXTRA_NAMES[*]} direct}"
 : > "$WORK/results.txt"
 for t in "${TARGETS[@]}"; do run_point unary "$t" tenant-00001 >/dev/null; done # warm-up
 for r in $(seq 1 "$ROUNDS"); do
@@ -239,7 +254,7 @@ for point, targets in rows.items():
     def cpu(v):
         c = [x["cpu"] / x["n"] for x in v if x["n"] and x["cpu"]]
         return med(c) if c else float("nan")
-    for t in [t for t in ["haproxy", "nginx", "gateway", "direct"] if t in targets]:
+    for t in [t for t in ["haproxy", "nginx", "gateway"] + sorted(set(targets) - {"haproxy", "nginx", "gateway", "direct"}) + ["direct"] if t in targets]:
         v = targets[t]
         rps, p50, p99 = med(x["rps"] for x in v), med(x["p50"] for x in v), med(x["p99"] for x in v)
         print(f"| {point} | {t} | {rps:,.0f} | {p50/1000:.2f} ms | {p99/1000:.2f} ms | {rps/br:.2f} | {p99/bp:.2f} | {rr(t, 'rps'):.2f} | {rr(t, 'p99'):.2f} | {cpu(v):.1f} | {sum(x['err'] for x in v)} |")
