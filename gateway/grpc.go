@@ -184,8 +184,12 @@ func (g *Gateway) sendGRPC(x *exchange) (*http.Response, *grpcAttempt, error) {
 				Detail: "the tenant's shard refused the call (" + refused + "); it did not reach the service: call again", RetryAfter: time.Second}
 		}
 		switch refused {
-		case "closing", "unconfirmed":
-			x.ke.metrics.retry("instance_" + map[string]string{"closing": "stopping", "unconfirmed": "unconfirmed"}[refused])
+		case "closing", "unconfirmed": // this instance cannot serve now; another of the shard may
+			if refused == "closing" {
+				x.ke.metrics.retry("instance_stopping")
+			} else {
+				x.ke.metrics.retry("instance_unconfirmed")
+			}
 			x.tried = append(x.tried, in)
 			continue
 		}

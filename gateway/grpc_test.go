@@ -25,6 +25,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tenantmesh/tenantmesh/gateway/edgeauth"
+	"github.com/tenantmesh/tenantmesh/internal/gatesig"
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -460,5 +463,44 @@ func TestGRPCEdgeAuth(t *testing.T) {
 	if len(calls) != 1 || strings.Join(calls[0].Get("x-tm-subject"), "") != "user-7" || len(calls[0].Get("authorization")) != 0 ||
 		strings.Join(calls[0].Get("x-tenant-id"), "") != "t1" {
 		t.Fatalf("the instance saw %v", calls)
+	}
+}
+
+// The gateway's proof goes with gRPC calls: a shard with its kind's key (shardkit's gate in
+// front of a grpc.Server, as shardmain serves it) admits a call through the gateway and refuses
+// the same call made straight to it (PERMISSION_DENIED).
+func TestGRPCProof(t *testing.T) {
+	master := gatesig.NewKey()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	shardURL := "http://" + ln.Addr().String()
+	b := &grpcBackend{id: schema.InstanceID{Kind: "aggregate", Shard: "aggregate-1", Instance: "i1"}, stream: make(chan struct{})}
+	e := newEnv(t, Config{ShardKey: master}, []schema.KindConfig{{Kind: "aggregate"}}, func(e *env) {
+		e.place("aggregate", "t1", "aggregate-1")
+		sk := tmtest.Shard(t, shardkit.Config{Store: e.st, URL: shardURL, Capacity: 10, ID: b.id,
+			Routes: []schema.Route{grpcRoute}, GatewayKey: gatesig.KindKey(master, "aggregate")})
+		gs := grpc.NewServer()
+		healthpb.RegisterHealthServer(gs, healthServer{b: b})
+		srv := &http.Server{Handler: sk.Gate(gs), Protocols: serverProtocols(), ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		t.Cleanup(func() { _ = srv.Close(); gs.Stop() })
+	})
+	c := e.grpcClient()
+	ctx, cancel := tenantCtx("t1")
+	defer cancel()
+	eventually(t, 10*time.Second, "the shard routed", func() bool {
+		_, err := c.Check(ctx, &healthpb.HealthCheckRequest{})
+		return err == nil
+	})
+	cc, err := grpc.NewClient("passthrough:///"+strings.TrimPrefix(shardURL, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	dctx := metadata.AppendToOutgoingContext(ctx, "x-tm-epoch", "1", "x-tm-shard", "aggregate-1", "x-tm-kind", "aggregate")
+	if _, err := healthpb.NewHealthClient(cc).Check(dctx, &healthpb.HealthCheckRequest{}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a direct call without the gateway's proof: %v, want PERMISSION_DENIED", err)
 	}
 }
