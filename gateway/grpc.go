@@ -63,6 +63,7 @@ func newUpstream(cfg Config) *upstream {
 		TLSClientConfig:        &tls.Config{RootCAs: cfg.UpstreamCAs, MinVersion: tls.VersionTLS12},
 		TLSHandshakeTimeout:    cfg.ConnectTimeout + time.Second,
 		ForceAttemptHTTP2:      true,
+		DisableCompression:     true, // the call goes as the client sent it (no Accept-Encoding added)
 		Protocols:              p,
 		IdleConnTimeout:        90 * time.Second,
 		MaxResponseHeaderBytes: 1 << 20,

@@ -18,7 +18,9 @@
 // /notes.v1.NoteService'); the sidecar serves gRPC on its port (HTTP/2 with prior knowledge,
 // or TLS with ALPN), the gate reads the tenant from the x-tenant-id metadata and answers its
 // refusals as gRPC statuses, and admitted calls go to --upstream over HTTP/2 (h2c to http://,
-// h2 to https://), each message flushed as it comes and the trailers relayed.
+// h2 to https://), each message flushed as it comes and the trailers relayed. A call still open
+// when its tenant starts to leave (a move's handoff, a drain) is ended UNAVAILABLE, so a server
+// stream does not hold the drain and its client calls again, reaching the new owner.
 //
 // # The hook contract
 //

@@ -14,6 +14,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -144,6 +145,10 @@ func newSidecar(o options) (*sidecar, error) {
 		r.Out.Header.Del(HeaderHookToken)
 	}
 	failed := func(w http.ResponseWriter, r *http.Request, err error) {
+		if errors.Is(context.Cause(r.Context()), errTenantLeft) {
+			tmhttp.WriteProblem(w, r, tenantLeft)
+			return
+		}
 		s.log.Warn("upstream failed", "path", r.URL.Path, "err", err)
 		tmhttp.WriteError(w, r, tmhttp.Errorf(http.StatusBadGateway, "upstream-failed", "Service unavailable",
 			"the service behind the sidecar did not answer; check that it runs at --upstream"), shardkit.Tenant(r), "")
@@ -162,6 +167,7 @@ func newSidecar(o options) (*sidecar, error) {
 			DialContext:         (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 			Protocols:           h2,
 			ForceAttemptHTTP2:   true,
+			DisableCompression:  true, // the call goes as the client sent it
 			IdleConnTimeout:     90 * time.Second,
 			TLSHandshakeTimeout: 5 * time.Second,
 			// A silent connection is pinged, and closed when the ping goes unanswered.
@@ -190,7 +196,7 @@ func (s *sidecar) Routes() []schema.Route {
 // path: a tenant request routed here must never reach the service's hooks (a tenant could
 // release or warm its state), so they are answered 404 here.
 func (s *sidecar) Handler(sk *shardkit.Shard) http.Handler {
-	gated, gatedGRPC := sk.Gate(s.proxy), sk.Gate(s.grpcProxy)
+	gated, gatedGRPC := sk.Gate(s.proxy), sk.Gate(http.HandlerFunc(s.serveGRPC))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if s.underHooks(r.URL.Path) {
 			tmhttp.WriteError(w, r, tmhttp.Errorf(http.StatusNotFound, "no-route", "Not found",
@@ -203,6 +209,44 @@ func (s *sidecar) Handler(sk *shardkit.Shard) http.Handler {
 		}
 		gated.ServeHTTP(w, r)
 	})
+}
+
+// errTenantLeft ends the upstream part of a gRPC call whose tenant started to leave.
+var errTenantLeft = errors.New("the tenant is leaving this instance")
+
+// tenantLeft is the status of such a call: UNAVAILABLE, so its client calls again and the
+// gateway sends the call to the tenant's new owner.
+var tenantLeft = tmhttp.Problem{Status: http.StatusServiceUnavailable, Title: "Tenant moved",
+	Detail: "the tenant is moving to another shard; call again (the gateway routes the call to its new owner)", RetryAfter: 1}
+
+// serveGRPC proxies a gRPC call the gate admitted, and ends it UNAVAILABLE when its tenant
+// starts to leave this instance (shardkit.Leaving): a server stream of the service would
+// otherwise hold the tenant's drain until its bound.
+func (s *sidecar) serveGRPC(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	leaving := shardkit.Leaving(r.Context())
+	go func() {
+		select {
+		case <-leaving:
+			cancel(errTenantLeft)
+		case <-ctx.Done():
+		}
+	}()
+	defer func() {
+		if !errors.Is(context.Cause(ctx), errTenantLeft) {
+			return
+		}
+		// The answer began: ReverseProxy gave up copying it (its abort panic); its end is the
+		// status, in the trailers.
+		if v := recover(); v != nil && v != http.ErrAbortHandler {
+			panic(v)
+		}
+		h := w.Header()
+		h[http.TrailerPrefix+"Grpc-Status"] = []string{strconv.Itoa(tmhttp.GRPCUnavailable)}
+		h[http.TrailerPrefix+"Grpc-Message"] = []string{tmhttp.EncodeGRPCMessage(tenantLeft.Title + ": " + tenantLeft.Detail)}
+	}()
+	s.grpcProxy.ServeHTTP(w, r.WithContext(ctx))
 }
 
 // underHooks reports whether path is the hooks' path or under it (in any letter case).

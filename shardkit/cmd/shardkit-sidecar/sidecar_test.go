@@ -325,7 +325,7 @@ func TestGRPCServiceBehindSidecar(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &shardmain.Main{Kind: "hc", Addr: "127.0.0.1:0", Shard: "hc-1", Instance: "a",
+	m := &shardmain.Main{Kind: "hc", Addr: "127.0.0.1:0", Shard: "hc-1", Instance: "a", AdminToken: "tok",
 		NATS:     natstest.Options(t, natsURL, natsperm.Shard("hc", "hc-1", natsperm.Assets{})),
 		LogLevel: "error", LogFormat: "json", Stderr: io.Discard, Heartbeat: 200 * time.Millisecond, DrainTimeout: 5 * time.Second}
 	ready := m.Listening()
@@ -370,6 +370,18 @@ func TestGRPCServiceBehindSidecar(t *testing.T) {
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	if m, err := ws.Recv(); err != nil || m.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Fatalf("Watch's second message: %v %v", m, err)
+	}
+	// The tenant starts to leave (an admin drain, as a move's handoff does): the stream ends
+	// UNAVAILABLE, so the drain does not wait for it and the client calls again.
+	req, _ := http.NewRequest("POST", direct+"/admin/drain?tenant_id=acme", nil)
+	req.Header.Set("Authorization", "Bearer tok")
+	dr, err := client.Do(req)
+	if err != nil || dr.StatusCode != http.StatusAccepted {
+		t.Fatalf("drain: %v %v", dr, err)
+	}
+	dr.Body.Close()
+	if _, err := ws.Recv(); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "Tenant moved") {
+		t.Fatalf("the stream at the tenant's drain: %v, want UNAVAILABLE (Tenant moved)", err)
 	}
 	// Straight to the sidecar, for a tenant of another shard: the gate's status.
 	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "hc", Tenant: "globex", Shard: "hc-2", Epoch: 1, Phase: schema.PhaseActive}); err != nil {
