@@ -22,6 +22,7 @@ func addLimitFlags(fs *flag.FlagSet, cfg *gateway.Config) (after func()) {
 	envflag.Duration(fs, &cfg.WriteTimeout, "write-timeout", 30*time.Second, "longest a client may take to accept a write of its answer")
 	envflag.Duration(fs, &cfg.TunnelIdleTimeout, "tunnel-idle-timeout", 10*time.Minute, "close an upgraded connection (WebSocket) silent both ways this long")
 	envflag.Int(fs, &cfg.MaxConns, "max-conns", 10000, "client connections open at once (-1: no bound)")
+	envflag.Int(fs, &cfg.MaxStreams, "max-streams", 250, "concurrent streams (requests, gRPC calls) of one HTTP/2 client connection")
 	envflag.Int(fs, &cfg.MaxConnsPerIP, "max-conns-per-ip", 1000, "client connections open at once from one address (-1: no bound; raise it behind a load balancer that hides client addresses)")
 	envflag.Int(fs, &perClient, "assign-rate-per-client", 5, "new tenants a second one client address may have assigned, in bursts of ten times it (-1: no bound)")
 	envflag.Int(fs, &perKind, "assign-rate-per-kind", 100, "new tenants a second this gateway assigns per kind, in bursts of ten times it (-1: no bound)")
