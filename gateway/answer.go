@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -92,6 +93,7 @@ func (g *Gateway) answerError(x *exchange, err error) {
 		if p.Status >= 500 && p.Status != http.StatusServiceUnavailable {
 			g.log.Warn("proxy error", "status", p.Status, "kind", p.Kind, "err", err)
 		}
+		g.metrics.grpcCall(cmp.Or(p.Kind, "-"), tmhttp.GRPCCode(p))
 		tmhttp.WriteGRPCProblem(x.out.(*stdResponder).w, p)
 		return
 	}

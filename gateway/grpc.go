@@ -380,13 +380,29 @@ func (g *Gateway) answerGRPC(x *exchange, resp *http.Response, a *grpcAttempt) {
 				x.code = statusClientClosed
 				return
 			}
-			setGRPCTrailer(h, brokenStatus(x, a, err))
+			p := brokenStatus(x, a, err)
+			setGRPCTrailer(h, p)
+			g.metrics.grpcCall(x.ke.name, tmhttp.GRPCCode(p))
 			return
 		}
 	}
 	for k, vv := range resp.Trailer {
 		h[http.TrailerPrefix+k] = vv
 	}
+	g.metrics.grpcCall(x.ke.name, grpcStatusOf(resp))
+}
+
+// grpcStatusOf is the grpc-status of a relayed answer (trailers, or the header block of a
+// trailers-only one); UNKNOWN without one.
+func grpcStatusOf(resp *http.Response) int {
+	v := resp.Trailer.Get("Grpc-Status")
+	if v == "" {
+		v = resp.Header.Get("Grpc-Status")
+	}
+	if n, err := strconv.Atoi(v); err == nil {
+		return n
+	}
+	return tmhttp.GRPCUnknown
 }
 
 // brokenStatus is the status of a stream that broke after its headers.

@@ -226,6 +226,15 @@ func TestGRPCUnary(t *testing.T) {
 		}
 	}
 
+	// The calls by status, in the metrics (their HTTP status is 200 whatever the outcome).
+	_, metrics := e.do("GET", "/metrics", "", "", nil)
+	for _, want := range []string{`tm_gateway_grpc_calls_total{code="OK",kind="aggregate"} 601`,
+		`tm_gateway_grpc_calls_total{code="INVALID_ARGUMENT",kind="-"} 2`, `tm_gateway_grpc_calls_total{code="UNAVAILABLE",kind="aggregate"} 1`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+
 	// HTTP/1.1 semantics over h2c: a plain request through the same listener.
 	p := new(http.Protocols)
 	p.SetUnencryptedHTTP2(true)

@@ -34,6 +34,9 @@ type gwMetrics struct {
 	tokensShed    prometheus.Counter
 	// routeConflicts counts snapshots built while two kinds publish the same route.
 	routeConflicts prometheus.Counter
+	// grpcCalls counts gRPC calls by the status their client got (the HTTP status of a gRPC
+	// answer is 200 whatever its outcome).
+	grpcCalls *prometheus.CounterVec // kind, code
 }
 
 func newMetrics(g *Gateway, reg prometheus.Registerer) *gwMetrics {
@@ -107,6 +110,9 @@ func newMetrics(g *Gateway, reg prometheus.Registerer) *gwMetrics {
 	m.loadDecisions = promreg.Register(reg, m.loadDecisions)
 	m.producer = promreg.Register(reg, m.producer)
 	m.corrupt = promreg.Register(reg, m.corrupt)
+	m.grpcCalls = promreg.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tm_gateway_grpc_calls_total", Help: "gRPC calls by kind and the gRPC status their client got (code: OK, UNAVAILABLE, ...; kind - when refused before its route was known).",
+	}, []string{"kind", "code"}))
 	promreg.Register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tm_gateway_snapshot_staleness_seconds",
 		Help: "How long the gateway's routing state has been cut off from NATS (0 while following). It keeps routing from it.",
@@ -159,6 +165,20 @@ func (k *kindMetrics) code(code int) {
 }
 
 func (k *kindMetrics) hold(outcome string) { k.m.holds.WithLabelValues(k.kind, outcome).Inc() }
+
+// grpcCodeNames are gRPC's status codes by number, the values of grpc_calls_total's code.
+var grpcCodeNames = [...]string{"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+	"PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
+	"UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"}
+
+// grpcCall counts a gRPC call of kind ("-": not known) by its status (bounded: an unknown
+// code counts as UNKNOWN).
+func (m *gwMetrics) grpcCall(kind string, code int) {
+	if code < 0 || code >= len(grpcCodeNames) {
+		code = 2
+	}
+	m.grpcCalls.WithLabelValues(kind, grpcCodeNames[code]).Inc()
+}
 
 func (k *kindMetrics) retry(reason string) { k.m.retries.WithLabelValues(k.kind, reason).Inc() }
 
