@@ -6,8 +6,9 @@ import (
 
 // TestShardsReachableByGatewaysOnly (issue 34, item 4): a shard reached directly, past the
 // gateways, is what the gateway's proof defends against; the manifests keep it from happening
-// too: every shard pod is selected by a NetworkPolicy that admits only gateways and shards (and
-// the scrapers' namespace), NATS admits only tenantmesh's pods, the gateway has the gateways'
+// too: every shard pod is selected by a NetworkPolicy that admits only gateways, shards and the
+// rebalancer (its presence tells a dead process by a refused connection), and the scrapers'
+// namespace, NATS admits only tenantmesh's pods, the gateway has the gateways'
 // key and every shard its kind's key, and the gateway has an identity provider configured.
 func TestShardsReachableByGatewaysOnly(t *testing.T) {
 	objs := loadK8s(t)
@@ -29,7 +30,7 @@ func TestShardsReachableByGatewaysOnly(t *testing.T) {
 				}
 				continue
 			}
-			if c := getStr(from, "podSelector", "matchLabels", "app.kubernetes.io/component"); c != "gateway" && c != "shard" {
+			if c := getStr(from, "podSelector", "matchLabels", "app.kubernetes.io/component"); c != "gateway" && c != "shard" && c != "rebalancer" {
 				t.Errorf("the shards admit pods %v", getMap(from, "podSelector"))
 			}
 		}

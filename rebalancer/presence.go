@@ -6,8 +6,11 @@ import (
 	"errors"
 	"log/slog"
 	"maps"
+	"net"
+	"net/url"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -227,12 +230,13 @@ func (p *Presence) probeSilent(ctx context.Context, wg *sync.WaitGroup) {
 // probe asks m's ping subject once and records what it found.
 func (p *Presence) probe(ctx context.Context, m *member) {
 	p.mu.Lock()
-	id := m.inst.InstanceID
+	id, addr := m.inst.InstanceID, m.inst.URL
 	p.mu.Unlock()
 	sent := time.Now()
 	pctx, cancel := context.WithTimeout(ctx, p.cfg.ProbeTimeout)
 	_, err := p.nc.RequestWithContext(pctx, schema.PingSubject(id), nil)
 	cancel()
+	noProcess := errors.Is(err, nats.ErrNoResponders) && p.refused(ctx, addr)
 	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -245,6 +249,13 @@ func (p *Presence) probe(ctx context.Context, m *member) {
 		wasDead := p.deadLocked(m, now)
 		m.heard, m.gone = now, time.Time{}
 		if wasDead {
+			p.wake()
+		}
+	case errors.Is(err, nats.ErrNoResponders) && !noProcess:
+		// Its connection is closed, but something still listens at its address (or the address
+		// does not answer at all): a live process that lost NATS serves under its lease until
+		// the lease runs out. Not gone: silent, and dead after DeadAfter.
+		if !p.deadLocked(m, sent) && p.deadLocked(m, now) {
 			p.wake()
 		}
 	case errors.Is(err, nats.ErrNoResponders):
@@ -261,6 +272,34 @@ func (p *Presence) probe(ctx context.Context, m *member) {
 			p.wake()
 		}
 	}
+}
+
+// refused reports whether a TCP connection to m's address is refused: no process listens
+// there, so the instance serves nothing, whatever its lease says. A closed NATS connection alone
+// does not prove that (a NATS server that restarts closes its clients' connections; a process
+// that lost NATS keeps serving under its lease), nor does a dial that times out (a partition
+// looks the same). The dial is bounded by ProbeTimeout.
+func (p *Presence) refused(ctx context.Context, addr string) bool {
+	u, err := url.Parse(addr)
+	if err != nil || u.Host == "" {
+		return false
+	}
+	host := u.Host
+	if u.Port() == "" {
+		port := "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+		host = net.JoinHostPort(u.Hostname(), port)
+	}
+	dctx, cancel := context.WithTimeout(ctx, p.cfg.ProbeTimeout)
+	defer cancel()
+	c, err := (&net.Dialer{}).DialContext(dctx, "tcp", host)
+	if err == nil {
+		c.Close()
+		return false
+	}
+	return errors.Is(err, syscall.ECONNREFUSED)
 }
 
 // Dead reports whether the instance key is registered and dead now (see Presence).

@@ -2,6 +2,9 @@ package rebalancer
 
 import (
 	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -82,5 +85,50 @@ func waitPlacement(t *testing.T, st *schema.Store, tenant string, ok func(schema
 			t.Fatalf("placement of %s: %+v (%v)", tenant, p, err)
 		}
 		time.Sleep(20 * time.Millisecond) // polling the placement: the test has no watch of its own
+	}
+}
+
+// Presence calls an instance gone (no lease to wait out) only when its NATS connection is gone
+// and nothing listens at its address any more. One whose process still listens (it lost NATS:
+// a NATS server restarted, a link broke) serves under its lease: it is only silent, and dead
+// after DeadAfter.
+func TestPresenceGoneOnlyWithoutAProcess(t *testing.T) {
+	st := openStore(t)
+	ctx := context.Background()
+	listening := httptest.NewServer(http.NotFoundHandler())
+	defer listening.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "http://" + ln.Addr().String()
+	ln.Close() // nothing listens: a connection is refused
+	for shard, url := range map[string]string{"s-alive": listening.URL, "s-dead": closed} {
+		// Registered, never answering its ping (it has no NATS connection).
+		if _, err := st.Directory().PutMember(ctx, schema.Instance{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: shard, Instance: "i1"},
+			URL: url, Capacity: 10, Reported: schema.StatusOnline, Started: time.Now().UTC()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pr := NewPresence(st, PresenceConfig{SuspectAfter: 100 * time.Millisecond, DeadAfter: time.Hour, ProbeEvery: 50 * time.Millisecond})
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = pr.Run(pctx) }()
+	defer func() { cancel(); <-done }()
+	deadline := time.After(10 * time.Second)
+	for pr.Shard("aggregate", "s-dead").Gone == 0 {
+		select {
+		case <-pr.Changed():
+		case <-time.After(50 * time.Millisecond): // probes find nothing new until the first answer
+		case <-deadline:
+			t.Fatalf("the instance with no process was not found gone: %+v", pr.Shard("aggregate", "s-dead"))
+		}
+	}
+	// s-alive is probed at the same pace: over ten more probe rounds it is never found gone.
+	for end := time.Now().Add(500 * time.Millisecond); time.Now().Before(end); {
+		if sp := pr.Shard("aggregate", "s-alive"); sp.Gone != 0 || sp.Live != 1 {
+			t.Fatalf("an instance whose process still listens: %+v, want live (silent, not gone) until DeadAfter", sp)
+		}
+		time.Sleep(10 * time.Millisecond) // watching for a finding that must not come
 	}
 }

@@ -108,12 +108,15 @@ func (g *gatekeeper) serveGate(next http.Handler, w http.ResponseWriter, r *http
 		}
 		want = n
 	}
-	e, ok := g.s.watcher.Lookup(g.s.kind, tenant)
+	changes := g.s.view.Changes()
+	e, ok := g.s.view.Lookup(tenant)
 	if want > 0 && (!ok || e.Epoch < want) {
+		changes = g.s.view.Changes()
 		e, ok = g.awaitEpoch(r.Context(), tenant, want)
 	}
 	v := g.judge(e, ok, want)
-	if v == serve && !g.s.leaseHolds() {
+	now := time.Now()
+	if v == serve && !g.s.leaseHoldsAt(now) {
 		v = unconfirmed
 	}
 	if v != serve {
@@ -142,17 +145,18 @@ func (g *gatekeeper) serveGate(next http.Handler, w http.ResponseWriter, r *http
 	if tmhttp.IsGRPC(r) {
 		r = withCall(r, ts)
 	}
-	g.serveOwned(next, w, r, ts, e.Epoch)
+	g.serveOwned(next, w, r, ts, e.Epoch, changes, now)
 }
 
 // serveOwned runs next, counting the answer. The answer leaves only if the instance may still
 // answer for the tenant when it begins (answerable): a request admitted just before the
 // process froze, or before a takeover, gets a 503 instead of an answer from stale state.
-func (g *gatekeeper) serveOwned(next http.Handler, w http.ResponseWriter, r *http.Request, ts *tenantState, epoch uint64) {
-	start := time.Now()
+// changes is the view's count of changes before the placement the request was admitted on was
+// read; start is when it was admitted.
+func (g *gatekeeper) serveOwned(next http.Handler, w http.ResponseWriter, r *http.Request, ts *tenantState, epoch, changes uint64, start time.Time) {
 	w.Header()[tmhttp.HeaderServedBy] = g.s.servedBy
 	sw := writerPool.Get().(*statusWriter)
-	*sw = statusWriter{ResponseWriter: w, g: g, r: r, tenant: ts.tenant, epoch: epoch}
+	*sw = statusWriter{ResponseWriter: w, g: g, r: r, tenant: ts.tenant, epoch: epoch, changes: changes}
 	defer func() {
 		status := sw.status
 		if status == 0 {
@@ -185,14 +189,17 @@ func (g *gatekeeper) releaseInstance() {
 // instance: its lease holds, and the placement still gives the tenant to this shard at that
 // epoch (or this shard is the source of its handoff, whose drain waits for the answer). Under
 // the affinity policy the owner set may change while a request runs: only the lease counts.
-func (g *gatekeeper) answerable(tenant string, epoch uint64) bool {
+func (g *gatekeeper) answerable(tenant string, epoch, changes uint64) bool {
 	if !g.s.leaseHolds() {
 		return false
 	}
 	if kc := g.s.kindCfg.Load(); kc != nil && kc.Policy == schema.PolicyAffinity {
 		return true
 	}
-	e, ok := g.s.watcher.Lookup(g.s.kind, tenant)
+	if g.s.view.Changes() == changes {
+		return true // no placement changed since the one the request was admitted on
+	}
+	e, ok := g.s.view.Lookup(tenant)
 	if !ok || e.Epoch != epoch {
 		return false
 	}
@@ -326,11 +333,12 @@ func (g *gatekeeper) writeUnavailable(w http.ResponseWriter, r *http.Request, te
 // that it may leave (gatekeeper.answerable). Pooled: the gate allocates nothing.
 type statusWriter struct {
 	http.ResponseWriter
-	status int
-	g      *gatekeeper
-	r      *http.Request
-	tenant string
-	epoch  uint64
+	status  int
+	g       *gatekeeper
+	r       *http.Request
+	tenant  string
+	epoch   uint64
+	changes uint64 // the placement view's change count at admission (answerable)
 	// checked: the answer began (and was judged); dropped: it was refused, the service's
 	// writes go nowhere.
 	checked, dropped bool
@@ -362,7 +370,7 @@ func (sw *statusWriter) begin() {
 		return
 	}
 	sw.checked = true
-	if sw.g.answerable(sw.tenant, sw.epoch) {
+	if sw.g.answerable(sw.tenant, sw.epoch, sw.changes) {
 		return
 	}
 	sw.dropped = true

@@ -26,7 +26,8 @@ type Shard struct {
 	self    string // the instance key
 	st      *schema.Store
 	watcher *placement.Watcher
-	shared  bool // watcher is Config.Watcher: the caller runs it
+	view    placement.View // the watcher's view of this shard's kind
+	shared  bool           // watcher is Config.Watcher: the caller runs it
 	metrics *metrics
 	states  *stateMap
 	peers   *peerView   // the kind's directory in memory
@@ -119,6 +120,7 @@ func New(cfg Config) (*Shard, error) {
 	}
 	if cfg.Watcher != nil {
 		s.watcher, s.shared = cfg.Watcher, true
+		s.view = s.watcher.View(s.kind)
 		return s, nil
 	}
 	w, err := placement.New(placement.Config{
@@ -132,7 +134,7 @@ func New(cfg Config) (*Shard, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shardkit: %w", err)
 	}
-	s.watcher = w
+	s.watcher, s.view = w, w.View(s.kind)
 	return s, nil
 }
 
@@ -263,7 +265,13 @@ func (s *Shard) start(ctx context.Context) error {
 // (or frozen: the monotonic clock counts the pause) stops serving within the lease, which is
 // what a takeover of its tenants waits out (docs/design.md, "Failover").
 func (s *Shard) leaseHolds() bool {
-	age, ok := s.watcher.Confirmed(s.kind)
+	age, ok := s.view.Confirmed() // the monotonic clock alone: cheaper than time.Now
+	return ok && age < time.Duration(s.lease.Load())
+}
+
+// leaseHoldsAt is leaseHolds at now (a time.Now reading the caller has).
+func (s *Shard) leaseHoldsAt(now time.Time) bool {
+	age, ok := s.view.ConfirmedAt(now)
 	return ok && age < time.Duration(s.lease.Load())
 }
 

@@ -36,12 +36,22 @@ const (
 	soakCooldown = time.Minute
 	soakSustain  = 10 * time.Second
 	soakMaxMoves = 30
+	// soakTolerance is the autopilot's default tolerance: balance plans aim at max/mean 1.1.
+	soakTolerance = 0.1
 )
+
+func maxOf(m map[string]float64) float64 {
+	var mx float64
+	for _, v := range m {
+		mx = max(mx, v)
+	}
+	return mx
+}
 
 // TestAutopilotSoak runs the platform with the autopilot on under skewed load whose hot
 // tenants shift, while shards leave (killed: their tenants fail over) and join (started again,
 // empty: the autopilot fills them), for TM_SOAK_MINUTES (make e2e). Afterwards, with the load
-// steady: every kind's max/mean utilisation is within the autopilot's trigger, no tenant was
+// steady: every kind's max/mean utilisation is within the autopilot's tolerance, no tenant was
 // moved by the autopilot twice within its cool-down (failover excepted), no window held more
 // autopilot moves than its budget, and no request failed.
 func TestAutopilotSoak(t *testing.T) {
@@ -137,15 +147,23 @@ func TestAutopilotSoak(t *testing.T) {
 	if d := time.Until(start.Add(run)); d > 0 {
 		time.Sleep(d) // steady load to the end: the autopilot settles
 	}
+	// Within the tolerance: at once, or once a settle (above the tolerance for 4 x the
+	// sustain) and its plan had the time to bring it back.
 	imbalance := soakMetrics(t, s.rebalancer)
+	for deadline := time.Now().Add(4*soakSustain + time.Minute); time.Now().Before(deadline); imbalance = soakMetrics(t, s.rebalancer) {
+		if maxOf(imbalance) <= 1+soakTolerance {
+			break
+		}
+		time.Sleep(time.Second) // the autopilot measures every 5s: polling its figure
+	}
 	stopLoad()
 
 	if f := c.Failures(); len(f) > 0 {
 		t.Errorf("%d of %d requests failed:\n%s", len(f), requests.Load(), strings.Join(first(f, 20), "\n"))
 	}
 	for kind, r := range imbalance {
-		if r > 1.25 {
-			t.Errorf("%s: max/mean utilisation %.2f at the end, above the autopilot's trigger 1.25", kind, r)
+		if r > 1+soakTolerance {
+			t.Errorf("%s: max/mean utilisation %.2f at the end, above the autopilot's tolerance %.2f", kind, r, 1+soakTolerance)
 		}
 	}
 	moves := autopilotMoves(t, s.rebalancer)

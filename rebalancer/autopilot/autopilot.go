@@ -12,9 +12,10 @@
 //     the mode stops it;
 //   - evacuate: an operator marked a shard for maintenance; it is emptied;
 //   - fill: a live shard owns no tenant while others do, for Sustain;
-//   - balance: a kind's max/mean utilisation has been above 1+Trigger for Sustain; the plan
-//     brings it to 1+Tolerance (the gap between the two is the hysteresis that keeps it from
-//     flapping).
+//   - balance: a kind's max/mean utilisation has been above 1+Trigger for Sustain, or above
+//     1+Tolerance for Settle (a slow drift the trigger would never catch); the plan brings it
+//     to 1+Tolerance (the gap between what starts a plan and where it ends is the hysteresis
+//     that keeps it from flapping).
 //
 // Every plan says what triggered it (rebalancer.Trigger: the detector, the figure it measured
 // and the threshold it crossed) and each of its moves the goal it serves (planner.Move.Goal).
@@ -87,6 +88,9 @@ type Config struct {
 	Trigger   float64 `json:"trigger"`
 	// Sustain is how long imbalance, or an empty shard, must hold before a plan. Default 5m.
 	Sustain time.Duration `json:"sustain"`
+	// Settle is how long a kind may stay above 1+Tolerance (but under the trigger) before a
+	// balance plan brings it back within. Default 4 x Sustain.
+	Settle time.Duration `json:"settle"`
 	// MaxPlanMoves bounds one balance or fill plan. Default 20.
 	MaxPlanMoves int `json:"max_plan_moves"`
 	// Concurrency of balance, fill and evacuate plans (default 4) and of failover plans
@@ -134,6 +138,10 @@ func (c Config) withDefaults() Config {
 	if c.Sustain <= 0 {
 		c.Sustain = 5 * time.Minute
 	}
+	if c.Settle <= 0 {
+		c.Settle = 4 * c.Sustain
+	}
+	c.Settle = max(c.Settle, c.Sustain)
 	if c.MaxPlanMoves <= 0 {
 		c.MaxPlanMoves = 20
 	}
@@ -197,6 +205,7 @@ type Autopilot struct {
 	start     time.Time      // when this leader's autopilot started (it decides from start+Startup)
 	down      map[string]int // kind -> tenants on shards without a live instance (last look)
 	work      sync.WaitGroup
+	now       func() time.Time // the detectors' clock (time.Now; a test's own)
 }
 
 // Decision is one thing the autopilot decided, or was stopped from doing.
@@ -228,7 +237,7 @@ func New(cfg Config, d Deps) (*Autopilot, error) {
 		d.Apply = d.Engine.Apply
 	}
 	a := &Autopilot{cfg: cfg, d: d, failing: map[string]string{}, retryAt: map[string]time.Time{}, proposed: map[string]time.Time{},
-		since: map[string]time.Time{}, down: map[string]int{}}
+		since: map[string]time.Time{}, down: map[string]int{}, now: time.Now}
 	a.m = newMetrics(cfg.Registerer, a)
 	return a, nil
 }

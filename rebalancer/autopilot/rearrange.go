@@ -90,9 +90,7 @@ func (a *Autopilot) rearrange(ctx context.Context) {
 		if err == nil && (len(p.Moves) == 0 || c.detector == "balance" && !improves(p, w.Kind, a.cfg.Tolerance)) {
 			// Nothing worth moving (few tenants, the heavy ones cooling down): start the clock
 			// again rather than ask every look.
-			a.mu.Lock()
-			delete(a.since, c.detector+"/"+c.subject)
-			a.mu.Unlock()
+			a.forget(c)
 			a.cfg.Logger.Debug("autopilot: nothing worth moving", "detector", c.detector, "subject", c.subject, "cooling", len(cooling), "notes", p.Notes)
 			continue
 		}
@@ -100,11 +98,19 @@ func (a *Autopilot) rearrange(ctx context.Context) {
 			a.block(ctx, c, "no plan", err.Error())
 			continue
 		}
-		a.mu.Lock()
-		delete(a.since, c.detector+"/"+c.subject) // hysteresis: the condition must hold again for Sustain
-		a.mu.Unlock()
+		a.forget(c) // hysteresis: the condition must hold again for its time
 		a.apply(ctx, c.detector, c.subject, c.trigger, p, false)
 		return
+	}
+}
+
+// forget starts c's condition clocks again (a balance's settle clock with its own).
+func (a *Autopilot) forget(c *candidate) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.since, c.detector+"/"+c.subject)
+	if c.detector == "balance" {
+		delete(a.since, "settle/"+c.subject)
 	}
 }
 
@@ -172,6 +178,11 @@ func (a *Autopilot) block(ctx context.Context, c *candidate, g, why string) {
 // held reports whether condition key has held for Sustain (starting its clock if it was not
 // holding), and since when.
 func (a *Autopilot) held(key string, holds bool) (bool, time.Time) {
+	return a.heldFor(key, holds, a.cfg.Sustain)
+}
+
+// heldFor is held for a duration of its own.
+func (a *Autopilot) heldFor(key string, holds bool, d time.Duration) (bool, time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	since, ok := a.since[key]
@@ -180,10 +191,10 @@ func (a *Autopilot) held(key string, holds bool) (bool, time.Time) {
 		return false, time.Time{}
 	}
 	if !ok {
-		since = time.Now()
+		since = a.now()
 		a.since[key] = since
 	}
-	return time.Since(since) >= a.cfg.Sustain, since
+	return a.now().Sub(since) >= d, since
 }
 
 // evacuate wants a plan for the first shard marked for maintenance that still owns tenants.
@@ -246,24 +257,32 @@ func (a *Autopilot) fill(w planner.World) *candidate {
 // Sustain.
 func (a *Autopilot) balance(w planner.World) *candidate {
 	ratio, hottest := imbalance(w)
-	key := "balance/" + w.Kind
-	ok, since := a.held(key, ratio > 1+a.cfg.Trigger)
 	a.m.imbalance.WithLabelValues(w.Kind).Set(ratio)
+	threshold := fmt.Sprintf("max/mean > %.2f for %s", 1+a.cfg.Trigger, a.cfg.Sustain)
+	ok, since := a.held("balance/"+w.Kind, ratio > 1+a.cfg.Trigger)
+	// A kind that drifted above its tolerance but stays under the trigger is brought back too,
+	// only later: settling, it never flaps (the plan ends within the tolerance).
+	if settled, from := a.heldFor("settle/"+w.Kind, ratio > 1+a.cfg.Tolerance, a.cfg.Settle); !ok && settled {
+		ok, since = true, from
+		threshold = fmt.Sprintf("max/mean > %.2f for %s", 1+a.cfg.Tolerance, a.cfg.Settle)
+	}
 	if !ok {
 		return nil
 	}
 	return &candidate{detector: "balance", subject: w.Kind, windowed: true,
 		trigger: rebalancer.Trigger{Detector: "balance", Subject: w.Kind, Since: since,
 			Figure:    fmt.Sprintf("max/mean utilisation %.2f (%s the most utilised)", ratio, hottest),
-			Threshold: fmt.Sprintf("max/mean > %.2f for %s; the plan aims at %.2f", 1+a.cfg.Trigger, a.cfg.Sustain, 1+a.cfg.Tolerance)},
+			Threshold: fmt.Sprintf("%s; the plan aims at %.2f", threshold, 1+a.cfg.Tolerance)},
 		plan: func(o planner.Options) (*planner.Plan, error) { return planner.Balance(w, o) }}
 }
 
-// improves reports whether balance plan p lowers kind's max/mean by at least half the
-// tolerance: a plan that does not (a handful of tenants that cannot split evenly) is not made.
+// improves reports whether balance plan p brings kind within the tolerance or lowers its
+// max/mean by at least half the tolerance: a plan that does neither (a handful of tenants that
+// cannot split evenly) is not made.
 func improves(p *planner.Plan, kind string, tolerance float64) bool {
 	sum := p.Summary(kind)
-	return sum.Before.MaxOverMean-sum.After.MaxOverMean >= tolerance/2
+	within := sum.Before.MaxOverMean > 1+tolerance && sum.After.MaxOverMean <= 1+tolerance
+	return within || sum.Before.MaxOverMean-sum.After.MaxOverMean >= tolerance/2
 }
 
 // imbalance is the kind's max/mean utilisation over the shards that take tenants, and its most

@@ -47,6 +47,7 @@ type ServeCommand struct {
 	AutoMaxGiB                 float64
 	AutoWindow, AutoCooldown   time.Duration
 	AutoSustain, AutoStartup   time.Duration
+	AutoSettle                 time.Duration
 	AutoTolerance, AutoTrigger float64
 	AutoWindows                string
 	SuspectAfter, DeadAfter    time.Duration
@@ -108,6 +109,7 @@ func (c *ServeCommand) ParseFlags(args []string) error {
 	fs.Float64Var(&c.AutoTolerance, "autopilot-tolerance", 0.1, "a balance plan aims at max/mean utilisation <= 1+this")
 	fs.Float64Var(&c.AutoTrigger, "autopilot-trigger", 0.25, "a kind is balanced when max/mean utilisation stays above 1+this for --autopilot-sustain (hysteresis: above the tolerance)")
 	envflag.Duration(fs, &c.AutoSustain, "autopilot-sustain", 5*time.Minute, "how long imbalance, or an empty shard, must hold before the autopilot plans")
+	envflag.Duration(fs, &c.AutoSettle, "autopilot-settle", 0, "how long a kind may stay above its tolerance (under the trigger) before the autopilot balances it back within (0: 4 x --autopilot-sustain)")
 	envflag.Duration(fs, &c.AutoStartup, "autopilot-startup", 10*time.Second, "a new leader waits this long before the autopilot decides anything (instances starting beside it register)")
 	envflag.String(fs, &c.AutoWindows, "autopilot-windows", "", `maintenance windows (UTC) when balance and fill may run, ";"-separated: "Mon-Fri 22:00-06:00; Sat 00:00-24:00" (unset: any time)`)
 	envflag.Duration(fs, &c.SuspectAfter, "suspect-after", 1500*time.Millisecond, "probe an instance whose load reports stopped this long")
@@ -208,7 +210,7 @@ func (c *ServeCommand) autopilotConfig() (autopilot.Config, error) {
 		return autopilot.Config{}, usagef("the autopilot's budgets and tolerance must be > 0, and --autopilot-trigger at least --autopilot-tolerance")
 	}
 	return autopilot.Config{Mode: mode, MaxMoves: c.AutoMaxMoves, MaxBytes: uint64(c.AutoMaxGiB * (1 << 30)), Window: c.AutoWindow,
-		Cooldown: c.AutoCooldown, Tolerance: c.AutoTolerance, Trigger: c.AutoTrigger, Sustain: c.AutoSustain, Startup: c.AutoStartup,
+		Cooldown: c.AutoCooldown, Tolerance: c.AutoTolerance, Trigger: c.AutoTrigger, Sustain: c.AutoSustain, Settle: c.AutoSettle, Startup: c.AutoStartup,
 		Windows: windows}, nil
 }
 

@@ -109,6 +109,8 @@ type kindState struct {
 	startedAt time.Time
 	// confirmed is when (monoNow) the newest confirmation that held was asked; 0: never.
 	confirmed atomic.Int64
+	// applied counts the changes applied (a View's Changes), each once the table holds it.
+	applied atomic.Uint64
 }
 
 // New makes a watcher; it follows nothing until Run.
@@ -146,6 +148,55 @@ func (w *Watcher) Lookup(kind, tenant string) (Entry, bool) {
 		return Entry{}, false
 	}
 	return ks.t.Load().lookup(tenant)
+}
+
+// View is one kind of a Watcher, for a caller that asks about that kind only (a shard's gate):
+// the Watcher's answers without finding the kind each time. The zero View knows nothing.
+type View struct{ ks *kindState }
+
+// View returns kind's view (the zero View if the watcher does not follow kind).
+func (w *Watcher) View(kind string) View { return View{w.kinds[kind]} }
+
+// Lookup is Watcher.Lookup for the view's kind.
+func (v View) Lookup(tenant string) (Entry, bool) {
+	if v.ks == nil {
+		return Entry{}, false
+	}
+	return v.ks.t.Load().lookup(tenant)
+}
+
+// Changes counts the changes the view applied so far: equal counts read before a Lookup and
+// after mean the entry it returned is still current.
+func (v View) Changes() uint64 {
+	if v.ks == nil {
+		return 0
+	}
+	return v.ks.applied.Load()
+}
+
+// Confirmed is Watcher.Confirmed for the view's kind.
+func (v View) Confirmed() (time.Duration, bool) {
+	if v.ks == nil {
+		return 0, false
+	}
+	c := v.ks.confirmed.Load()
+	if c == 0 {
+		return 0, false
+	}
+	return time.Duration(monoNow() - c), true
+}
+
+// ConfirmedAt is Confirmed at now (a time.Now reading, which carries the monotonic clock), for
+// a caller that read the clock anyway.
+func (v View) ConfirmedAt(now time.Time) (time.Duration, bool) {
+	if v.ks == nil {
+		return 0, false
+	}
+	c := v.ks.confirmed.Load()
+	if c == 0 {
+		return 0, false
+	}
+	return time.Duration(int64(now.Sub(monoBase)) + 1 - c), true
 }
 
 // Range calls fn for every placement of kind until fn returns false, without locking out the
@@ -287,6 +338,7 @@ func (ks *kindState) start(ctx context.Context) error {
 			w.cfg.Logger.Warn("ignoring placement snapshot", "kind", ks.kind, "err", err)
 		case t != nil:
 			ks.t.Store(t)
+			ks.applied.Add(1)
 			ks.rev, ks.snapRev, after = rev, rev, rev
 			w.cfg.Logger.Info("loaded placement snapshot", "kind", ks.kind, "revision", rev, "placements", t.len(), "took", time.Since(ks.startedAt).Round(time.Millisecond))
 		}
@@ -363,6 +415,7 @@ func (ks *kindState) Apply(e kvwatch.Entry) {
 		}
 	}
 	old := t.set(e.Key, v, e.Revision)
+	ks.applied.Add(1) // after the table changed: a count read before a lookup covers what it saw
 	ks.mu.Unlock()
 	cb, subs := ks.w.cfg.OnChange, ks.w.subs.Load()
 	if (cb != nil || subs != nil) && old != v {
