@@ -121,6 +121,7 @@ e2e: tools
 	TM_E2E_MOVES=$${TM_E2E_MOVES:-1000} TM_CHAOS_LONG=1 TM_CLUSTER_STARTS=$${TM_CLUSTER_STARTS:-20} \
 		TM_FAILOVER_RUNS=$${TM_FAILOVER_RUNS:-20} TM_FREEZE=$${TM_FREEZE:-30s} TM_SOAK_MINUTES=$${TM_SOAK_MINUTES:-4} \
 		$(GO) test -count=1 -timeout 90m -run 'MovesUnderLoad|Chaos|FreshClusterStarts|Contention|FailoverUnderLoad|AutopilotSoak' -v ./test/
+	$(GO) test -count=1 -timeout 10m -run '^TestTenThousandTenants$$' -v ./services/runner/
 
 ## scale: the scale harness (test/scale, about 10-15 minutes on 2 cores): a 3-node embedded NATS
 ## cluster, TM_SCALE_TENANTS placements per kind (1,000,000), fleets of TM_SCALE_FLEETS shard
