@@ -197,11 +197,11 @@ type Service struct {
 	wake     chan struct{}       // nudges the dispatcher
 	recon    chan struct{}       // nudges the reconciler
 	totals   Totals
-	recent   recentRuns          // the newest runs, for the instance's load reports
-	fenced   map[string]captured // digests taken at a move's fence, until shardkit asks (digest.go)
-	runsStr  jetstream.Stream    // the runs bucket's stream, for digests (digest.go)
+	recent   recentRuns           // the newest runs, for the instance's load reports
+	fenced   map[string]*captured // digests taken from a move's fence, until shardkit asks (digest.go)
+	runsStr  jetstream.Stream     // the runs bucket's stream, for digests (digest.go)
 
-	housekeeping sync.WaitGroup // released tenants' outbox flushes and drain records
+	housekeeping sync.WaitGroup // released tenants' outbox flushes and drain records, digests, waits for them
 }
 
 // Totals are the instance's counters since start.
@@ -233,7 +233,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if err := st.EnsureEventsStream(ctx); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, st: st, js: st.JS().JetStream(), tenants: map[string]*tenantQ{}, changed: map[string]struct{}{}, fenced: map[string]captured{},
+	s := &Service{cfg: cfg, st: st, js: st.JS().JetStream(), tenants: map[string]*tenantQ{}, changed: map[string]struct{}{}, fenced: map[string]*captured{},
 		wake: make(chan struct{}, 1), recon: make(chan struct{}, 1), started: time.Now().UTC()}
 	s.outbox = &outbox{s: s, flushWake: make(chan struct{}, 1)}
 	s.sagas = &sagas{s: s, wake: make(chan struct{}, 1)}
@@ -329,7 +329,7 @@ func (s *Service) Run(ctx context.Context) error {
 
 // Hooks connect the runner to shardkit's move protocol.
 func (s *Service) Hooks() shardkit.Hooks {
-	return shardkit.Hooks{Warm: s.Warm, Fence: s.Fence, Lag: s.Lag, Release: s.Release, Reload: s.Reload, Report: s.recent.report,
+	return shardkit.Hooks{Warm: s.Warm, Fence: s.Fence, Lag: s.Lag, Release: s.Release, Reload: s.Reload, Report: s.recent.report, DigestBeside: true,
 		Sizes: s.sizes.Sizes, Digest: s.Digest}
 }
 
