@@ -89,6 +89,8 @@ type exchange struct {
 	pf      gatesig.Fields
 	chunked h1.ChunkedReader
 	bodyMem []byte
+	h2blk   []byte // a gRPC attempt's header block (grpc.go)
+	h2path  []byte
 }
 
 var exchanges = sync.Pool{New: func() any { return &exchange{} }}
@@ -103,7 +105,7 @@ func getExchange() *exchange {
 
 // putExchange clears x's references and returns it to the pool.
 func putExchange(x *exchange) {
-	*x = exchange{head: x.head[:0], req: x.req, rfields: x.rfields[:0], chunked: x.chunked, bodyMem: x.bodyMem[:0],
+	*x = exchange{head: x.head[:0], req: x.req, rfields: x.rfields[:0], chunked: x.chunked, bodyMem: x.bodyMem[:0], h2blk: x.h2blk[:0], h2path: x.h2path[:0],
 		aff: affinityAttempts{plan: x.aff.plan[:0]}}
 	x.req.Fields = x.req.Fields[:0]
 	if cap(x.bodyMem) > 64<<10 {
