@@ -280,15 +280,15 @@ type h2conn struct {
 	windowCond   sync.Cond // signalled when a send window opens or the connection fails
 	streams      map[uint32]*h2stream
 	nextID       uint32
-	active       int    // streams open or reserved
-	peerMax      int    // the instance's MAX_CONCURRENT_STREAMS (at most upMaxStreams)
-	peerWindow   int64  // the instance's initial stream window
-	peerMaxFrame int    // the instance's MAX_FRAME_SIZE
-	sendWindow   int64  // the connection's send window
-	recvAvail    int64  // what the instance may still send on the connection
-	recvUnacked  int64  // relayed, not yet credited
-	goaway       bool   // no new streams (GOAWAY received, or failing)
-	dead         error  // the connection failed
+	active       int   // streams open or reserved
+	peerMax      int   // the instance's MAX_CONCURRENT_STREAMS (at most upMaxStreams)
+	peerWindow   int64 // the instance's initial stream window
+	peerMaxFrame int   // the instance's MAX_FRAME_SIZE
+	sendWindow   int64 // the connection's send window
+	recvAvail    int64 // what the instance may still send on the connection
+	recvUnacked  int64 // relayed, not yet credited
+	goaway       bool  // no new streams (GOAWAY received, or failing)
+	dead         error // the connection failed
 	pingAt       time.Time
 	idleSince    time.Time
 	scratch      []byte
