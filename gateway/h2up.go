@@ -799,6 +799,7 @@ func (s *h2stream) sendBody(body io.Reader, ready func() bool) {
 		n, err := body.Read(*bp)
 		if err == io.EOF {
 			_ = s.writeData((*bp)[:n], true)
+			_ = s.flush()
 			copyBufs.Put(bp)
 			return
 		}
@@ -809,6 +810,7 @@ func (s *h2stream) sendBody(body io.Reader, ready func() bool) {
 		if err != nil {
 			s.c.mu.Lock()
 			s.c.resetLocked(s, errCodeCancel, err)
+			_ = s.c.out.flushLocked()
 			s.c.mu.Unlock()
 			copyBufs.Put(bp)
 			return
