@@ -40,13 +40,15 @@ type exchange struct {
 	cancelable bool
 	// grpc: a gRPC call (HTTP/2, application/grpc): sent over HTTP/2, answered with gRPC
 	// statuses (grpc.go); its request stream is rbody, not body.
-	grpc   bool
-	rbody  *replayBody
-	out    responder
-	ctx    context.Context
-	cancel context.CancelFunc
-	rctx   reqContext // the context of the own front end's requests
-	start  time.Time
+	grpc  bool
+	rbody *replayBody
+	// streamCtx: ctx is the HTTP/2 stream's own, ended with it (h2front.go).
+	streamCtx bool
+	out       responder
+	ctx       context.Context
+	cancel    context.CancelFunc
+	rctx      reqContext // the context of the own front end's requests
+	start     time.Time
 
 	// What the stages learned.
 	tenant     string

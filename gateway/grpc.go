@@ -43,7 +43,7 @@ import (
 func (g *Gateway) serveGRPC(x *exchange) {
 	if d, ok := grpcTimeout(x.fields); ok {
 		x.ctx, x.cancel = context.WithTimeout(x.ctx, d)
-	} else {
+	} else if !x.streamCtx {
 		x.ctx, x.cancel = context.WithCancel(x.ctx)
 	}
 	if err := g.holdIfMoving(x); err != nil {
@@ -88,26 +88,30 @@ func (g *Gateway) sendGRPC(x *exchange) (*grpcAttempt, error) {
 				return nil, x.lastErr
 			}
 			x.ke.metrics.retry(reason)
-			if errors.Is(err, errAbandoned) {
+			switch {
+			case errors.Is(err, errAbandoned):
 				if e, ok := x.ke.lookup(x.tenant); ok {
 					x.entry = e
 				}
 				x.tried = x.tried[:0]
-			} else {
+			case errors.Is(err, errStreamRefused):
+				// The instance is fine (its connection was going away, or it was busy):
+				// it may take the call again, on another connection.
+			default:
 				x.tried = append(x.tried, in)
 			}
 			continue
 		}
-		s := a.s
-		refused := hpackGet(s.head, tmhttp.HeaderRefused)
-		if refused == "" && s.status != http.StatusMisdirectedRequest {
-			x.inst, x.code = in, s.status
+		status := a.s.status
+		refused := hpackGet(a.s.head, tmhttp.HeaderRefused)
+		if refused == "" && status != http.StatusMisdirectedRequest {
+			x.inst, x.code = in, status
 			return a, nil
 		}
 		prob := refusalOf(a)
-		a.done()
+		a.done() // a.s is another call's from here
 		if !x.replayable || n >= g.cfg.Retries {
-			if s.status == http.StatusMisdirectedRequest || refused == "not_owner" || refused == "unplaced" || refused == "stale_epoch" {
+			if status == http.StatusMisdirectedRequest || refused == "not_owner" || refused == "unplaced" || refused == "stale_epoch" {
 				return nil, errMisdirected(x)
 			}
 			return nil, &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "shard-refused", Title: "Shard refused the call",
@@ -214,7 +218,7 @@ func (g *Gateway) attemptGRPC(x *exchange, in *instance) (*grpcAttempt, error) {
 			err = c // abandoned, or the upstream timeout
 		}
 		a.done()
-		if errors.Is(x.ctx.Err(), context.Canceled) {
+		if errors.Is(x.ctx.Err(), context.Canceled) || errors.Is(err, errStreamRefused) {
 			in.breaker.Abandon()
 		} else {
 			in.failures.Add(1)

@@ -169,6 +169,9 @@ func (sc *h2server) serve() error {
 				if errors.As(err, &ce) {
 					return sc.connError(ce, err.Error())
 				}
+				if errors.Is(err, http2.ErrFrameTooLarge) {
+					return sc.connError(http2.ConnectionError(errCodeFrameSize), err.Error())
+				}
 				if isTimeout(err) && sc.cr.n == n0 && buffered == 0 && sc.silent() {
 					continue // pinged
 				}
@@ -233,13 +236,19 @@ func (sc *h2server) silent() bool {
 	return sc.out.flushLocked() == nil
 }
 
-// connError ends the connection with a GOAWAY naming code.
+// connError ends the connection with a GOAWAY naming code. What the client sent after it is
+// read and dropped (up to 256 KiB, for a second) before the connection closes, so that the
+// close does not reset it and lose the GOAWAY.
 func (sc *h2server) connError(code http2.ConnectionError, why string) error {
 	sc.mu.Lock()
 	sc.goaway = true
 	sc.out.buf = appendGoAway(sc.out.buf, sc.maxID, uint32(code), "")
-	_ = sc.out.flushLocked()
+	err := sc.out.flushLocked()
 	sc.mu.Unlock()
+	if cw, ok := sc.nc.(interface{ CloseWrite() error }); ok && err == nil && cw.CloseWrite() == nil {
+		_ = sc.nc.SetReadDeadline(time.Now().Add(time.Second))
+		_, _ = io.CopyN(io.Discard, sc.rd, 256<<10)
+	}
 	return fmt.Errorf("HTTP/2 connection error %v: %s", http2.ErrCode(code), why)
 }
 
@@ -523,7 +532,7 @@ func (sc *h2server) request(s *h2fstream, f *http2.MetaHeadersFrame) int {
 	x.grpc = strings.HasPrefix(ct, "application/grpc") && (len(ct) == 16 || ct[16] == '+' || ct[16] == ';')
 	if x.grpc {
 		s.ctx, s.cancel = context.WithCancelCause(sc.ctx)
-		x.ctx, x.cancelable = s.ctx, true
+		x.ctx, x.cancelable, x.streamCtx = s.ctx, true, true
 		if !s.bodyEnd {
 			x.rbody = newReplayBody(&s.bodyR, sc.g.cfg.MaxReplayBody)
 		}
@@ -556,14 +565,13 @@ func (sc *h2server) run(s *h2fstream) {
 	s.body, s.bodyPos = nil, 0
 	delete(sc.streams, s.id)
 	sc.active--
-	if len(sc.out.buf) > 0 {
-		_ = sc.out.flushLocked()
-	}
 	if sc.goaway && sc.active == 0 {
+		_ = sc.out.flushLocked()
 		_ = sc.nc.SetReadDeadline(aLongTimeAgo) // the reader ends the connection
 	}
 	s.wake()
 	sc.mu.Unlock()
+	_ = sc.out.flush()
 	if s.cancel != nil {
 		s.cancel(context.Canceled)
 	}
@@ -682,8 +690,9 @@ func (b *h2body) Read(p []byte) (int, error) {
 		if s.bodyPos == len(s.body) {
 			s.body, s.bodyPos = s.body[:0], 0
 		}
+		k := len(sc.out.buf)
 		sc.creditLocked(s, int64(n))
-		if len(sc.out.buf) > 0 && !sc.out.writing {
+		if len(sc.out.buf) > k { // a WINDOW_UPDATE
 			_ = sc.out.flushLocked()
 		}
 		return n, nil
@@ -736,8 +745,11 @@ func (s *h2fstream) write(p []byte) error {
 		n := int64(min(len(p), sc.peerMaxFrame))
 		n = min(n, s.sendWindow, sc.sendWindow)
 		if n <= 0 {
-			if err := sc.out.flushLocked(); err != nil {
-				return err
+			if len(sc.out.buf) > 0 { // the client must see what it has, to credit more
+				if err := sc.out.flushLocked(); err != nil {
+					return err
+				}
+				continue // the lock was let go: look at the windows again
 			}
 			sc.windowCond.Wait()
 			continue
@@ -757,11 +769,12 @@ func (s *h2fstream) write(p []byte) error {
 func (s *h2fstream) flush() error {
 	sc := s.sc
 	sc.mu.Lock()
-	defer sc.mu.Unlock()
-	if s.reset || sc.dead != nil {
+	bad := s.reset || sc.dead != nil
+	sc.mu.Unlock()
+	if bad {
 		return errStreamReset
 	}
-	return sc.out.flushLocked()
+	return sc.out.flush()
 }
 
 func (s *h2fstream) finish(trailer []h1.Field) error {

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/url"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -226,8 +225,9 @@ func (up *upstream) connect(u *url.URL) (*h2conn, error) {
 	c.fr = http2.NewFramer(nil, c.rd)
 	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	c.fr.MaxHeaderListSize = 1 << 20
-	c.lastRead.Store(time.Now().UnixNano())
-	c.idleSince = time.Now()
+	c.fr.SetMaxReadFrameSize(h2DefaultMaxFrame)
+	c.fr.SetReuseFrames()
+	c.heardAt = time.Now()
 	c.mu.Lock()
 	b := append(c.out.buf, http2.ClientPreface...)
 	b = appendSettings(b, setEnablePush, 0, setInitialWindowSize, upStreamWindow, setMaxHeaderListSize, 1<<20)
@@ -289,10 +289,14 @@ type h2conn struct {
 	recvUnacked  int64 // relayed, not yet credited
 	goaway       bool  // no new streams (GOAWAY received, or failing)
 	dead         error // the connection failed
-	pingAt       time.Time
-	idleSince    time.Time
 	scratch      []byte
-	lastRead     atomic.Int64 // UnixNano of the last frame read
+	// Liveness, without a clock read per frame: the frames read, and what housekeeping
+	// last saw of them (when the count last moved, a ping sent, since when no stream).
+	frames     uint64
+	seenFrames uint64
+	heardAt    time.Time
+	pingAt     time.Time
+	idleAt     time.Time
 }
 
 // reserve takes a stream slot if the connection has one (up.mu held).
@@ -303,25 +307,37 @@ func (c *h2conn) reserve() *h2stream {
 		return nil
 	}
 	c.active++
-	return &h2stream{c: c, notify: make(chan struct{}, 1)}
+	s := upStreams.Get().(*h2stream)
+	s.c = c
+	return s
 }
+
+// upStreams keeps streams (and their buffers) for the next calls.
+var upStreams = sync.Pool{New: func() any { return &h2stream{notify: make(chan struct{}, 1)} }}
 
 // housekeep closes c when idle too long, pings it when silent, fails it when a ping is not
 // answered.
 func (c *h2conn) housekeep(now time.Time) {
 	c.mu.Lock()
-	if c.active == 0 && now.Sub(c.idleSince) > upIdle {
+	if c.frames != c.seenFrames {
+		c.seenFrames, c.heardAt, c.pingAt = c.frames, now, time.Time{}
+	}
+	switch {
+	case c.active > 0:
+		c.idleAt = time.Time{}
+	case c.idleAt.IsZero():
+		c.idleAt = now
+	case now.Sub(c.idleAt) > upIdle:
 		c.mu.Unlock()
 		c.fail(errors.New("idle"))
 		return
 	}
-	last := time.Unix(0, c.lastRead.Load())
 	switch {
-	case !c.pingAt.IsZero() && now.Sub(c.pingAt) > upPingTimeout && !last.After(c.pingAt):
+	case !c.pingAt.IsZero() && now.Sub(c.pingAt) > upPingTimeout:
 		c.mu.Unlock()
 		c.fail(errors.New("the instance did not answer a ping"))
 		return
-	case c.active > 0 && c.pingAt.IsZero() && now.Sub(last) > upPingAfter:
+	case c.active > 0 && c.pingAt.IsZero() && now.Sub(c.heardAt) > upPingAfter:
 		c.pingAt = now
 		c.out.buf = appendFrameHeader(c.out.buf, 8, frPing, 0, 0)
 		c.out.buf = append(c.out.buf, 't', 'm', 'p', 'i', 'n', 'g', 0, 0)
@@ -388,9 +404,8 @@ func (c *h2conn) readLoop() {
 			c.fail(fmt.Errorf("connection to the instance: %w", err))
 			return
 		}
-		c.lastRead.Store(time.Now().UnixNano())
 		c.mu.Lock()
-		c.pingAt = time.Time{}
+		c.frames++
 		err = c.frameLocked(f)
 		if err == nil && c.rd.Buffered() == 0 && len(c.out.buf) > 0 {
 			_ = c.out.flushLocked()
@@ -399,6 +414,9 @@ func (c *h2conn) readLoop() {
 		if err != nil {
 			c.fail(err)
 			return
+		}
+		if _, ok := f.(*http2.GoAwayFrame); ok {
+			c.up.forget(c) // no new streams on c; its streams under way finish
 		}
 	}
 }
@@ -528,7 +546,6 @@ func (c *h2conn) frameLocked(f http2.Frame) error {
 			}
 		}
 		c.windowCond.Broadcast()
-		go c.up.forget(c) // no new streams on c; its streams under way finish
 	case *http2.PushPromiseFrame:
 		return errors.New("the instance pushed a stream (push is disabled)")
 	}
@@ -599,11 +616,11 @@ func (c *h2conn) removeLocked(s *h2stream) {
 		delete(c.streams, s.id)
 	}
 	c.active--
-	if c.active == 0 {
-		c.idleSince = time.Now()
-		if c.goaway && c.dead == nil {
-			go c.fail(errors.New("the instance sent GOAWAY"))
-		}
+	if c.active == 0 && c.goaway && c.dead == nil {
+		// The instance said GOAWAY (forget took c out of the pool) and its last stream is
+		// done: close it; the reader ends.
+		c.dead = errors.New("the instance sent GOAWAY")
+		c.nc.Close()
 	}
 }
 
@@ -613,6 +630,7 @@ type h2stream struct {
 	c      *h2conn
 	id     uint32
 	notify chan struct{}
+	copier bool // a goroutine of sendBody holds the stream
 
 	// Under c.mu.
 	sendWindow  int64
@@ -680,8 +698,11 @@ func (s *h2stream) writeData(p []byte, end bool) error {
 		n := int64(min(len(p), c.peerMaxFrame))
 		n = min(n, s.sendWindow, c.sendWindow)
 		if n <= 0 {
-			if err := c.out.flushLocked(); err != nil {
-				return err
+			if len(c.out.buf) > 0 { // the instance must see what it has, to credit more
+				if err := c.out.flushLocked(); err != nil {
+					return err
+				}
+				continue // the lock was let go: look at the windows again
 			}
 			c.windowCond.Wait()
 			continue
@@ -706,13 +727,9 @@ func (s *h2stream) writeData(p []byte, end bool) error {
 	}
 }
 
-// flush sends what is pending on the connection.
-func (s *h2stream) flush() error {
-	c := s.c
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.out.flushLocked()
-}
+// flush sends what is pending on the connection (with the frames of the other calls of this
+// turn).
+func (s *h2stream) flush() error { return s.c.out.flush() }
 
 // awaitHead waits for the answer's header block, or the stream's end.
 func (s *h2stream) awaitHead(ctx context.Context) error {
@@ -743,8 +760,9 @@ func (s *h2stream) next(ctx context.Context, wait bool) (p []byte, eof bool, err
 		c.mu.Lock()
 		if len(s.data) > 0 {
 			p, s.data, s.spare = s.data, s.spare[:0], s.data
+			n := len(c.out.buf)
 			c.creditLocked(s, int64(len(p)))
-			if len(c.out.buf) > 0 && !c.out.writing {
+			if len(c.out.buf) > n { // a WINDOW_UPDATE
 				_ = c.out.flushLocked()
 			}
 			c.mu.Unlock()
@@ -779,6 +797,18 @@ func (s *h2stream) done() {
 		c.windowCond.Broadcast()
 	}
 	c.mu.Unlock()
+	if !s.copier { // nothing else holds s: it serves another call
+		data, spare, notify := s.data[:0], s.spare[:0], s.notify
+		if cap(data) > 64<<10 || cap(spare) > 64<<10 {
+			data, spare = nil, nil
+		}
+		select {
+		case <-notify:
+		default:
+		}
+		*s = h2stream{notify: notify, data: data, spare: spare}
+		upStreams.Put(s)
+	}
 }
 
 var errStreamDone = errors.New("the call is over")
@@ -817,6 +847,7 @@ func (s *h2stream) sendBody(body io.Reader, ready func() bool) {
 		}
 	}
 	_ = s.flush()
+	s.copier = true
 	go func() {
 		defer copyBufs.Put(bp)
 		for {

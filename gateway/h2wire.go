@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/binary"
+	"runtime"
 	"sync"
 
 	"github.com/tenantmesh/tenantmesh/gateway/h1"
@@ -348,6 +349,24 @@ func (o *h2out) flushLocked() error {
 	o.writing = false
 	o.drained.Broadcast()
 	return o.err
+}
+
+// flush writes what is pending. It first yields to the goroutines ready to run: the other
+// streams' goroutines woken in this turn write their frames, which leave in the same write
+// (one system call for a turn's frames instead of one per stream).
+func (o *h2out) flush() error {
+	o.mu.Lock()
+	if o.writing || len(o.buf) == 0 {
+		err := o.err
+		o.mu.Unlock()
+		return err
+	}
+	o.mu.Unlock()
+	runtime.Gosched()
+	o.mu.Lock()
+	err := o.flushLocked()
+	o.mu.Unlock()
+	return err
 }
 
 // roomLocked waits while more than maxPending is pending and being written.
