@@ -97,23 +97,6 @@ func appendSettings(b []byte, kv ...uint32) []byte {
 	return b
 }
 
-// appendData appends p as DATA frames of at most maxFrame bytes.
-func appendData(b []byte, stream uint32, p []byte, end bool, maxFrame int) []byte {
-	for {
-		n := min(len(p), maxFrame)
-		var fl byte
-		if n == len(p) && end {
-			fl = flEndStream
-		}
-		b = appendFrameHeader(b, n, frData, fl, stream)
-		b = append(b, p[:n]...)
-		p = p[n:]
-		if len(p) == 0 {
-			return b
-		}
-	}
-}
-
 // headerBlock encodes one header block after a HEADERS frame header it patches when done
 // (end), splitting it into CONTINUATION frames past the peer's frame size.
 type headerBlock struct {
