@@ -116,6 +116,7 @@ type rawInstance struct {
 	mu   sync.Mutex
 	n    int                      // connections accepted
 	rsts map[uint32]http2.ErrCode // RST_STREAMs received
+	hdrs int                      // header blocks received
 	cs   []net.Conn
 }
 
@@ -186,6 +187,9 @@ func (ri *rawInstance) serve(n int, c net.Conn) {
 			ri.rsts[f.StreamID] = f.ErrCode
 			ri.mu.Unlock()
 		case *http2.MetaHeadersFrame:
+			ri.mu.Lock()
+			ri.hdrs++
+			ri.mu.Unlock()
 			switch ri.act(n, f.StreamID) {
 			case "answer":
 				r.headers(f.StreamID, false, ":status", "200", "content-type", "application/grpc", "x-conn", string(rune('0'+n)))
@@ -269,12 +273,10 @@ func TestH2ResetRelayed(t *testing.T) {
 		_, err := c.Check(ctx, &healthpb.HealthCheckRequest{})
 		done <- err
 	}()
-	eventually(t, 10*time.Second, "the call at the instance", func() bool { return ri.conns() == 1 })
-	// The call's stream is open at the instance once the gateway's stream is; cancel it.
-	eventually(t, 10*time.Second, "a stream under way", func() bool {
-		e.gw.up.mu.Lock()
-		defer e.gw.up.mu.Unlock()
-		return len(e.gw.up.calls) == 1
+	eventually(t, 10*time.Second, "the call's head at the instance", func() bool {
+		ri.mu.Lock()
+		defer ri.mu.Unlock()
+		return ri.hdrs == 1
 	})
 	cancel()
 	if err := <-done; status.Code(err) != codes.Canceled {
