@@ -148,7 +148,7 @@ func (g *Gateway) retryable(x *exchange, err error) (string, bool) {
 	if !x.replayable || x.ctx.Err() != nil || isTimeout(err) {
 		return "", false
 	}
-	if isDialError(err) {
+	if isDialError(err) || errors.Is(err, errStreamRefused) {
 		return "unreachable", true
 	}
 	switch x.method {
