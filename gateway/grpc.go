@@ -355,7 +355,7 @@ func (g *Gateway) answerGRPC(x *exchange, a *grpcAttempt) {
 	}
 	x.rfields = fields
 	p, eof, err := s.next(a.ctx, false)
-	if eof && len(p) == 0 && s.trailer == nil { // trailers-only: the status is in the head
+	if eof && len(p) == 0 && !s.gotTrailer { // trailers-only: the status is in the head
 		_ = out.writeHead(s.status, fields, 0, true)
 		g.metrics.grpcCall(x.ke.name, grpcStatusOf(s))
 		return

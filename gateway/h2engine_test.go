@@ -410,6 +410,28 @@ func TestH2Limits(t *testing.T) {
 		}
 	}
 
+	// So does a single field longer than --max-header-bytes, and the connection serves on.
+	r = dialRawH2(t, e)
+	r.headers(1, true, append(grpcCheck, "x-tenant-id", "t1", "x-long", strings.Repeat("l", 6<<10))...)
+	for {
+		f := r.next()
+		if h, ok := f.(*http2.MetaHeadersFrame); ok {
+			if h.PseudoValue("status") != "431" {
+				t.Fatalf("a long header field answered %q", h.PseudoValue("status"))
+			}
+			break
+		}
+		if f == nil {
+			t.Fatal("the connection ended")
+		} else if g, ok := f.(*http2.GoAwayFrame); ok {
+			t.Fatalf("a long header field ended the connection: GOAWAY %v", g.ErrCode)
+		}
+	}
+	_ = r.fr.WritePing(false, [8]byte{'a', 'l', 'i', 'v', 'e'})
+	if p, ok := r.next().(*http2.PingFrame); !ok || !p.IsAck() {
+		t.Fatal("the connection did not answer a ping after the 431")
+	}
+
 	// A frame over 16 KiB ends the connection (FRAME_SIZE_ERROR).
 	r = dialRawH2(t, e)
 	r.headers(1, false, append(grpcCheck, "x-tenant-id", "t1")...)

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 
 	"github.com/tenantmesh/tenantmesh/gateway/h1"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
@@ -43,6 +42,7 @@ type h2server struct {
 	cr  countingReader
 	rd  *bufio.Reader
 	fr  *http2.Framer
+	hd  *h2headers
 	wdl writeDeadline
 	ctx context.Context // ends when the connection does
 	end context.CancelFunc
@@ -107,8 +107,7 @@ func (cc *clientConn) serveH2() {
 	sc.cr.r = io.MultiReader(bytes.NewReader(pending), ioOf(cc.c))
 	sc.rd = bufio.NewReaderSize(&sc.cr, 32<<10)
 	sc.fr = http2.NewFramer(nil, sc.rd)
-	sc.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	sc.fr.MaxHeaderListSize = uint32(g.cfg.MaxHeaderBytes)
+	sc.hd = newH2Headers(uint32(g.cfg.MaxHeaderBytes))
 	sc.fr.SetMaxReadFrameSize(h2DefaultMaxFrame)
 	sc.fr.SetReuseFrames()
 	cc.f.mu.Lock()
@@ -139,11 +138,11 @@ func (sc *h2server) serve() error {
 	if err != nil {
 		return err
 	}
-	f, err := sc.fr.ReadFrame()
+	f, blk, err := sc.hd.readFrame(sc.fr)
 	if err != nil {
 		return err
 	}
-	if _, ok := f.(*http2.SettingsFrame); !ok {
+	if _, ok := f.(*http2.SettingsFrame); !ok || blk != nil {
 		return sc.connError(http2.ConnectionError(errCodeProtocol), "the first frame is not SETTINGS")
 	}
 	first := true
@@ -153,7 +152,7 @@ func (sc *h2server) serve() error {
 				sc.readDeadline()
 			}
 			n0, buffered := sc.cr.n, sc.rd.Buffered()
-			f, err = sc.fr.ReadFrame()
+			f, blk, err = sc.hd.readFrame(sc.fr)
 			if err != nil {
 				var se http2.StreamError
 				if errors.As(err, &se) {
@@ -181,7 +180,11 @@ func (sc *h2server) serve() error {
 		first = false
 		sc.mu.Lock()
 		sc.pingAt = time.Time{}
-		err = sc.frameLocked(f)
+		if blk != nil {
+			err = sc.headersLocked(blk)
+		} else {
+			err = sc.frameLocked(f)
+		}
 		if err == nil && sc.rd.Buffered() == 0 {
 			sc.startLocked()
 			if len(sc.out.buf) > 0 {
@@ -301,8 +304,6 @@ func (sc *h2server) startLocked() {
 // frameLocked handles one frame (sc.mu held); an error ends the connection.
 func (sc *h2server) frameLocked(f http2.Frame) error {
 	switch f := f.(type) {
-	case *http2.MetaHeadersFrame:
-		return sc.headersLocked(f)
 	case *http2.DataFrame:
 		n := int64(f.Header().Length)
 		if n > sc.recvAvail {
@@ -402,8 +403,8 @@ func (sc *h2server) frameLocked(f http2.Frame) error {
 }
 
 // headersLocked opens a stream (or takes a request's trailers).
-func (sc *h2server) headersLocked(f *http2.MetaHeadersFrame) error {
-	id := f.StreamID
+func (sc *h2server) headersLocked(f *h2block) error {
+	id := f.stream
 	if id%2 == 0 {
 		return http2.ConnectionError(errCodeProtocol)
 	}
@@ -412,7 +413,7 @@ func (sc *h2server) headersLocked(f *http2.MetaHeadersFrame) error {
 		if s == nil || s.bodyEnd {
 			return http2.ConnectionError(errCodeStreamClosed)
 		}
-		if !f.StreamEnded() { // trailers must end the stream
+		if !f.endStream { // trailers must end the stream
 			sc.resetLocked(s, id, errCodeProtocol)
 			return nil
 		}
@@ -425,7 +426,7 @@ func (sc *h2server) headersLocked(f *http2.MetaHeadersFrame) error {
 	case sc.goaway:
 		sc.out.buf = appendRST(sc.out.buf, id, errCodeRefusedStream)
 		return nil
-	case f.Truncated:
+	case f.truncated:
 		sc.statusOnly(id, http.StatusRequestHeaderFieldsTooLarge)
 		return nil
 	case sc.active >= sc.g.cfg.MaxStreams:
@@ -434,7 +435,7 @@ func (sc *h2server) headersLocked(f *http2.MetaHeadersFrame) error {
 	}
 	s := &h2fstream{sc: sc, id: id, sendWindow: sc.peerWindow, recvAvail: frontStreamWindow, notify: make(chan struct{}, 1)}
 	s.bodyR.s = s
-	if f.StreamEnded() {
+	if f.endStream {
 		s.bodyEnd = true
 	}
 	code := sc.request(s, f)
@@ -465,14 +466,14 @@ func (sc *h2server) statusOnly(id uint32, status int) {
 
 // request fills the stream's exchange from its header block; a code >= 100 is a status to
 // answer, another non-zero one an RST_STREAM code (a malformed request, RFC 9113 8.1.1).
-func (sc *h2server) request(s *h2fstream, f *http2.MetaHeadersFrame) int {
+func (sc *h2server) request(s *h2fstream, f *h2block) int {
 	x := getExchange()
 	s.x = x
 	var method, path, scheme, authority string
 	fields := x.req.Fields[:0]
 	var ct string
 	clen := int64(-1)
-	for _, hf := range f.Fields {
+	for _, hf := range f.fields {
 		if hf.IsPseudo() {
 			switch hf.Name {
 			case ":method":

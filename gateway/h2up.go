@@ -223,8 +223,7 @@ func (up *upstream) connect(u *url.URL) (*h2conn, error) {
 	c.windowCond.L = &c.mu
 	c.rd = bufio.NewReaderSize(ioOf(nc), 32<<10)
 	c.fr = http2.NewFramer(nil, c.rd)
-	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	c.fr.MaxHeaderListSize = 1 << 20
+	c.hd = newH2Headers(1 << 20)
 	c.fr.SetMaxReadFrameSize(h2DefaultMaxFrame)
 	c.fr.SetReuseFrames()
 	c.heardAt = time.Now()
@@ -273,6 +272,7 @@ type h2conn struct {
 	nc  net.Conn
 	rd  *bufio.Reader
 	fr  *http2.Framer
+	hd  *h2headers
 	wdl writeDeadline
 
 	mu           sync.Mutex
@@ -383,7 +383,7 @@ func (c *h2conn) fail(err error) {
 func (c *h2conn) readLoop() {
 	defer c.up.wg.Done()
 	for {
-		f, err := c.fr.ReadFrame()
+		f, blk, err := c.hd.readFrame(c.fr)
 		if err != nil {
 			var se http2.StreamError
 			if errors.As(err, &se) {
@@ -406,7 +406,11 @@ func (c *h2conn) readLoop() {
 		}
 		c.mu.Lock()
 		c.frames++
-		err = c.frameLocked(f)
+		if blk != nil {
+			c.headersLocked(blk)
+		} else {
+			err = c.frameLocked(f)
+		}
 		if err == nil && c.rd.Buffered() == 0 && len(c.out.buf) > 0 {
 			_ = c.out.flushLocked()
 		}
@@ -424,35 +428,6 @@ func (c *h2conn) readLoop() {
 // frameLocked handles one frame (c.mu held).
 func (c *h2conn) frameLocked(f http2.Frame) error {
 	switch f := f.(type) {
-	case *http2.MetaHeadersFrame:
-		s := c.streams[f.StreamID]
-		if s == nil {
-			return nil
-		}
-		if f.Truncated {
-			c.resetLocked(s, errCodeProtocol, errors.New("the instance's header list is too large"))
-			return nil
-		}
-		if !s.gotHead {
-			st := f.PseudoValue("status")
-			if len(st) == 3 && st[0] == '1' {
-				return nil // an informational answer: the final one follows
-			}
-			s.gotHead, s.head, s.status = true, f.RegularFields(), 0
-			for _, ch := range []byte(st) {
-				s.status = s.status*10 + int(ch-'0')
-			}
-		} else {
-			s.trailer = f.RegularFields()
-			if !f.StreamEnded() {
-				c.resetLocked(s, errCodeProtocol, errors.New("the instance sent trailers without ending the stream"))
-				return nil
-			}
-		}
-		if f.StreamEnded() {
-			s.ended = true
-		}
-		s.wake()
 	case *http2.DataFrame:
 		n := int64(f.Header().Length)
 		if n > c.recvAvail {
@@ -552,6 +527,39 @@ func (c *h2conn) frameLocked(f http2.Frame) error {
 	return nil
 }
 
+// headersLocked takes an answer's header block: its head, or its trailers (c.mu held). The
+// fields are copied into the stream's own storage (the block's is the next one's).
+func (c *h2conn) headersLocked(b *h2block) {
+	s := c.streams[b.stream]
+	if s == nil {
+		return
+	}
+	if b.truncated {
+		c.resetLocked(s, errCodeProtocol, errors.New("the instance's header list is too large"))
+		return
+	}
+	if !s.gotHead {
+		st := b.pseudo(":status")
+		if len(st) == 3 && st[0] == '1' {
+			return // an informational answer: the final one follows
+		}
+		s.gotHead, s.head, s.status = true, append(s.head[:0], b.regular()...), 0
+		for _, ch := range []byte(st) {
+			s.status = s.status*10 + int(ch-'0')
+		}
+	} else {
+		s.gotTrailer, s.trailer = true, append(s.trailer[:0], b.regular()...)
+		if !b.endStream {
+			c.resetLocked(s, errCodeProtocol, errors.New("the instance sent trailers without ending the stream"))
+			return
+		}
+	}
+	if b.endStream {
+		s.ended = true
+	}
+	s.wake()
+}
+
 // forget takes c out of the pool (no new streams); it is closed when its last stream ends.
 func (up *upstream) forget(c *h2conn) {
 	up.mu.Lock()
@@ -639,6 +647,7 @@ type h2stream struct {
 	sentEnd     bool
 	removed     bool
 	gotHead     bool
+	gotTrailer  bool
 	status      int
 	head        []hpack.HeaderField
 	trailer     []hpack.HeaderField
@@ -802,16 +811,27 @@ func (s *h2stream) done() {
 		if cap(data) > 64<<10 || cap(spare) > 64<<10 {
 			data, spare = nil, nil
 		}
+		head, trailer := reuseFields(s.head), reuseFields(s.trailer)
 		select {
 		case <-notify:
 		default:
 		}
-		*s = h2stream{notify: notify, data: data, spare: spare}
+		*s = h2stream{notify: notify, data: data, spare: spare, head: head, trailer: trailer}
 		upStreams.Put(s)
 	}
 }
 
 var errStreamDone = errors.New("the call is over")
+
+// reuseFields empties f for the next call (nothing of this one kept alive), unless it grew
+// large.
+func reuseFields(f []hpack.HeaderField) []hpack.HeaderField {
+	if cap(f) > 64 {
+		return nil
+	}
+	clear(f)
+	return f[:0]
+}
 
 // appendHeaderFrames frames an encoded header block as HEADERS and CONTINUATION frames.
 func appendHeaderFrames(b []byte, stream uint32, blk []byte, endStream bool, maxFrame int, scratch *[]byte) []byte {
