@@ -108,7 +108,7 @@ func (g *Gateway) sendGRPC(x *exchange) (*grpcAttempt, error) {
 			x.inst, x.code = in, status
 			return a, nil
 		}
-		prob := refusalOf(a)
+		prob := refusalOf(x, a)
 		a.done() // a.s is another call's from here
 		if !x.replayable || n >= g.cfg.Retries {
 			if status == http.StatusMisdirectedRequest || refused == "not_owner" || refused == "unplaced" || refused == "stale_epoch" {
@@ -148,7 +148,7 @@ func hpackGet(fields []hpack.HeaderField, name string) string {
 
 // refusalOf reads the owner a gate refusal names: x-tm-owner and x-tm-epoch of a gRPC status,
 // or a 421's problem body.
-func refusalOf(a *grpcAttempt) tmhttp.Problem {
+func refusalOf(x *exchange, a *grpcAttempt) tmhttp.Problem {
 	var p tmhttp.Problem
 	s := a.s
 	if o := hpackGet(s.head, "x-tm-owner"); o != "" {
@@ -159,7 +159,7 @@ func refusalOf(a *grpcAttempt) tmhttp.Problem {
 	if s.status == http.StatusMisdirectedRequest {
 		var b []byte
 		for len(b) < 16<<10 {
-			chunk, eof, err := s.next(a.ctx, true)
+			chunk, eof, err := s.next(x.ctx, true)
 			b = append(b, chunk...)
 			if eof || err != nil {
 				break
@@ -170,53 +170,45 @@ func refusalOf(a *grpcAttempt) tmhttp.Problem {
 	return p
 }
 
-// grpcAttempt is a delivered attempt: its context (ended by done), its stream, and its place
-// among the instance's calls under way.
+// grpcAttempt is a delivered attempt: its stream, and its place among the instance's calls
+// under way (where a takeover or the upstream timeout stops it).
 type grpcAttempt struct {
 	g     *Gateway
 	host  string
-	call  *h2call
-	ctx   context.Context
+	call  h2call
 	s     *h2stream
 	ended bool
 }
 
-// done ends the attempt: its stream is reset if still open, and it leaves the calls under way.
+// done ends the attempt: it leaves the calls under way, and its stream is reset if still
+// open (and serves another call).
 func (a *grpcAttempt) done() {
 	if a == nil || a.ended {
 		return
 	}
 	a.ended = true
+	if a.call.s != nil {
+		a.g.up.remove(a.host, &a.call) // nothing stops the call from here: s may go
+	}
 	if a.s != nil {
 		a.s.done()
 	}
-	a.call.cancel(context.Canceled)
-	a.g.up.remove(a.host, a.call)
 }
 
-// attemptGRPC sends the call to in once and waits (up to the kind's upstream timeout) for the
-// answer's headers, keeping the instance's counters and breaker.
+// attemptGRPC sends the call to in once and waits (up to the kind's upstream timeout, which
+// the upstream's housekeeping checks) for the answer's headers, keeping the instance's
+// counters and breaker.
 func (g *Gateway) attemptGRPC(x *exchange, in *instance) (*grpcAttempt, error) {
 	u := in.url.Load()
-	ctx, cancel := context.WithCancelCause(x.ctx)
-	call := &h2call{tenant: x.tenant, cancel: cancel}
-	a := &grpcAttempt{g: g, host: u.Host, call: call, ctx: ctx}
-	g.up.add(u.Host, call)
+	a := &grpcAttempt{g: g, host: u.Host}
+	a.call.tenant = x.tenant
 	x.inst = in
 	in.inflight.Add(1)
 	in.requests.Add(1)
 	t0 := time.Now()
-	timer := time.AfterFunc(x.policy.timeout(x.ke.config()), func() { cancel(context.DeadlineExceeded) })
-	err := g.startGRPC(x, a, u)
-	timedOut := !timer.Stop()
+	err := g.startGRPC(x, a, u, upNow()+int64(x.policy.timeout(x.ke.config())))
 	in.inflight.Add(-1)
-	if err == nil && (timedOut || ctx.Err() != nil) {
-		err = context.Cause(ctx)
-	}
 	if err != nil {
-		if c := context.Cause(ctx); c != nil && !errors.Is(c, context.Canceled) {
-			err = c // abandoned, or the upstream timeout
-		}
 		a.done()
 		if errors.Is(x.ctx.Err(), context.Canceled) || errors.Is(err, errStreamRefused) {
 			in.breaker.Abandon()
@@ -233,12 +225,31 @@ func (g *Gateway) attemptGRPC(x *exchange, in *instance) (*grpcAttempt, error) {
 
 // startGRPC opens the attempt's stream, sends its head and what of the request stream has
 // come (in the same write), and waits for the answer's head.
-func (g *Gateway) startGRPC(x *exchange, a *grpcAttempt, u *url.URL) error {
-	s, err := g.up.open(a.ctx, u)
+func (g *Gateway) startGRPC(x *exchange, a *grpcAttempt, u *url.URL, deadline int64) error {
+	s, err := g.up.open(x.ctx, u)
 	if err != nil {
 		return err
 	}
-	a.s = s
+	a.s, a.call.s = s, s
+	a.call.deadline.Store(deadline)
+	g.up.add(a.host, &a.call)
+	if err := g.sendHead(x, a, u); err != nil {
+		return err
+	}
+	err = s.awaitHead(x.ctx)
+	if !a.call.deadline.CompareAndSwap(deadline, 0) {
+		return context.DeadlineExceeded // the upstream timeout
+	}
+	if c := a.call.err(); c != nil {
+		return c // abandoned
+	}
+	return err
+}
+
+// sendHead sends the attempt's head and what of the request stream has come (in the same
+// write).
+func (g *Gateway) sendHead(x *exchange, a *grpcAttempt, u *url.URL) error {
+	s := a.s
 	blk := g.grpcHead(x, u)
 	if x.rbody == nil {
 		if err := s.writeHead(blk, true); err != nil {
@@ -254,7 +265,7 @@ func (g *Gateway) startGRPC(x *exchange, a *grpcAttempt, u *url.URL) error {
 		ab := x.rbody.attempt().(*attemptBody)
 		s.sendBody(ab, ab.ready)
 	}
-	return s.awaitHead(a.ctx)
+	return nil
 }
 
 // grpcHead encodes the attempt's header block: the client's fields less those the gateway
@@ -354,7 +365,7 @@ func (g *Gateway) answerGRPC(x *exchange, a *grpcAttempt) {
 		fields = append(fields, h1.Field{Name: hdrRequestID, Value: str2b(x.reqID)})
 	}
 	x.rfields = fields
-	p, eof, err := s.next(a.ctx, false)
+	p, eof, err := s.next(x.ctx, false)
 	if eof && len(p) == 0 && !s.gotTrailer { // trailers-only: the status is in the head
 		_ = out.writeHead(s.status, fields, 0, true)
 		g.metrics.grpcCall(x.ke.name, grpcStatusOf(s))
@@ -370,7 +381,7 @@ func (g *Gateway) answerGRPC(x *exchange, a *grpcAttempt) {
 				x.code = statusClientClosed
 				return // the client went away: done resets the stream to the instance
 			}
-			p, eof, err = s.next(a.ctx, false)
+			p, eof, err = s.next(x.ctx, false)
 			continue
 		}
 		if eof {
@@ -390,7 +401,7 @@ func (g *Gateway) answerGRPC(x *exchange, a *grpcAttempt) {
 			x.code = statusClientClosed
 			return
 		}
-		p, eof, err = s.next(a.ctx, true)
+		p, eof, err = s.next(x.ctx, true)
 	}
 	tr := x.rfields[len(x.rfields):]
 	for _, f := range s.trailer {
@@ -415,7 +426,7 @@ func grpcStatusOf(s *h2stream) int {
 
 // brokenStatus is the status of a stream that broke after its headers.
 func brokenStatus(x *exchange, a *grpcAttempt, err error) tmhttp.Problem {
-	cause := context.Cause(a.ctx)
+	cause := a.call.err()
 	switch {
 	case errors.Is(cause, errAbandoned):
 		return tmhttp.Problem{Status: http.StatusServiceUnavailable, Title: "Stream abandoned",

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -38,11 +39,48 @@ type upstream struct {
 	wg      sync.WaitGroup // the connections' readers and the housekeeping loop
 }
 
-// h2call is one attempt under way.
+// h2call is one attempt under way, on its stream s. The upstream keeps the calls by
+// instance, so that a takeover can abandon a tenant's and the housekeeping loop can end those
+// whose answer's head is later than the kind's upstream timeout (no context or timer of its
+// own per attempt).
 type h2call struct {
 	tenant string
-	cancel context.CancelCauseFunc
+	s      *h2stream
+	// deadline: when the answer's head is due (upNow's clock); 0 once it came. Whoever swaps
+	// it to 0 (the call at its head, the housekeeping loop past it) decides.
+	deadline atomic.Int64
+	cause    atomic.Pointer[error] // why the call was stopped
 }
+
+// err is why the call was stopped, nil if it was not.
+func (c *h2call) err() error {
+	if p := c.cause.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// stopLocked ends the call with err (the first cause stays) and resets its stream, which
+// wakes the call's goroutine; up.mu held (so the stream is still the call's). It returns the
+// connection to flush, for the RST_STREAM.
+func (c *h2call) stopLocked(err error) *h2conn {
+	if !c.cause.CompareAndSwap(nil, &err) {
+		return nil
+	}
+	s := c.s
+	cn := s.c
+	cn.mu.Lock()
+	if !s.removed {
+		cn.resetLocked(s, errCodeCancel, err)
+	}
+	cn.mu.Unlock()
+	return cn
+}
+
+// upEpoch is the start of upNow's clock: monotonic nanoseconds, for call deadlines.
+var upEpoch = time.Now()
+
+func upNow() int64 { return int64(time.Since(upEpoch)) }
 
 // The upstream side's windows: what one stream, and one connection, may have buffered here.
 const (
@@ -56,6 +94,9 @@ const (
 	upIdle        = 90 * time.Second
 	upPingAfter   = 15 * time.Second
 	upPingTimeout = 5 * time.Second
+	// upDeadlineTick: how often calls waiting for their answer's head are checked against
+	// the kind's upstream timeout (so a timeout fires up to this late).
+	upDeadlineTick = 100 * time.Millisecond
 )
 
 // errStreamRefused: the instance refused the stream (RST_STREAM REFUSED_STREAM, or past a
@@ -94,15 +135,41 @@ func (u *upstream) remove(host string, c *h2call) {
 // abandon ends tenant's calls under way with the instance at host (errAbandoned).
 func (u *upstream) abandon(host, tenant string) int {
 	u.mu.Lock()
-	defer u.mu.Unlock()
 	n := 0
+	var flush []*h2conn
 	for c := range u.calls[host] {
 		if c.tenant == tenant {
-			c.cancel(errAbandoned)
+			if cn := c.stopLocked(errAbandoned); cn != nil {
+				flush = append(flush, cn)
+			}
 			n++
 		}
 	}
+	u.mu.Unlock()
+	for _, cn := range flush {
+		_ = cn.out.flush()
+	}
 	return n
+}
+
+// expire ends the calls whose answer's head is past its deadline (context.DeadlineExceeded).
+func (u *upstream) expire() {
+	now := upNow()
+	var flush []*h2conn
+	u.mu.Lock()
+	for _, m := range u.calls {
+		for c := range m {
+			if d := c.deadline.Load(); d != 0 && now >= d && c.deadline.CompareAndSwap(d, 0) {
+				if cn := c.stopLocked(context.DeadlineExceeded); cn != nil {
+					flush = append(flush, cn)
+				}
+			}
+		}
+	}
+	u.mu.Unlock()
+	for _, cn := range flush {
+		_ = cn.out.flush()
+	}
 }
 
 // close ends every connection and the housekeeping loop, and waits for their goroutines.
@@ -241,15 +308,21 @@ func (up *upstream) connect(u *url.URL) (*h2conn, error) {
 	return c, nil
 }
 
-// housekeep closes idle connections and pings silent ones, until the upstream closes.
+// housekeep ends calls past their upstream timeout, closes idle connections and pings silent
+// ones, until the upstream closes.
 func (up *upstream) housekeep() {
 	defer up.wg.Done()
 	t := time.NewTicker(upPingTimeout / 2)
 	defer t.Stop()
+	dt := time.NewTicker(upDeadlineTick)
+	defer dt.Stop()
 	for {
 		select {
 		case <-up.stop:
 			return
+		case <-dt.C:
+			up.expire()
+			continue
 		case <-t.C:
 		}
 		now := time.Now()
@@ -670,6 +743,9 @@ func (s *h2stream) writeHead(blk []byte, end bool) error {
 	c := s.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if s.err != nil { // stopped before it was sent
+		return s.err
+	}
 	if c.dead != nil {
 		s.err = c.dead
 		c.removeLocked(s)
