@@ -288,6 +288,30 @@ func TestH2ResetRelayed(t *testing.T) {
 	})
 }
 
+// The kind's upstream timeout bounds an attempt's wait for the answer's head (the upstream's
+// housekeeping ends it: DEADLINE_EXCEEDED, the stream reset at the instance).
+func TestH2UpstreamTimeout(t *testing.T) {
+	ri := newRawInstance(t, func(int, uint32) string { return "hold" })
+	e := newEnv(t, Config{}, []schema.KindConfig{{Kind: "aggregate", UpstreamTimeout: schema.Duration(300 * time.Millisecond)}}, func(e *env) {
+		e.registerGRPC(&grpcBackend{id: schema.InstanceID{Kind: "aggregate", Shard: "aggregate-1", Instance: "r"}, url: "http://" + ri.ln.Addr().String()}, grpcRoute)
+		e.place("aggregate", "t1", "aggregate-1")
+	})
+	c := e.grpcClient()
+	ctx, cancel := tenantCtx("t1")
+	defer cancel()
+	t0 := time.Now()
+	if _, err := c.Check(ctx, &healthpb.HealthCheckRequest{}); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("a call the instance holds: %v", err)
+	}
+	if d := time.Since(t0); d < 300*time.Millisecond || d > 5*time.Second {
+		t.Fatalf("the call ended after %v, want about 300 ms", d)
+	}
+	eventually(t, 10*time.Second, "RST_STREAM at the instance", func() bool {
+		code, ok := ri.rst(1)
+		return ok && code == http2.ErrCodeCancel
+	})
+}
+
 // The client's windows bound what the gateway sends; the gateway's bound what it accepts;
 // a call larger than every window goes through both sides.
 func TestH2FlowControl(t *testing.T) {
