@@ -331,7 +331,7 @@ func (s *Service) runsStream(ctx context.Context) (jetstream.Stream, error) {
 // placement view: the handoff's own while it lasts, the one before the commit's after (a
 // digest taken beside the handoff may run after the commit).
 func (s *Service) handoffEpoch(tenant string) uint64 {
-	e, _ := s.watcher.Lookup(Kind, tenant)
+	e := s.placementOf(tenant)
 	if e.Phase == schema.PhaseHandoff || e.Epoch == 0 {
 		return e.Epoch
 	}

@@ -271,8 +271,7 @@ func (q *runStore) enqueue(ctx context.Context, r Run) (uint64, error) {
 	if r.Instance != "" {
 		subj = pinSubject(r.Tenant, r.Instance)
 	}
-	e, _ := q.s.watcher.Lookup(Kind, r.Tenant)
-	qb, _ := json.Marshal(queueEntry{ID: r.ID, Epoch: e.Epoch})
+	qb, _ := json.Marshal(queueEntry{ID: r.ID, Epoch: q.s.placementOf(r.Tenant).Epoch})
 	msg := &nats.Msg{Subject: subj, Data: qb, Header: nats.Header{}}
 	tracing.Inject(ctx, msg.Header)
 	var ack *jetstream.PubAck

@@ -179,12 +179,15 @@ type Service struct {
 	// serving, once Handler bound the shard, says whether the shard serves a tenant now (its
 	// lease holds and it owns the tenant): a claim is made only then.
 	serving atomic.Pointer[func(tenant string) bool]
-	store   *runStore
-	m       *metrics
-	sched   *Scheduler
-	sizes   *sizer
-	runs    *runStats // per-tenant attempts, retries and latency (tenantruns.go)
-	started time.Time
+	// gateView is the bound shard's placement view (Handler), which admits the requests: ahead
+	// of the service's own watcher, which follows the placement on the data connection.
+	gateView atomic.Pointer[placement.Watcher]
+	store    *runStore
+	m        *metrics
+	sched    *Scheduler
+	sizes    *sizer
+	runs     *runStats // per-tenant attempts, retries and latency (tenantruns.go)
+	started  time.Time
 
 	mu       sync.Mutex
 	tenants  map[string]*tenantQ
@@ -407,6 +410,7 @@ func (s *Service) Routes() []schema.Route { return RouteTable }
 func (s *Service) Handler(sk *shardkit.Shard) http.Handler {
 	serving := sk.Serving
 	s.serving.Store(&serving)
+	s.gateView.Store(sk.Watcher())
 	r := chi.NewRouter()
 	s.Mount(r, sk.Gate, sk.RequireAdmin)
 	return r
@@ -440,4 +444,16 @@ func nudge(c chan struct{}) {
 	case c <- struct{}{}:
 	default:
 	}
+}
+
+// placementOf is the tenant's placement as this instance knows it soonest: the newer of the
+// bound shard's view (which admitted the request at hand) and the service's own.
+func (s *Service) placementOf(tenant string) placement.Entry {
+	e, _ := s.watcher.Lookup(Kind, tenant)
+	if w := s.gateView.Load(); w != nil {
+		if g, ok := w.Lookup(Kind, tenant); ok && g.Revision > e.Revision {
+			return g
+		}
+	}
+	return e
 }
