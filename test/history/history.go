@@ -187,6 +187,9 @@ type Client struct {
 	// answer, with its attempts and what the last retried one got: where a test's time went.
 	Slow time.Duration
 	Logf func(format string, args ...any)
+	// Authorize, if set, is called on every request before it is sent, with its tenant: a
+	// gateway that checks edge identities wants a bearer token.
+	Authorize func(req *http.Request, tenant string)
 
 	keys     atomic.Int64
 	mu       sync.Mutex
@@ -294,6 +297,9 @@ func (c *Client) send(client int, tenant, kind, method, path string, body any) (
 		req.Header.Set("content-type", "application/json")
 		if key != "" {
 			req.Header.Set("Idempotency-Key", key)
+		}
+		if c.Authorize != nil {
+			c.Authorize(req, tenant)
 		}
 		sent := time.Now()
 		resp, err := c.HTTP.Do(req)
