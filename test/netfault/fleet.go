@@ -87,6 +87,8 @@ type Proc struct {
 	args []string
 	log  string
 	env  []string
+	// store is a NATS node's store directory.
+	store string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -166,10 +168,12 @@ func Start(t testing.TB, o Options) *Fleet {
 		}
 		store := filepath.Join(f.dir, "nats", node.Name)
 		if o.NATSStoreSize > 0 {
-			n.Tmpfs(store, o.NATSStoreSize)
+			store = n.Tmpfs(o.NATSStoreSize)
 		}
-		f.NATS = append(f.NATS, f.proc(node, "", filepath.Join(o.Bin, "natsnode"), "--name", node.Name, "--host", node.IP,
-			"--routes", strings.Join(routes, ","), "--store", store, "--auth", filepath.Join(f.dir, "auth")))
+		p := f.proc(node, "", filepath.Join(o.Bin, "natsnode"), "--name", node.Name, "--host", node.IP,
+			"--routes", strings.Join(routes, ","), "--store", store, "--auth", filepath.Join(f.dir, "auth"))
+		p.store = store
+		f.NATS = append(f.NATS, p)
 	}
 	var wg sync.WaitGroup
 	errs := make(chan error, len(f.NATS))
@@ -532,4 +536,32 @@ func (f *Fleet) stopAll() {
 			}
 		}
 	}
+}
+
+// FillDisk fills the file system of a NATS node's store (a tmpfs with Options.NATSStoreSize)
+// with a file until no byte is left.
+func (p *Proc) FillDisk() error {
+	if p.store == "" {
+		return errors.New(p.Name + " is not a NATS node")
+	}
+	fh, err := os.Create(filepath.Join(p.store, "filler"))
+	if err != nil {
+		return err
+	}
+	defer fh.Close()
+	chunk := make([]byte, 1<<20)
+	for range 64 << 10 { // 64 GiB at most: a tmpfs ends long before
+		if _, err := fh.Write(chunk); err != nil {
+			if errors.Is(err, syscall.ENOSPC) {
+				return nil
+			}
+			return err
+		}
+	}
+	return errors.New("the disk of " + p.Name + " did not fill")
+}
+
+// FreeDisk removes what FillDisk wrote.
+func (p *Proc) FreeDisk() error {
+	return os.Remove(filepath.Join(p.store, "filler"))
 }

@@ -185,17 +185,19 @@ func (node *Node) nft(script string) {
 	}
 }
 
-// Tmpfs mounts a tmpfs of size bytes on dir (made if missing), unmounted when the test ends:
-// a disk that fills.
-func (n *Net) Tmpfs(dir string, size int64) {
+// Tmpfs mounts a tmpfs of size bytes on a new directory and returns it: a disk that fills.
+// It is unmounted and removed when the test ends (after the fleet's processes stopped).
+func (n *Net) Tmpfs(size int64) string {
 	n.t.Helper()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	dir, err := os.MkdirTemp("", n.prefix+"-tmpfs-")
+	if err != nil {
 		n.t.Fatal(err)
 	}
-	n.must("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d", size), "tmpfs", dir)
 	n.mu.Lock()
 	n.mounts = append(n.mounts, dir)
 	n.mu.Unlock()
+	n.must("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d", size), "tmpfs", dir)
+	return dir
 }
 
 func (n *Net) must(name string, args ...string) {
@@ -228,6 +230,7 @@ func (n *Net) remove() {
 		if out, err := run(exec.Command("umount", "-l", dir)); err != nil {
 			n.t.Logf("netfault: umount %s: %v %s", dir, err, out)
 		}
+		_ = os.RemoveAll(dir)
 	}
 	for _, node := range nodes {
 		if out, err := run(exec.Command("ip", "netns", "del", node.NS)); err != nil {
