@@ -265,6 +265,9 @@ func (fa *fault) shardCut(t *testing.T, mode string) {
 		outages = append(outages, out)
 		t.Logf("run %d: tenants moved after %s; longest unserved %s (%s); last answer of the cut-off instance %s after the fault (its answers by status: %v)",
 			run, movedAt.Sub(at).Round(time.Millisecond), out.Round(time.Millisecond), who, lastOK.Sub(at).Round(time.Millisecond), codes)
+		if mode == "freeze" {
+			time.Sleep(time.Until(at.Add(freezeFor()))) // the freeze outlasts every lease and timeout, whatever the failover took
+		}
 		// Heal (resume): the former owner answers none of its former tenants, never a 2xx.
 		healed := time.Now()
 		for _, v := range victims {
@@ -386,6 +389,16 @@ func (fa *fault) move(t *testing.T, tenant string, targets map[string]string) {
 	}
 }
 
+// freezeFor is how long ShardFrozen keeps its victims stopped (TM_FAULT_FREEZE): longer
+// than every lease and timeout of the platform (the kinds' lease 5 s, the rebalancer's
+// leader lease 10 s, a NATS client's two missed pings 10 s).
+func freezeFor() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("TM_FAULT_FREEZE")); err == nil && d > 0 {
+		return d
+	}
+	return 15 * time.Second
+}
+
 // faultHold is how long a NATS fault lasts: more than a lease and the rebalancer's detection
 // of a silent instance (4 s), so whatever a minority holds fails over.
 func faultHold() time.Duration {
@@ -489,6 +502,12 @@ func (fa *fault) natsDiskFull(t *testing.T) {
 	}
 	fa.natsRun(t, "diskfull", fill, func() {
 		if err := p.FreeDisk(); err != nil {
+			t.Fatal(err)
+		}
+		// nats-server stops a Raft group that met a write error ("Critical write error") and
+		// no freed byte starts it again: the node needs a restart, which is the runbook's
+		// step (docs/decisions.md, "The fault harness").
+		if err := p.Restart(60 * time.Second); err != nil {
 			t.Fatal(err)
 		}
 	})

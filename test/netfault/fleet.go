@@ -462,6 +462,19 @@ func (p *Proc) PID() int {
 	return cmd.Process.Pid
 }
 
+// Restart stops the process (SIGTERM, SIGKILL after 5 s) and starts it again with the same
+// arguments, store and address, waiting until it is ready.
+func (p *Proc) Restart(within time.Duration) error {
+	p.Stop(5 * time.Second)
+	if p.store != "" {
+		return p.startAwaitLine("ready", within)
+	}
+	if err := p.Start(); err != nil {
+		return err
+	}
+	return p.AwaitReady(within)
+}
+
 // Signal sends sig to the process.
 func (p *Proc) Signal(sig syscall.Signal) error {
 	cmd, done := p.current()
