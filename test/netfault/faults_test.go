@@ -370,7 +370,7 @@ func (fa *fault) move(t *testing.T, tenant string, targets map[string]string) {
 	}
 	for deadline := time.Now().Add(2 * time.Minute); ; {
 		var st struct {
-			Plan  struct{ Status string } `json:"plan"`
+			Plan  struct{ Status string }  `json:"plan"`
 			Moves []struct{ State string } `json:"moves"`
 		}
 		code, b, err := fa.f.Admin("GET", "/api/plans/"+p.Plan.ID, nil)
