@@ -358,15 +358,22 @@ func (fa *fault) gatewayCut(t *testing.T) {
 // move plans and applies a move of tenant and waits until it is done.
 func (fa *fault) move(t *testing.T, tenant string, targets map[string]string) {
 	t.Helper()
+	if err := fa.moveErr(tenant, targets); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// moveErr is move, for any goroutine.
+func (fa *fault) moveErr(tenant string, targets map[string]string) error {
 	code, b, err := fa.f.Admin("POST", "/api/plans", map[string]any{"strategy": "move-tenant", "tenant": tenant, "targets": targets})
 	var p struct {
 		Plan struct{ ID string } `json:"plan"`
 	}
 	if err != nil || code >= 300 || json.Unmarshal(b, &p) != nil || p.Plan.ID == "" {
-		t.Fatalf("plan a move of %s: %d %s %v", tenant, code, b, err)
+		return fmt.Errorf("plan a move of %s: %d %s %v", tenant, code, b, err)
 	}
 	if code, b, err := fa.f.Admin("POST", "/api/plans/"+p.Plan.ID+"/apply", nil); err != nil || code >= 300 {
-		t.Fatalf("apply %s: %d %s %v", p.Plan.ID, code, b, err)
+		return fmt.Errorf("apply %s: %d %s %v", p.Plan.ID, code, b, err)
 	}
 	for deadline := time.Now().Add(2 * time.Minute); ; {
 		var st struct {
@@ -377,13 +384,13 @@ func (fa *fault) move(t *testing.T, tenant string, targets map[string]string) {
 		if err == nil && code == http.StatusOK && json.Unmarshal(b, &st) == nil {
 			switch st.Plan.Status {
 			case "done":
-				return
+				return nil
 			case "partial", "rolled_back", "failed":
-				t.Fatalf("plan %s ended %s: %s", p.Plan.ID, st.Plan.Status, b)
+				return fmt.Errorf("plan %s ended %s: %s", p.Plan.ID, st.Plan.Status, b)
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("plan %s not done within 2 minutes: %d %s %v", p.Plan.ID, code, b, err)
+			return fmt.Errorf("plan %s not done within 2 minutes: %d %s %v", p.Plan.ID, code, b, err)
 		}
 		time.Sleep(50 * time.Millisecond) // polling the plan's state
 	}

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -46,6 +47,8 @@ type Options struct {
 	Gateways int
 	// Shards of each kind. Default 2.
 	Shards int
+	// Instances of each shard (named a, b, ...). Default 1.
+	Instances int
 	// NATSStoreSize, if set, puts each NATS node's store on a tmpfs of this many bytes (a disk
 	// that fills).
 	NATSStoreSize int64
@@ -67,7 +70,8 @@ type Fleet struct {
 	NATS       []*Proc
 	Gateways   []*Proc
 	Rebalancer *Proc
-	Shards     map[string]*Proc // by shard name: aggregate-1, ...
+	Shards     map[string]*Proc // by shard name: aggregate-1, ... (its first instance)
+	Instances  []*Proc          // every shard instance
 
 	natsURLs  string
 	adminCred string
@@ -110,12 +114,40 @@ func Build(root, dir string) error {
 	return nil
 }
 
+// BuildAt builds the fleet's binaries as they were at commit (git archive of the repository
+// at root, with today's natsnode added: older commits have none, and it only wraps their own
+// embednats and nats-server) into dir.
+func BuildAt(root, commit, dir string) error {
+	src, err := os.MkdirTemp("", "netfault-src-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(src)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	archive := exec.CommandContext(ctx, "sh", "-c", "git -C \"$1\" archive --format=tar \"$2\" | tar -x -C \"$3\"", "sh", root, commit, src)
+	if out, err := archive.CombinedOutput(); err != nil {
+		return fmt.Errorf("git archive %s: %w\n%s", commit, err, out)
+	}
+	main, err := os.ReadFile(filepath.Join(root, "test", "netfault", "natsnode", "main.go"))
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(src, "test", "netfault", "natsnode"), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(src, "test", "netfault", "natsnode", "main.go"), main, 0o644); err != nil {
+		return err
+	}
+	return Build(src, dir)
+}
+
 // Start starts a fleet on a new Net and waits until every process is ready. Everything it
 // started is stopped when the test ends.
 func Start(t testing.TB, o Options) *Fleet {
 	t.Helper()
 	n := New(t)
-	o.Gateways, o.Shards = max(o.Gateways, 1), max(o.Shards, 2)
+	o.Gateways, o.Shards, o.Instances = max(o.Gateways, 1), max(o.Shards, 2), max(o.Instances, 1)
 	if o.LogLevel == "" {
 		o.LogLevel = os.Getenv("TM_FAULT_LOG_LEVEL")
 	}
@@ -220,12 +252,23 @@ func Start(t testing.TB, o Options) *Fleet {
 		}
 		for i := 1; i <= o.Shards; i++ {
 			shard := fmt.Sprintf("%s-%d", kind, i)
-			node := n.Node(shard)
-			p := f.proc(node, "http://"+node.IP+":9000", filepath.Join(o.Bin, kind),
-				append([]string{"--shard", shard, "--instance", "a", "--addr", node.IP + ":9000", "--admin-token", AdminToken,
-					"--gateway-key-file", keyFile}, common(creds(natsperm.Shard(kind, shard, natsperm.KindAssets(kind))))...)...)
-			p.env = []string{webhooks}
-			f.Shards[shard] = p
+			cred := creds(natsperm.Shard(kind, shard, natsperm.KindAssets(kind)))
+			for j := range o.Instances {
+				inst := string(rune('a' + j))
+				name := shard
+				if o.Instances > 1 {
+					name += inst
+				}
+				node := n.Node(name)
+				p := f.proc(node, "http://"+node.IP+":9000", filepath.Join(o.Bin, kind),
+					append([]string{"--shard", shard, "--instance", inst, "--addr", node.IP + ":9000", "--admin-token", AdminToken,
+						"--gateway-key-file", keyFile}, common(cred)...)...)
+				p.env = []string{webhooks}
+				if j == 0 {
+					f.Shards[shard] = p
+				}
+				f.Instances = append(f.Instances, p)
+			}
 		}
 	}
 	all := append(append([]*Proc{f.Rebalancer}, f.Gateways...), f.shardList()...)
@@ -242,15 +285,7 @@ func Start(t testing.TB, o Options) *Fleet {
 	return f
 }
 
-func (f *Fleet) shardList() []*Proc {
-	var out []*Proc
-	for _, kind := range Kinds {
-		for i := 1; i <= f.opts.Shards; i++ {
-			out = append(out, f.Shards[fmt.Sprintf("%s-%d", kind, i)])
-		}
-	}
-	return out
-}
+func (f *Fleet) shardList() []*Proc { return f.Instances }
 
 func (f *Fleet) proc(node *Node, url, bin string, args ...string) *Proc {
 	return &Proc{Name: node.Name, Node: node, URL: url, args: append([]string{bin}, args...),
@@ -347,7 +382,10 @@ func (p *Proc) start() (io.Reader, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := p.Node.Command(p.args[0], p.args[1:]...)
+	p.mu.Lock()
+	args := slices.Clone(p.args)
+	p.mu.Unlock()
+	cmd := p.Node.Command(args[0], args[1:]...)
 	cmd.Env = append(append(os.Environ(), "TM_LOG_FORMAT=text"), p.env...)
 	cmd.Stderr = logf
 	out, err := cmd.StdoutPipe()
@@ -462,6 +500,21 @@ func (p *Proc) PID() int {
 	return cmd.Process.Pid
 }
 
+// SetBin makes the process run its binary from dir from its next start on (an upgrade or a
+// downgrade).
+func (p *Proc) SetBin(dir string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.args[0] = filepath.Join(dir, filepath.Base(p.args[0]))
+}
+
+// Bin is the directory of the binary the process runs (from its next start on).
+func (p *Proc) Bin() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return filepath.Dir(p.args[0])
+}
+
 // Restart stops the process (SIGTERM, SIGKILL after 5 s) and starts it again with the same
 // arguments, store and address, waiting until it is ready.
 func (p *Proc) Restart(within time.Duration) error {
@@ -524,9 +577,7 @@ func (f *Fleet) stopAll() {
 		all = append(all, f.Rebalancer)
 	}
 	all = append(all, f.Gateways...)
-	for _, p := range f.Shards {
-		all = append(all, p)
-	}
+	all = append(all, f.Instances...)
 	var wg sync.WaitGroup
 	for _, p := range all {
 		wg.Go(func() { p.Stop(5 * time.Second) })
