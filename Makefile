@@ -141,8 +141,19 @@ scale:
 ## under the ledger workload checked for linearizability; prints FIGURE lines (time unserved
 ## per fault). make test runs each once. TM_FAULT_ONLY=Name runs only that scenario.
 faults: tools
-	set -o pipefail; TM_REQUIRE_TOOLS=1 TM_FAULT_RUNS=$${TM_FAULT_RUNS:-20} $(GO) test -race -count=1 -timeout 120m -run '^TestFaults$$' -v ./test/netfault/ \
-		| tee $(or $(TMPDIR),/tmp)/tenantmesh-faults.txt | grep -E '^(=== RUN|--- |\s+--- |PASS|FAIL|ok)|FIGURE|Error|failed'
+	TM_REQUIRE_TOOLS=1 TM_FAULT_RUNS=$${TM_FAULT_RUNS:-20} $(GO) test -race -count=1 -timeout 120m -run '^TestFaults$$' -v ./test/netfault/ \
+		| tee $(or $(TMPDIR),/tmp)/tenantmesh-faults.txt | grep -E '^(=== RUN|--- |\s+--- |PASS|FAIL|ok)|FIGURE|Error|failed'; exit $${PIPESTATUS[0]}
+
+## upgrade-test: a rolling upgrade and downgrade under load (test/netfault, TestUpgrade):
+## builds the previous release (TM_UPGRADE_FROM, default 481c260: main when records got their
+## format version; there are no tags) with git archive, and the working tree; starts a fleet
+## (3 NATS nodes, 2 gateways, 2 shards of each kind with 2 instances each, the rebalancer)
+## on the old binaries, replaces every process one at a time with the new one under the
+## ledger workload and live moves, then back. make test runs the short version (one process
+## of each role, one instance per shard).
+upgrade-test: tools
+	TM_REQUIRE_TOOLS=1 TM_UPGRADE=full $(GO) test -race -count=1 -timeout 60m -run '^TestUpgrade$$' -v ./test/netfault/ \
+		| tee $(or $(TMPDIR),/tmp)/tenantmesh-upgrade.txt | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|replaced|upgrade |Error|failed'; exit $${PIPESTATUS[0]}
 
 ## slowhttptest: slowhttptest (apt-get install slowhttptest) in its slow-body, slow-read and
 ## slow-headers modes against a gateway with its default bounds, 800 connections each, while
