@@ -508,6 +508,16 @@ func (p *Proc) SetBin(dir string) {
 	p.args[0] = filepath.Join(dir, filepath.Base(p.args[0]))
 }
 
+// Flag is the value of one of the process's flags ("" if it has none).
+func (p *Proc) Flag(name string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if i := slices.Index(p.args, name); i >= 0 && i+1 < len(p.args) {
+		return p.args[i+1]
+	}
+	return ""
+}
+
 // Bin is the directory of the binary the process runs (from its next start on).
 func (p *Proc) Bin() string {
 	p.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"os"
 	osexec "os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -88,21 +89,30 @@ func TestUpgrade(t *testing.T) {
 	moves := 0
 	var movesWG sync.WaitGroup
 	moveErrs := make(chan error, 64)
-	// moveAsync moves a tenant to the other shard of every kind while the roll goes on.
-	moveAsync := func() {
+	// moveAsync moves a tenant to the other shard of every kind while the roll goes on; never
+	// onto the shard of replacing (a process about to stop: a plan onto a draining shard is
+	// refused, rightly), but off it if the tenant is there.
+	moveAsync := func(replacing *netfault.Proc) {
 		tenant := w.Tenants[moves%len(w.Tenants)]
-		moves++
 		targets := map[string]string{}
 		for _, kind := range netfault.Kinds {
 			p, err := fa.st.LatestPlacement(context.Background(), kind, tenant)
 			if err != nil {
 				t.Fatal(err)
 			}
-			targets[kind] = kind + "-1"
+			to := kind + "-1"
 			if p.Shard == kind+"-1" {
-				targets[kind] = kind + "-2"
+				to = kind + "-2"
 			}
+			if replacing != nil && slices.Contains(f.Instances, replacing) && shardOf(replacing) == to {
+				continue
+			}
+			targets[kind] = to
 		}
+		if len(targets) == 0 {
+			return
+		}
+		moves++
 		movesWG.Go(func() {
 			if err := fa.moveErr(tenant, targets); err != nil {
 				moveErrs <- err
@@ -112,7 +122,7 @@ func TestUpgrade(t *testing.T) {
 	roll := func(to, label string) {
 		for _, p := range order {
 			if p != f.Rebalancer {
-				moveAsync() // a live move while p is replaced
+				moveAsync(p) // a live move while p is replaced
 			} else {
 				movesWG.Wait() // the rebalancer resumes plans it left, but the test waits for its own first
 			}
@@ -127,7 +137,7 @@ func TestUpgrade(t *testing.T) {
 			w.AwaitServed(t, time.Now(), 90*time.Second)
 			t.Logf("%s: %s replaced and every tenant served again %s after its stop", label, p.Name, time.Since(at).Round(time.Millisecond))
 		}
-		moveAsync()
+		moveAsync(nil)
 		movesWG.Wait()
 	}
 	roll(newBin, "upgrade")
@@ -140,6 +150,9 @@ func TestUpgrade(t *testing.T) {
 	t.Logf("upgrade %s -> working tree -> %s: %d processes replaced each way, %d live moves, %d ledger operations, %d failed requests, in %s",
 		from[:12], from[:12], len(order), moves, w.C.Rec.Len(), len(w.C.Failures()), time.Since(began).Round(time.Second))
 }
+
+// shardOf is the shard a shard instance belongs to (its --shard flag).
+func shardOf(p *netfault.Proc) string { return p.Flag("--shard") }
 
 // exec runs a command in dir with a deadline and returns its combined output.
 func exec(dir, name string, args ...string) (string, error) {
