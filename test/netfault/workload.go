@@ -44,9 +44,27 @@ type Workload struct {
 	ansMu sync.Mutex
 	ok    map[string][]time.Time // "<kind>/<tenant>" -> when successful answers came
 
+	outMu sync.RWMutex
+	out   map[string]bool // gateways out of rotation
+
 	stop     chan struct{}
 	wg       sync.WaitGroup
 	stopOnce sync.Once
+}
+
+// OutOfRotation takes a gateway out of the workload's rotation (or puts it back), as a load
+// balancer does around a gateway's replacement: requests under way finish, new ones go to
+// the others.
+func (w *Workload) OutOfRotation(g *Proc, out bool) {
+	w.outMu.Lock()
+	defer w.outMu.Unlock()
+	w.out[g.URL] = out
+}
+
+func (w *Workload) isOut(url string) bool {
+	w.outMu.RLock()
+	defer w.outMu.RUnlock()
+	return w.out[url]
 }
 
 // StartWorkload opens two accounts for each tenant and starts, per tenant, a ledger client
@@ -62,9 +80,9 @@ func (f *Fleet) StartWorkload(t testing.TB, tenants []string, gateways ...*Proc)
 		urls = append(urls, g.URL)
 	}
 	w := &Workload{f: f, Tenants: tenants, accounts: []string{"x", "y"}, rcv: &receiver{byKey: map[string]int{}},
-		jobs: map[string]string{}, ok: map[string][]time.Time{}, stop: make(chan struct{})}
+		jobs: map[string]string{}, ok: map[string][]time.Time{}, out: map[string]bool{}, stop: make(chan struct{})}
 	w.C = &history.Client{Gateways: urls, HTTP: &http.Client{Timeout: 20 * time.Second}, Rec: history.NewRecorder(),
-		OnAnswer: w.observe, Slow: 5 * time.Second, Logf: t.Logf, Authorize: f.Authorize}
+		OnAnswer: w.observe, Slow: 5 * time.Second, Logf: t.Logf, Authorize: f.Authorize, Out: w.isOut}
 	ln, err := net.Listen("tcp", f.Net.HostIP()+":0")
 	if err != nil {
 		t.Fatal(err)
