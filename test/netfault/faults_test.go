@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/tenantmesh/tenantmesh/internal/gatesig"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/test/netfault"
@@ -58,7 +56,7 @@ func TestFaults(t *testing.T) {
 	if err := netfault.Requirements(); err != nil && os.Getenv("TM_REQUIRE_TOOLS") == "" {
 		t.Skipf("fault harness: %v (set TM_REQUIRE_TOOLS=1 to make this a failure, as make test does)", err)
 	}
-	f := netfault.Start(t, netfault.Options{Bin: bin(t), Gateways: 2, NATSStoreSize: 512 << 20})
+	f := netfault.Start(t, netfault.Options{Bin: netfault.Binaries(t), Gateways: 2, NATSStoreSize: 512 << 20})
 	fa := &fault{f: f, st: f.Store()}
 	fa.awaitAutopilot(t)
 	only := os.Getenv("TM_FAULT_ONLY") // a regexp of scenario names, for a closer look at one
@@ -100,15 +98,6 @@ func (fa *fault) awaitAutopilot(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond) // polling the rebalancer's state
 	}
-}
-
-// tenants names n tenants of a scenario.
-func tenants(scenario string, n int) []string {
-	var out []string
-	for i := range n {
-		out = append(out, fmt.Sprintf("%s-%d", strings.ToLower(scenario), i))
-	}
-	return out
 }
 
 // victims picks, for every kind, the shard owning most of tenants, and its tenants with
@@ -184,7 +173,7 @@ func figures(t *testing.T, name string, outages []time.Duration, extra string) {
 // other shard, and once healed (or resumed) it answers none of them: 421 naming the owner.
 func (fa *fault) shardCut(t *testing.T, mode string) {
 	defer fa.f.Net.HealAll()
-	tenants := tenants(t.Name()[strings.LastIndex(t.Name(), "/")+1:], 6)
+	tenants := netfault.Tenants(t.Name()[strings.LastIndex(t.Name(), "/")+1:], 6)
 	w := fa.f.StartWorkload(t, tenants)
 	w.AwaitServed(t, time.Now(), time.Minute) // placed in every kind
 	var outages, lastAnswers []time.Duration
@@ -365,7 +354,7 @@ func natsNodes(f *netfault.Fleet) []*netfault.Node {
 // they are sent on, or answered 503 with Retry-After, which the client sends again).
 func (fa *fault) gatewayCut(t *testing.T) {
 	defer fa.f.Net.HealAll()
-	tenants := tenants("gwcut", 4)
+	tenants := netfault.Tenants("gwcut", 4)
 	gw := fa.f.Gateways[0]
 	w := fa.f.StartWorkload(t, tenants, gw)
 	w.AwaitServed(t, time.Now(), time.Minute) // placed in every kind
@@ -405,7 +394,7 @@ func (fa *fault) gatewayCut(t *testing.T) {
 // listening and its first read of the route registry.
 func (fa *fault) gatewayRestart(t *testing.T) {
 	gw := fa.f.Gateways[0]
-	w := fa.f.StartWorkload(t, tenants("gwrestart", 4), gw)
+	w := fa.f.StartWorkload(t, netfault.Tenants("gwrestart", 4), gw)
 	w.AwaitServed(t, time.Now(), time.Minute)
 	var outages []time.Duration
 	for run := 1; run <= faultRuns(); run++ {
@@ -425,49 +414,8 @@ func (fa *fault) gatewayRestart(t *testing.T) {
 // move plans and applies a move of tenant and waits until it is done.
 func (fa *fault) move(t *testing.T, tenant string, targets map[string]string) {
 	t.Helper()
-	if err := fa.moveErr(tenant, targets); err != nil {
+	if err := fa.f.Move(tenant, targets); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// moveErr is move, for any goroutine.
-func (fa *fault) moveErr(tenant string, targets map[string]string) error {
-	code, b, err := fa.f.Admin("POST", "/api/plans", map[string]any{"strategy": "move-tenant", "tenant": tenant, "targets": targets})
-	var p struct {
-		Plan struct{ ID string } `json:"plan"`
-	}
-	if err != nil || code >= 300 || json.Unmarshal(b, &p) != nil || p.Plan.ID == "" {
-		return fmt.Errorf("plan a move of %s: %d %s %v", tenant, code, b, err)
-	}
-	// One apply at a time per rebalancer: a 409 busy is waited out, as an operator would.
-	for deadline := time.Now().Add(2 * time.Minute); ; {
-		code, b, err := fa.f.Admin("POST", "/api/plans/"+p.Plan.ID+"/apply", nil)
-		if err == nil && code < 300 {
-			break
-		}
-		if err != nil || code != http.StatusConflict || !strings.Contains(string(b), "/problems/busy") || time.Now().After(deadline) {
-			return fmt.Errorf("apply %s: %d %s %v", p.Plan.ID, code, b, err)
-		}
-		time.Sleep(200 * time.Millisecond) // until the other apply is done
-	}
-	for deadline := time.Now().Add(2 * time.Minute); ; {
-		var st struct {
-			Plan  struct{ Status string }  `json:"plan"`
-			Moves []struct{ State string } `json:"moves"`
-		}
-		code, b, err := fa.f.Admin("GET", "/api/plans/"+p.Plan.ID, nil)
-		if err == nil && code == http.StatusOK && json.Unmarshal(b, &st) == nil {
-			switch st.Plan.Status {
-			case "done":
-				return nil
-			case "partial", "rolled_back", "failed":
-				return fmt.Errorf("plan %s ended %s: %s", p.Plan.ID, st.Plan.Status, b)
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("plan %s not done within 2 minutes: %d %s %v", p.Plan.ID, code, b, err)
-		}
-		time.Sleep(50 * time.Millisecond) // polling the plan's state
 	}
 }
 
@@ -494,7 +442,7 @@ func faultHold() time.Duration {
 // every tenant is served again and every NATS node is a current replica again.
 func (fa *fault) natsRun(t *testing.T, name string, inject func(), heal func()) {
 	defer fa.f.Net.HealAll()
-	w := fa.f.StartWorkload(t, tenants(name, 6))
+	w := fa.f.StartWorkload(t, netfault.Tenants(name, 6))
 	w.AwaitServed(t, time.Now(), time.Minute) // placed in every kind
 	var outages []time.Duration
 	for run := 1; run <= faultRuns(); run++ {
@@ -505,7 +453,7 @@ func (fa *fault) natsRun(t *testing.T, name string, inject func(), heal func()) 
 		heal()
 		healed := time.Now()
 		served := w.AwaitServed(t, healed, 90*time.Second)
-		fa.awaitReplicas(t, 90*time.Second)
+		fa.f.AwaitReplicas(t, 90*time.Second)
 		out, who := w.Outage(at, served)
 		outages = append(outages, out)
 		t.Logf("run %d: healed after %s, every tenant served %s after the heal; longest unserved %s (%s)", run,
@@ -513,41 +461,6 @@ func (fa *fault) natsRun(t *testing.T, name string, inject func(), heal func()) 
 	}
 	w.Check(t, fa.st)
 	figures(t, t.Name(), outages, fmt.Sprintf(" (fault held %s)", faultHold()))
-}
-
-// awaitReplicas waits until every replica of the placement and event streams is current.
-func (fa *fault) awaitReplicas(t *testing.T, within time.Duration) {
-	t.Helper()
-	js, err := jetstream.New(fa.f.Connect())
-	if err != nil {
-		t.Fatal(err)
-	}
-	streams := []string{"KV_tm_placement_aggregate", "TM_EVENTS"}
-	deadline := time.Now().Add(within)
-	for _, name := range streams {
-		for {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			s, err := js.Stream(ctx, name)
-			var info *jetstream.StreamInfo
-			if err == nil {
-				info, err = s.Info(ctx)
-			}
-			cancel()
-			whole := err == nil && info.Cluster != nil && info.Cluster.Leader != "" && len(info.Cluster.Replicas) == 2
-			if whole {
-				for _, r := range info.Cluster.Replicas {
-					whole = whole && r.Current && !r.Offline
-				}
-			}
-			if whole {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("stream %s not whole within %s: %+v %v", name, within, info, err)
-			}
-			time.Sleep(200 * time.Millisecond) // polling the stream's state
-		}
-	}
 }
 
 // natsMinority cuts one NATS node off its two peers; its clients stay connected to it.

@@ -1,10 +1,9 @@
-package netfault_test
+package upgrade_test
 
 import (
 	"context"
 	"os"
 	osexec "os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -55,22 +54,22 @@ func TestUpgrade(t *testing.T) {
 	if err := netfault.Requirements(); err != nil && os.Getenv("TM_REQUIRE_TOOLS") == "" {
 		t.Skipf("fault harness: %v (set TM_REQUIRE_TOOLS=1 to make this a failure, as make test does)", err)
 	}
-	root, _ := filepath.Abs("../..")
+	root := netfault.RepoRoot()
 	from := upgradeFrom(t, root)
 	oldBin := t.TempDir()
 	began := time.Now()
 	if err := netfault.BuildAt(root, from, oldBin); err != nil {
 		t.Fatal(err)
 	}
-	newBin := bin(t)
+	newBin := netfault.Binaries(t)
 	t.Logf("built the previous release (%s) and the working tree in %s", from[:12], time.Since(began).Round(time.Second))
 	instances := 1
 	if upgradeFull() {
 		instances = 2
 	}
 	f := netfault.Start(t, netfault.Options{Bin: oldBin, Gateways: 2, Instances: instances})
-	fa := &fault{f: f, st: f.Store()}
-	w := f.StartWorkload(t, tenants("upgrade", 6))
+	st := f.Store()
+	w := f.StartWorkload(t, netfault.Tenants("upgrade", 6))
 	w.AwaitServed(t, time.Now(), time.Minute)
 
 	// The processes to replace, in the order of a rolling upgrade.
@@ -96,7 +95,7 @@ func TestUpgrade(t *testing.T) {
 		tenant := w.Tenants[moves%len(w.Tenants)]
 		targets := map[string]string{}
 		for _, kind := range netfault.Kinds {
-			p, err := fa.st.LatestPlacement(context.Background(), kind, tenant)
+			p, err := st.LatestPlacement(context.Background(), kind, tenant)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -114,7 +113,7 @@ func TestUpgrade(t *testing.T) {
 		}
 		moves++
 		movesWG.Go(func() {
-			if err := fa.moveErr(tenant, targets); err != nil {
+			if err := f.Move(tenant, targets); err != nil {
 				moveErrs <- err
 			}
 		})
@@ -142,7 +141,7 @@ func TestUpgrade(t *testing.T) {
 				w.OutOfRotation(p, false)
 			}
 			if strings.HasPrefix(p.Name, "nats") {
-				fa.awaitReplicas(t, 90*time.Second)
+				f.AwaitReplicas(t, 90*time.Second)
 			}
 			w.AwaitServed(t, time.Now(), 90*time.Second)
 			t.Logf("%s: %s replaced and every tenant served again %s after its stop", label, p.Name, time.Since(at).Round(time.Millisecond))
@@ -156,13 +155,19 @@ func TestUpgrade(t *testing.T) {
 	for err := range moveErrs {
 		t.Errorf("a live move: %v", err)
 	}
-	w.Check(t, fa.st)
+	w.Check(t, st)
 	t.Logf("upgrade %s -> working tree -> %s: %d processes replaced each way, %d live moves, %d ledger operations, %d failed requests, in %s",
 		from[:12], from[:12], len(order), moves, w.C.Rec.Len(), len(w.C.Failures()), time.Since(began).Round(time.Second))
 }
 
 // shardOf is the shard a shard instance belongs to (its --shard flag).
 func shardOf(p *netfault.Proc) string { return p.Flag("--shard") }
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	netfault.RemoveBinaries()
+	os.Exit(code)
+}
 
 // exec runs a command in dir with a deadline and returns its combined output.
 func exec(dir, name string, args ...string) (string, error) {
