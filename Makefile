@@ -144,7 +144,7 @@ faults: tools
 	TM_REQUIRE_TOOLS=1 TM_FAULT_RUNS=$${TM_FAULT_RUNS:-20} $(GO) test -race -count=1 -timeout 120m -run '^TestFaults$$' -v ./test/netfault/ \
 		| tee $(or $(TMPDIR),/tmp)/tenantmesh-faults.txt | grep -E '^(=== RUN|--- |\s+--- |PASS|FAIL|ok)|FIGURE|Error|failed'; exit $${PIPESTATUS[0]}
 
-## upgrade-test: a rolling upgrade and downgrade under load (test/netfault, TestUpgrade):
+## upgrade-test: a rolling upgrade and downgrade under load (test/netfault/upgrade, TestUpgrade):
 ## builds the previous release (TM_UPGRADE_FROM, default 481c260: main when records got their
 ## format version; there are no tags) with git archive, and the working tree; starts a fleet
 ## (3 NATS nodes, 2 gateways, 2 shards of each kind with 2 instances each, the rebalancer)
@@ -152,7 +152,7 @@ faults: tools
 ## ledger workload and live moves, then back. make test runs the short version (one process
 ## of each role, one instance per shard).
 upgrade-test: tools
-	TM_REQUIRE_TOOLS=1 TM_UPGRADE=full $(GO) test -race -count=1 -timeout 60m -run '^TestUpgrade$$' -v ./test/netfault/ \
+	TM_REQUIRE_TOOLS=1 TM_UPGRADE=full $(GO) test -race -count=1 -timeout 60m -run '^TestUpgrade$$' -v ./test/netfault/upgrade/ \
 		| tee $(or $(TMPDIR),/tmp)/tenantmesh-upgrade.txt | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|replaced|upgrade |Error|failed'; exit $${PIPESTATUS[0]}
 
 ## slowhttptest: slowhttptest (apt-get install slowhttptest) in its slow-body, slow-read and
