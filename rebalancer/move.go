@@ -356,6 +356,9 @@ func (e *Engine) awaitTargetCommit(ctx context.Context, m *MoveRecord, p schema.
 // plainly active. After commit a move only goes forward.
 func (e *Engine) finish(ctx context.Context, m *MoveRecord, p schema.Placement, w *signalWatch) error {
 	err := w.wait(ctx, time.Now().Add(e.cfg.DrainTimeout), func(v signalView) bool {
+		if m.Steps == nil {
+			m.Steps = v.steps(m.To, m.Epoch)
+		}
 		if v.live != nil && len(v.live[m.From]) == 0 {
 			return true // no live instance of the former owner: nothing to wait for
 		}
@@ -457,6 +460,17 @@ func (v signalView) fence(shard string, epoch uint64) (uint64, bool) {
 		return true
 	})
 	return f, ok
+}
+
+// steps is the handoff's timeline a live instance of shard (the move's target) reported on its
+// ready signal at epoch (the handoff's), if one did.
+func (v signalView) steps(shard string, epoch uint64) *schema.HandoffSteps {
+	for _, k := range v.live[shard] {
+		if s, found := v.sigs[k]; found && s.Phase == schema.SignalReady && s.Epoch == epoch && s.Steps != nil {
+			return s.Steps
+		}
+	}
+	return nil
 }
 
 // released reports whether a live instance of shard (the move's source) reports drained at

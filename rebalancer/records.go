@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
 // PlanStatus is where a plan stands.
@@ -137,6 +138,10 @@ type MoveRecord struct {
 	Commit   time.Time `json:"commit,omitzero"`
 	Finished time.Time `json:"finished,omitzero"`
 	Updated  time.Time `json:"updated"`
+	// Steps is where the handoff's pause went, as its shards stamped it (Handoff to Commit):
+	// the target's report, kept when the move finishes; nil for a takeover, or a target of an
+	// older release.
+	Steps *schema.HandoffSteps `json:"steps,omitempty"`
 
 	// RecordRev is the record's own KV revision (not stored); Move.Revision is the placement
 	// revision the move was planned from.

@@ -23,16 +23,17 @@ type mover struct{ s *Shard }
 func (mv *mover) handleChange(c placement.Change) {
 	me := mv.s.cfg.ID.Shard
 	n, o := c.New, c.Old
+	seen := time.Now() // the handoff's timeline starts here on both of its shards
 	switch {
 	case c.NewOK && n.Phase == schema.PhaseTakeover && n.Target == me:
 		mv.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { mv.takeoverTask(ctx, ts, n) })
 	case c.NewOK && (n.Phase == schema.PhaseWarming || n.Phase == schema.PhaseHandoff) && n.Target == me:
-		mv.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { mv.warmTask(ctx, ts, n) })
+		mv.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { mv.warmTask(ctx, ts, n, seen) })
 	case c.NewOK && n.Phase.Moving() && n.Shard == me:
 		// A handoff, or a takeover of this shard that found it alive after all (it was frozen,
 		// or cut off for a while): stop, let in-flight requests finish, report drained. A
 		// takeover commits on it without waiting out this instance's lease.
-		mv.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { mv.handoffTask(ctx, ts, n) })
+		mv.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { mv.handoffTask(ctx, ts, n, seen) })
 	case c.NewOK && n.Phase == schema.PhaseDraining && n.Source == me:
 		mv.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { mv.commitTask(ctx, ts, n) })
 	case c.NewOK && mv.s.gk.owns(n):
@@ -77,10 +78,11 @@ func (mv *mover) startTask(tenant string, fn func(context.Context, *tenantState)
 
 // warmTask runs on a move's target: warming reports warming, calls Warm and reports ready; at
 // handoff it learns the source's fence from the source's drained signals, warms up to it and
-// reports ready with that fence.
-func (mv *mover) warmTask(ctx context.Context, ts *tenantState, e placement.Entry) {
+// reports ready with that fence. seen is when the watcher applied e.
+func (mv *mover) warmTask(ctx context.Context, ts *tenantState, e placement.Entry, seen time.Time) {
 	var fence uint64
 	var handoff func() (schema.Placement, error)
+	var steps *schema.HandoffSteps
 	if e.Phase == schema.PhaseHandoff {
 		// The commit needs the whole handoff record (the watcher keeps only what routing
 		// needs): read it while the source drains, not after.
@@ -88,9 +90,10 @@ func (mv *mover) warmTask(ctx context.Context, ts *tenantState, e placement.Entr
 		handoff, wait = mv.readPlacement(ctx, ts.tenant)
 		defer wait()
 		var ok bool
-		if fence, ok = mv.awaitFence(ctx, ts.tenant, e.Shard, e.Epoch); !ok {
+		if fence, steps, ok = mv.awaitFence(ctx, ts.tenant, e.Shard, e.Epoch); !ok {
 			return
 		}
+		steps.TargetSaw, steps.TargetNoted = seen, time.Now()
 	} else {
 		mv.putSignal(ctx, ts, schema.TenantSignal{Phase: schema.SignalWarming, Epoch: e.Epoch, Applied: mv.s.cfg.Hooks.applied(ts.tenant)})
 	}
@@ -99,6 +102,8 @@ func (mv *mover) warmTask(ctx context.Context, ts *tenantState, e placement.Entr
 		return
 	}
 	if e.Phase == schema.PhaseHandoff {
+		steps.TargetAtFence = time.Now()
+		ready.Steps = steps
 		mv.commit(ctx, ts, e, ready, handoff)
 	} else {
 		mv.putSignal(ctx, ts, ready)
@@ -172,6 +177,7 @@ func (mv *mover) commit(ctx context.Context, ts *tenantState, e placement.Entry,
 	me := mv.s.cfg.ID.Instance
 	live, _ := mv.s.peers.liveNames(mv.s.cfg.ID.Shard)
 	alone := !slices.ContainsFunc(live, func(n string) bool { return n != me })
+	sent := make(chan time.Time, 1) // when the commit's write went out (the timeline's last step)
 	if !alone {
 		mv.putSignal(ctx, ts, ready)
 		if !mv.awaitSiblings(ctx, ts.tenant, ready) {
@@ -181,17 +187,27 @@ func (mv *mover) commit(ctx context.Context, ts *tenantState, e placement.Entry,
 		// Not cancelled with the task, as the commit's write is not: the watcher seeing the
 		// commit cancels this task, and a ready write not sent by then was lost (under load
 		// the target's signal stayed at warming). The next task starts once this one ends, so
-		// its own writes come after.
-		written := make(chan struct{})
+		// its own writes come after. It carries the commit's stamp, so it waits for the
+		// commit to be sent (or not to be).
+		written, committing := make(chan struct{}), make(chan struct{})
 		go func() {
 			defer close(written)
+			select {
+			case at := <-sent:
+				if ready.Steps != nil {
+					steps := *ready.Steps
+					steps.TargetCommit = at
+					ready.Steps = &steps
+				}
+			case <-committing:
+			}
 			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
 			mv.putSignal(wctx, ts, ready)
 		}()
-		defer func() { <-written }()
+		defer func() { close(committing); <-written }()
 	}
-	mv.commitPlacement(ctx, ts.tenant, e, handoff)
+	mv.commitPlacement(ctx, ts.tenant, e, handoff, sent)
 }
 
 // awaitSiblings waits until every live instance of this shard reports ready at the fence and
@@ -237,8 +253,8 @@ func (mv *mover) awaitSiblings(ctx context.Context, tenant string, ready schema.
 // commitPlacement writes handoff(source -> this shard) -> draining(this shard, epoch + 1) by
 // compare-and-set (the rebalancer audits it as move.commit). Any other outcome (already
 // committed by a sibling or the rebalancer, aborted, rolled back) is left to whoever wrote it.
-// handoff is the record read when the handoff was seen.
-func (mv *mover) commitPlacement(ctx context.Context, tenant string, e placement.Entry, handoff func() (schema.Placement, error)) {
+// handoff is the record read when the handoff was seen; sent gets the time the write went out.
+func (mv *mover) commitPlacement(ctx context.Context, tenant string, e placement.Entry, handoff func() (schema.Placement, error), sent chan<- time.Time) {
 	p, err := handoff()
 	if err != nil || p.Revision < e.Revision {
 		// The early read failed (NATS electing a leader then, say), or a replica answered
@@ -262,6 +278,7 @@ func (mv *mover) commitPlacement(ctx context.Context, tenant string, e placement
 	// the write's answer would read as a failure.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
+	sent <- time.Now()
 	got, err := mv.s.st.UpdatePlacement(wctx, p, next)
 	if err != nil {
 		if !errors.As(err, new(*schema.ConflictError)) {
@@ -288,22 +305,23 @@ func (mv *mover) readPlacement(ctx context.Context, tenant string) (get func() (
 }
 
 // awaitFence watches the source shard's signals for the tenant until every live source
-// instance (at least one) reports drained at epoch, and returns the highest fence reported.
-func (mv *mover) awaitFence(ctx context.Context, tenant, source string, epoch uint64) (uint64, bool) {
+// instance (at least one) reports drained at epoch, and returns the highest fence reported
+// and the source's steps of the handoff (never nil).
+func (mv *mover) awaitFence(ctx context.Context, tenant, source string, epoch uint64) (uint64, *schema.HandoffSteps, bool) {
 	for ctx.Err() == nil {
-		fence, err := mv.watchFence(ctx, tenant, source, epoch)
+		fence, steps, err := mv.watchFence(ctx, tenant, source, epoch)
 		if err == nil {
-			return fence, true
+			return fence, steps, true
 		}
 		if ctx.Err() == nil {
 			mv.s.cfg.Logger.Warn("waiting for the source's fence", "tenant", tenant, "source", source, "err", err)
 			ctxtime.Sleep(ctx, mv.s.cfg.WarmRetry)
 		}
 	}
-	return 0, false
+	return 0, nil, false
 }
 
-func (mv *mover) watchFence(ctx context.Context, tenant, source string, epoch uint64) (uint64, error) {
+func (mv *mover) watchFence(ctx context.Context, tenant, source string, epoch uint64) (uint64, *schema.HandoffSteps, error) {
 	// Instances die while we wait: heartbeats age, so look again every second even without a
 	// change. A source with no live instance left never drains: the target does not guess that
 	// nothing is in flight there (a frozen or cut-off instance may wake with requests in flight
@@ -322,11 +340,11 @@ func (mv *mover) watchFence(ctx context.Context, tenant, source string, epoch ui
 		}
 		sigs, sigChanged := mv.s.signals.shard(tenant, source)
 		if fence, ok := fenceOf(sigs, live, epoch); ok {
-			return fence, nil
+			return fence, sourceSteps(sigs, epoch), nil
 		}
 		select {
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return 0, nil, ctx.Err()
 		case <-tick.C:
 			read = true
 		case <-dirChanged:
@@ -357,10 +375,22 @@ func fenceOf(sigs map[string]schema.TenantSignal, live []string, epoch uint64) (
 	return fence, true
 }
 
+// sourceSteps is a copy of the handoff steps of the source instance that drained last at epoch
+// (an empty set if none carried them: an older release).
+func sourceSteps(sigs map[string]schema.TenantSignal, epoch uint64) *schema.HandoffSteps {
+	var last schema.HandoffSteps
+	for _, sig := range sigs {
+		if sig.Phase == schema.SignalDrained && sig.Epoch == epoch && sig.Steps != nil && sig.Steps.SourceFenced.After(last.SourceFenced) {
+			last = *sig.Steps
+		}
+	}
+	return &schema.HandoffSteps{SourceSaw: last.SourceSaw, SourceIdle: last.SourceIdle, SourceFenced: last.SourceFenced}
+}
+
 // handoffTask runs on a move's source at handoff: stop accepting, wait for in-flight requests
 // within DrainTimeout, then report drained with the fence (the service's last applied sequence)
-// at the handoff epoch.
-func (mv *mover) handoffTask(ctx context.Context, ts *tenantState, e placement.Entry) {
+// at the handoff epoch, with its steps' times (seen: when the watcher applied the handoff).
+func (mv *mover) handoffTask(ctx context.Context, ts *tenantState, e placement.Entry, seen time.Time) {
 	ts.setDraining(true)
 	// Report draining while in-flight requests finish, and only if there are any: the
 	// handoff pause is the time to drained, this write is for people watching, and drained
@@ -377,8 +407,10 @@ func (mv *mover) handoffTask(ctx context.Context, ts *tenantState, e placement.E
 	if !mv.quiesce(ctx, ts) {
 		return
 	}
+	idle := time.Now()
 	fence := mv.s.cfg.Hooks.fence(ts.tenant)
-	drained := schema.TenantSignal{Phase: schema.SignalDrained, Epoch: e.Epoch, Applied: fence, Fence: fence}
+	drained := schema.TenantSignal{Phase: schema.SignalDrained, Epoch: e.Epoch, Applied: fence, Fence: fence,
+		Steps: &schema.HandoffSteps{SourceSaw: seen, SourceIdle: idle, SourceFenced: time.Now()}}
 	// The move's target waits for this: it hears it before the write, not after (a write's
 	// round trip less in the pause). The write is for the rebalancer, and for a target that
 	// missed the note. Drained is final, so the target may act on it before it is stored.

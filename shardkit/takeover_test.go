@@ -47,10 +47,12 @@ func TestLeaseRunsOutWithoutNATS(t *testing.T) {
 		code, hdr, body = call(t, "GET", a.URL+"/t/x", "t1", nil, "")
 		return code == http.StatusServiceUnavailable
 	}))
-	// The lease counts from the last confirmation before the stop (at most Confirm earlier).
+	// The lease counts from the last confirmation before the stop: Confirm earlier, or more
+	// when a loaded machine ran the confirming tick late. Half the lease tells an instance that
+	// serves out its lease from one that refuses as soon as NATS is gone.
 	held := time.Since(stopped)
-	if held < 900*time.Millisecond {
-		t.Fatalf("refused %s after NATS stopped: before its lease of 1s (confirmed every 100ms) ran out", held)
+	if held < 500*time.Millisecond {
+		t.Fatalf("refused %s after NATS stopped: well before its lease of 1s (confirmed every 100ms) ran out", held)
 	}
 	t.Logf("refused %s after NATS stopped (lease 1s, confirmed every 100ms)", held.Round(time.Millisecond))
 	if hdr.Get(tmhttp.HeaderRefused) != "unconfirmed" || hdr.Get("Retry-After") == "" {

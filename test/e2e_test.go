@@ -271,17 +271,24 @@ func TestMovesUnderLoad(t *testing.T) {
 		return func() { once.Do(func() { close(grpcStop); <-grpcDone; stop() }) }
 	}(stopLoad)
 
-	// Moves: each tenant in turn goes to the other shard of every kind, through the API.
-	moves, pauses := e2eMoves(), []time.Duration{}
+	// Moves: each tenant in turn goes to the other shard of every kind, through the API, with
+	// a KV round trip measured beside them.
+	probeStop := make(chan struct{})
+	probe := startKVProbe(t, st, 50*time.Millisecond, probeStop)
+	moves, pauses, timed := e2eMoves(), []time.Duration{}, []movePause{}
 	var windows []window
 	start := time.Now()
 	for i := range moves {
 		tenant := loadTenants[i%len(loadTenants)]
 		windows = append(windows, moveWindow(tenant, func() {
-			pauses = append(pauses, moveAcross(t, st, s.rebalancer, tenant)...)
+			for _, m := range moveAcrossKinds(t, st, s.rebalancer, tenant) {
+				pauses, timed = append(pauses, m.pause), append(timed, m)
+			}
 		}))
 	}
 	elapsed := time.Since(start)
+	close(probeStop)
+	rtts := probe.wait()
 	stopLoad()
 	in, out := l.latencyAround(windows)
 
@@ -321,6 +328,7 @@ func TestMovesUnderLoad(t *testing.T) {
 		pct(pauses, 0.5), pct(pauses, 0.99), pct(pauses, 1),
 		pct(in, 0.5), pct(in, 0.99), len(in), pct(out, 0.5), pct(out, 0.99), len(out))
 	t.Logf("handoff pause by quarter of the run (does it grow as the run goes on?): %s", byQuarter(pauses))
+	t.Logf("where the pause goes (each step from the one before, by the shards' stamps):%s", pauseReport(t, timed, rtts, s.gateway+"/metrics"))
 	t.Logf("state digests at the fence (move verification): %s", digestSummary())
 	s.stop(t)
 }
@@ -370,10 +378,13 @@ func moveAcrossKinds(t testing.TB, st *schema.Store, base, tenant string) []move
 	return pauses
 }
 
-// movePause is one finished move's pause: from its handoff to its commit.
+// movePause is one finished move's pause: from its handoff to its commit, and the steps its
+// shards stamped between them.
 type movePause struct {
-	kind  string
-	pause time.Duration
+	kind            string
+	pause           time.Duration
+	handoff, commit time.Time
+	steps           *schema.HandoffSteps
 }
 
 // createPlan creates a plan through the rebalancer API with post (postOK, or postRetry under
@@ -434,6 +445,7 @@ func awaitPlanMoves(t testing.TB, base, id string) []movePause {
 				Moves []struct {
 					ID, Kind, State, Reason string
 					Handoff, Commit         time.Time
+					Steps                   *schema.HandoffSteps
 				} `json:"moves"`
 			}
 			_ = json.NewDecoder(resp.Body).Decode(&p)
@@ -442,7 +454,7 @@ func awaitPlanMoves(t testing.TB, base, id string) []movePause {
 			case "done":
 				var out []movePause
 				for _, m := range p.Moves {
-					out = append(out, movePause{m.Kind, m.Commit.Sub(m.Handoff)})
+					out = append(out, movePause{m.Kind, m.Commit.Sub(m.Handoff), m.Handoff, m.Commit, m.Steps})
 				}
 				return out
 			case "partial", "rolled_back":

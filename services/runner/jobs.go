@@ -234,6 +234,10 @@ func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bo
 		return Run{}, false, fmt.Errorf("runner: record job %s: %w", id, err)
 	}
 	r.rev = rev
+	// Announced before the queue has it, so no instance can run it (and announce its run)
+	// before this event is out: the live stream shows job.created first. A create whose
+	// enqueue then fails was announced all the same; its client got the error.
+	s.announce(schema.JobCreated, &r)
 	seq, err := s.store.enqueue(ctx, r)
 	if err != nil {
 		if nj.IdempotencyKey == "" {
@@ -246,7 +250,6 @@ func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bo
 	}
 	r.Seq = seq
 	s.m.created.Inc()
-	s.announce(schema.JobCreated, &r)
 	return r, true, nil
 }
 

@@ -9,6 +9,7 @@ import (
 type metrics struct {
 	corrupt         *prometheus.CounterVec
 	confirmFailures *prometheus.CounterVec
+	delay           *prometheus.HistogramVec
 }
 
 func newMetrics(w *Watcher, reg prometheus.Registerer) *metrics {
@@ -21,11 +22,17 @@ func newMetrics(w *Watcher, reg prometheus.Registerer) *metrics {
 			Name: "tm_placement_confirm_failures_total",
 			Help: "Confirmations of the placement view with its stream leader that failed (a shard whose view stays unconfirmed for its lease stops serving).",
 		}, []string{"kind"}),
+		delay: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "tm_placement_change_delay_seconds",
+			Help:    "From a placement change's write (the NATS server's stamp) to this process applying it, by the phase it put the tenant in (a gateway holds a moving tenant's requests from its handoff and releases them at its draining).",
+			Buckets: []float64{.00025, .0005, .001, .002, .004, .008, .016, .032, .064, .128, .256, .512, 1.024},
+		}, []string{"kind", "phase"}),
 	}
 	if reg == nil {
 		return m
 	}
 	m.corrupt = promreg.Register(reg, m.corrupt) // another watcher in this process may have registered it first
+	m.delay = promreg.Register(reg, m.delay)
 	if w.cfg.Confirm > 0 {
 		m.confirmFailures = promreg.Register(reg, m.confirmFailures)
 	}

@@ -112,6 +112,9 @@ type kindState struct {
 	confirmed atomic.Int64
 	// applied counts the changes applied (a View's Changes), each once the table holds it.
 	applied atomic.Uint64
+	// live: the follower caught up once (Synced); changes applied since are observed as they
+	// arrive.
+	live atomic.Bool
 }
 
 // New makes a watcher; it follows nothing until Run.
@@ -418,6 +421,10 @@ func (ks *kindState) Apply(e kvwatch.Entry) {
 	old := t.set(e.Key, v, e.Revision)
 	ks.applied.Add(1) // after the table changed: a count read before a lookup covers what it saw
 	ks.mu.Unlock()
+	if ks.live.Load() && e.Op == kvwatch.Put && !e.Created.IsZero() {
+		// A change made before the watch caught up says nothing about delivery: live ones only.
+		ks.w.metrics.delay.WithLabelValues(ks.kind, string(phases[(v>>phaseShift)&7])).Observe(time.Since(e.Created).Seconds())
+	}
 	cb, subs := ks.w.cfg.OnChange, ks.w.subs.Load()
 	if (cb != nil || subs != nil) && old != v {
 		c := Change{Kind: ks.kind, Tenant: e.Key}
@@ -502,6 +509,7 @@ func (ks *kindState) decode(t *table, e kvwatch.Entry) (uint64, bool) {
 // Synced implements kvwatch.Handler.
 func (ks *kindState) Synced() {
 	ks.syncOnce.Do(func() {
+		ks.live.Store(true)
 		close(ks.synced)
 		ks.w.cfg.Logger.Info("placement synced", "kind", ks.kind, "placements", ks.t.Load().len(),
 			"took", time.Since(ks.startedAt).Round(time.Millisecond))

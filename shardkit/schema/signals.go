@@ -41,8 +41,33 @@ type TenantSignal struct {
 	Lag      uint64    `json:"lag"`
 	InFlight int       `json:"in_flight"`
 	Updated  time.Time `json:"updated"`
+	// Steps is the handoff's timeline as far as this signal's writer knows it: the source's
+	// steps on its drained signal, the source's and the target's on the target's ready signal
+	// at the handoff's epoch.
+	Steps *HandoffSteps `json:"steps,omitempty"`
 
 	Revision uint64 `json:"-"`
+}
+
+// HandoffSteps is when each step of a handoff happened on its shards, by their processes'
+// clocks: where the pause goes. The handoff's own write and the commit are the placement's
+// stamps (the NATS server's clock), so an offset across hosts includes their clocks' skew;
+// the gaps between two steps of one process do not.
+type HandoffSteps struct {
+	// SourceSaw: the source's watcher applied the handoff (requests stop being admitted).
+	SourceSaw time.Time `json:"source_saw,omitzero"`
+	// SourceIdle: its requests in flight finished.
+	SourceIdle time.Time `json:"source_idle,omitzero"`
+	// SourceFenced: its fence was taken and the drained note sent to the target.
+	SourceFenced time.Time `json:"source_fenced,omitzero"`
+	// TargetSaw: the target's watcher applied the handoff.
+	TargetSaw time.Time `json:"target_saw,omitzero"`
+	// TargetNoted: the target had the source's fence (its note, or its signal in the bucket).
+	TargetNoted time.Time `json:"target_noted,omitzero"`
+	// TargetAtFence: the target had applied up to the fence.
+	TargetAtFence time.Time `json:"target_at_fence,omitzero"`
+	// TargetCommit: the target sent its commit (the placement's compare-and-set).
+	TargetCommit time.Time `json:"target_commit,omitzero"`
 }
 
 func (t TenantSignal) id() InstanceID {
