@@ -8,7 +8,7 @@ BENCH ?=
 BENCHTIME ?=
 COUNT ?=
 
-.PHONY: all help bins run e2e scale generate generate-check protoc test test-short test-norace vet lint staticcheck fmt fmt-check bench bench-smoke tools build bench-gateway bench-tools fuzz slowhttptest bench-grpc
+.PHONY: all help bins run e2e scale faults upgrade-test generate generate-check protoc test test-short test-norace vet lint staticcheck fmt fmt-check bench bench-smoke tools build bench-gateway bench-tools fuzz slowhttptest bench-grpc
 
 all: build
 
@@ -86,7 +86,7 @@ vet:
 	@for d in $(EXAMPLES); do (cd $$d && $(GO) vet ./...) || exit 1; done
 
 ## tools: builds the pinned Go tools (staticcheck: a `tool` line in go.mod, run with `go tool`),
-## installs promtool (package prometheus) and Chromium (package chromium, for the dashboard's
+## installs nft (package nftables, for the fault harness test/netfault), promtool (package prometheus) and Chromium (package chromium, for the dashboard's
 ## browser tests) from Debian if missing, and builds helm $(HELM_VERSION)
 ## from its Go module into $(HELM) if missing (not a go.mod tool: it would add Kubernetes'
 ## client libraries to go.mod). Idempotent.
@@ -94,6 +94,8 @@ HELM_VERSION := v3.22.0
 HELM ?= $(CURDIR)/.tools/helm-$(HELM_VERSION)/helm
 tools:
 	$(GO) build -o /dev/null honnef.co/go/tools/cmd/staticcheck
+	@command -v nft >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends nftables iproute2 >/dev/null && nft --version)
 	@command -v promtool >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 		apt-get install -y -qq --no-install-recommends prometheus >/dev/null && promtool --version)
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || command -v google-chrome >/dev/null || \
@@ -131,6 +133,27 @@ e2e: tools
 ## of `make test`, which runs its smoke version (tiny numbers, seconds). 127.0.0.1 only.
 scale:
 	TM_SCALE=1 $(GO) test -count=1 -timeout 20m -run '^TestScale$$' -v ./test/scale/ | tee $(or $(TMPDIR),/tmp)/tenantmesh-scale.txt
+
+## faults: the fault scenarios of test/netfault, TM_FAULT_RUNS times each (20): every process
+## of a fleet in its own network namespace (root, ip and nft; make tools installs nftables),
+## a shard cut off NATS (both ways, and deaf to it), frozen past every lease, a gateway cut
+## off NATS during a move, a NATS node in the minority, a 2|1 split, a NATS node's disk full,
+## under the ledger workload checked for linearizability; prints FIGURE lines (time unserved
+## per fault). make test runs each once. TM_FAULT_ONLY=Name runs only that scenario.
+faults: tools
+	TM_REQUIRE_TOOLS=1 TM_FAULT_RUNS=$${TM_FAULT_RUNS:-20} $(GO) test -race -count=1 -timeout 120m -run '^TestFaults$$' -v ./test/netfault/ \
+		| tee $(or $(TMPDIR),/tmp)/tenantmesh-faults.txt | grep -E '^(=== RUN|--- |\s+--- |PASS|FAIL|ok)|FIGURE|Error|failed'; exit $${PIPESTATUS[0]}
+
+## upgrade-test: a rolling upgrade and downgrade under load (test/netfault/upgrade, TestUpgrade):
+## builds the previous release (TM_UPGRADE_FROM, default 481c260: main when records got their
+## format version; there are no tags) with git archive, and the working tree; starts a fleet
+## (3 NATS nodes, 2 gateways, 2 shards of each kind with 2 instances each, the rebalancer)
+## on the old binaries, replaces every process one at a time with the new one under the
+## ledger workload and live moves, then back. make test runs the short version (one process
+## of each role, one instance per shard).
+upgrade-test: tools
+	TM_REQUIRE_TOOLS=1 TM_UPGRADE=full $(GO) test -race -count=1 -timeout 60m -run '^TestUpgrade$$' -v ./test/netfault/upgrade/ \
+		| tee $(or $(TMPDIR),/tmp)/tenantmesh-upgrade.txt | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|replaced|upgrade |Error|failed'; exit $${PIPESTATUS[0]}
 
 ## slowhttptest: slowhttptest (apt-get install slowhttptest) in its slow-body, slow-read and
 ## slow-headers modes against a gateway with its default bounds, 800 connections each, while

@@ -58,6 +58,12 @@ func problemFor(err error) tmhttp.Problem {
 		return tmhttp.FromError(err)
 	case errors.Is(err, context.Canceled):
 		return tmhttp.Problem{Type: tmhttp.TypeBase + "client-closed", Title: "Client closed request", Status: statusClientClosed}
+	case isDialError(err):
+		// The connection was never made (refused, or its connect timed out across a
+		// partition): the request reached nothing, so the client may send it again. Not a 504:
+		// the fault harness's 2|1 split found connect timeouts answered as upstream timeouts.
+		return tmhttp.Problem{Type: tmhttp.TypeBase + "upstream-unreachable", Title: "Upstream unreachable", Status: http.StatusServiceUnavailable,
+			Detail: "the gateway could not connect to the shard's instance; the request did not reach it: retry after Retry-After", RetryAfter: 1}
 	case isTimeout(err):
 		return tmhttp.Problem{Type: tmhttp.TypeBase + "upstream-timeout", Title: "Upstream timeout", Status: http.StatusGatewayTimeout,
 			Detail: "the shard did not answer within the kind's upstream timeout"}

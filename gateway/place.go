@@ -17,6 +17,9 @@ import (
 func (g *Gateway) place(x *exchange) error {
 	entry, ok := x.ke.lookup(x.tenant)
 	if !ok && !x.policy.placesTenants() {
+		if !x.ke.placementsIn() {
+			return errStarting // not "not placed", nor an assignment on a guess
+		}
 		if x.ke.config().Unplaced == schema.UnplacedReject {
 			return tmhttp.Errorf(http.StatusNotFound, "tenant-not-placed", "Tenant not placed",
 				"the tenant has no placement for kind "+x.ke.name+" and the kind does not assign new tenants")

@@ -143,13 +143,17 @@ func (g *Gateway) judgeManaged(x *exchange, in *instance, up *upConn, err error,
 // its body is buffered); other failures only for GET, HEAD and OPTIONS, for any request to a
 // kind that only reads (KindConfig.Overlap: the projection's POST queries), or for a request
 // with an Idempotency-Key to a kind whose services honour it (KindConfig.Idempotent: applied
-// once however often it is sent); a timeout never.
+// once however often it is sent); a timeout never, unless it was the connect's: a connection
+// that was never made (refused, or its SYN unanswered, as across a partition) carried nothing.
 func (g *Gateway) retryable(x *exchange, err error) (string, bool) {
-	if !x.replayable || x.ctx.Err() != nil || isTimeout(err) {
+	if !x.replayable || x.ctx.Err() != nil {
 		return "", false
 	}
 	if isDialError(err) || errors.Is(err, errStreamRefused) {
 		return "unreachable", true
+	}
+	if isTimeout(err) {
+		return "", false
 	}
 	switch x.method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions:

@@ -105,6 +105,21 @@ func (k *kindEntry) lookup(tenant string) (placement.Entry, bool) {
 	return w.Lookup(k.name, tenant)
 }
 
+// placementsIn reports whether the kind's placement map has been read (its watcher synced):
+// before, a tenant missing from it may well be placed.
+func (k *kindEntry) placementsIn() bool {
+	w := k.w.Load()
+	if w == nil {
+		return false
+	}
+	select {
+	case <-w.Ready():
+		return true
+	default:
+		return false
+	}
+}
+
 // shardInfo describes one shard of a kind for assignment and /admin/balance.
 type shardInfo struct {
 	name      string

@@ -225,6 +225,13 @@ func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bo
 	}, "recording a job", "tenant", tenant, "job", id)
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		got, gerr := s.store.getLatest(ctx, tenant, id) // it exists: a replica may not have it yet
+		if errors.Is(gerr, ErrNoJob) {
+			// The create found the key taken and the stream's leader does not have it: NATS is
+			// changing leaders under us (a node restarting). Not a 404 for a job the client
+			// is creating: unknown for now, and its retry with the same key sorts it out. The
+			// fault harness found it, a NATS node restarted after its disk filled.
+			return Run{}, false, fmt.Errorf("runner: job %s exists but its run cannot be read yet: %w", id, schema.ErrUnavailable)
+		}
 		if gerr != nil {
 			return Run{}, false, gerr
 		}

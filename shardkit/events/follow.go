@@ -2,6 +2,7 @@ package events
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
@@ -65,6 +66,9 @@ func (l *Log[S]) tail(ctx context.Context, ts *tenant[S], from uint64) error {
 		m, md, err := r.Next(ctx)
 		if err != nil {
 			return err
+		}
+		if err := CheckFormat(m.Headers()); err != nil {
+			return fmt.Errorf("tail of %s at %d: %w", ts.name, md.Sequence.Stream, err)
 		}
 		ev := l.es.decode(ts.name, m, md.Sequence.Stream)
 		ts.mu.Lock()

@@ -36,6 +36,24 @@ var ErrStale = errors.New("events: subject changed underneath")
 // HeaderType carries an event's type; the message id (Nats-Msg-Id) is <tenant>:<key>.
 const HeaderType = "Tm-Event-Type"
 
+// HeaderFormat carries the record format (jsx.Format) of the event's envelope: its subject
+// layout and headers. An event without it predates formats (format 1).
+const HeaderFormat = "Tm-Format"
+
+// CheckFormat refuses an event stored in a newer format than this binary reads
+// (schema.ErrNewerFormat): a reader stops there rather than fold an event it may misread.
+func CheckFormat(h nats.Header) error {
+	v := h.Get(HeaderFormat)
+	if v == "" {
+		return nil
+	}
+	f, err := strconv.Atoi(v)
+	if err != nil || f > jsx.Format {
+		return fmt.Errorf("events: event format %q (this binary reads up to %d): %w", v, jsx.Format, jsx.ErrNewerFormat)
+	}
+	return nil
+}
+
 // store reads and writes one stream and the snapshot object store.
 type store struct {
 	st     *schema.Store
@@ -66,6 +84,7 @@ func (es *store) tenantFilter(tenant string) string { return es.prefix(tenant) +
 // NATS is unavailable, when ev has a key).
 func (es *store) append(ctx context.Context, tenant string, ev Event, expectLast uint64) (seq uint64, dup bool, err error) {
 	msg := &nats.Msg{Subject: es.subject(tenant, ev.Subject), Data: ev.Data, Header: nats.Header{}}
+	msg.Header.Set(HeaderFormat, formatValue)
 	if ev.Type != "" {
 		msg.Header.Set(HeaderType, ev.Type)
 	}
@@ -149,6 +168,8 @@ func (es *store) writeEpoch(ctx context.Context, tenant string, epoch uint64) (u
 	return seq, err
 }
 
+var formatValue = strconv.Itoa(jsx.Format)
+
 // decode makes an Event of a stored message of tenant.
 func (es *store) decode(tenant string, m jetstream.Msg, seq uint64) Event {
 	ev := Event{Subject: strings.TrimPrefix(m.Subject(), es.prefix(tenant)), Data: m.Data(), Seq: seq}
@@ -178,6 +199,9 @@ func (es *store) replay(ctx context.Context, tenant, filter string, after uint64
 				err = fmt.Errorf("stalled at %d with %d pending: %w", last, pending, err)
 			}
 			return last, fmt.Errorf("%w: replay %s: %w", ErrStore, filter, err)
+		}
+		if err := CheckFormat(m.Headers()); err != nil {
+			return last, fmt.Errorf("replay %s at %d: %w", filter, md.Sequence.Stream, err)
 		}
 		if err := fn(es.decode(tenant, m, md.Sequence.Stream)); err != nil {
 			return last, err

@@ -79,6 +79,9 @@ func (c *Client) GetJSON(ctx context.Context, kv jetstream.KeyValue, key string,
 		}
 		return 0, fmt.Errorf("get %s/%s: %w", kv.Bucket(), key, err)
 	}
+	if err := CheckFormat(e.Value()); err != nil {
+		return e.Revision(), fmt.Errorf("%s/%s revision %d: %w", kv.Bucket(), key, e.Revision(), err)
+	}
 	if err := json.Unmarshal(e.Value(), v); err != nil {
 		return e.Revision(), fmt.Errorf("%s/%s revision %d: %w: %v", kv.Bucket(), key, e.Revision(), ErrCorrupt, err)
 	}
@@ -95,6 +98,9 @@ func (c *Client) LeaderGetJSON(ctx context.Context, kv jetstream.KeyValue, key s
 			return 0, fmt.Errorf("%s/%s: %w", kv.Bucket(), key, ErrNotFound)
 		}
 		return 0, fmt.Errorf("get %s/%s from the leader: %w", kv.Bucket(), key, err)
+	}
+	if err := CheckFormat(data); err != nil {
+		return rev, fmt.Errorf("%s/%s revision %d: %w", kv.Bucket(), key, rev, err)
 	}
 	if err := json.Unmarshal(data, v); err != nil {
 		return rev, fmt.Errorf("%s/%s revision %d: %w: %v", kv.Bucket(), key, rev, ErrCorrupt, err)
@@ -230,7 +236,7 @@ func (c *Client) ReadTries(ctx context.Context, op func(context.Context) error) 
 // been stored, so a conflict after one is checked against the key's newest value: if it is
 // what this call wrote, the write was ours and succeeded.
 func (c *Client) UpdateJSON(ctx context.Context, kv jetstream.KeyValue, key string, rev uint64, v any) (uint64, error) {
-	b, err := json.Marshal(v)
+	b, err := Marshal(v)
 	if err != nil {
 		return 0, fmt.Errorf("encode %s/%s: %w", kv.Bucket(), key, err)
 	}
@@ -314,7 +320,7 @@ func (c *Client) recognise(ctx context.Context, bucket, key string, b []byte) (u
 // PutJSON writes v to key unconditionally. An unanswered attempt is simply made again (see
 // UpdateJSON): writing the same value twice leaves the same value.
 func (c *Client) PutJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
-	b, err := json.Marshal(v)
+	b, err := Marshal(v)
 	if err != nil {
 		return 0, fmt.Errorf("encode %s/%s: %w", kv.Bucket(), key, err)
 	}
@@ -392,9 +398,18 @@ func ListJSON[T any](ctx context.Context, c *Client, kv jetstream.KeyValue, filt
 		}
 	}
 	slices.Sort(keys)
+	var newer error
 	for _, k := range keys {
 		it := latest[k]
 		var v T
+		if err := CheckFormat(it.data); err != nil {
+			// Refused, and the listing with it: a caller acting on a list that silently lacks
+			// a record (a placement, a plan) would misread the whole.
+			if newer == nil {
+				newer = fmt.Errorf("list %s: key %s revision %d: %w", kv.Bucket(), k, it.rev, err)
+			}
+			continue
+		}
 		if err := json.Unmarshal(it.data, &v); err != nil {
 			corrupt++
 			c.opts.Logger.Warn("skipping corrupt value", "bucket", kv.Bucket(), "key", k, "revision", it.rev, "err", err)
@@ -402,7 +417,7 @@ func ListJSON[T any](ctx context.Context, c *Client, kv jetstream.KeyValue, filt
 		}
 		fn(k, it.rev, v)
 	}
-	return corrupt, nil
+	return corrupt, newer
 }
 
 // listItem is the newest message of one key, as listLatest read it.

@@ -29,6 +29,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/kvwatch"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -476,6 +477,16 @@ func (ks *kindState) decode(t *table, e kvwatch.Entry) (uint64, bool) {
 	var r routing
 	err := schema.CheckTenant(e.Key)
 	if err == nil {
+		if ferr := jsx.CheckFormat(e.Value); ferr != nil {
+			// Refused, never guessed at: the tenant reads as not placed here (its old entry
+			// goes too, so nothing routes or serves by a view this binary can no longer
+			// follow), and the writes that would place it meet the record and fail.
+			ks.corrupt.Add(1)
+			ks.w.metrics.corrupt.WithLabelValues(ks.kind).Inc()
+			ks.w.cfg.Logger.Error("refusing a placement of a newer record format: upgrade this binary", "kind", ks.kind, "key", e.Key,
+				"revision", e.Revision, "err", ferr)
+			return 0, true
+		}
 		err = json.Unmarshal(e.Value, &r)
 	}
 	if err == nil {

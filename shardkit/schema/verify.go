@@ -233,8 +233,9 @@ func (s *Store) PutDigestRecord(ctx context.Context, rec DigestRecord) error {
 	return nil
 }
 
-// ErrNewerFormat is a record written by a newer binary than this one.
-var ErrNewerFormat = errors.New("written by a newer tenantmesh; upgrade this binary to read it")
+// ErrNewerFormat is a record written by a newer binary than this one (jsx.ErrNewerFormat:
+// every record carries a format).
+var ErrNewerFormat = jsx.ErrNewerFormat
 
 // DigestRecords lists the records of one handoff of kind's tenant at epoch.
 func (s *Store) DigestRecords(ctx context.Context, kind, tenant string, epoch uint64) ([]DigestRecord, error) {

@@ -187,6 +187,12 @@ type Client struct {
 	// answer, with its attempts and what the last retried one got: where a test's time went.
 	Slow time.Duration
 	Logf func(format string, args ...any)
+	// Authorize, if set, is called on every request before it is sent, with its tenant: a
+	// gateway that checks edge identities wants a bearer token.
+	Authorize func(req *http.Request, tenant string)
+	// Out, if set, tells which gateways are out of rotation (a load balancer's view during a
+	// rolling deploy): an attempt skips them while another one is in.
+	Out func(gateway string) bool
 
 	keys     atomic.Int64
 	mu       sync.Mutex
@@ -289,11 +295,17 @@ func (c *Client) send(client int, tenant, kind, method, path string, body any) (
 	}
 	for attempt := 0; time.Now().Before(deadline) && attempt < 2000; attempt++ {
 		attempts = attempt + 1
+		for i := 0; c.Out != nil && i < len(c.Gateways) && c.Out(c.Gateways[gw%len(c.Gateways)]); i++ {
+			gw++
+		}
 		req, _ := http.NewRequest(method, c.Gateways[gw%len(c.Gateways)]+path, bytes.NewReader(raw))
 		req.Header.Set("x-tenant-id", tenant)
 		req.Header.Set("content-type", "application/json")
 		if key != "" {
 			req.Header.Set("Idempotency-Key", key)
+		}
+		if c.Authorize != nil {
+			c.Authorize(req, tenant)
 		}
 		sent := time.Now()
 		resp, err := c.HTTP.Do(req)

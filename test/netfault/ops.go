@@ -1,0 +1,146 @@
+package netfault
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Tenants names n tenants of a scenario.
+func Tenants(scenario string, n int) []string {
+	var out []string
+	for i := range n {
+		out = append(out, fmt.Sprintf("%s-%d", strings.ToLower(scenario), i))
+	}
+	return out
+}
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// Binaries builds the fleet's binaries from the working tree once per test process and
+// returns their directory; RemoveBinaries (in TestMain) removes it.
+func Binaries(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "netfault-bin-")
+		if buildErr == nil {
+			root, _ := filepath.Abs(RepoRoot())
+			buildErr = Build(root, binDir)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binDir
+}
+
+// RemoveBinaries removes what Binaries built.
+func RemoveBinaries() {
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+}
+
+// RepoRoot is the repository's root, found from the working directory (a test runs in its
+// package's directory).
+func RepoRoot() string {
+	dir, _ := os.Getwd()
+	for d := dir; d != filepath.Dir(d); d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+	}
+	return dir
+}
+
+// Move plans a move of tenant to targets (kind -> shard) through the rebalancer's API, applies
+// it (waiting out another apply under way, as an operator would) and waits until it is done.
+// It may be called from any goroutine.
+func (f *Fleet) Move(tenant string, targets map[string]string) error {
+	code, b, err := f.Admin("POST", "/api/plans", map[string]any{"strategy": "move-tenant", "tenant": tenant, "targets": targets})
+	var p struct {
+		Plan struct{ ID string } `json:"plan"`
+	}
+	if err != nil || code >= 300 || json.Unmarshal(b, &p) != nil || p.Plan.ID == "" {
+		return fmt.Errorf("plan a move of %s: %d %s %v", tenant, code, b, err)
+	}
+	// One apply at a time per rebalancer: a 409 busy is waited out, as an operator would.
+	for deadline := time.Now().Add(2 * time.Minute); ; {
+		code, b, err := f.Admin("POST", "/api/plans/"+p.Plan.ID+"/apply", nil)
+		if err == nil && code < 300 {
+			break
+		}
+		if err != nil || code != http.StatusConflict || !strings.Contains(string(b), "/problems/busy") || time.Now().After(deadline) {
+			return fmt.Errorf("apply %s: %d %s %v", p.Plan.ID, code, b, err)
+		}
+		time.Sleep(200 * time.Millisecond) // until the other apply is done
+	}
+	for deadline := time.Now().Add(2 * time.Minute); ; {
+		var st struct {
+			Plan  struct{ Status string }  `json:"plan"`
+			Moves []struct{ State string } `json:"moves"`
+		}
+		code, b, err := f.Admin("GET", "/api/plans/"+p.Plan.ID, nil)
+		if err == nil && code == http.StatusOK && json.Unmarshal(b, &st) == nil {
+			switch st.Plan.Status {
+			case "done":
+				return nil
+			case "partial", "rolled_back", "failed":
+				return fmt.Errorf("plan %s ended %s: %s", p.Plan.ID, st.Plan.Status, b)
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("plan %s not done within 2 minutes: %d %s %v", p.Plan.ID, code, b, err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the plan's state
+	}
+}
+
+// AwaitReplicas waits until every replica of the placement and event streams is current (a
+// NATS node that was cut off, restarted or out of disk has caught up).
+func (f *Fleet) AwaitReplicas(t testing.TB, within time.Duration) {
+	t.Helper()
+	js, err := jetstream.New(f.Connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	streams := []string{"KV_tm_placement_aggregate", "TM_EVENTS"}
+	deadline := time.Now().Add(within)
+	for _, name := range streams {
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			s, err := js.Stream(ctx, name)
+			var info *jetstream.StreamInfo
+			if err == nil {
+				info, err = s.Info(ctx)
+			}
+			cancel()
+			whole := err == nil && info.Cluster != nil && info.Cluster.Leader != "" && len(info.Cluster.Replicas) == 2
+			if whole {
+				for _, r := range info.Cluster.Replicas {
+					whole = whole && r.Current && !r.Offline
+				}
+			}
+			if whole {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("stream %s not whole within %s: %+v %v", name, within, info, err)
+			}
+			time.Sleep(200 * time.Millisecond) // polling the stream's state
+		}
+	}
+}
