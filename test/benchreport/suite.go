@@ -76,6 +76,13 @@ var suite = []entry{
 		note: "Lookup: route match + placement lookup in memory. Proxy: client -> gateway -> shard over loopback, 1,000 tenants over 4 shards, parallel clients (net/http client and shard: their allocations count too); jwt checks each tenant's ES256 bearer token (first sight, then remembered). ProxyRaw: the same with a raw TCP client and shard that allocate nothing, so allocs/op is the gateway's own per proxied request (goal 0). PickWriter: a single-writer kind's rendezvous choice among 3 instances. PickLoad: a load kind's pick among 3 instances: score (load scores alone, the pre-producer-route path), plain (a route that is not a producer route), producer (a producer route redirected to the instance with consumers).",
 	},
 	{
+		title:     "Gateway: unary gRPC through its HTTP/2 engine",
+		pkg:       "./gateway/",
+		bench:     "^BenchmarkGRPCUnary$",
+		benchtime: "20000x", count: 3, benchmem: true,
+		note: "A grpc-go client, the gateway's own HTTP/2 engine (h2c front, multiplexed upstream) and a grpc-go instance in one process, 32 calls at once: time is shared by all three, allocs/op is the comparable part. The side-by-side figures against HAProxy and nginx come from make bench-grpc.",
+	},
+	{
 		title:     "Gateway: tenant identity at the edge (JWT check)",
 		pkg:       "./gateway/edgeauth/",
 		bench:     "^BenchmarkVerify$",
