@@ -154,7 +154,7 @@ func TestUpgrade(t *testing.T) {
 	close(moveErrs)
 	for err := range moveErrs {
 		if strings.Contains(err.Error(), "/problems/plan-infeasible") {
-			t.Logf("a live move refused by the planner: %v", err) // a consistent refusal, not a lost request (one run met a tenant pinned; by what is not known yet)
+			t.Logf("a live move refused by the planner: %v", err) // a consistent refusal, not a lost request: a tenant the autopilot failed over is held for its cool-down (reported as "pinned")
 			continue
 		}
 		t.Errorf("a live move: %v", err)
