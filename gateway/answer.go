@@ -100,7 +100,8 @@ func (g *Gateway) answerError(x *exchange, err error) {
 			g.log.Warn("proxy error", "status", p.Status, "kind", p.Kind, "err", err)
 		}
 		g.metrics.grpcCall(cmp.Or(p.Kind, "-"), tmhttp.GRPCCode(p))
-		tmhttp.WriteGRPCProblem(x.out.(*stdResponder).w, p)
+		x.rfields = grpcStatusFields(x.rfields[:0], p, true)
+		_ = x.out.writeHead(http.StatusOK, x.rfields, 0, true)
 		return
 	}
 	if p.Status >= 500 && p.Status != http.StatusServiceUnavailable {

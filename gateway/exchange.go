@@ -40,13 +40,15 @@ type exchange struct {
 	cancelable bool
 	// grpc: a gRPC call (HTTP/2, application/grpc): sent over HTTP/2, answered with gRPC
 	// statuses (grpc.go); its request stream is rbody, not body.
-	grpc   bool
-	rbody  *replayBody
-	out    responder
-	ctx    context.Context
-	cancel context.CancelFunc
-	rctx   reqContext // the context of the own front end's requests
-	start  time.Time
+	grpc  bool
+	rbody *replayBody
+	// streamCtx: ctx is the HTTP/2 stream's own, ended with it (h2front.go).
+	streamCtx bool
+	out       responder
+	ctx       context.Context
+	cancel    context.CancelFunc
+	rctx      reqContext // the context of the own front end's requests
+	start     time.Time
 
 	// What the stages learned.
 	tenant     string
@@ -89,6 +91,8 @@ type exchange struct {
 	pf      gatesig.Fields
 	chunked h1.ChunkedReader
 	bodyMem []byte
+	h2blk   []byte // a gRPC attempt's header block (grpc.go)
+	h2path  []byte
 }
 
 var exchanges = sync.Pool{New: func() any { return &exchange{} }}
@@ -103,7 +107,7 @@ func getExchange() *exchange {
 
 // putExchange clears x's references and returns it to the pool.
 func putExchange(x *exchange) {
-	*x = exchange{head: x.head[:0], req: x.req, rfields: x.rfields[:0], chunked: x.chunked, bodyMem: x.bodyMem[:0],
+	*x = exchange{head: x.head[:0], req: x.req, rfields: x.rfields[:0], chunked: x.chunked, bodyMem: x.bodyMem[:0], h2blk: x.h2blk[:0], h2path: x.h2path[:0],
 		aff: affinityAttempts{plan: x.aff.plan[:0]}}
 	x.req.Fields = x.req.Fields[:0]
 	if cap(x.bodyMem) > 64<<10 {

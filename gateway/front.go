@@ -81,7 +81,9 @@ func (f *frontEnd) shutdown(ctx context.Context) error {
 	f.mu.Lock()
 	f.closing.Store(true)
 	for cc := range f.conns {
-		if cc.idle.Load() {
+		if cc.h2 != nil {
+			cc.h2.shutdown() // GOAWAY: the streams under way finish
+		} else if cc.idle.Load() {
 			cc.c.Close()
 		}
 	}
@@ -109,6 +111,7 @@ type clientConn struct {
 	r    *h1.Reader
 	w    *outBuf
 	idle atomic.Bool
+	h2   *h2server // set (under f.mu) once the connection speaks HTTP/2
 
 	ip     string
 	minor  int
@@ -216,9 +219,10 @@ func (cc *clientConn) serve() {
 		x.head = append(x.head[:0], head...)
 		if err := h1.ParseRequest(x.head, &x.req, maxRequestFields); err != nil {
 			if bytes.Equal(x.head, h2Preface[:18]) {
-				// HTTP/2 with prior knowledge (h2c, gRPC): net/http's server speaks it.
-				handedOff = cc.give(x.head)
+				// HTTP/2 with prior knowledge (h2c, gRPC): the engine's own HTTP/2 server
+				// (h2front.go) serves the connection from here on.
 				putExchange(x)
+				cc.serveH2()
 				return
 			}
 			putExchange(x)
@@ -252,8 +256,8 @@ func (cc *clientConn) handOff(x *exchange) bool {
 }
 
 // h2Preface opens every HTTP/2 connection (RFC 9113 section 3.4); the own front end reads its
-// first 18 bytes as a request head that does not parse as HTTP/1.1, and net/http's server
-// checks the rest.
+// first 18 bytes as a request head that does not parse as HTTP/1.1, and its HTTP/2 server
+// (h2front.go) checks the rest.
 var h2Preface = []byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
 
 // give hands the connection to net/http's server with head and what was read after it.

@@ -437,7 +437,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	g.bgStop()
 	g.bg.Wait()
 	g.engine.closeIdle(true)
-	g.up.t.CloseIdleConnections()
+	g.up.close()
 	g.health.CloseIdleConnections()
 	return err
 }

@@ -2,11 +2,9 @@ package gateway
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -14,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/net/http2/hpack"
 
 	"github.com/tenantmesh/tenantmesh/gateway/h1"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
@@ -23,13 +23,14 @@ import (
 // request (admit, place, hold, pick, send, answer) with three differences, all in this file:
 //
 //   - send: the call goes to the instance over HTTP/2 (h2c with prior knowledge to http://
-//     instances, TLS with ALPN h2 to https:// ones), on connections net/http's Transport
-//     multiplexes (upstream), with its flow control per stream; the request stream is not
-//     buffered before it is sent (a bidirectional stream would wait for itself) but kept as it
-//     goes, up to MaxReplayBody, so an attempt that may be sent again can be (replayBody);
+//     instances, TLS with ALPN h2 to https:// ones), on connections the engine's own HTTP/2
+//     client multiplexes (upstream, h2up.go), with flow control per stream; the request
+//     stream is not buffered before it is sent (a bidirectional stream would wait for itself)
+//     but kept as it goes, up to MaxReplayBody, so an attempt that may be sent again can be
+//     (replayBody); what of it has come when the head goes goes in the same write;
 //   - answer: headers, messages (each flushed as it comes) and trailers are relayed; a stream
 //     that breaks after its headers ends with a grpc-status in the trailers;
-//   - errors: the gateway's own answers are gRPC statuses (tmhttp.WriteGRPCProblem), e.g. no
+//   - errors: the gateway's own answers are gRPC statuses (grpcStatusFields), e.g. no
 //     live instance UNAVAILABLE with grpc-retry-pushback-ms, an invalid tenant
 //     INVALID_ARGUMENT, a refused token UNAUTHENTICATED, another tenant's token
 //     PERMISSION_DENIED.
@@ -37,151 +38,83 @@ import (
 // grpc-timeout bounds the whole call (DEADLINE_EXCEEDED); the kind's upstream timeout bounds
 // each attempt's wait for the answer's headers, not a stream's life.
 
-// upstream is the send stage's HTTP/2 side: one net/http Transport that speaks h2c with prior
-// knowledge to http:// instances and h2 by ALPN to https:// ones, multiplexing calls over a
-// connection per instance, and the calls under way, by instance, so that a takeover can
-// abandon a tenant's (as engine.abandon does for HTTP/1.1).
-type upstream struct {
-	t *http.Transport
-
-	mu    sync.Mutex
-	calls map[string]map[*h2call]struct{} // by host
-}
-
-// h2call is one attempt under way.
-type h2call struct {
-	tenant string
-	cancel context.CancelCauseFunc
-}
-
-func newUpstream(cfg Config) *upstream {
-	p := new(http.Protocols)
-	p.SetUnencryptedHTTP2(true) // http:// instances: HTTP/2 with prior knowledge
-	p.SetHTTP2(true)            // https:// instances: ALPN h2
-	t := &http.Transport{
-		DialContext:            (&net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		TLSClientConfig:        &tls.Config{RootCAs: cfg.UpstreamCAs, MinVersion: tls.VersionTLS12},
-		TLSHandshakeTimeout:    cfg.ConnectTimeout + time.Second,
-		ForceAttemptHTTP2:      true,
-		DisableCompression:     true, // the call goes as the client sent it (no Accept-Encoding added)
-		Protocols:              p,
-		IdleConnTimeout:        90 * time.Second,
-		MaxResponseHeaderBytes: 1 << 20,
-		// A connection that has been silent this long is pinged, and closed when the ping is
-		// not answered: a frozen instance's streams end instead of waiting forever.
-		HTTP2: &http.HTTP2Config{SendPingTimeout: 15 * time.Second, PingTimeout: 5 * time.Second},
-	}
-	return &upstream{t: t, calls: map[string]map[*h2call]struct{}{}}
-}
-
-func (u *upstream) add(host string, c *h2call) {
-	u.mu.Lock()
-	m := u.calls[host]
-	if m == nil {
-		m = map[*h2call]struct{}{}
-		u.calls[host] = m
-	}
-	m[c] = struct{}{}
-	u.mu.Unlock()
-}
-
-func (u *upstream) remove(host string, c *h2call) {
-	u.mu.Lock()
-	if m := u.calls[host]; m != nil {
-		delete(m, c)
-		if len(m) == 0 {
-			delete(u.calls, host)
-		}
-	}
-	u.mu.Unlock()
-}
-
-// abandon ends tenant's calls under way with the instance at host (errAbandoned).
-func (u *upstream) abandon(host, tenant string) int {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	n := 0
-	for c := range u.calls[host] {
-		if c.tenant == tenant {
-			c.cancel(errAbandoned)
-			n++
-		}
-	}
-	return n
-}
-
 // serveGRPC runs a gRPC call from the hold stage on: the call's deadline (grpc-timeout), the
 // hold while its tenant moves, the attempts over HTTP/2, and the answer.
 func (g *Gateway) serveGRPC(x *exchange) {
 	if d, ok := grpcTimeout(x.fields); ok {
 		x.ctx, x.cancel = context.WithTimeout(x.ctx, d)
-	} else {
+	} else if !x.streamCtx {
 		x.ctx, x.cancel = context.WithCancel(x.ctx)
 	}
 	if err := g.holdIfMoving(x); err != nil {
 		g.answerError(x, err)
 		return
 	}
-	resp, call, err := g.sendGRPC(x)
+	a, err := g.sendGRPC(x)
 	if err != nil {
 		g.answerError(x, err)
 		return
 	}
-	defer call.done()
-	g.answerGRPC(x, resp, call)
+	defer a.done()
+	g.answerGRPC(x, a)
 }
 
 // sendGRPC is the send stage for a gRPC call: attempts until one is delivered, with the
-// managed policy's rules (judgeManaged): a refused connection, or a call to a kind that only
-// reads or with an idempotency key to an idempotent kind, goes again while its request stream
-// is kept whole; a gate refusal (x-tm-refused, 421) refreshes the placement and goes to the
-// owner, holding when the tenant moves.
-func (g *Gateway) sendGRPC(x *exchange) (*http.Response, *grpcAttempt, error) {
+// managed policy's rules (judgeManaged): a refused connection or stream, or a call to a kind
+// that only reads or with an idempotency key to an idempotent kind, goes again while its
+// request stream is kept whole; a gate refusal (x-tm-refused, 421) refreshes the placement and
+// goes to the owner, holding when the tenant moves.
+func (g *Gateway) sendGRPC(x *exchange) (*grpcAttempt, error) {
 	for n := 0; ; n++ {
 		if err := g.holdIfMoving(x); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		in, err := x.policy.pick(g, x, n)
 		if in == nil {
-			return nil, nil, err
+			return nil, err
 		}
-		resp, a, err := g.attemptGRPC(x, in)
+		a, err := g.attemptGRPC(x, in)
 		x.replayable = x.rbody.replayable()
 		if err != nil {
 			if errors.Is(x.ctx.Err(), context.Canceled) {
-				return nil, nil, err
+				return nil, err
 			}
 			if x.ctx.Err() != nil {
-				return nil, nil, context.DeadlineExceeded
+				return nil, context.DeadlineExceeded
 			}
 			x.lastErr = &upstreamError{inst: in.key, err: err}
 			reason, ok := g.retryable(x, err)
 			if !ok || n >= g.cfg.Retries {
-				return nil, nil, x.lastErr
+				return nil, x.lastErr
 			}
 			x.ke.metrics.retry(reason)
-			if errors.Is(err, errAbandoned) {
+			switch {
+			case errors.Is(err, errAbandoned):
 				if e, ok := x.ke.lookup(x.tenant); ok {
 					x.entry = e
 				}
 				x.tried = x.tried[:0]
-			} else {
+			case errors.Is(err, errStreamRefused):
+				// The instance is fine (its connection was going away, or it was busy):
+				// it may take the call again, on another connection.
+			default:
 				x.tried = append(x.tried, in)
 			}
 			continue
 		}
-		refused := resp.Header.Get(tmhttp.HeaderRefused)
-		if refused == "" && resp.StatusCode != http.StatusMisdirectedRequest {
-			x.inst, x.code = in, resp.StatusCode
-			return resp, a, nil
+		status := a.s.status
+		refused := hpackGet(a.s.head, tmhttp.HeaderRefused)
+		if refused == "" && status != http.StatusMisdirectedRequest {
+			x.inst, x.code = in, status
+			return a, nil
 		}
-		prob := refusalOf(resp)
-		a.done()
+		prob := refusalOf(a)
+		a.done() // a.s is another call's from here
 		if !x.replayable || n >= g.cfg.Retries {
-			if resp.StatusCode == http.StatusMisdirectedRequest || refused == "not_owner" || refused == "unplaced" || refused == "stale_epoch" {
-				return nil, nil, errMisdirected(x)
+			if status == http.StatusMisdirectedRequest || refused == "not_owner" || refused == "unplaced" || refused == "stale_epoch" {
+				return nil, errMisdirected(x)
 			}
-			return nil, nil, &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "shard-refused", Title: "Shard refused the call",
+			return nil, &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "shard-refused", Title: "Shard refused the call",
 				Detail: "the tenant's shard refused the call (" + refused + "); it did not reach the service: call again", RetryAfter: time.Second}
 		}
 		switch refused {
@@ -196,36 +129,55 @@ func (g *Gateway) sendGRPC(x *exchange) (*http.Response, *grpcAttempt, error) {
 		}
 		x.ke.metrics.retry("misdirected")
 		if err := g.refresh(x, prob); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		x.tried = x.tried[:0]
 	}
 }
 
+// hpackGet is the value of the field named name (any case; HTTP/2's are lower case) in
+// fields, "" if absent.
+func hpackGet(fields []hpack.HeaderField, name string) string {
+	for _, f := range fields {
+		if len(f.Name) == len(name) && strings.EqualFold(f.Name, name) {
+			return f.Value
+		}
+	}
+	return ""
+}
+
 // refusalOf reads the owner a gate refusal names: x-tm-owner and x-tm-epoch of a gRPC status,
 // or a 421's problem body.
-func refusalOf(resp *http.Response) tmhttp.Problem {
+func refusalOf(a *grpcAttempt) tmhttp.Problem {
 	var p tmhttp.Problem
-	if o := resp.Header.Get(tmhttp.HeaderOwner); o != "" {
+	s := a.s
+	if o := hpackGet(s.head, "x-tm-owner"); o != "" {
 		p.Owner = o
-		p.Epoch, _ = strconv.ParseUint(resp.Header.Get(tmhttp.HeaderEpoch), 10, 64)
+		p.Epoch, _ = strconv.ParseUint(hpackGet(s.head, "x-tm-epoch"), 10, 64)
 		return p
 	}
-	if resp.StatusCode == http.StatusMisdirectedRequest {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 16<<10))
+	if s.status == http.StatusMisdirectedRequest {
+		var b []byte
+		for len(b) < 16<<10 {
+			chunk, eof, err := s.next(a.ctx, true)
+			b = append(b, chunk...)
+			if eof || err != nil {
+				break
+			}
+		}
 		_ = json.Unmarshal(b, &p)
 	}
 	return p
 }
 
-// grpcAttempt is a delivered attempt: its context (ended by done) and its place among the
-// instance's calls under way.
+// grpcAttempt is a delivered attempt: its context (ended by done), its stream, and its place
+// among the instance's calls under way.
 type grpcAttempt struct {
 	g     *Gateway
 	host  string
 	call  *h2call
 	ctx   context.Context
-	resp  *http.Response
+	s     *h2stream
 	ended bool
 }
 
@@ -235,8 +187,8 @@ func (a *grpcAttempt) done() {
 		return
 	}
 	a.ended = true
-	if a.resp != nil {
-		a.resp.Body.Close()
+	if a.s != nil {
+		a.s.done()
 	}
 	a.call.cancel(context.Canceled)
 	a.g.up.remove(a.host, a.call)
@@ -244,23 +196,21 @@ func (a *grpcAttempt) done() {
 
 // attemptGRPC sends the call to in once and waits (up to the kind's upstream timeout) for the
 // answer's headers, keeping the instance's counters and breaker.
-func (g *Gateway) attemptGRPC(x *exchange, in *instance) (*http.Response, *grpcAttempt, error) {
+func (g *Gateway) attemptGRPC(x *exchange, in *instance) (*grpcAttempt, error) {
 	u := in.url.Load()
 	ctx, cancel := context.WithCancelCause(x.ctx)
 	call := &h2call{tenant: x.tenant, cancel: cancel}
 	a := &grpcAttempt{g: g, host: u.Host, call: call, ctx: ctx}
 	g.up.add(u.Host, call)
 	x.inst = in
-	req := g.grpcRequest(ctx, x, u)
 	in.inflight.Add(1)
 	in.requests.Add(1)
 	t0 := time.Now()
 	timer := time.AfterFunc(x.policy.timeout(x.ke.config()), func() { cancel(context.DeadlineExceeded) })
-	resp, err := g.up.t.RoundTrip(req)
+	err := g.startGRPC(x, a, u)
 	timedOut := !timer.Stop()
 	in.inflight.Add(-1)
 	if err == nil && (timedOut || ctx.Err() != nil) {
-		resp.Body.Close()
 		err = context.Cause(ctx)
 	}
 	if err != nil {
@@ -268,111 +218,162 @@ func (g *Gateway) attemptGRPC(x *exchange, in *instance) (*http.Response, *grpcA
 			err = c // abandoned, or the upstream timeout
 		}
 		a.done()
-		if errors.Is(x.ctx.Err(), context.Canceled) {
+		if errors.Is(x.ctx.Err(), context.Canceled) || errors.Is(err, errStreamRefused) {
 			in.breaker.Abandon()
 		} else {
 			in.failures.Add(1)
 			in.breaker.Failure()
 		}
-		return nil, nil, err
+		return nil, err
 	}
 	in.observe(time.Since(t0))
 	in.breaker.Success()
-	a.resp = resp
-	return resp, a, nil
+	return a, nil
 }
 
-// grpcRequest is the attempt's request: the client's fields less those the gateway does not
-// forward (dropRequestField, as for HTTP/1.1), then the forwarding fields, the tenantmesh
-// fields and the proof.
-func (g *Gateway) grpcRequest(ctx context.Context, x *exchange, u *url.URL) *http.Request {
-	h := make(http.Header, len(x.fields)+10)
-	for _, f := range x.fields {
-		if !dropRequestField(x, f) {
-			k := http.CanonicalHeaderKey(string(f.Name))
-			h[k] = append(h[k], string(f.Value))
+// startGRPC opens the attempt's stream, sends its head and what of the request stream has
+// come (in the same write), and waits for the answer's head.
+func (g *Gateway) startGRPC(x *exchange, a *grpcAttempt, u *url.URL) error {
+	s, err := g.up.open(a.ctx, u)
+	if err != nil {
+		return err
+	}
+	a.s = s
+	blk := g.grpcHead(x, u)
+	if x.rbody == nil {
+		if err := s.writeHead(blk, true); err != nil {
+			return err
 		}
-	}
-	h["Te"] = []string{"trailers"}
-	if x.remoteIP != "" {
-		h["X-Forwarded-For"] = []string{x.remoteIP}
-	}
-	h["X-Forwarded-Host"] = []string{string(x.host)}
-	if x.tls {
-		h["X-Forwarded-Proto"] = []string{"https"}
+		if err := s.flush(); err != nil {
+			return err
+		}
 	} else {
-		h["X-Forwarded-Proto"] = []string{"http"}
+		if err := s.writeHead(blk, false); err != nil {
+			return err
+		}
+		ab := x.rbody.attempt().(*attemptBody)
+		s.sendBody(ab, ab.ready)
 	}
-	if x.reqID != "" {
-		// A copy: x.reqID is a view of the pooled exchange, and HPACK keeps what it encodes.
-		h[tmhttp.HeaderRequestID] = []string{strings.Clone(x.reqID)}
+	return s.awaitHead(a.ctx)
+}
+
+// grpcHead encodes the attempt's header block: the client's fields less those the gateway
+// does not forward (dropRequestField, as for HTTP/1.1), then the forwarding fields, the
+// tenantmesh fields and the proof. No dynamic table: nothing is kept from the exchange.
+func (g *Gateway) grpcHead(x *exchange, u *url.URL) []byte {
+	hb := headerBlock{b: x.h2blk[:0]}
+	switch x.method {
+	case "POST":
+		hb.indexed(3)
+	case "GET":
+		hb.indexed(2)
+	default:
+		hb.fieldStr(":method", x.method)
 	}
-	h[tmhttp.HeaderKind] = []string{x.ke.name}
-	if x.entry.Epoch != 0 {
-		h[tmhttp.HeaderEpoch] = []string{strconv.FormatUint(x.entry.Epoch, 10)}
-		h[tmhttp.HeaderShard] = []string{x.entry.Shard}
+	if u.Scheme == "https" {
+		hb.indexed(7)
 	} else {
-		h[tmhttp.HeaderShard] = []string{x.inst.id.Shard}
+		hb.indexed(6)
 	}
-	if x.subject != "" {
-		h[tmhttp.HeaderSubject] = []string{x.subject}
-	}
+	hb.field(str2b(":authority"), x.host)
 	base := u.Path
 	if base == "/" {
 		base = ""
 	}
 	base = strings.TrimSuffix(base, "/")
+	if base == "" {
+		hb.field(str2b(":path"), x.target)
+	} else {
+		x.h2path = append(append(x.h2path[:0], base...), x.target...)
+		hb.field(str2b(":path"), x.h2path)
+	}
+	for _, f := range x.fields {
+		if !dropRequestField(x, f) && !h2Forbidden(f.Name) {
+			hb.field(f.Name, f.Value)
+		}
+	}
+	hb.fieldStr("te", "trailers")
+	if x.remoteIP != "" {
+		hb.fieldStr("x-forwarded-for", x.remoteIP)
+	}
+	hb.field(str2b("x-forwarded-host"), x.host)
+	if x.tls {
+		hb.fieldStr("x-forwarded-proto", "https")
+	} else {
+		hb.fieldStr("x-forwarded-proto", "http")
+	}
+	if x.reqID != "" {
+		hb.fieldStr("x-request-id", x.reqID)
+	}
+	hb.fieldStr("x-tm-kind", x.ke.name)
+	if x.entry.Epoch != 0 {
+		hb.field(str2b("x-tm-epoch"), strconv.AppendUint(x.num[:0], x.entry.Epoch, 10))
+		hb.fieldStr("x-tm-shard", x.entry.Shard)
+	} else {
+		hb.fieldStr("x-tm-shard", x.inst.id.Shard)
+	}
+	if x.subject != "" {
+		hb.fieldStr("x-tm-subject", x.subject)
+	}
 	if x.proof != nil {
-		h[tmhttp.HeaderProof] = []string{string(proofValue(x, base))}
+		hb.field(str2b("x-tm-proof"), proofValue(x, base))
 	}
 	if x.sc.IsValid() {
 		tp, ts := traceparentValue(x.sc)
-		h[tmhttp.HeaderTraceparent] = []string{tp}
+		hb.fieldStr("traceparent", tp)
 		if ts != "" {
-			h["Tracestate"] = []string{ts}
+			hb.fieldStr("tracestate", ts)
 		}
 	}
-	// Every string handed to the transport is a copy: HPACK keeps what it encodes, and the
-	// exchange's views are reused by the next request.
-	req := &http.Request{Method: x.method, URL: &url.URL{Scheme: u.Scheme, Host: u.Host, Opaque: base + string(x.target)},
-		Proto: "HTTP/2.0", ProtoMajor: 2, Header: h, Body: x.rbody.attempt(), ContentLength: -1, Host: string(x.host)}
-	return req.WithContext(ctx)
+	x.h2blk = hb.b
+	return hb.b
 }
 
 // answerGRPC relays a delivered call: the headers (hop-by-hop fields and every x-tm-* one
-// removed, x-served-by and x-request-id set), each message as it comes, then the trailers. A
-// stream that breaks after its headers ends with a status in the trailers: UNAVAILABLE (call
-// again) when its shard was taken over or the instance went away, DEADLINE_EXCEEDED past
-// grpc-timeout.
-func (g *Gateway) answerGRPC(x *exchange, resp *http.Response, a *grpcAttempt) {
+// removed, x-served-by and x-request-id set), the messages as they come (flushed whenever the
+// instance has sent nothing more yet), then the trailers. A stream that breaks after its
+// headers ends with a status in the trailers: UNAVAILABLE (call again) when its shard was
+// taken over or the instance went away, DEADLINE_EXCEEDED past grpc-timeout.
+func (g *Gateway) answerGRPC(x *exchange, a *grpcAttempt) {
 	if x.ticket != nil { // the next held request may go: this one has its answer
 		g.holds.done(x.ke, x.ticket)
 		x.ticket = nil
 	}
-	out := x.out.(*stdResponder)
-	h := out.w.Header()
-	for k, vv := range resp.Header {
-		if hopByHop(str2b(k)) || strings.HasPrefix(k, tmhttp.HeaderPrefixTM) || k == "Content-Length" || k == tmhttp.HeaderServedBy {
+	s, out := a.s, x.out
+	fields := x.rfields[:0]
+	for _, f := range s.head {
+		n := str2b(f.Name)
+		if hopByHop(n) || h1.HasPrefixFold(n, tmhttp.HeaderPrefixTM) || h1.EqualFold(n, "Content-Length") || h1.EqualFold(n, tmhttp.HeaderServedBy) ||
+			(x.reqID != "" && h1.EqualFold(n, tmhttp.HeaderRequestID)) {
 			continue
 		}
-		h[k] = vv
+		fields = append(fields, h1.Field{Name: n, Value: str2b(f.Value)})
 	}
-	h[tmhttp.HeaderServedBy] = []string{x.inst.key}
+	fields = append(fields, h1.Field{Name: hdrServedBy, Value: str2b(x.inst.key)})
 	if x.reqID != "" {
-		h[tmhttp.HeaderRequestID] = []string{strings.Clone(x.reqID)} // x.reqID is the pooled exchange's
+		fields = append(fields, h1.Field{Name: hdrRequestID, Value: str2b(x.reqID)})
 	}
-	out.w.WriteHeader(resp.StatusCode)
-	bp := copyBufs.Get().(*[]byte)
-	defer copyBufs.Put(bp)
+	x.rfields = fields
+	p, eof, err := s.next(a.ctx, false)
+	if eof && len(p) == 0 && s.trailer == nil { // trailers-only: the status is in the head
+		_ = out.writeHead(s.status, fields, 0, true)
+		g.metrics.grpcCall(x.ke.name, grpcStatusOf(s))
+		return
+	}
+	if out.writeHead(s.status, fields, -1, false) != nil {
+		x.code = statusClientClosed
+		return
+	}
 	for {
-		n, err := resp.Body.Read(*bp)
-		if n > 0 {
-			if out.write((*bp)[:n]) != nil || out.flush() != nil {
+		if len(p) > 0 {
+			if out.write(p) != nil {
 				x.code = statusClientClosed
 				return // the client went away: done resets the stream to the instance
 			}
+			p, eof, err = s.next(a.ctx, false)
+			continue
 		}
-		if err == io.EOF {
+		if eof {
 			break
 		}
 		if err != nil {
@@ -380,24 +381,31 @@ func (g *Gateway) answerGRPC(x *exchange, resp *http.Response, a *grpcAttempt) {
 				x.code = statusClientClosed
 				return
 			}
-			p := brokenStatus(x, a, err)
-			setGRPCTrailer(h, p)
-			g.metrics.grpcCall(x.ke.name, tmhttp.GRPCCode(p))
+			pr := brokenStatus(x, a, err)
+			_ = out.finish(grpcStatusFields(x.rfields[len(x.rfields):], pr, false))
+			g.metrics.grpcCall(x.ke.name, tmhttp.GRPCCode(pr))
 			return
 		}
+		if out.flush() != nil {
+			x.code = statusClientClosed
+			return
+		}
+		p, eof, err = s.next(a.ctx, true)
 	}
-	for k, vv := range resp.Trailer {
-		h[http.TrailerPrefix+k] = vv
+	tr := x.rfields[len(x.rfields):]
+	for _, f := range s.trailer {
+		tr = append(tr, h1.Field{Name: str2b(f.Name), Value: str2b(f.Value)})
 	}
-	g.metrics.grpcCall(x.ke.name, grpcStatusOf(resp))
+	_ = out.finish(tr)
+	g.metrics.grpcCall(x.ke.name, grpcStatusOf(s))
 }
 
 // grpcStatusOf is the grpc-status of a relayed answer (trailers, or the header block of a
 // trailers-only one); UNKNOWN without one.
-func grpcStatusOf(resp *http.Response) int {
-	v := resp.Trailer.Get("Grpc-Status")
+func grpcStatusOf(s *h2stream) int {
+	v := hpackGet(s.trailer, "grpc-status")
 	if v == "" {
-		v = resp.Header.Get("Grpc-Status")
+		v = hpackGet(s.head, "grpc-status")
 	}
 	if n, err := strconv.Atoi(v); err == nil {
 		return n
@@ -420,13 +428,30 @@ func brokenStatus(x *exchange, a *grpcAttempt, err error) tmhttp.Problem {
 		Detail: "the stream to instance " + x.inst.key + " broke (" + err.Error() + "); call again", RetryAfter: 1}
 }
 
-// setGRPCTrailer sets p's status as the answer's trailers.
-func setGRPCTrailer(h http.Header, p tmhttp.Problem) {
-	h[http.TrailerPrefix+"Grpc-Status"] = []string{strconv.Itoa(tmhttp.GRPCCode(p))}
-	h[http.TrailerPrefix+"Grpc-Message"] = []string{tmhttp.EncodeGRPCMessage(p.Title + ": " + p.Detail)}
-	if p.RetryAfter > 0 {
-		h[http.TrailerPrefix+tmhttp.HeaderPushback] = []string{strconv.Itoa(p.RetryAfter * 1000)}
+// grpcStatusFields appends p as a gRPC status: grpc-status, grpc-message, and for UNAVAILABLE
+// and RESOURCE_EXHAUSTED grpc-retry-pushback-ms; with head (a trailers-only answer) the
+// content type and the owner a refusal names too (tmhttp.WriteGRPCProblem's fields).
+func grpcStatusFields(dst []h1.Field, p tmhttp.Problem, head bool) []h1.Field {
+	if head {
+		dst = append(dst, h1.Field{Name: []byte("content-type"), Value: []byte("application/grpc")})
 	}
+	code := tmhttp.GRPCCode(p)
+	msg := p.Title
+	if p.Detail != "" {
+		msg += ": " + p.Detail
+	}
+	dst = append(dst, h1.Field{Name: []byte("grpc-status"), Value: strconv.AppendInt(nil, int64(code), 10)},
+		h1.Field{Name: []byte("grpc-message"), Value: []byte(tmhttp.EncodeGRPCMessage(msg))})
+	if p.RetryAfter > 0 && (code == tmhttp.GRPCUnavailable || code == tmhttp.GRPCResourceExhausted) {
+		dst = append(dst, h1.Field{Name: []byte(tmhttp.HeaderPushback), Value: strconv.AppendInt(nil, int64(p.RetryAfter)*1000, 10)})
+	}
+	if head && p.Owner != "" {
+		dst = append(dst, h1.Field{Name: []byte(tmhttp.HeaderOwner), Value: []byte(p.Owner)})
+	}
+	if head && p.Epoch != 0 {
+		dst = append(dst, h1.Field{Name: []byte(tmhttp.HeaderEpoch), Value: strconv.AppendUint(nil, p.Epoch, 10)})
+	}
+	return dst
 }
 
 // grpcTimeout parses the call's grpc-timeout (1 to 8 digits and a unit: H, M, S, m, u, n).
@@ -523,6 +548,21 @@ func (a *attemptBody) Read(p []byte) (int, error) {
 		rb.err = err
 	}
 	return n, err
+}
+
+// ready: a Read would not wait (the kept start, the stream's end, or bytes the client's
+// stream has buffered, when it can tell: h2body).
+func (a *attemptBody) ready() bool {
+	rb := a.rb
+	if !rb.mu.TryLock() {
+		return false
+	}
+	defer rb.mu.Unlock()
+	if a.closed.Load() || a.pos < rb.total || rb.err != nil {
+		return true
+	}
+	r, ok := rb.src.(interface{ ready() bool })
+	return ok && r.ready()
 }
 
 // Close ends the attempt's view (it does not wait for a read under way).

@@ -149,7 +149,7 @@ func (g *Gateway) retryable(x *exchange, err error) (string, bool) {
 	if !x.replayable || x.ctx.Err() != nil {
 		return "", false
 	}
-	if isDialError(err) {
+	if isDialError(err) || errors.Is(err, errStreamRefused) {
 		return "unreachable", true
 	}
 	if isTimeout(err) {

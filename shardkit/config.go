@@ -171,6 +171,11 @@ type Hooks struct {
 	// then (or the service keeps what it needs at Fence). An error (the state moved past at)
 	// leaves the move unverified, never a mismatch. Default: no digest is recorded.
 	Digest func(ctx context.Context, tenant string, at uint64) (schema.Digest, error)
+	// DigestBeside takes the target's Digest beside the commit instead of before it, out of the
+	// handoff pause: for a service whose digest costs round trips and whose state at the fence
+	// stays what it reads until the digest is recorded (the runner leaves out jobs queued at
+	// a later epoch, and claims nothing of the tenant until both sides' digests are in).
+	DigestBeside bool
 	// Takeover is called on a takeover's target (the former owner has no live instance, or was
 	// fenced for another reason, and does not drain): it must make the former owner's late
 	// writes fail in the service's store from now on (the events package stores an epoch

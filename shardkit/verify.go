@@ -146,6 +146,14 @@ func (v *verifier) targetWarmed(ctx context.Context, tenant string, fence, appli
 	v.mu.Lock()
 	delete(v.held, tenant) // moving back here: what was held is the tenant's state again
 	v.mu.Unlock()
+	if s.cfg.Hooks.DigestBeside {
+		s.goTask(func() {
+			wctx, cancel := context.WithTimeout(s.runCtx, 30*time.Second)
+			defer cancel()
+			v.put(wctx, v.digest(wctx, tenant, schema.RoleTarget, e.Epoch, fence))
+		})
+		return
+	}
 	rec := v.digest(ctx, tenant, schema.RoleTarget, e.Epoch, fence)
 	s.goTask(func() {
 		wctx, cancel := context.WithTimeout(s.runCtx, 30*time.Second)

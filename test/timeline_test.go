@@ -22,23 +22,6 @@ import (
 // its shards stamped (schema.HandoffSteps, kept on the move record), beside the KV round trip
 // measured in the same run and the gateways' delay in seeing the handoff and the commit.
 
-// handoffStep is one gap of the timeline: from the step before it to this one.
-type handoffStep struct {
-	name string
-	at   func(m movePause) time.Time
-}
-
-// handoffSteps in the order they happen (a step stamped earlier than its predecessor, by
-// another process's clock, counts as zero).
-var handoffSteps = []handoffStep{
-	{"the source's watcher applies the handoff (delivery)", func(m movePause) time.Time { return m.steps.SourceSaw }},
-	{"its requests in flight finish", func(m movePause) time.Time { return m.steps.SourceIdle }},
-	{"its fence is taken, its drained note sent", func(m movePause) time.Time { return m.steps.SourceFenced }},
-	{"the target has the note (one hop)", func(m movePause) time.Time { return m.steps.TargetNoted }},
-	{"the target has applied up to the fence", func(m movePause) time.Time { return m.steps.TargetAtFence }},
-	{"the target sends its commit (its ready signal, the handoff read)", func(m movePause) time.Time { return m.steps.TargetCommit }},
-}
-
 // The pause ends at the commit's stamp, which its writer takes as it sends it (TargetCommit,
 // by the same clock); the gateways release the tenant once the stored commit reaches them
 // (tm_placement_change_delay_seconds{phase="draining"}, from the server's stamp).
@@ -52,28 +35,23 @@ func timelineTable(moves []movePause) string {
 		steps  [][]time.Duration
 		pauses []time.Duration
 	}
-	newGaps := func() *gaps { return &gaps{steps: make([][]time.Duration, len(handoffSteps))} }
+	newGaps := func() *gaps { return &gaps{steps: make([][]time.Duration, len(schema.HandoffStepNames))} }
 	all, byKind := newGaps(), map[string]*gaps{}
 	for _, k := range kinds {
 		byKind[k] = newGaps()
 	}
 	missing := 0
 	for _, m := range moves {
-		if m.steps == nil || m.steps.SourceSaw.IsZero() || m.steps.TargetCommit.IsZero() {
+		if _, ok := m.steps.Gaps(m.handoff, m.commit); !ok {
 			missing++
 			continue
 		}
 		kg := byKind[m.kind]
-		prev := m.handoff
-		for i, s := range handoffSteps {
-			at := s.at(m)
-			gap := max(0, at.Sub(prev))
+		gs, _ := m.steps.Gaps(m.handoff, m.commit)
+		for i, gap := range gs {
 			all.steps[i] = append(all.steps[i], gap)
 			if kg != nil {
 				kg.steps[i] = append(kg.steps[i], gap)
-			}
-			if at.After(prev) {
-				prev = at
 			}
 		}
 		all.pauses = append(all.pauses, m.commit.Sub(m.handoff))
@@ -92,8 +70,8 @@ func timelineTable(moves []movePause) string {
 		}
 		b.WriteString("\n")
 	}
-	for i, s := range handoffSteps {
-		row(s.name, all.steps[i], func(g *gaps) []time.Duration { return g.steps[i] })
+	for i, name := range schema.HandoffStepNames {
+		row(name, all.steps[i], func(g *gaps) []time.Duration { return g.steps[i] })
 	}
 	row("**pause**", all.pauses, func(g *gaps) []time.Duration { return g.pauses })
 	if missing > 0 {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
+	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -30,10 +32,13 @@ import (
 //
 // Jobs in flight at the fence, and their effects, are left out: the source finishes them
 // while the move goes on, so they legitimately change between the two digests. The source's
-// digest is taken inside Fence (so in the handoff pause: one stream info, plus reads of the
-// runs and markers when the tenant has entries), because the target claims jobs soon after the
-// commit; the target's inside the handoff too, before its commit. Since both cost NATS round
-// trips in the pause, the runner takes them only when its kind's config says verify.
+// digest is read from the fence on, beside the handoff rather than in it (its drained note goes
+// out at once), and so is the target's (shardkit's DigestBeside): both leave out the jobs
+// queued after the handoff's epoch (by the new owner), and the target acquires the tenant only
+// once both digests are recorded (awaitDigests), so no claim of its own changes what either
+// reads. The handoff pause carries none of their round trips; the target's first claims of the
+// tenant wait for them. Even so the runner takes them only when its kind's config says
+// verify.
 
 // followVerify keeps s.verify equal to the kind config's verify flag, from a watch of the
 // kind's key: the runner takes its digest (NATS reads inside the handoff pause) only for a kind
@@ -66,46 +71,61 @@ var errNotVerifying = errors.New("runner: the kind does not verify moves (set ve
 // leaves its moves unverified rather than lengthen the handoff pause.
 const maxDigestEntries = 2000
 
-// captured is a digest the source took at its fence.
+// captured is a digest the source takes from its fence on: done is closed once d and err are
+// set.
 type captured struct {
-	d   schema.Digest
-	err error
+	done chan struct{}
+	d    schema.Digest
+	err  error
 }
 
-// captureAtFence takes the tenant's digest as a move's source stops acquiring it.
+// captureAtFence starts reading the tenant's digest as a move's source stops acquiring it; it
+// does not wait for the read (the handoff goes on meanwhile; see awaitSourceDigest).
 func (s *Service) captureAtFence(tenant string) {
 	if !s.verify.Load() {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
-	defer cancel()
-	d, err := s.queueDigest(ctx, tenant)
+	// Read after the fence, possibly once the target has the tenant: what it queues then
+	// (at a later epoch) is not the source's.
+	epoch := s.handoffEpoch(tenant)
+	c := &captured{done: make(chan struct{})}
 	s.mu.Lock()
-	s.fenced[tenant] = captured{d, err}
+	s.fenced[tenant] = c
 	s.mu.Unlock()
+	s.housekeeping.Go(func() {
+		defer close(c.done)
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
+		defer cancel()
+		c.d, c.err = s.queueDigest(ctx, tenant, epoch)
+	})
 }
 
 // Digest is the tenant's queue and outbox at the fence: on a move's source what it captured
-// at its fence, on its target what it reads now. shardkit hook.
+// from its fence, on its target what it reads now. shardkit hook.
 func (s *Service) Digest(ctx context.Context, tenant string, _ uint64) (schema.Digest, error) {
 	s.mu.Lock()
 	c, ok := s.fenced[tenant]
 	delete(s.fenced, tenant)
 	s.mu.Unlock()
 	if ok {
-		return c.d, c.err
+		select {
+		case <-c.done:
+			return c.d, c.err
+		case <-ctx.Done():
+			return schema.Digest{}, ctx.Err()
+		}
 	}
 	if !s.verify.Load() {
 		return schema.Digest{}, errNotVerifying
 	}
-	return s.queueDigest(ctx, tenant)
+	return s.queueDigest(ctx, tenant, s.handoffEpoch(tenant))
 }
 
 // queueDigest reads the tenant's queue and outbox and digests the settled part of them: the
 // count of its entries (nothing more when there are none), one ordered consumer over its
 // subjects, then the runs of its queue entries, the markers of its outbox entries and its saga
-// checkpoint, in parallel.
-func (s *Service) queueDigest(ctx context.Context, tenant string) (schema.Digest, error) {
+// checkpoint, in parallel. Jobs queued at a placement epoch after epoch are left out (0: none).
+func (s *Service) queueDigest(ctx context.Context, tenant string, epoch uint64) (schema.Digest, error) {
 	var queue, fx schema.DigestSet
 	// The stream's count of the tenant's entries first: one round trip, and for an empty
 	// queue and outbox (most moves) the only one.
@@ -116,7 +136,7 @@ func (s *Service) queueDigest(ctx context.Context, tenant string) (schema.Digest
 	if len(info.State.Subjects) == 0 {
 		return schema.NewDigest(0, queue.Part("queue"), fx.Part("outbox")), nil
 	}
-	jobs, effects, err := s.readEntries(ctx, tenant)
+	jobs, effects, err := s.readEntries(ctx, tenant, epoch)
 	if err != nil {
 		return schema.Digest{}, err
 	}
@@ -192,7 +212,7 @@ func settledEffect(key, tenant string, doneJobs map[string]bool, checkpoint uint
 
 // readEntries reads the tenant's queue entries (job ids) and outbox entries (effect requests)
 // with one ordered consumer, at most maxDigestEntries of them.
-func (s *Service) readEntries(ctx context.Context, tenant string) (jobs []string, effects []Request, err error) {
+func (s *Service) readEntries(ctx context.Context, tenant string, epoch uint64) (jobs []string, effects []Request, err error) {
 	cons, err := s.jobs.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{schema.TenantJobs(tenant)}, DeliverPolicy: jetstream.DeliverAllPolicy})
 	if err != nil {
@@ -216,7 +236,7 @@ func (s *Service) readEntries(ctx context.Context, tenant string) (jobs []string
 				}
 			} else {
 				var e queueEntry
-				if json.Unmarshal(m.Data(), &e) == nil && validID(e.ID) {
+				if json.Unmarshal(m.Data(), &e) == nil && validID(e.ID) && (epoch == 0 || e.Epoch <= epoch) {
 					jobs = append(jobs, e.ID)
 				}
 			}
@@ -305,4 +325,66 @@ func (s *Service) runsStream(ctx context.Context) (jetstream.Stream, error) {
 	s.runsStr = st
 	s.mu.Unlock()
 	return st, nil
+}
+
+// handoffEpoch is the epoch of the tenant's handoff this shard takes part in, from its
+// placement view: the handoff's own while it lasts, the one before the commit's after (a
+// digest taken beside the handoff may run after the commit).
+func (s *Service) handoffEpoch(tenant string) uint64 {
+	e := s.placementOf(tenant)
+	if e.Phase == schema.PhaseHandoff || e.Epoch == 0 {
+		return e.Epoch
+	}
+	return e.Epoch - 1
+}
+
+// digestWait bounds how long a verified move's target waits for the move's digests before it
+// acquires the tenant anyway (a source that died after its fence records none).
+const digestWait = 5 * time.Second
+
+// awaitDigests reports whether acquiring tenant at placement e, which this shard owns now, must
+// wait for the digests of a verified move (the source's and this instance's read the queue as
+// the fence left it only while nothing here claims from it), and starts that wait once per
+// move: when both records are in tm_verify, or digestWait passed, the tenant is reconciled
+// again. Called under s.mu.
+func (s *Service) awaitDigests(ctx context.Context, e placement.Entry, tq *tenantQ) bool {
+	if !s.verify.Load() || e.Phase != schema.PhaseDraining || e.Source == "" || e.Source == s.cfg.ID.Shard || e.Epoch == 0 {
+		return false
+	}
+	epoch := e.Epoch - 1 // the handoff's, which the digests carry
+	if tq.digested == epoch {
+		return false
+	}
+	if tq.awaiting == epoch {
+		return true
+	}
+	tq.awaiting = epoch
+	tenant := tq.tenant
+	s.housekeeping.Go(func() {
+		wctx, cancel := context.WithTimeout(ctx, digestWait)
+		defer cancel()
+		recorded := func(recs []schema.DigestRecord, role, instance string) bool {
+			return slices.ContainsFunc(recs, func(r schema.DigestRecord) bool {
+				return r.Role == role && (instance == "" || r.Instance == instance)
+			})
+		}
+		for {
+			recs, err := s.st.DigestRecords(wctx, Kind, tenant, epoch)
+			if err == nil && recorded(recs, schema.RoleSource, "") && recorded(recs, schema.RoleTarget, s.cfg.ID.Instance) {
+				break
+			}
+			if !ctxtime.Sleep(wctx, 20*time.Millisecond) {
+				if ctx.Err() == nil {
+					s.cfg.Logger.Warn("the move's digests are not in; acquiring the tenant without them", "tenant", tenant, "epoch", epoch, "waited", digestWait)
+				}
+				break
+			}
+		}
+		s.mu.Lock()
+		tq.digested = epoch
+		s.changed[tenant] = struct{}{}
+		s.mu.Unlock()
+		nudge(s.recon)
+	})
+	return true
 }

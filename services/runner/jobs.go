@@ -127,9 +127,12 @@ type Run struct {
 	rev uint64
 }
 
-// queueEntry is the body of a queue message: enough to find the run.
+// queueEntry is the body of a queue message: enough to find the run, and the placement epoch
+// of the tenant when it was queued (a verified move's digest leaves out what its new owner
+// queued: digest.go).
 type queueEntry struct {
-	ID string `json:"id"`
+	ID    string `json:"id"`
+	Epoch uint64 `json:"epoch,omitempty"`
 }
 
 var jobType = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
@@ -275,7 +278,7 @@ func (q *runStore) enqueue(ctx context.Context, r Run) (uint64, error) {
 	if r.Instance != "" {
 		subj = pinSubject(r.Tenant, r.Instance)
 	}
-	qb, _ := json.Marshal(queueEntry{ID: r.ID})
+	qb, _ := json.Marshal(queueEntry{ID: r.ID, Epoch: q.s.placementOf(r.Tenant).Epoch})
 	msg := &nats.Msg{Subject: subj, Data: qb, Header: nats.Header{}}
 	tracing.Inject(ctx, msg.Header)
 	var ack *jetstream.PubAck

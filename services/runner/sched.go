@@ -46,6 +46,9 @@ type tenantQ struct {
 	cancel context.CancelFunc
 	// idle is signalled whenever inflight drops.
 	idle chan struct{}
+	// awaiting is the handoff epoch whose digests acquisition waits for (a verified move to
+	// this shard); digested the last one recorded or waited out (awaitDigests).
+	awaiting, digested uint64
 }
 
 func (s *Service) subjects(tenant string) [2]string {
@@ -108,6 +111,9 @@ func (s *Service) reconcile(ctx context.Context, tenant string) {
 		return
 	}
 	was := tq.acquired && !tq.released
+	if own && !was && s.awaitDigests(ctx, e, tq) {
+		own = false // not yet: the move's digests are being read (reconciled again once recorded)
+	}
 	tq.acquired = own
 	if own && !was {
 		// A new turn of ownership: forget an earlier release, look at the whole queue.

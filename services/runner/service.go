@@ -179,12 +179,15 @@ type Service struct {
 	// serving, once Handler bound the shard, says whether the shard serves a tenant now (its
 	// lease holds and it owns the tenant): a claim is made only then.
 	serving atomic.Pointer[func(tenant string) bool]
-	store   *runStore
-	m       *metrics
-	sched   *Scheduler
-	sizes   *sizer
-	runs    *runStats // per-tenant attempts, retries and latency (tenantruns.go)
-	started time.Time
+	// gateView is the bound shard's placement view (Handler), which admits the requests: ahead
+	// of the service's own watcher, which follows the placement on the data connection.
+	gateView atomic.Pointer[placement.Watcher]
+	store    *runStore
+	m        *metrics
+	sched    *Scheduler
+	sizes    *sizer
+	runs     *runStats // per-tenant attempts, retries and latency (tenantruns.go)
+	started  time.Time
 
 	mu       sync.Mutex
 	tenants  map[string]*tenantQ
@@ -197,11 +200,11 @@ type Service struct {
 	wake     chan struct{}       // nudges the dispatcher
 	recon    chan struct{}       // nudges the reconciler
 	totals   Totals
-	recent   recentRuns          // the newest runs, for the instance's load reports
-	fenced   map[string]captured // digests taken at a move's fence, until shardkit asks (digest.go)
-	runsStr  jetstream.Stream    // the runs bucket's stream, for digests (digest.go)
+	recent   recentRuns           // the newest runs, for the instance's load reports
+	fenced   map[string]*captured // digests taken from a move's fence, until shardkit asks (digest.go)
+	runsStr  jetstream.Stream     // the runs bucket's stream, for digests (digest.go)
 
-	housekeeping sync.WaitGroup // released tenants' outbox flushes and drain records
+	housekeeping sync.WaitGroup // released tenants' outbox flushes and drain records, digests, waits for them
 }
 
 // Totals are the instance's counters since start.
@@ -233,7 +236,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if err := st.EnsureEventsStream(ctx); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, st: st, js: st.JS().JetStream(), tenants: map[string]*tenantQ{}, changed: map[string]struct{}{}, fenced: map[string]captured{},
+	s := &Service{cfg: cfg, st: st, js: st.JS().JetStream(), tenants: map[string]*tenantQ{}, changed: map[string]struct{}{}, fenced: map[string]*captured{},
 		wake: make(chan struct{}, 1), recon: make(chan struct{}, 1), started: time.Now().UTC()}
 	s.outbox = &outbox{s: s, flushWake: make(chan struct{}, 1)}
 	s.sagas = &sagas{s: s, wake: make(chan struct{}, 1)}
@@ -329,7 +332,7 @@ func (s *Service) Run(ctx context.Context) error {
 
 // Hooks connect the runner to shardkit's move protocol.
 func (s *Service) Hooks() shardkit.Hooks {
-	return shardkit.Hooks{Warm: s.Warm, Fence: s.Fence, Lag: s.Lag, Release: s.Release, Reload: s.Reload, Report: s.recent.report,
+	return shardkit.Hooks{Warm: s.Warm, Fence: s.Fence, Lag: s.Lag, Release: s.Release, Reload: s.Reload, Report: s.recent.report, DigestBeside: true,
 		Sizes: s.sizes.Sizes, Digest: s.Digest}
 }
 
@@ -407,6 +410,7 @@ func (s *Service) Routes() []schema.Route { return RouteTable }
 func (s *Service) Handler(sk *shardkit.Shard) http.Handler {
 	serving := sk.Serving
 	s.serving.Store(&serving)
+	s.gateView.Store(sk.Watcher())
 	r := chi.NewRouter()
 	s.Mount(r, sk.Gate, sk.RequireAdmin)
 	return r
@@ -440,4 +444,16 @@ func nudge(c chan struct{}) {
 	case c <- struct{}{}:
 	default:
 	}
+}
+
+// placementOf is the tenant's placement as this instance knows it soonest: the newer of the
+// bound shard's view (which admitted the request at hand) and the service's own.
+func (s *Service) placementOf(tenant string) placement.Entry {
+	e, _ := s.watcher.Lookup(Kind, tenant)
+	if w := s.gateView.Load(); w != nil {
+		if g, ok := w.Lookup(Kind, tenant); ok && g.Revision > e.Revision {
+			return g
+		}
+	}
+	return e
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -71,6 +72,12 @@ func TestVerifyQueueAtTheFence(t *testing.T) {
 	hooks.Warm = func(ctx context.Context, tenant string, fence uint64) error {
 		if p, err := st.LatestPlacement(ctx, Kind, tenant); err == nil && p.Phase == schema.PhaseHandoff && tenant == "lossy" {
 			once.Do(func() {
+				// The source reads its digest beside the handoff: lose the job once it has
+				// recorded what it saw at the fence, as a target that lost it would.
+				tmtest.WaitFor(t, 10*time.Second, tmtest.Until("the source's digest recorded", func() bool {
+					recs, err := st.DigestRecords(ctx, Kind, tenant, p.Epoch)
+					return err == nil && slices.ContainsFunc(recs, func(r schema.DigestRecord) bool { return r.Role == schema.RoleSource })
+				}))
 				if err := dropEntry(ctx, src, tenant, lost); err != nil {
 					t.Errorf("losing job %s: %v", lost, err)
 				}
@@ -145,7 +152,7 @@ func BenchmarkQueueDigest(b *testing.B) {
 		b.Run(fmt.Sprintf("waiting=%d", n), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				d, err := s.queueDigest(context.Background(), tenant)
+				d, err := s.queueDigest(context.Background(), tenant, 0)
 				if err != nil || d.Items != n {
 					b.Fatalf("%v %+v", err, d)
 				}

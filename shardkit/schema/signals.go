@@ -70,6 +70,43 @@ type HandoffSteps struct {
 	TargetCommit time.Time `json:"target_commit,omitzero"`
 }
 
+// HandoffStepNames names the steps Gaps measures, in order.
+var HandoffStepNames = [...]string{
+	"the source's watcher applies the handoff (delivery)",
+	"its requests in flight finish",
+	"its fence is taken, its drained note sent",
+	"the target has the note (one hop)",
+	"the target has applied up to the fence",
+	"the target sends its commit (its ready signal, the handoff read)",
+}
+
+// Gaps is how long each step took after the one before it (HandoffStepNames), the first from
+// handoff, the handoff's write, the last to commit, the commit's stamp, when the target did not
+// stamp its commit (a shard of several instances reports ready before its siblings are); a
+// step stamped before its predecessor (another host's clock) counts as zero. ok is false when
+// a step is missing (a takeover, a move committed by the rebalancer, an older release).
+func (s *HandoffSteps) Gaps(handoff, commit time.Time) (gaps [len(HandoffStepNames)]time.Duration, ok bool) {
+	if s == nil {
+		return gaps, false
+	}
+	sent := s.TargetCommit
+	if sent.IsZero() {
+		sent = commit
+	}
+	at := [len(HandoffStepNames)]time.Time{s.SourceSaw, s.SourceIdle, s.SourceFenced, s.TargetNoted, s.TargetAtFence, sent}
+	prev := handoff
+	for i, t := range at {
+		if t.IsZero() {
+			return gaps, false
+		}
+		gaps[i] = max(0, t.Sub(prev))
+		if t.After(prev) {
+			prev = t
+		}
+	}
+	return gaps, true
+}
+
 func (t TenantSignal) id() InstanceID {
 	return InstanceID{Kind: t.Kind, Shard: t.Shard, Instance: t.Instance}
 }

@@ -299,6 +299,21 @@ func (m *Main) Run(ctx context.Context, build Builder) error {
 	if err != nil {
 		return fmt.Errorf("open NATS state at %s: %w", m.NATS.Redacted(), err)
 	}
+	// The move protocol's messages (placement changes, signals and notes, the commit, the
+	// lease's confirmations, heartbeats) get a connection of their own, so they never queue
+	// behind the service's data (a projection's event deliveries, an aggregate's appends) in
+	// one socket and one server-side write loop.
+	ctlNC, err := natsconn.Connect(m.NATS, id.Key()+"/control", log)
+	if err != nil {
+		return err
+	}
+	defer ctlNC.Close()
+	octx, cancel = context.WithTimeout(ctx, 2*time.Minute)
+	ctl, err := schema.OpenRetry(octx, ctlNC, schema.Options{Replicas: m.Replicas, Logger: log, Attach: true})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("open NATS state at %s (control connection): %w", m.NATS.Redacted(), err)
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	app, err := build(ctx, Env{Store: st, ID: id, Logger: log, Registerer: reg})
@@ -346,7 +361,7 @@ func (m *Main) Run(ctx context.Context, build Builder) error {
 	}
 	sk, err := shardkit.New(shardkit.Config{
 		GatewayKey: gateKey,
-		Store:      st, ID: id, URL: url, Capacity: m.Capacity, Labels: labels, Version: m.Version,
+		Store:      ctl, ID: id, URL: url, Capacity: m.Capacity, Labels: labels, Version: m.Version,
 		Routes: routes, Hooks: app.Hooks(), Forward: m.Forward, ForwardFallback: m.ForwardFallback, AdminToken: m.AdminToken,
 		DrainTimeout: m.DrainTimeout, Heartbeat: m.Heartbeat, DirectoryRefresh: m.DirectoryRefresh, ShutdownGrace: m.ShutdownGrace,
 		Registerer: reg, Gatherer: reg, Logger: log,

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/rebalancer"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
 // row is one line of the table: a figure per fleet size.
@@ -127,6 +128,16 @@ func report(w io.Writer, p params, loaded time.Duration, colds []coldStart, gwHe
 	add("move pause p50", "ms", func(x fleetResult) float64 { return ms(pct(x.Pauses, 0.5)) })
 	add("move pause p99", "ms", func(x fleetResult) float64 { return ms(pct(x.Pauses, 0.99)) })
 	add("move pause max", "ms", func(x fleetResult) float64 { return ms(pct(x.Pauses, 1)) })
+	for i, name := range schema.HandoffStepNames {
+		step := func(x fleetResult) []time.Duration {
+			if i < len(x.Steps) {
+				return x.Steps[i]
+			}
+			return nil
+		}
+		add("pause step p50: "+name, "ms", func(x fleetResult) float64 { return ms(pct(step(x), 0.5)) })
+		add("pause step p99: "+name, "ms", func(x fleetResult) float64 { return ms(pct(step(x), 0.99)) })
+	}
 	add("move start -> handoff p50 (warm-up)", "ms", func(x fleetResult) float64 { return ms(pct(x.Warm, 0.5)) })
 	add("move start -> handoff p99", "ms", func(x fleetResult) float64 { return ms(pct(x.Warm, 0.99)) })
 	add("move commit -> finished p50 (source drained)", "ms", func(x fleetResult) float64 { return ms(pct(x.Finish, 0.5)) })

@@ -43,9 +43,10 @@ type fleetResult struct {
 	Failures      int // moves that ended failed
 	Apply         time.Duration
 	Pauses        []time.Duration
-	Warm          []time.Duration // started -> handoff
-	Finish        []time.Duration // commit -> finished
-	Limits        []int           // the rebalancer's moves-at-once limit, sampled while the plan ran
+	Warm          []time.Duration   // started -> handoff
+	Finish        []time.Duration   // commit -> finished
+	Steps         [][]time.Duration // each step of the pause (schema.HandoffStepNames), moves with a full timeline
+	Limits        []int             // the rebalancer's moves-at-once limit, sampled while the plan ran
 	Requests      int64
 	Failed        int64
 	RSS           int64
@@ -169,6 +170,14 @@ func (h *harness) runFleet(n int, live []liveTenant) fleetResult {
 			r.Pauses = append(r.Pauses, m.Pause())
 			r.Warm = append(r.Warm, m.Handoff.Sub(m.Started))
 			r.Finish = append(r.Finish, m.Finished.Sub(m.Commit))
+			if gaps, ok := m.Steps.Gaps(m.Handoff, m.Commit); ok {
+				if r.Steps == nil {
+					r.Steps = make([][]time.Duration, len(gaps))
+				}
+				for i, g := range gaps {
+					r.Steps[i] = append(r.Steps[i], g)
+				}
+			}
 		case rebalancer.MoveSkipped:
 			r.Skipped++
 			t.Logf("move skipped: %s %s: %s", m.Kind, m.Tenant, m.Reason)
