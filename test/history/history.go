@@ -168,7 +168,7 @@ func (r *Recorder) Check(timeout time.Duration, vizPath string) (porcupine.Check
 }
 
 // Client sends the ledger workload through a gateway, records it, and retries only what a
-// client may: a 503 with Retry-After and an error reaching the gateway (the same request, with
+// client may: a 503 or a 429 with Retry-After and an error reaching the gateway (the same request, with
 // the same idempotency key), until Budget.
 type Client struct {
 	Gateways []string
@@ -263,7 +263,7 @@ func (c *Client) Call(client int, tenant, kind, method, path string, body any) (
 }
 
 // send sends one request until a final answer or the budget; known reports whether a final
-// answer came (any status but a 503 with Retry-After or a transport error).
+// answer came (any status but a 503 or 429 with Retry-After, or a transport error).
 func (c *Client) send(client int, tenant, kind, method, path string, body any) (status int, out []byte, known bool) {
 	budget, pause := c.Budget, c.RetryPause
 	if budget <= 0 {
@@ -320,7 +320,7 @@ func (c *Client) send(client int, tenant, kind, method, path string, body any) (
 		if c.OnAnswer != nil {
 			c.OnAnswer(tenant, kind, resp.StatusCode < 300, sent, time.Now())
 		}
-		if resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "" {
+		if (resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests) && resp.Header.Get("Retry-After") != "" {
 			last = fmt.Sprintf("503 %s", bytes.TrimSpace(b))
 			time.Sleep(pause) // the server asked for a retry
 			continue

@@ -98,7 +98,17 @@ func (f *Fleet) Move(tenant string, targets map[string]string) error {
 			switch st.Plan.Status {
 			case "done":
 				return nil
-			case "partial", "rolled_back", "failed":
+			case "partial":
+				// Consistent if every move is done, aborted (an abort before the commit leaves
+				// the tenant on its source: a move whose source or target was replaced under it
+				// may abort) or skipped (its tenant changed since the plan was made).
+				for _, m := range st.Moves {
+					if m.State != "done" && m.State != "aborted" && m.State != "skipped" {
+						return fmt.Errorf("plan %s ended partial with a move %s: %s", p.Plan.ID, m.State, b)
+					}
+				}
+				return nil
+			case "rolled_back", "failed":
 				return fmt.Errorf("plan %s ended %s: %s", p.Plan.ID, st.Plan.Status, b)
 			}
 		}
