@@ -41,8 +41,14 @@ EXAMPLES := examples/notes
 ## (examples/notes runs the README's "Make your service a shard" guide word for word). The
 ## deploy tests run promtool and helm, the dashboard's browser tests Chromium (make tools
 ## installs them); here a missing one fails instead of skipping.
+## The rolling-upgrade test runs alone after the rest: it replaces a fleet's processes one at a
+## time against start-up deadlines, which two other whole-platform packages beside it on two
+## cores can miss.
+UPGRADE_PKG := ./test/netfault/upgrade
 test: fmt-check vet staticcheck generate-check
-	TM_REQUIRE_TOOLS=1 TM_HELM=$(HELM) $(GO) test -race -count=1 -timeout 12m $(TESTFLAGS) $(if $(T),-run '$(T)') $(PKG)
+	TM_REQUIRE_TOOLS=1 TM_HELM=$(HELM) $(GO) test -race -count=1 -timeout 12m $(TESTFLAGS) $(if $(T),-run '$(T)') \
+		$(if $(filter ./...,$(PKG)),$$($(GO) list ./... | grep -v '/test/netfault/upgrade$$'),$(PKG))
+	@$(if $(filter ./...,$(PKG)),TM_REQUIRE_TOOLS=1 $(GO) test -race -count=1 -timeout 12m $(TESTFLAGS) $(if $(T),-run '$(T)') $(UPGRADE_PKG))
 	@$(if $(filter ./...,$(PKG)),for d in $(EXAMPLES); do (cd $$d && $(GO) test -race -count=1 -timeout 5m $(TESTFLAGS) $(if $(T),-run '$(T)') ./...) || exit 1; done)
 	$(MAKE) fuzz FUZZTIME=100000x
 
