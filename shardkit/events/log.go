@@ -230,8 +230,18 @@ func (l *Log[S]) Execute(ctx context.Context, tenant, subject, key string, decid
 		}
 		if dup {
 			// This command is already stored (an earlier attempt whose answer was lost, or a
-			// sibling instance's): read the tenant's events so the window knows its outcome.
-			if err := ts.catchUp(ctx, l.es); err != nil {
+			// sibling instance's): read the tenant's events so the window knows its outcome, up
+			// to the stored command's own sequence (the duplicate's ack names it). Not up to the
+			// newest a direct read reports: a replica behind (a NATS node just restarted) may
+			// answer that, miss the command, and make it look like another one's key (the
+			// upgrade test found it: 409 key reused for a retried deposit).
+			var err error
+			if seq > ts.contig {
+				err = ts.catchUpTo(ctx, l.es, seq)
+			} else {
+				err = ts.catchUp(ctx, l.es)
+			}
+			if err != nil {
 				return Result{}, err
 			}
 			if _, ok := ts.idem.get(key); !ok {
