@@ -325,14 +325,3 @@ func TestPlanPauseResumeCancel(t *testing.T) {
 		}
 	}
 }
-
-// grepLines keeps the lines of s that contain sub.
-func grepLines(s, sub string) string {
-	var out []string
-	for line := range strings.SplitSeq(s, "\n") {
-		if strings.Contains(line, sub) {
-			out = append(out, line)
-		}
-	}
-	return strings.Join(out, "\n")
-}
