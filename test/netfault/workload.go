@@ -260,9 +260,19 @@ func (w *Workload) Check(t testing.TB, st *schema.Store) {
 		}
 		w.awaitView(t, i, tenant, tot.Balances)
 		for _, kind := range Kinds {
-			p, err := st.LatestPlacement(ctx, kind, tenant)
+			// A move committed during the fault may still be finishing (its former owner's
+			// drained, within the drain timeout): settled means it ends with one owner.
+			var p schema.Placement
+			var err error
+			for deadline := time.Now().Add(60 * time.Second); ; {
+				p, err = st.LatestPlacement(ctx, kind, tenant)
+				if settled := err == nil && p.Phase == schema.PhaseActive && p.Target == "" && p.Source == ""; settled || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(200 * time.Millisecond) // polling the placement; a move finishes on its own
+			}
 			if err != nil || p.Phase != schema.PhaseActive || p.Target != "" || p.Source != "" {
-				t.Errorf("placement %s/%s not settled with one owner: %+v %v", kind, tenant, p, err)
+				t.Errorf("placement %s/%s not settled with one owner within 60 s: %+v %v", kind, tenant, p, err)
 			}
 		}
 	}
