@@ -3,6 +3,7 @@ package mailbox_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -83,6 +84,7 @@ func TestProducerFindsTheWaitingConsumer(t *testing.T) {
 	a, aURL := instance(t, st, "a")
 	b, bURL := instance(t, st, "b")
 	urls := map[string]string{a.ID().Key(): aURL, b.ID().Key(): bURL}
+	shards := map[string]*shardkit.Shard{a.ID().Key(): a, b.ID().Key(): b}
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -111,7 +113,11 @@ func TestProducerFindsTheWaitingConsumer(t *testing.T) {
 		other = b.ID().Key()
 	}
 
-	// A consumer waits on the other instance.
+	// A consumer waits on the other instance, once that instance has seen the tenant's
+	// placement (the consumer calls it directly, without the epoch the gateway would send).
+	tmtest.WaitFor(t, 10*time.Second, tmtest.Until("the other instance to see t1's placement", func() bool {
+		return shards[other].Epoch("t1") > 0
+	}))
 	got := make(chan string, 1)
 	go func() {
 		resp, body := send(t, "GET", urls[other]+"/mailbox/orders?group=g1&wait=20s", "")
@@ -120,7 +126,12 @@ func TestProducerFindsTheWaitingConsumer(t *testing.T) {
 		}
 		got <- body
 	}()
-	tmtest.WaitFor(t, 10*time.Second, tmtest.Until("the gateway to hear of the waiting consumer", func() bool {
+	tmtest.WaitFor(t, 20*time.Second, func() error {
+		select {
+		case msg := <-got:
+			t.Fatalf("the consumer on %s returned before any message: %s", other, msg)
+		default:
+		}
 		var bal struct {
 			Instances []struct {
 				Instance string             `json:"instance"`
@@ -129,15 +140,19 @@ func TestProducerFindsTheWaitingConsumer(t *testing.T) {
 		}
 		resp, body := send(t, "GET", gwURL+"/admin/balance", "")
 		if resp.StatusCode != 200 || json.Unmarshal([]byte(body), &bal) != nil {
-			return false
+			return fmt.Errorf("/admin/balance: %d %s", resp.StatusCode, body)
 		}
 		for _, in := range bal.Instances {
-			if in.Instance == other && in.Load != nil && len(in.Load.Consumers) == 1 && in.Load.Consumers[0] == (schema.ConsumerPresence{Queue: "orders", Group: "g1", Waiting: 1}) {
-				return true
+			if in.Instance != other {
+				continue
 			}
+			if in.Load != nil && len(in.Load.Consumers) == 1 && in.Load.Consumers[0] == (schema.ConsumerPresence{Queue: "orders", Group: "g1", Waiting: 1}) {
+				return nil
+			}
+			return fmt.Errorf("the gateway's last load report from %s: %+v", other, in.Load)
 		}
-		return false
-	}))
+		return fmt.Errorf("the gateway does not list %s yet", other)
+	})
 	resp, body := send(t, "POST", gwURL+"/mailbox/orders?group=g1", "hello")
 	if resp.StatusCode != http.StatusOK || resp.Header.Get(tmhttp.HeaderServedBy) != other || !strings.Contains(body, `"consumer"`) {
 		t.Fatalf("producer: %d served by %s (consumer on %s, usual %s): %s", resp.StatusCode, resp.Header.Get(tmhttp.HeaderServedBy), other, usual, body)
