@@ -258,6 +258,7 @@ func shardOfKey(key string) string {
 	return parts[1]
 }
 
+// entryOf is a placement read from the bucket, as the view keeps it.
 func entryOf(p schema.Placement) placement.Entry {
 	return placement.Entry{Shard: p.Shard, Epoch: p.Epoch, Phase: p.Phase, Target: p.Target, Source: p.Source,
 		Owners: p.Owners, Pinned: p.Pinned, Revision: p.Revision}

@@ -24,20 +24,35 @@ func (g *Gateway) place(x *exchange) error {
 			return tmhttp.Errorf(http.StatusNotFound, "tenant-not-placed", "Tenant not placed",
 				"the tenant has no placement for kind "+x.ke.name+" and the kind does not assign new tenants")
 		}
-		if err := g.assigns.allow(g.metrics, x.ke.name, x.remoteIP, x.start); err != nil {
-			return err
-		}
-		var err error
 		ctx := x.ctx
 		if ctx == nil {
 			ctx = g.reqCtx
 		}
-		if entry, err = g.assign(ctx, g.reg.snap.Load(), x.ke, x.tenant); err != nil {
+		if err := g.assigns.allow(g.metrics, x.ke.name, x.remoteIP, x.start); err != nil {
+			// Not an assignment if the tenant is placed where this gateway's view cannot see
+			// yet: behind, or cut off from the bucket's stream while its server catches up
+			// (the netfault harness's 2|1 split, after the heal). Refused only if it is not.
+			if entry, ok = g.placedUnseen(ctx, x.ke.name, x.tenant); !ok {
+				return err
+			}
+		} else if entry, err = g.assign(ctx, g.reg.snap.Load(), x.ke, x.tenant); err != nil {
 			return err
 		}
 	}
 	x.entry = entry
 	return nil
+}
+
+// placedUnseen reads tenant's placement of kind from the bucket's leader (bounded by assignTimeout): the
+// placement a view that has yet to see it missed.
+func (g *Gateway) placedUnseen(ctx context.Context, kind, tenant string) (placement.Entry, bool) {
+	ctx, cancel := context.WithTimeout(ctx, assignTimeout)
+	defer cancel()
+	p, err := g.store.LatestPlacement(ctx, kind, tenant)
+	if err != nil {
+		return placement.Entry{}, false
+	}
+	return entryOf(p), true
 }
 
 // assignTimeout bounds the KV create (and audit) of one assignment.
@@ -106,8 +121,7 @@ func (g *Gateway) doAssign(snap *snapshot, ke *kindEntry, tenant string) (placem
 			g.log.Warn("audit of assignment failed", "kind", ke.name, "err", err)
 		}
 	}
-	return placement.Entry{Shard: p.Shard, Epoch: p.Epoch, Phase: p.Phase, Target: p.Target, Source: p.Source,
-		Owners: p.Owners, Pinned: p.Pinned, Revision: p.Revision}, nil
+	return entryOf(p), nil
 }
 
 // chooseShard returns the live shard with the lowest tenants/capacity that still has room,

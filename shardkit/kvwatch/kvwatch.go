@@ -184,6 +184,12 @@ func (f *Follower) Run(ctx context.Context) error {
 		// after a short try, not after a long one; a slow cluster gets longer ones.
 		if errors.Is(err, context.DeadlineExceeded) {
 			createTry = min(2*createTry, maxCreateTry)
+			if nc := f.cfg.JS.Conn(); ctx.Err() == nil {
+				if server := nc.ConnectedServerName(); jsx.APITimedOut(nc) {
+					f.cfg.Logger.Warn("leaving a NATS server whose JetStream API requests keep timing out",
+						"bucket", f.cfg.Bucket, "server", server)
+				}
+			}
 		} else {
 			createTry = firstCreateTry
 		}
@@ -257,6 +263,7 @@ func (f *Follower) session(ctx context.Context, createTry time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("create consumer: %w", err)
 	}
+	jsx.APIAnswered(f.cfg.JS.Conn())
 	// The consumer is deleted beside the next session, not before it: after its server
 	// stopped, the delete may take its whole bound to fail.
 	defer f.deletes.Go(func() {
