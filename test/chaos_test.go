@@ -21,7 +21,11 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/test/history"
 )
+
+// histAccounts are the accounts of the chaos test's history (the load's own is "load").
+var histAccounts = []string{"hx", "hy"}
 
 // chaosLong reports whether TM_CHAOS_LONG=1 asks for the long version (more moves, longer
 // load phases).
@@ -369,8 +373,8 @@ func awaitSettled(t *testing.T, base, id string) int {
 // shard instance, a gateway, the rebalancer during an apply, and stops the NATS meta leader.
 // The client retries only what docs/design.md allows (503 with Retry-After; another gateway when
 // one is unreachable); every other error fails. Afterwards the ledger equals the acknowledged
-// deposits, every job's effect arrived exactly once, the views converge, and every placement
-// has one owner.
+// deposits, the history of a ledger workload beside it is linearizable (test/history), every
+// job's effect arrived exactly once, the views converge, and every placement has one owner.
 func TestChaosUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the whole platform under load, with failures")
@@ -428,6 +432,23 @@ func TestChaosUnderLoad(t *testing.T) {
 	var wg sync.WaitGroup
 	for i, tenant := range tenants {
 		wg.Go(func() { l.run(tenant, i, stop) })
+	}
+	// The project's history checker beside it (test/history): deposits, withdrawals and reads
+	// on two accounts of two tenants, checked for linearizability at the end.
+	hist := &history.Client{Gateways: gws, HTTP: &http.Client{Timeout: 20 * time.Second}, Rec: history.NewRecorder()}
+	for i, tenant := range tenants[:2] {
+		for _, acct := range histAccounts {
+			if !hist.Open(i, tenant, acct) {
+				t.Fatalf("opening %s/%s: %v", tenant, acct, hist.Failures())
+			}
+		}
+		wg.Go(func() {
+			hist.Ledger(i, tenant, histAccounts, 10*time.Millisecond, stop, func(amount int64) {
+				l.mu.Lock()
+				l.deposits[tenant] += amount
+				l.mu.Unlock()
+			})
+		})
 	}
 	// One gRPC client beside the HTTP ones (grpcload_test.go): acme's deposits as SubmitCommand
 	// calls and a Watch stream, with the same zero-failure rule (UNAVAILABLE retried as a 503
@@ -575,6 +596,10 @@ func TestChaosUnderLoad(t *testing.T) {
 	if len(l.failures) > 0 {
 		t.Errorf("%d of %d requests failed:\n%s", len(l.failures), l.requests.Load(), strings.Join(first(l.failures, 20), "\n"))
 	}
+	if f := hist.Failures(); len(f) > 0 {
+		t.Errorf("%d of the history's operations failed:\n%s", len(f), strings.Join(first(f, 20), "\n"))
+	}
+	hist.Rec.Require(t, "TM_STACK_LOGS")
 	if f := gl.failed(); len(f) > 0 {
 		t.Errorf("%d of %d gRPC calls failed:\n%s", len(f), gl.calls.Load(), strings.Join(first(f, 20), "\n"))
 	}

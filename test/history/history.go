@@ -21,8 +21,12 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -165,6 +169,68 @@ func (r *Recorder) Check(timeout time.Duration, vizPath string) (porcupine.Check
 		}
 	}
 	return res, nil
+}
+
+// T is what Require needs of a test.
+type T interface {
+	Helper()
+	Errorf(format string, args ...any)
+	Fatal(args ...any)
+	TempDir() string
+	Name() string
+}
+
+// Require fails t unless the history is linearizable, checked within 2 minutes. If the
+// environment variable keepEnv names a directory, porcupine's visualization of a history that
+// is not is kept there, named after the test.
+func (r *Recorder) Require(t T, keepEnv string) {
+	t.Helper()
+	viz := filepath.Join(t.TempDir(), "history.html")
+	res, err := r.Check(2*time.Minute, viz)
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch res {
+	case porcupine.Ok:
+	case porcupine.Illegal:
+		if dir := os.Getenv(keepEnv); dir != "" {
+			if b, err := os.ReadFile(viz); err == nil {
+				_ = os.WriteFile(filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_")+"-history.html"), b, 0o644)
+			}
+		}
+		t.Errorf("the ledger history of %d operations is not linearizable (%s=dir keeps porcupine's visualization)", r.Len(), keepEnv)
+	default:
+		t.Errorf("the linearizability check of %d operations did not finish in 2 minutes", r.Len())
+	}
+}
+
+// Ledger runs client's share of the ledger workload on tenant's accounts until stop is closed:
+// deposits (half), withdrawals and reads, one every pause. It returns how many it ran.
+// onDeposit, if set, is called with each acknowledged deposit's amount.
+func (c *Client) Ledger(client int, tenant string, accounts []string, pause time.Duration, stop <-chan struct{}, onDeposit func(int64)) int {
+	rnd := rand.New(rand.NewPCG(uint64(client), uint64(time.Now().UnixNano())))
+	n := 0
+	for ; n < 1_000_000; n++ {
+		select {
+		case <-stop:
+			return n
+		default:
+		}
+		in := Input{Tenant: tenant, Account: accounts[rnd.IntN(len(accounts))]}
+		switch r := rnd.IntN(10); {
+		case r < 5:
+			in.Kind, in.Amount = Deposit, int64(1+rnd.IntN(9))
+		case r < 7:
+			in.Kind, in.Amount = Withdraw, int64(1+rnd.IntN(9))
+		default:
+			in.Kind = Read
+		}
+		if out := c.Do(client, in); out.OK && in.Kind == Deposit && onDeposit != nil {
+			onDeposit(in.Amount)
+		}
+		time.Sleep(pause) // pace the load so the 2-core machine keeps up
+	}
+	return n
 }
 
 // Client sends the ledger workload through a gateway, records it, and retries only what a

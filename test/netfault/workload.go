@@ -6,19 +6,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/anishathalye/porcupine"
 
 	"github.com/tenantmesh/tenantmesh/internal/gatesig"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -110,20 +105,7 @@ func (f *Fleet) StartWorkload(t testing.TB, tenants []string, gateways ...*Proc)
 		}
 	}
 	for i, tenant := range tenants {
-		rnd := rand.New(rand.NewPCG(uint64(i), uint64(time.Now().UnixNano())))
-		w.wg.Go(func() {
-			loop(10*time.Millisecond, func(int) {
-				acct := w.accounts[rnd.IntN(len(w.accounts))]
-				switch r := rnd.IntN(10); {
-				case r < 5:
-					w.C.Do(i, history.Input{Kind: history.Deposit, Tenant: tenant, Account: acct, Amount: int64(1 + rnd.IntN(9))})
-				case r < 7:
-					w.C.Do(i, history.Input{Kind: history.Withdraw, Tenant: tenant, Account: acct, Amount: int64(1 + rnd.IntN(9))})
-				default:
-					w.C.Do(i, history.Input{Kind: history.Read, Tenant: tenant, Account: acct})
-				}
-			})
-		})
+		w.wg.Go(func() { w.C.Ledger(i, tenant, w.accounts, 10*time.Millisecond, w.stop, nil) })
 		w.wg.Go(func() {
 			loop(100*time.Millisecond, func(int) {
 				w.C.Call(i, tenant, "projection", "POST", "/query/accounts", map[string]any{"limit": 5})
@@ -233,23 +215,7 @@ func (w *Workload) Check(t testing.TB, st *schema.Store) {
 	if f := w.C.Failures(); len(f) > 0 {
 		t.Errorf("%d requests failed:\n%s", len(f), strings.Join(f[:min(len(f), 20)], "\n"))
 	}
-	viz := filepath.Join(t.TempDir(), "history.html")
-	res, err := w.C.Rec.Check(2*time.Minute, viz)
-	if err != nil {
-		t.Fatal(err)
-	}
-	switch res {
-	case porcupine.Ok:
-	case porcupine.Illegal:
-		if dir := os.Getenv("TM_FAULT_LOGS"); dir != "" {
-			if b, err := os.ReadFile(viz); err == nil {
-				_ = os.WriteFile(filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_")+"-history.html"), b, 0o644)
-			}
-		}
-		t.Errorf("the ledger history of %d operations is not linearizable (TM_FAULT_LOGS=dir keeps porcupine's visualization)", w.C.Rec.Len())
-	default:
-		t.Errorf("the linearizability check of %d operations did not finish in 2 minutes", w.C.Rec.Len())
-	}
+	w.C.Rec.Require(t, "TM_FAULT_LOGS")
 	ctx := context.Background()
 	for i, tenant := range w.Tenants {
 		status, b := w.C.Call(i, tenant, "aggregate", "GET", "/ledger/totals", nil)
