@@ -11,6 +11,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/services/ledger"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -161,7 +162,11 @@ func (s *Service) replayInto(ctx context.Context, filters []string, after, until
 		}
 		ts.mu.Lock()
 		defer ts.mu.Unlock()
-		if ts.phase == phaseDropped || ev.Seq <= ts.applied {
+		if ts.phase == phaseDropped || ev.Seq <= ts.applied || ts.refused != nil {
+			return nil
+		}
+		if errors.Is(derr, jsx.ErrNewerFormat) {
+			s.refuse(ts, derr)
 			return nil
 		}
 		if derr != nil {

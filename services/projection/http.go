@@ -60,6 +60,11 @@ func (s *Service) Query(ctx context.Context, tenant, viewType string, q Query) (
 		return Result{}, fmt.Errorf("%w: %s has applied up to sequence %d so far; retry shortly", ErrWarming, tenant, ts.appliedSeq())
 	}
 	ts.mu.RLock()
+	if ts.refused != nil {
+		err := ts.refused
+		ts.mu.RUnlock()
+		return Result{}, fmt.Errorf("%w: %w", ErrRefused, err)
+	}
 	items, next, scanned := p.run(ts)
 	applied := ts.applied
 	ts.mu.RUnlock()
@@ -217,6 +222,9 @@ func problemOf(err error) error {
 		e = &tmhttp.Error{Status: http.StatusNotFound, Type: "unknown-view", Title: "Unknown view type", Detail: err.Error()}
 	case errors.Is(err, ErrWarming):
 		e = &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "warming", Title: "Views are catching up", Detail: err.Error(), RetryAfter: time.Second}
+	case errors.Is(err, ErrRefused):
+		e = &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "newer-format", Title: "Views stopped at a newer event format",
+			Detail: err.Error(), RetryAfter: 30 * time.Second}
 	case schema.IsUnavailable(err):
 		e = &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "store-unavailable", Title: "Event store unavailable",
 			Detail: "the event store did not answer in time; retry the query", RetryAfter: time.Second}

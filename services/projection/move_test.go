@@ -3,14 +3,22 @@ package projection
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net/http"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/services/aggregate"
+	"github.com/tenantmesh/tenantmesh/shardkit/events"
+	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
 // snapshotOf reads a tenant's whole views through the query API, as JSON for comparison.
@@ -327,5 +335,69 @@ func TestConsumesOnlyHostedTenants(t *testing.T) {
 	warm(t, s, "acme", last)
 	if got := received(s) - before; got != 10 {
 		t.Fatalf("the tail received %d messages for 10 events of its tenant among 20 of another", got)
+	}
+}
+
+// TestNewerFormatEventRefused: an event stored in a newer format than this binary reads (a
+// newer release wrote it, during a rolling upgrade) stops the tenant's views where they are,
+// in the catch-up and in the tail alike: nothing after it is applied, and queries are
+// answered 503 newer-format, never from views that skipped an event.
+func TestNewerFormatEventRefused(t *testing.T) {
+	st := openStore(t)
+	a := newAggregate(t, st)
+	ctx := context.Background()
+	s, _ := newService(t, st, Config{})
+	newer := func(tenant string) uint64 {
+		t.Helper()
+		m := nats.NewMsg(schema.EventSubject(tenant, aggregate.AccountType, "acc1"))
+		m.Header.Set(events.HeaderFormat, strconv.Itoa(jsx.Format+1))
+		m.Data = []byte(`{"format":2}`)
+		ack, err := st.JS().JetStream().PublishMsg(ctx, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ack.Sequence
+	}
+	// The aggregate refuses to load a tenant past a newer event, so the next is appended directly.
+	deposit := func(tenant string) {
+		t.Helper()
+		ev, _ := json.Marshal(aggregate.Event{Tenant: tenant, AggregateType: aggregate.AccountType, AggregateID: "acc1",
+			Version: 3, Event: aggregate.EvDeposited, Data: json.RawMessage(`{"amount":5}`), At: time.Now().UTC()})
+		if _, err := st.JS().JetStream().Publish(ctx, schema.EventSubject(tenant, aggregate.AccountType, "acc1"), ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refused := func(tenant string) bool {
+		_, err := s.Query(ctx, tenant, "accounts", Query{})
+		return errors.Is(err, ErrRefused)
+	}
+
+	// The catch-up meets it.
+	do(t, a, "acme", command("acc1", aggregate.CmdOpen, 0))
+	at := newer("acme")
+	deposit("acme")
+	_, err := s.Query(ctx, "acme", "accounts", Query{})
+	if !errors.Is(err, ErrRefused) {
+		t.Fatalf("a query over a newer event: %v", err)
+	}
+	if p, ok := problemOf(err).(*tmhttp.Error); !ok || p.Status != http.StatusServiceUnavailable || p.Type != "newer-format" {
+		t.Fatalf("answered as %#v", problemOf(err))
+	}
+	if got := s.host("acme").appliedSeq(); got >= at {
+		t.Fatalf("applied up to %d, past the newer event at %d", got, at)
+	}
+
+	// The tail meets it.
+	do(t, a, "globex", command("acc1", aggregate.CmdOpen, 0))
+	query(t, s, "globex", "accounts", Query{})
+	at = newer("globex")
+	deposit("globex")
+	for deadline := time.Now().Add(10 * time.Second); !refused("globex"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the tail applied past a newer event")
+		}
+	}
+	if got := s.host("globex").appliedSeq(); got >= at {
+		t.Fatalf("applied up to %d, past the newer event at %d", got, at)
 	}
 }

@@ -267,6 +267,13 @@ func (ts *tenantState) appliedSeq() uint64 {
 	return ts.applied
 }
 
+// refuse stops ts's views at an event this binary cannot read (a newer release wrote it): they
+// stay at the last event applied, never folding one they may misread. The caller holds ts.mu.
+func (s *Service) refuse(ts *tenantState, err error) {
+	ts.refused = err
+	s.cfg.Logger.Error("views stopped at an event in a newer format; upgrade this instance", "tenant", ts.tenant, "err", err)
+}
+
 func (s *Service) corrupt(tenant string, err error) {
 	s.m.corrupt.Inc()
 	s.cfg.Logger.Warn("skipping corrupt event", "tenant", tenant, "err", err)

@@ -38,6 +38,7 @@ var (
 	ErrBadQuery    = errors.New("bad query")
 	ErrUnknownView = errors.New("unknown view type")
 	ErrWarming     = errors.New("tenant is still catching up")
+	ErrRefused     = errors.New("this instance cannot read the tenant's newest events (a newer release wrote them); an upgraded instance serves them")
 )
 
 // Query is the body of POST /query/{view_type}.

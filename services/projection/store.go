@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tenantmesh/tenantmesh/services/ledger"
+	"github.com/tenantmesh/tenantmesh/shardkit/events"
 	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -61,11 +62,15 @@ func openEventStore(ctx context.Context, st *schema.Store, log *slog.Logger) (*s
 	return &store{jsc: st.JS(), js: js, stream: stream, views: views, checks: checks, batch: 4096, log: log}, nil
 }
 
-// decode turns a message into an event; ok is false for a corrupt one.
+// decodeEvent turns a message into an event: an error for a corrupt one, or one stored in a
+// newer format than this binary reads (jsx.ErrNewerFormat).
 func decodeEvent(m jetstream.Msg) (ledger.Event, error) {
 	md, err := m.Metadata()
 	if err != nil {
 		return ledger.Event{}, err
+	}
+	if err := events.CheckFormat(m.Headers()); err != nil {
+		return ledger.Event{Seq: md.Sequence.Stream}, fmt.Errorf("projection: event %d on %s: %w", md.Sequence.Stream, m.Subject(), err)
 	}
 	var ev ledger.Event
 	if err := json.Unmarshal(m.Data(), &ev); err != nil {

@@ -322,11 +322,16 @@ func (t *tail) handle(m jetstream.Msg, md *jetstream.MsgMetadata) {
 		return
 	}
 	ts.mu.Lock()
-	if ts.phase != phaseLive || seq <= ts.applied {
+	if ts.phase != phaseLive || seq <= ts.applied || ts.refused != nil {
 		ts.mu.Unlock()
 		return
 	}
 	ev, err := decodeEvent(m)
+	if errors.Is(err, jsx.ErrNewerFormat) {
+		t.s.refuse(ts, err)
+		ts.mu.Unlock()
+		return
+	}
 	if err != nil {
 		ts.advance(seq)
 		ts.mu.Unlock()

@@ -52,9 +52,13 @@ type tenantState struct {
 	// caught is closed once the tenant's first catch-up finished (or failed: see err).
 	caught chan struct{}
 
-	mu       sync.RWMutex
-	phase    tenantPhase
-	err      error
+	mu    sync.RWMutex
+	phase tenantPhase
+	err   error
+	// refused is why the views stopped: an event in a newer format than this binary reads
+	// (jsx.ErrNewerFormat). Nothing after it is applied; queries are answered 503 until an
+	// upgraded instance serves the tenant.
+	refused  error
 	applied  uint64 // stream sequence of the last event applied
 	accounts map[string]*AccountRow
 	txs      []TxRow // in stream order
