@@ -82,7 +82,7 @@ func (a *Autopilot) rearrange(ctx context.Context) {
 		cooling := st.cooling(kc.Kind, now, a.cfg.Cooldown)
 		for i := range w.Tenants {
 			if _, ok := cooling[w.Tenants[i].ID]; ok {
-				w.Tenants[i].Pinned = true // moved by the autopilot within its cool-down
+				w.Tenants[i].Cooling = true // moved by the autopilot within its cool-down
 			}
 		}
 		p, err := c.plan(planner.Options{Tolerance: a.cfg.Tolerance, Concurrency: a.cfg.Concurrency,

@@ -7,8 +7,8 @@ var (
 	ErrInvalid = errors.New("invalid plan request")
 	// ErrNoCapacity means the eligible shards cannot take the load or tenants that must move.
 	ErrNoCapacity = errors.New("not enough capacity")
-	// ErrPinned means a move would touch a pinned tenant.
-	ErrPinned = errors.New("pinned tenant")
+	// ErrPinned means a move would touch a tenant that must stay: pinned, moving, or cooling down.
+	ErrPinned = errors.New("tenant must stay")
 	// ErrLabels means no shard satisfies a tenant's or the request's label requirements.
 	ErrLabels = errors.New("no shard matches the required labels")
 	// ErrBudget means the move budget is too small for a plan that must be complete (evacuate,

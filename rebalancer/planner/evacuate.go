@@ -7,7 +7,7 @@ import (
 
 // Evacuate plans moving every tenant off shard, heaviest first, each to the least utilised
 // shard that can host it (not draining, labels, tenant limit, capacity). It fails with
-// ErrPinned if the shard holds pinned tenants, ErrNoCapacity or ErrLabels if some tenant fits
+// ErrPinned if the shard holds tenants that must stay (pinned, moving, cooling down), ErrNoCapacity or ErrLabels if some tenant fits
 // nowhere, and ErrBudget if the budget is smaller than the number of tenants: an evacuation is
 // all or nothing. The evacuated shard is left out of the utilisation figures.
 func Evacuate(w World, shard string, o Options) (*Plan, error) {
@@ -30,7 +30,7 @@ func Evacuate(w World, shard string, o Options) (*Plan, error) {
 	var need float64
 	for _, t := range seg {
 		if ten := &w.Tenants[t]; ten.fixed() {
-			pinned = append(pinned, ten.ID)
+			pinned = append(pinned, ten.ID+" ("+ten.staying()+")")
 		} else {
 			need += ten.Load
 		}

@@ -57,7 +57,8 @@ func (s *state) manual(t int32, id, to string) error {
 	sh := &s.w.Shards[r]
 	switch {
 	case ten.fixed():
-		return fmt.Errorf("%w: %s/%s is pinned: unpin it before moving it", ErrPinned, k, id)
+		return fmt.Errorf("%w: %s/%s is %s: %s", ErrPinned, k, id, ten.staying(), map[string]string{
+			"pinned": "unpin it before moving it", "moving": "wait for its move to end", "cooling down": "the autopilot moved it lately; wait for its cool-down to end"}[ten.staying()])
 	case !s.budgetLeft():
 		return fmt.Errorf("%w: the plan needs more than the budget of %d moves: raise the budget", ErrBudget, s.opts.Budget)
 	case sh.Draining:

@@ -234,7 +234,8 @@ func TestEvacuate(t *testing.T) {
 		{name: "skips draining shards", given: drain(base, "r-2"), shard: "r-1", withErr: ErrNoCapacity, errHas: "max tenants"},
 		{name: "total room", given: drain(base, "r-3"), shard: "r-1", opts: Options{Require: map[string]string{}}, moves: 3},
 		{name: "not enough room", given: world("runner", []string{"r-1:100", "r-2:50", "r-3:50"}, "t1@r-1=60", "t2@r-1=50", "t3@r-2=40"), shard: "r-1", withErr: ErrNoCapacity, errHas: "need 50.0 more"},
-		{name: "pinned", given: world("runner", []string{"r-1:100", "r-2:100"}, "keep@r-1=1!", "t2@r-1=1"), shard: "r-1", withErr: ErrPinned, errHas: "keep"},
+		{name: "pinned", given: world("runner", []string{"r-1:100", "r-2:100"}, "keep@r-1=1!", "t2@r-1=1"), shard: "r-1", withErr: ErrPinned, errHas: "keep (pinned)"},
+		{name: "cooling down", given: cooling(world("runner", []string{"r-1:100", "r-2:100"}, "hot@r-1=1", "t2@r-1=1"), "hot"), shard: "r-1", withErr: ErrPinned, errHas: "hot (cooling down)"},
 		{name: "budget", given: base, shard: "r-1", opts: Options{Budget: 2}, withErr: ErrBudget},
 		{name: "no room", given: world("runner", []string{"r-1:100", "r-2:50"}, "t1@r-1=60"), shard: "r-1", withErr: ErrNoCapacity, errHas: "add a shard or raise capacity"},
 		{name: "unknown shard", given: base, shard: "r-9", withErr: ErrInvalid},
@@ -454,4 +455,14 @@ func TestMake(t *testing.T) {
 	if _, err := Make(Request{Strategy: StrategyBalance, Kind: "runner"}, w); !errors.Is(err, ErrInvalid) {
 		t.Errorf("unknown kind: %v", err)
 	}
+}
+
+// cooling marks tenant as moved by the autopilot within its cool-down.
+func cooling(w World, tenant string) World {
+	for i := range w.Tenants {
+		if w.Tenants[i].ID == tenant {
+			w.Tenants[i].Cooling = true
+		}
+	}
+	return w
 }

@@ -196,14 +196,16 @@ func (s *state) budgetLeft() bool { return s.opts.Budget == 0 || len(s.moves) < 
 // leq is a <= b with a small relative tolerance for float sums.
 func leq(a, b float64) bool { return a <= b+1e-9*math.Max(1, math.Abs(b)) }
 
-// pinnedError names the pinned tenants (at most 10) in a message that says what to do.
+// pinnedError names the tenants that must stay (at most 10, each with why: pinned, moving,
+// cooling down) in a message that says what to do.
 func pinnedError(kind, shard string, names []string) error {
 	more := ""
 	if len(names) > 10 {
 		more = fmt.Sprintf(" and %d more", len(names)-10)
 		names = names[:10]
 	}
-	return fmt.Errorf("%w: %s/%s holds pinned tenants %s%s: unpin them or move them by hand first", ErrPinned, kind, shard, strings.Join(names, ", "), more)
+	return fmt.Errorf("%w: %s/%s holds %s%s: unpin the pinned (or move them by hand first), and wait for moves and the autopilot's cool-downs to end",
+		ErrPinned, kind, shard, strings.Join(names, ", "), more)
 }
 
 // heap32 is a binary heap of int32 ids ordered by less (no interface boxing on the hot path).

@@ -49,6 +49,9 @@ type Tenant struct {
 	// Moving tenants are in the middle of a move that owns them: no plan moves them, but a
 	// failover takes them over when the move's source is dead.
 	Moving bool `json:"moving,omitempty"`
+	// Cooling tenants were moved by the autopilot within its cool-down: no plan moves them
+	// until it ends, but a failover does.
+	Cooling bool `json:"cooling,omitempty"`
 	// Requires are labels a shard must carry to host the tenant (for example region=eu).
 	Requires map[string]string `json:"requires,omitempty"`
 	// Bytes is what a move of the tenant carries (events replayed or snapshot loaded, views):
@@ -60,8 +63,22 @@ type Tenant struct {
 	SnapshotBytes uint64 `json:"snapshot_bytes,omitempty"`
 }
 
-// fixed reports whether a plan may not move the tenant: pinned, or in a move already.
-func (t *Tenant) fixed() bool { return t.Pinned || t.Moving }
+// fixed reports whether a plan may not move the tenant: pinned, in a move already, or cooling
+// down.
+func (t *Tenant) fixed() bool { return t.staying() != "" }
+
+// staying says why a plan may not move the tenant, "" if it may.
+func (t *Tenant) staying() string {
+	switch {
+	case t.Pinned:
+		return "pinned"
+	case t.Moving:
+		return "moving"
+	case t.Cooling:
+		return "cooling down"
+	}
+	return ""
+}
 
 // World is a snapshot of one kind: its shards and its tenants. The planner reads it and never
 // modifies it. Ties between equal loads are broken by the order of Tenants (list placements
