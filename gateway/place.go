@@ -21,6 +21,9 @@ func (g *Gateway) place(x *exchange) error {
 			return errStarting // not "not placed", nor an assignment on a guess
 		}
 		if x.ke.config().Unplaced == schema.UnplacedReject {
+			if x.ke.cutOff() {
+				return errCutOff // the tenant may be placed where the view cannot see
+			}
 			return tmhttp.Errorf(http.StatusNotFound, "tenant-not-placed", "Tenant not placed",
 				"the tenant has no placement for kind "+x.ke.name+" and the kind does not assign new tenants")
 		}
@@ -42,6 +45,11 @@ func (g *Gateway) place(x *exchange) error {
 	x.entry = entry
 	return nil
 }
+
+// errCutOff answers a tenant missing from a view that cannot follow its bucket: not a final
+// "not placed".
+var errCutOff = &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "placements-unfollowed", Title: "Placements cannot be followed",
+	Detail: "the gateway is cut off from the kind's placements and cannot tell whether the tenant is placed; retry shortly", RetryAfter: time.Second}
 
 // placedUnseen reads tenant's placement of kind from the bucket's leader (bounded by assignTimeout): the
 // placement a view that has yet to see it missed.

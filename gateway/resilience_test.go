@@ -673,3 +673,24 @@ func TestConnectTimeoutIsUnreachable(t *testing.T) {
 		}
 	}
 }
+
+// TestUnplacedWhileCutOff: a kind that refuses unplaced tenants answers a tenant missing from
+// a view that cannot follow its placements (the gateway cut off from NATS) 503 with
+// Retry-After, not the final 404: the tenant may have been placed where the view cannot see.
+func TestUnplacedWhileCutOff(t *testing.T) {
+	strictRoute := schema.Route{Method: "POST", Prefix: "/strict/", Kind: "strict"}
+	e := newEnv(t, Config{}, []schema.KindConfig{{Kind: "strict", Unplaced: schema.UnplacedReject}}, func(e *env) {
+		e.register(newBackend(t, "strict", "strict-1", "i1"), "", 10, strictRoute)
+	})
+	if resp, body := e.do("POST", "/strict/x", "newcomer", "{}", nil); resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("an unplaced tenant while following: %d %s", resp.StatusCode, body)
+	}
+	e.nats.Stop()
+	eventually(t, 20*time.Second, "the gateway to notice it is cut off", func() bool {
+		return e.gw.reg.snap.Load().kinds["strict"].cutOff()
+	})
+	resp, body := e.do("POST", "/strict/x", "newcomer", "{}", nil)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || !strings.Contains(body, "placements-unfollowed") {
+		t.Fatalf("an unplaced tenant while cut off: %d %s", resp.StatusCode, body)
+	}
+}

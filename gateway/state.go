@@ -120,6 +120,13 @@ func (k *kindEntry) placementsIn() bool {
 	}
 }
 
+// cutOff reports whether the kind's watcher cannot follow the placements now (cut off from
+// NATS, or its consumer lost): a tenant missing from its view may be placed.
+func (k *kindEntry) cutOff() bool {
+	w := k.w.Load()
+	return w == nil || w.Staleness() > 0
+}
+
 // shardInfo describes one shard of a kind for assignment and /admin/balance.
 type shardInfo struct {
 	name      string
