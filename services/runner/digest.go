@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
+	"github.com/tenantmesh/tenantmesh/shardkit/kvwatch"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -361,24 +361,8 @@ func (s *Service) awaitDigests(ctx context.Context, e placement.Entry, tq *tenan
 	tq.awaiting = epoch
 	tenant := tq.tenant
 	s.housekeeping.Go(func() {
-		wctx, cancel := context.WithTimeout(ctx, digestWait)
-		defer cancel()
-		recorded := func(recs []schema.DigestRecord, role, instance string) bool {
-			return slices.ContainsFunc(recs, func(r schema.DigestRecord) bool {
-				return r.Role == role && (instance == "" || r.Instance == instance)
-			})
-		}
-		for {
-			recs, err := s.st.DigestRecords(wctx, Kind, tenant, epoch)
-			if err == nil && recorded(recs, schema.RoleSource, "") && recorded(recs, schema.RoleTarget, s.cfg.ID.Instance) {
-				break
-			}
-			if !ctxtime.Sleep(wctx, 20*time.Millisecond) {
-				if ctx.Err() == nil {
-					s.cfg.Logger.Warn("the move's digests are not in; acquiring the tenant without them", "tenant", tenant, "epoch", epoch, "waited", digestWait)
-				}
-				break
-			}
+		if !s.watchDigests(ctx, tenant, epoch) && ctx.Err() == nil {
+			s.cfg.Logger.Warn("the move's digests are not in; acquiring the tenant without them", "tenant", tenant, "epoch", epoch, "waited", digestWait)
 		}
 		s.mu.Lock()
 		tq.digested = epoch
@@ -388,3 +372,47 @@ func (s *Service) awaitDigests(ctx context.Context, e placement.Entry, tq *tenan
 	})
 	return true
 }
+
+// watchDigests waits up to digestWait until tm_verify holds the source's digest of tenant's
+// handoff at epoch and this instance's, and reports whether they came: one watch of the move's
+// keys, where asking again every few milliseconds made a consumer each time.
+func (s *Service) watchDigests(ctx context.Context, tenant string, epoch uint64) bool {
+	ctx, cancel := context.WithTimeout(ctx, digestWait)
+	defer cancel()
+	w := &digestWatch{self: s.cfg.ID.Instance, done: make(chan struct{})}
+	f, err := kvwatch.New(kvwatch.Config{JS: s.st.JS().JetStream(), Bucket: schema.BucketVerify,
+		Filter: schema.DigestFilter(Kind, tenant, epoch)}, w)
+	if err != nil {
+		return false
+	}
+	ran := make(chan struct{})
+	go func() { defer close(ran); _ = f.Run(ctx) }() // ends with ctx, before watchDigests returns
+	defer func() { cancel(); <-ran }()
+	select {
+	case <-w.done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// digestWatch is watchDigests' handler: done closes once both digests are seen.
+type digestWatch struct {
+	self           string
+	source, target bool
+	done           chan struct{}
+}
+
+func (w *digestWatch) Apply(e kvwatch.Entry) {
+	var r schema.DigestRecord
+	if e.Op != kvwatch.Put || jsx.Unmarshal(e.Value, &r) != nil || w.source && w.target {
+		return
+	}
+	w.source = w.source || r.Role == schema.RoleSource
+	w.target = w.target || r.Role == schema.RoleTarget && r.Instance == w.self
+	if w.source && w.target {
+		close(w.done)
+	}
+}
+
+func (w *digestWatch) Synced() {}
