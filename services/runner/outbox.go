@@ -133,6 +133,10 @@ func (o *outbox) record(ctx context.Context, req Request) (uint64, error) {
 	return seq, nil
 }
 
+// markerMargin is how much of a delivering marker's lease its holder leaves unused: the other
+// instances judge it by their own clocks.
+const markerMargin = time.Second
+
 // effectLease is how long a delivering marker is trusted before another instance may take the
 // delivery over: longer than any attempt, whose effects run inside RunTimeout.
 func (o *outbox) effectLease() time.Duration { return o.s.cfg.RunTimeout + 10*time.Second }
@@ -164,7 +168,18 @@ func (o *outbox) deliverOnce(ctx context.Context, req Request) error {
 	// take the delivery over), whether or not the run was cancelled meanwhile.
 	mctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), h.until)
 	defer cancel()
-	res, err := eff.Do(ctx, req)
+	// The delivery itself starts only while the marker is ours by this process's own
+	// monotonic clock, with a margin for the other instances' clocks, and cannot outlast it: a
+	// process frozen (or cut off) after taking the marker wakes past its lease and delivers
+	// nothing the instance that took the delivery over may deliver too. What stays is a
+	// delivery the receiver took while its deliverer could not write "delivered" in time.
+	mine := time.Now().Add(time.Until(h.until) - markerMargin)
+	if !time.Now().Before(mine) {
+		return fmt.Errorf("runner: effect %s: its marker's lease ran out before the delivery began; the next attempt takes it again", req.Key)
+	}
+	dctx, dcancel := context.WithDeadline(ctx, mine)
+	defer dcancel()
+	res, err := eff.Do(dctx, req)
 	if err != nil {
 		o.s.m.effects.WithLabelValues(req.Effect, "failed").Inc()
 		b, _ := json.Marshal(marker{State: markFailed, By: o.s.cfg.ID.Instance, Token: h.token, At: time.Now().UTC()})
