@@ -26,8 +26,8 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/gateway/edgeauth"
 	"github.com/tenantmesh/tenantmesh/internal/gatesig"
-	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -488,7 +488,7 @@ func TestGRPCProof(t *testing.T) {
 	b := &grpcBackend{id: schema.InstanceID{Kind: "aggregate", Shard: "aggregate-1", Instance: "i1"}, stream: make(chan struct{})}
 	e := newEnv(t, Config{ShardKey: master}, []schema.KindConfig{{Kind: "aggregate"}}, func(e *env) {
 		e.place("aggregate", "t1", "aggregate-1")
-		sk := tmtest.Shard(t, shardkit.Config{Store: e.st, URL: shardURL, Capacity: 10, ID: b.id,
+		sk := kittest.Shard(t, shardkit.Config{Store: e.st, URL: shardURL, Capacity: 10, ID: b.id,
 			Routes: []schema.Route{grpcRoute}, GatewayKey: gatesig.KindKey(master, "aggregate")})
 		gs := grpc.NewServer()
 		healthpb.RegisterHealthServer(gs, healthServer{b: b})

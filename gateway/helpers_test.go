@@ -16,6 +16,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/embednats"
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -34,18 +35,6 @@ type env struct {
 	servers sync.Map
 }
 
-func openStore(t testing.TB, url string) *schema.Store {
-	t.Helper()
-	nc := natstest.Connect(t, url)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := schema.Open(ctx, nc, schema.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st
-}
-
 // newEnv starts NATS, registers kinds, lets setup write state, then starts a gateway and waits
 // until it is ready.
 func newEnv(t testing.TB, cfg Config, kinds []schema.KindConfig, setup func(e *env)) *env {
@@ -54,7 +43,7 @@ func newEnv(t testing.TB, cfg Config, kinds []schema.KindConfig, setup func(e *e
 		t.Skip("integration test: needs an embedded nats-server")
 	}
 	e := &env{t: t, nats: natstest.Server(t)}
-	e.st = openStore(t, e.nats.URL())
+	e.st = kittest.StoreAt(t, e.nats.URL())
 	ctx := context.Background()
 	for _, k := range kinds {
 		if _, err := e.st.PutKind(ctx, k); err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/services/mailbox"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -77,7 +78,7 @@ func send(t *testing.T, method, url, body string) (*http.Response, string) {
 // tenant's usual instance and is kept there.
 func TestProducerFindsTheWaitingConsumer(t *testing.T) {
 	srv := natstest.Server(t)
-	st := tmtest.StoreAt(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	if _, err := st.PutKind(t.Context(), mailbox.KindConfig()); err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/services/render"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -158,19 +159,6 @@ func startGateway(t *testing.T, st *schema.Store) string {
 	return "http://" + ln.Addr().String()
 }
 
-func openStore(t *testing.T) *schema.Store {
-	t.Helper()
-	srv := natstest.Server(t)
-	nc := natstest.Connect(t, srv.URL())
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := schema.Open(ctx, nc, schema.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st
-}
-
 func call(t *testing.T, base, tenant string) (int, string, string) {
 	t.Helper()
 	req, _ := http.NewRequest("POST", base+"/render", strings.NewReader(`{"path":"/"}`))
@@ -199,7 +187,7 @@ func TestRenderAffinityEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
-	st := openStore(t)
+	st := kittest.StoreAt(t, natstest.Server(t).URL())
 	ctx := context.Background()
 	if _, err := st.PutKind(ctx, render.KindConfig()); err != nil {
 		t.Fatal(err)

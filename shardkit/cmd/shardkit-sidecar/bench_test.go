@@ -11,9 +11,10 @@ import (
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
-	"github.com/tenantmesh/tenantmesh/internal/natsperm"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsperm"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/shardmain"
 )
@@ -36,7 +37,7 @@ func (embedded) Handler(sk *shardkit.Shard) http.Handler { return sk.Gate(ok) }
 func startEmbedded(b *testing.B, natsURL string) string {
 	b.Helper()
 	m := &shardmain.Main{Kind: "bench", Addr: "127.0.0.1:0", Shard: "bench-1", Instance: "embedded",
-		NATS:     natstest.Options(b, natsURL, natsperm.Shard("bench", "bench-1", natsperm.Assets{})),
+		NATS:     natsconn.Options{URL: natsURL, Creds: natstest.CredsFile(b, natsperm.Shard("bench", "bench-1", natsperm.Assets{}))},
 		LogLevel: "error", LogFormat: "json", Stderr: io.Discard, Heartbeat: time.Second}
 	ready := m.Listening()
 	ctx, cancel := context.WithCancel(context.Background())

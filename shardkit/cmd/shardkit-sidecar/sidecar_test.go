@@ -27,10 +27,12 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/gateway"
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
-	"github.com/tenantmesh/tenantmesh/internal/natsperm"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsperm"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/shardmain"
 )
@@ -96,7 +98,7 @@ func startSidecar(t testing.TB, natsURL, kind, shard, instance, upstream, hooks 
 		t.Fatal(err)
 	}
 	m := &shardmain.Main{Kind: kind, Addr: "127.0.0.1:0", Shard: shard, Instance: instance,
-		NATS:     natstest.Options(t, natsURL, natsperm.Shard(kind, shard, natsperm.Assets{})),
+		NATS:     natsconn.Options{URL: natsURL, Creds: natstest.CredsFile(t, natsperm.Shard(kind, shard, natsperm.Assets{}))},
 		LogLevel: "error", LogFormat: "json", Stderr: io.Discard, Heartbeat: 200 * time.Millisecond, DrainTimeout: 5 * time.Second}
 	ready := m.Listening()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -140,13 +142,7 @@ func startGateway(t testing.TB, st *schema.Store) string {
 func openStore(t testing.TB) (*schema.Store, string) {
 	t.Helper()
 	srv := natstest.Server(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := schema.Open(ctx, natstest.Connect(t, srv.URL()), schema.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st, srv.URL()
+	return kittest.StoreAt(t, srv.URL()), srv.URL()
 }
 
 var client = &http.Client{Timeout: 15 * time.Second}
@@ -326,7 +322,7 @@ func TestGRPCServiceBehindSidecar(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := &shardmain.Main{Kind: "hc", Addr: "127.0.0.1:0", Shard: "hc-1", Instance: "a", AdminToken: "tok",
-		NATS:     natstest.Options(t, natsURL, natsperm.Shard("hc", "hc-1", natsperm.Assets{})),
+		NATS:     natsconn.Options{URL: natsURL, Creds: natstest.CredsFile(t, natsperm.Shard("hc", "hc-1", natsperm.Assets{}))},
 		LogLevel: "error", LogFormat: "json", Stderr: io.Discard, Heartbeat: 200 * time.Millisecond, DrainTimeout: 5 * time.Second}
 	ready := m.Listening()
 	rctx, stop := context.WithCancel(context.Background())
