@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/test/history"
 )
 
 // chaosLong reports whether TM_CHAOS_LONG=1 asks for the long version (more moves, longer
@@ -375,7 +376,7 @@ func TestChaosUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the whole platform under load, with failures")
 	}
-	rcv := &receiver{byKey: map[string]int{}}
+	rcv := history.NewReceiver()
 	hook := httptest.NewServer(rcv)
 	defer hook.Close()
 	stateFile := filepath.Join(t.TempDir(), "state.json")
@@ -583,6 +584,9 @@ func TestChaosUnderLoad(t *testing.T) {
 	// Invariants, checked through the same client (a 503 with Retry-After is still allowed).
 	l.failures = nil
 	gw := 1
+	call := func(tenant, _, method, path string, body any) (int, []byte) {
+		return l.do(&gw, tenant, method, path, body)
+	}
 	for _, tenant := range tenants {
 		var tot struct{ Deposits, Withdrawals, Balances int64 }
 		_, b := l.do(&gw, tenant, "GET", "/ledger/totals", nil)
@@ -594,29 +598,7 @@ func TestChaosUnderLoad(t *testing.T) {
 			t.Errorf("%s: ledger %+v, acknowledged deposits %d (before the load %d)", tenant, tot, want, baseline[tenant])
 		}
 		// The projection converges to the ledger.
-		var sum int64
-		var lag uint64
-		for deadline := time.Now().Add(30 * time.Second); ; {
-			_, b := l.do(&gw, tenant, "POST", "/query/accounts", map[string]any{"limit": 100})
-			var v struct {
-				Items []struct{ Balance int64 } `json:"items"`
-				Lag   uint64                    `json:"lag"`
-			}
-			sum = 0
-			if json.Unmarshal(b, &v) == nil {
-				for _, it := range v.Items {
-					sum += it.Balance
-				}
-			}
-			lag = v.Lag
-			if sum == tot.Balances && lag == 0 || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(100 * time.Millisecond) // the projection catches up asynchronously
-		}
-		if sum != tot.Balances || lag != 0 {
-			t.Errorf("%s: view sums to %d (lag %d), ledger %d", tenant, sum, lag, tot.Balances)
-		}
+		history.AwaitView(t, call, tenant, tot.Balances)
 		// One owner per placement: active, no move target or source left over.
 		for _, kind := range []string{"aggregate", "projection", "runner"} {
 			p, err := store.Placement(ctx, kind, tenant)
@@ -657,7 +639,7 @@ func TestChaosUnderLoad(t *testing.T) {
 	if len(pending) > 0 {
 		t.Errorf("%d of %d accepted jobs not finished 20 s after the load:\n%s", len(pending), len(l.jobs)+len(pending), strings.Join(first(pending, 20), "\n"))
 	}
-	rcv.checkOnce(t, len(l.jobs))
+	rcv.CheckOnce(t, len(l.jobs))
 	if len(l.failures) > 0 {
 		t.Errorf("checks failed: %s", strings.Join(first(l.failures, 10), "\n"))
 	}
