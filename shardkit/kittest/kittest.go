@@ -1,5 +1,5 @@
 // Package kittest holds the test helpers that need shardkit: a schema store on a fresh embedded
-// nats-server, a running shardkit instance, and a hand-driven move commit. Everything it starts
+// nats-server, a running shardkit instance or shard binary main (shardmain), and a hand-driven move commit. Everything it starts
 // stops when the test ends. The helpers that need nothing above internal/ (ResourceCheck,
 // WaitFor, HTTP) are in internal/tmtest.
 //
@@ -17,6 +17,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/shardmain"
 )
 
 // Store starts an embedded JetStream server and opens a store on it; URL is the server's. The
@@ -99,4 +100,25 @@ func Commit(t testing.TB, st *schema.Store, prev schema.Placement, to string) sc
 		t.Fatalf("committing %s/%s to %s: the placement changed to %s@%d %s", prev.Kind, prev.Tenant, to, got.Shard, got.Epoch, got.Phase)
 	}
 	return got
+}
+
+// Main runs m, a shard binary's main in process, with build until the test ends, and returns
+// its URL once it listens.
+func Main(t testing.TB, m *shardmain.Main, build shardmain.Builder) string {
+	t.Helper()
+	ready := m.Listening()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	var runErr error
+	go func() { defer close(done); runErr = m.Run(ctx, build) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case url := <-ready:
+		return url
+	case <-done:
+		t.Fatalf("%s/%s stopped before serving: %v", m.Kind, m.Shard, runErr)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s/%s not serving within 30s", m.Kind, m.Shard)
+	}
+	return ""
 }
