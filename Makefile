@@ -33,7 +33,8 @@ run: bins
 	exec bin/devstack
 
 # Modules of their own under examples/ (go ./... at the root does not enter them): make test,
-# vet and staticcheck run in each.
+# vet and staticcheck run in each, alone (GOWORK=off), as the user's module it stands for builds:
+# go.work joins them to the root for editors and go build, not for these checks.
 EXAMPLES := examples/notes
 
 ## test: everything CI runs: gofmt check, go vet, staticcheck, and all tests with -race
@@ -49,7 +50,7 @@ test: fmt-check vet staticcheck generate-check
 	TM_REQUIRE_TOOLS=1 TM_HELM=$(HELM) $(GO) test -race -count=1 -timeout 12m $(TESTFLAGS) $(if $(T),-run '$(T)') \
 		$(if $(filter ./...,$(PKG)),$$($(GO) list ./... | grep -v '/test/netfault/upgrade$$'),$(PKG))
 	@$(if $(filter ./...,$(PKG)),TM_REQUIRE_TOOLS=1 $(GO) test -race -count=1 -timeout 12m $(TESTFLAGS) $(if $(T),-run '$(T)') $(UPGRADE_PKG))
-	@$(if $(filter ./...,$(PKG)),for d in $(EXAMPLES); do (cd $$d && $(GO) test -race -count=1 -timeout 5m $(TESTFLAGS) $(if $(T),-run '$(T)') ./...) || exit 1; done)
+	@$(if $(filter ./...,$(PKG)),for d in $(EXAMPLES); do (cd $$d && GOWORK=off $(GO) test -race -count=1 -timeout 5m $(TESTFLAGS) $(if $(T),-run '$(T)') ./...) || exit 1; done)
 	$(MAKE) fuzz FUZZTIME=100000x
 
 ## fuzz: the gateway's HTTP/1.1 parsers under Go's fuzzer, FUZZTIME each (default 30s; make test
@@ -89,7 +90,7 @@ test-norace:
 
 vet:
 	$(GO) vet ./...
-	@for d in $(EXAMPLES); do (cd $$d && $(GO) vet ./...) || exit 1; done
+	@for d in $(EXAMPLES); do (cd $$d && GOWORK=off $(GO) vet ./...) || exit 1; done
 
 ## tools: builds the pinned Go tools (staticcheck: a `tool` line in go.mod, run with `go tool`),
 ## installs nft (package nftables, for the fault harness test/netfault), promtool (package prometheus) and Chromium (package chromium, for the dashboard's
@@ -110,7 +111,7 @@ tools:
 
 staticcheck:
 	$(GO) tool staticcheck ./...
-	@sc=$$($(GO) tool -n staticcheck) && for d in $(EXAMPLES); do (cd $$d && $$sc ./...) || exit 1; done
+	@sc=$$($(GO) tool -n staticcheck) && for d in $(EXAMPLES); do (cd $$d && GOWORK=off $$sc ./...) || exit 1; done
 
 lint: fmt-check vet staticcheck
 

@@ -1,17 +1,9 @@
 package gateway
 
 import (
-	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +11,6 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tenantmesh/tenantmesh/gateway/edgeauth"
 	"github.com/tenantmesh/tenantmesh/internal/certfile"
 	"github.com/tenantmesh/tenantmesh/internal/natsauth"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -30,26 +21,9 @@ import (
 // header names another tenant, fills x-tenant-id from the token, and passes the verified subject
 // on in a header clients cannot forge.
 func TestEdgeAuth(t *testing.T) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, _ := x509.MarshalPKIXPublicKey(&key.PublicKey)
-	path := filepath.Join(t.TempDir(), "idp.pem")
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	v, err := edgeauth.New(context.Background(), edgeauth.Config{KeyFile: path, Issuer: "https://idp.example", Audience: "tenantmesh"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	v, signClaims := testVerifier(t)
 	sign := func(tenant string, exp time.Duration) string {
-		s, err := jwt.NewWithClaims(jwt.SigningMethodES256, jwt.MapClaims{"sub": "user-7", "tenant_id": tenant, "iss": "https://idp.example", "aud": "tenantmesh",
-			"exp": time.Now().Add(exp).Unix()}).SignedString(key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
+		return signClaims(jwt.MapClaims{"sub": "user-7", "tenant_id": tenant, "exp": time.Now().Add(exp).Unix()})
 	}
 	b := newBackend(t, "aggregate", "aggregate-1", "a")
 	e := newEnv(t, Config{Auth: v}, nil, func(e *env) {

@@ -4,18 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -232,26 +225,10 @@ func quantileUS(d []time.Duration, q float64) float64 {
 func BenchmarkProxy(b *testing.B) {
 	b.Run("plain", func(b *testing.B) { benchProxy(b, nil, nil) })
 	b.Run("jwt", func(b *testing.B) {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			b.Fatal(err)
-		}
-		der, _ := x509.MarshalPKIXPublicKey(&key.PublicKey)
-		path := filepath.Join(b.TempDir(), "idp.pem")
-		if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o600); err != nil {
-			b.Fatal(err)
-		}
-		v, err := edgeauth.New(context.Background(), edgeauth.Config{KeyFile: path, Issuer: "https://idp.example", Audience: "tenantmesh"})
-		if err != nil {
-			b.Fatal(err)
-		}
+		v, sign := testVerifier(b)
 		tokens := make([]string, 1000)
 		for i := range tokens {
-			tokens[i], err = jwt.NewWithClaims(jwt.SigningMethodES256, jwt.MapClaims{"sub": "u", "tenant_id": fmt.Sprintf("t%d", i),
-				"iss": "https://idp.example", "aud": "tenantmesh", "exp": time.Now().Add(time.Hour).Unix()}).SignedString(key)
-			if err != nil {
-				b.Fatal(err)
-			}
+			tokens[i] = sign(jwt.MapClaims{"sub": "u", "tenant_id": fmt.Sprintf("t%d", i)})
 		}
 		benchProxy(b, v, tokens)
 	})

@@ -2,15 +2,8 @@ package gateway
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"encoding/pem"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -24,10 +17,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/tenantmesh/tenantmesh/gateway/edgeauth"
 	"github.com/tenantmesh/tenantmesh/internal/gatesig"
-	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -423,27 +415,8 @@ func TestGRPCTimeoutAndTakeover(t *testing.T) {
 // is UNAUTHENTICATED, another tenant's PERMISSION_DENIED, and the verified subject reaches the
 // instance in x-tm-subject (the token itself does not).
 func TestGRPCEdgeAuth(t *testing.T) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, _ := x509.MarshalPKIXPublicKey(&key.PublicKey)
-	path := filepath.Join(t.TempDir(), "idp.pem")
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	v, err := edgeauth.New(context.Background(), edgeauth.Config{KeyFile: path, Issuer: "https://idp.example", Audience: "tenantmesh"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	token := func(tenant string) string {
-		s, err := jwt.NewWithClaims(jwt.SigningMethodES256, jwt.MapClaims{"sub": "user-7", "tenant_id": tenant, "iss": "https://idp.example",
-			"aud": "tenantmesh", "exp": time.Now().Add(time.Hour).Unix()}).SignedString(key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
+	v, sign := testVerifier(t)
+	token := func(tenant string) string { return sign(jwt.MapClaims{"sub": "user-7", "tenant_id": tenant}) }
 	var a *grpcBackend
 	e := newEnv(t, Config{Auth: v}, []schema.KindConfig{{Kind: "aggregate"}}, func(e *env) {
 		a = newGRPCBackend(t, "aggregate", "aggregate-1", "a")
@@ -488,7 +461,7 @@ func TestGRPCProof(t *testing.T) {
 	b := &grpcBackend{id: schema.InstanceID{Kind: "aggregate", Shard: "aggregate-1", Instance: "i1"}, stream: make(chan struct{})}
 	e := newEnv(t, Config{ShardKey: master}, []schema.KindConfig{{Kind: "aggregate"}}, func(e *env) {
 		e.place("aggregate", "t1", "aggregate-1")
-		sk := tmtest.Shard(t, shardkit.Config{Store: e.st, URL: shardURL, Capacity: 10, ID: b.id,
+		sk := kittest.Shard(t, shardkit.Config{Store: e.st, URL: shardURL, Capacity: 10, ID: b.id,
 			Routes: []schema.Route{grpcRoute}, GatewayKey: gatesig.KindKey(master, "aggregate")})
 		gs := grpc.NewServer()
 		healthpb.RegisterHealthServer(gs, healthServer{b: b})

@@ -14,6 +14,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/gatesig"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -43,7 +44,7 @@ func TestAttackShardTrustsCaller(t *testing.T) {
 	shardURL := "http://" + ln.Addr().String()
 	e := newEnv(t, Config{Auth: v, ShardKey: master}, nil, func(e *env) {
 		e.place("aggregate", "t1", "aggregate-1")
-		sk := tmtest.Shard(t, shardkit.Config{Store: e.st, URL: shardURL, Capacity: 10,
+		sk := kittest.Shard(t, shardkit.Config{Store: e.st, URL: shardURL, Capacity: 10,
 			ID:     schema.InstanceID{Kind: "aggregate", Shard: "aggregate-1", Instance: "i1"},
 			Routes: []schema.Route{aggRoute}, GatewayKey: gatesig.KindKey(master, "aggregate")})
 		srv := &http.Server{Handler: sk.Gate(http.HandlerFunc(served)), ReadHeaderTimeout: 5 * time.Second}

@@ -7,18 +7,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"syscall"
@@ -27,7 +20,6 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
-	"github.com/tenantmesh/tenantmesh/gateway/edgeauth"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -448,36 +440,6 @@ func TestAttackPlacementByAnyone(t *testing.T) {
 			t.Fatalf("requests without a token placed %d tenants", n-1)
 		}
 	})
-}
-
-// testVerifier is an edge identity verifier with a local ES256 key, and a signer of tokens
-// for it: claims beside iss, aud and exp, which it fills in unless given.
-func testVerifier(t *testing.T) (*edgeauth.Verifier, func(claims jwt.MapClaims) string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, _ := x509.MarshalPKIXPublicKey(&key.PublicKey)
-	path := filepath.Join(t.TempDir(), "idp.pem")
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	v, err := edgeauth.New(context.Background(), edgeauth.Config{KeyFile: path, Issuer: "https://idp.example", Audience: "tenantmesh"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v, func(claims jwt.MapClaims) string {
-		c := jwt.MapClaims{"iss": "https://idp.example", "aud": "tenantmesh", "exp": time.Now().Add(time.Hour).Unix()}
-		for k, v := range claims {
-			c[k] = v
-		}
-		s, err := jwt.NewWithClaims(jwt.SigningMethodES256, c).SignedString(key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
 }
 
 // lastRequest is the last request the backend received (nil if none).

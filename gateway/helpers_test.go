@@ -2,20 +2,31 @@ package gateway
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/tenantmesh/tenantmesh/gateway/edgeauth"
 	"github.com/tenantmesh/tenantmesh/internal/embednats"
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -34,18 +45,6 @@ type env struct {
 	servers sync.Map
 }
 
-func openStore(t testing.TB, url string) *schema.Store {
-	t.Helper()
-	nc := natstest.Connect(t, url)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := schema.Open(ctx, nc, schema.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st
-}
-
 // newEnv starts NATS, registers kinds, lets setup write state, then starts a gateway and waits
 // until it is ready.
 func newEnv(t testing.TB, cfg Config, kinds []schema.KindConfig, setup func(e *env)) *env {
@@ -54,7 +53,7 @@ func newEnv(t testing.TB, cfg Config, kinds []schema.KindConfig, setup func(e *e
 		t.Skip("integration test: needs an embedded nats-server")
 	}
 	e := &env{t: t, nats: natstest.Server(t)}
-	e.st = openStore(t, e.nats.URL())
+	e.st = kittest.StoreAt(t, e.nats.URL())
 	ctx := context.Background()
 	for _, k := range kinds {
 		if _, err := e.st.PutKind(ctx, k); err != nil {
@@ -290,3 +289,33 @@ func (e *env) waitPhase(kind, tenant string, phase schema.Phase) {
 }
 
 func jsonUnmarshal(s string, v any) error { return json.Unmarshal([]byte(s), v) }
+
+// testVerifier is an edge identity verifier with a local ES256 key, and a signer of tokens
+// for it: claims beside iss, aud and exp, which it fills in unless given.
+func testVerifier(t testing.TB) (*edgeauth.Verifier, func(claims jwt.MapClaims) string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, _ := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	path := filepath.Join(t.TempDir(), "idp.pem")
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	v, err := edgeauth.New(context.Background(), edgeauth.Config{KeyFile: path, Issuer: "https://idp.example", Audience: "tenantmesh"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v, func(claims jwt.MapClaims) string {
+		c := jwt.MapClaims{"iss": "https://idp.example", "aud": "tenantmesh", "exp": time.Now().Add(time.Hour).Unix()}
+		for k, v := range claims {
+			c[k] = v
+		}
+		s, err := jwt.NewWithClaims(jwt.SigningMethodES256, c).SignedString(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+}

@@ -7,12 +7,12 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/gateway/breaker"
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -601,47 +601,13 @@ func TestReplacedInstanceClosesItsCircuit(t *testing.T) {
 	}
 }
 
-// blackhole returns the address of a listener whose accept queue is full: the kernel drops
-// further SYNs, so a connect to it times out (what a partition does), rather than being
-// refused.
-func blackhole(t *testing.T) string {
-	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Listen(fd, 0); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
-	for i := 0; ; i++ { // fill the queue: until a connect times out
-		if i == 16 {
-			t.Skip("the kernel accepts every connect to a full queue here; no blackhole")
-		}
-		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
-		if err != nil {
-			break
-		}
-		t.Cleanup(func() { c.Close() })
-	}
-	return addr
-}
-
 // TestConnectTimeoutIsUnreachable: a connect that times out (SYNs dropped across a partition)
 // reached nothing, so it is sent again to another instance even for a POST, and with none left
 // answered 503 upstream-unreachable with Retry-After, never 504 (the fault harness's 2|1 split
 // found those answered as upstream timeouts).
 func TestConnectTimeoutIsUnreachable(t *testing.T) {
 	var good, cut, cut3 *backend
-	hole := blackhole(t)
+	hole := tmtest.Unaccepted(t)
 	e := newEnv(t, Config{ConnectTimeout: 200 * time.Millisecond}, nil, func(e *env) {
 		good = newBackend(t, "aggregate", "aggregate-1", "good")
 		cut = newBackend(t, "aggregate", "aggregate-2", "cut")

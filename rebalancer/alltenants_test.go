@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -15,7 +15,7 @@ import (
 // tenant) takes part in no move: a plan naming it as a source or target is refused with the
 // reason, and balance neither sends tenants to it nor takes its tenants away.
 func TestMultiTenantShardTakesPartInNoMove(t *testing.T) {
-	st, _ := tmtest.Store(t)
+	st, _ := kittest.Store(t)
 	ctx := context.Background()
 	all := map[string]string{schema.LabelTenants: schema.TenantsAll}
 	for _, in := range []schema.Instance{

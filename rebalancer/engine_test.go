@@ -12,8 +12,9 @@ import (
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
-	"github.com/tenantmesh/tenantmesh/internal/natsperm"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsperm"
 
 	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
 	"github.com/tenantmesh/tenantmesh/shardkit"
@@ -23,13 +24,13 @@ import (
 )
 
 func openStore(t *testing.T) *schema.Store {
-	st, _ := tmtest.Store(t)
+	st, _ := kittest.Store(t)
 	return st
 }
 
 // startShard runs one stateless shardkit instance of kind aggregate until the test ends.
 func startShard(t *testing.T, st *schema.Store, shard string) {
-	tmtest.Shard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard}})
+	kittest.Shard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard}})
 }
 
 func place(t *testing.T, st *schema.Store, tenant, shard string) schema.Placement {
@@ -197,7 +198,7 @@ func TestApplyMovesTenantsAndAudits(t *testing.T) {
 // A target that cannot commit (here: credentials without placement writes; in life, a target
 // that died after reporting ready) is committed for by the rebalancer after its grace.
 func TestRebalancerCommitsWhenTheTargetCannot(t *testing.T) {
-	st, url := tmtest.Store(t)
+	st, url := kittest.Store(t)
 	startShard(t, st, "s-1")
 	role := natsperm.Shard("aggregate", "s-2", natsperm.Assets{})
 	role.Pub = slices.DeleteFunc(role.Pub, func(s string) bool {
@@ -208,7 +209,7 @@ func TestRebalancerCommitsWhenTheTargetCannot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmtest.Shard(t, shardkit.Config{Store: limited, ID: schema.InstanceID{Kind: "aggregate", Shard: "s-2"}})
+	kittest.Shard(t, shardkit.Config{Store: limited, ID: schema.InstanceID{Kind: "aggregate", Shard: "s-2"}})
 	h := watchHistory(t, st)
 	e := newEngine(t, st, Config{})
 	rec, err := e.CreatePlan(ctx, planOf(place(t, st, "acme", "s-1")), "test")
@@ -570,8 +571,8 @@ func takeoverPlan(ps ...schema.Placement) *planner.Plan {
 // is unregistered.
 func crashedShard(t *testing.T, url, shard string) (kill func()) {
 	t.Helper()
-	st := tmtest.StoreAt(t, url)
-	tmtest.Shard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard, Instance: "dead"}})
+	st := kittest.StoreAt(t, url)
+	kittest.Shard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard, Instance: "dead"}})
 	return func() { st.JS().Conn().Close() }
 }
 
@@ -580,7 +581,7 @@ func crashedShard(t *testing.T, url, shard string) (kill func()) {
 // restarted one finishes it. Every move ends done on s-2 at the next epoch, the owner changes
 // only at the commit, and the commit never comes before the target is ready.
 func TestTakeoverCrashAtEveryStep(t *testing.T) {
-	st, url := tmtest.Store(t)
+	st, url := kittest.Store(t)
 	startShard(t, st, "s-2")
 	kill := crashedShard(t, url, "s-1")
 	h := watchHistory(t, st)
@@ -628,7 +629,7 @@ func TestTakeoverCrashAtEveryStep(t *testing.T) {
 // instance gone, the commit waits until the source's lease ran out since the takeover began.
 // Presence is left out, as in the CLI's apply, so the lease is the only way out.
 func TestTakeoverWaitsOutTheLease(t *testing.T) {
-	st, _ := tmtest.Store(t)
+	st, _ := kittest.Store(t)
 	kc := schema.DefaultKindConfig("aggregate")
 	kc.Lease = schema.Duration(time.Second)
 	if _, err := st.PutKind(context.Background(), kc); err != nil {

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -25,7 +25,7 @@ func TestMoveToADeadTargetAborts(t *testing.T) {
 			// s-1 has applied up to 5: a handoff's fence. s-2 never gets past 1: in the handoff
 			// variant it is ready at warming and never at the fence; in the warming variant its
 			// Warm never returns. The move waits for it in the phase under test until it dies.
-			tmtest.Shard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: "s-1"},
+			kittest.Shard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: "s-1"},
 				Hooks: shardkit.Hooks{Applied: func(string) uint64 { return 5 }}})
 			stuck := func(ctx context.Context, tenant string, fence uint64) error {
 				if phase == schema.PhaseHandoff {

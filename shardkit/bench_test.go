@@ -9,6 +9,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -23,7 +24,7 @@ func (w *nopWriter) WriteHeader(int)             {}
 // benchGate runs a shard that owns tenant "bench" and returns its gate around a trivial handler.
 func benchGate(b *testing.B) http.Handler {
 	srv := natstest.Server(b)
-	st := openStore(b, srv.URL())
+	st := kittest.StoreAt(b, srv.URL())
 	p := place(b, st, schema.Placement{Kind: "aggregate", Tenant: "bench", Shard: "aggregate-1"})
 	sk, err := shardkit.New(shardkit.Config{Store: st, ID: id("aggregate-1", "a"), URL: "http://127.0.0.1:1"})
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -17,7 +18,7 @@ import (
 // tenant and reports drained; the tenant stays refused until undrained.
 func TestDrainWaitsForInFlight(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	rev := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"}).Revision
 	var released atomic.Int32
 	hooks := shardkit.Hooks{
@@ -81,7 +82,7 @@ func TestDrainWaitsForInFlight(t *testing.T) {
 // A drain waits only up to DrainTimeout: a request that outlives it is reported, not waited for.
 func TestDrainIsBounded(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	rev := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"}).Revision
 	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), DrainTimeout: 100 * time.Millisecond})
 	synced(t, rev, a)

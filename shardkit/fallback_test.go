@@ -14,6 +14,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -48,7 +49,7 @@ func brokenURL(t *testing.T) (string, *atomic.Int64) {
 // never falls back when the request may have reached the owner's service.
 func TestForwardFallback(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	const kind = "projection"
@@ -121,7 +122,7 @@ func TestForwardFallback(t *testing.T) {
 // A kind that needs a single writer refuses ForwardFallback: Run fails and says why.
 func TestForwardFallbackRefusedForSingleWriter(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	if _, err := shardkit.New(shardkit.Config{Store: st, ID: id("aggregate-1", "a"), URL: "http://127.0.0.1:1", ForwardFallback: true}); !errors.Is(err, shardkit.ErrConfig) {
 		t.Fatalf("fallback without forward: %v", err)
 	}

@@ -4,14 +4,14 @@ import (
 	"context"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -28,41 +28,12 @@ func deadURL(t *testing.T) string {
 	return "http://" + addr
 }
 
-// unacceptedURL is an address whose listener never accepts and whose accept queue is full: a
-// connection attempt there hangs until the dialer gives up (a peer that is frozen, or behind a
-// black hole).
-func unacceptedURL(t *testing.T) string {
-	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Listen(fd, 0); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*syscall.SockaddrInet4).Port))
-	for range 2 { // fill the accept queue (backlog 0 holds one)
-		if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
-			t.Cleanup(func() { c.Close() })
-		}
-	}
-	return "http://" + addr
-}
-
 // In forward mode any instance answers: a request for another shard's tenant is proxied to a
 // live instance of the owner (retrying past a dead one), and a forwarded request is never
 // forwarded again.
 func TestForwardReachesOwnerWithoutLoops(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"})
@@ -122,7 +93,7 @@ func TestForwardReachesOwnerWithoutLoops(t *testing.T) {
 // timeout has passed.
 func TestForwardTimeoutsFromKind(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	kc := schema.DefaultKindConfig("aggregate")
@@ -134,7 +105,7 @@ func TestForwardTimeoutsFromKind(t *testing.T) {
 	rev := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"}).Revision
 	// An instance of the owner whose connections are never accepted (not refused): only the
 	// connect timeout ends an attempt there.
-	if _, err := st.Directory().Register(ctx, schema.Instance{InstanceID: id("aggregate-1", "hole"), URL: unacceptedURL(t), Capacity: 10}); err != nil {
+	if _, err := st.Directory().Register(ctx, schema.Instance{InstanceID: id("aggregate-1", "hole"), URL: "http://" + tmtest.Unaccepted(t), Capacity: 10}); err != nil {
 		t.Fatal(err)
 	}
 	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a")})

@@ -7,6 +7,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -15,7 +16,7 @@ import (
 // problem+json naming the owner and epoch.
 func TestGateServesOnlyOwnedTenants(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	place(t, st, schema.Placement{Kind: "aggregate", Tenant: "mine", Shard: "aggregate-1"})
 	rev := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "theirs", Shard: "aggregate-2"}).Revision
 	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a")})
@@ -56,7 +57,7 @@ func TestGateServesOnlyOwnedTenants(t *testing.T) {
 // carrying an older epoch is refused.
 func TestGateJudgesEpochs(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	rev := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-2"}).Revision
 	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a")})
 	synced(t, rev, a)

@@ -8,6 +8,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/internal/gatesig"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -18,7 +19,7 @@ import (
 // it and an unproved one is refused at the first instance.
 func TestGatewayProofForwarded(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	key := gatesig.KindKey(gatesig.NewKey(), "aggregate")
 	rev := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"}).Revision
 	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), Forward: true, GatewayKey: key})

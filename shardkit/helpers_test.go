@@ -15,7 +15,6 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -23,18 +22,6 @@ import (
 )
 
 const testToken = "s3cret-token"
-
-func openStore(t testing.TB, url string) *schema.Store {
-	t.Helper()
-	nc := natstest.Connect(t, url)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := schema.Open(ctx, nc, schema.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st
-}
 
 // app is a test service: it answers who served it, and its /slow route blocks until released.
 type app struct {

@@ -17,6 +17,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -73,7 +74,7 @@ func nextInstance(t *testing.T, ch <-chan *schema.Instance, what string, ok func
 // the registration's; a change of the reported status (draining, at shutdown) is written.
 func TestLoadReportsAreTheHeartbeat(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"})
 	reports := loadReports(t, st, "aggregate", 64)
 	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), Heartbeat: 20 * time.Millisecond,
@@ -120,7 +121,7 @@ func TestLoadReportsAreTheHeartbeat(t *testing.T) {
 // tm_tenant_state, which every move test goes through when it starts waiting.)
 func TestSignalNotes(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"})
 	b := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-2", "b")})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -169,9 +170,9 @@ func TestSignalNotes(t *testing.T) {
 // once and stops forwarding to it.
 func TestHeartbeatsStoppingMakeInstanceOffline(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	rev := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"}).Revision
-	stA := openStore(t, srv.URL())
+	stA := kittest.StoreAt(t, srv.URL())
 	updates := watchInstance(t, st, "aggregate.aggregate-1.a")
 	a := startShard(t, shardkit.Config{Store: stA, ID: id("aggregate-1", "a"), Heartbeat: 50 * time.Millisecond,
 		DirectoryRefresh: 50 * time.Millisecond})
@@ -229,8 +230,8 @@ func TestHeartbeatsStoppingMakeInstanceOffline(t *testing.T) {
 // membership back at its next heartbeat, and its peers see it online again.
 func TestMarkedOfflineInstanceComesBack(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
-	a := startShard(t, shardkit.Config{Store: openStore(t, srv.URL()), ID: id("aggregate-1", "a"), Heartbeat: 50 * time.Millisecond})
+	st := kittest.StoreAt(t, srv.URL())
+	a := startShard(t, shardkit.Config{Store: kittest.StoreAt(t, srv.URL()), ID: id("aggregate-1", "a"), Heartbeat: 50 * time.Millisecond})
 	b := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "b")})
 	awaitPeer(t, b, a.ID(), func(i schema.Instance) bool { return i.URL == a.URL })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -280,7 +281,7 @@ func awaitPeer(t *testing.T, s *testShard, id schema.InstanceID, ok func(schema.
 // instance keep only that one.
 func TestShutdownLeavesNothingBehind(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	rev := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"}).Revision
 	routes := []schema.Route{{Method: "POST", Prefix: "/t/commands"}, {Method: "GET", Prefix: "/t/state"}}
 	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), Routes: routes})
@@ -359,7 +360,7 @@ func TestShutdownLeavesNothingBehind(t *testing.T) {
 // health and metrics stay open.
 func TestAdminRoutesNeedToken(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	t.Setenv(shardkit.EnvAdminToken, "")
 	open := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a")})
 	locked := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "b"), AdminToken: testToken})
@@ -397,7 +398,7 @@ func TestAdminRoutesNeedToken(t *testing.T) {
 // A route a sweeper removed while the instance was cut off comes back with its heartbeats.
 func TestRoutesRepublished(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	routes := []schema.Route{{Method: "GET", Prefix: "/t/state"}}
 	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), Routes: routes, Heartbeat: 20 * time.Millisecond})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -430,7 +431,7 @@ func TestRoutesRepublished(t *testing.T) {
 // still gates by the shared view and is told of the changes that concern it.
 func TestSharedWatcher(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	if _, err := shardkit.New(shardkit.Config{Store: st, ID: id("aggregate-1", "a"), URL: "http://127.0.0.1:1",
 		Watcher: newWatcher(t, placement.Config{Store: st, Kinds: []string{"aggregate"}})}); !errors.Is(err, shardkit.ErrConfig) {
 		t.Fatalf("a watcher that does not confirm its view: %v", err)
@@ -462,7 +463,7 @@ func TestSharedWatcher(t *testing.T) {
 // Reload hook.
 func TestAdminReloadReregistersAndCallsTheHook(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	ctx := context.Background()
 	route := schema.Route{Method: "GET", Prefix: "/t/state", Kind: "aggregate"}
 	var reloads atomic.Int32

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -70,7 +71,7 @@ func (f *fakeService) hooks() shardkit.Hooks {
 // reports drained; B warms up to A's fence before it reports ready.
 func TestMoveTargetAcceptsOnlyAfterCommit(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	src, dst := &fakeService{}, &fakeService{}
 	src.applied.Store(7)
 	dst.short.Store(1) // the first warm-up to the fence falls short: B reports its lag, retries
@@ -172,7 +173,7 @@ func TestMoveTargetAcceptsOnlyAfterCommit(t *testing.T) {
 // what it warmed.
 func TestMoveAbort(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	src, dst := &fakeService{}, &fakeService{gate: make(chan struct{})}
 	src.applied.Store(5)
 	p := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"})

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -17,7 +18,7 @@ import (
 // /admin/... ones included; Handler serves them alone to a router that delegates a path.
 func TestMountMuxAndHandler(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	rev := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "mine", Shard: "aggregate-1"}).Revision
 	mux := http.NewServeMux()
 	hs := httptest.NewUnstartedServer(mux)

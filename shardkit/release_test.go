@@ -11,6 +11,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -18,7 +19,7 @@ import (
 // owners, and deletes the placement with the last owner; managed kinds refuse it.
 func TestReleaseAffinityTenant(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if _, err := st.PutKind(ctx, schema.KindConfig{Kind: "prerender", Policy: schema.PolicyAffinity}); err != nil {
@@ -63,7 +64,7 @@ func TestReleaseAffinityTenant(t *testing.T) {
 // busiest tenants.
 func TestLoadTelemetry(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	rev := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"}).Revision
 	reports := loadReports(t, st, "aggregate", 256)
 	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), Capacity: 50, Heartbeat: 50 * time.Millisecond})

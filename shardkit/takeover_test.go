@@ -10,6 +10,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -29,7 +30,7 @@ func setLease(t testing.TB, st *schema.Store, d time.Duration) {
 // confirms its view of placement with the stream leader.
 func TestLeaseRunsOutWithoutNATS(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	setLease(t, st, time.Second)
 	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), Confirm: 100 * time.Millisecond})
 	rev := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"}).Revision
@@ -76,7 +77,7 @@ func TestLeaseRunsOutWithoutNATS(t *testing.T) {
 // all, reports drained, so the takeover need not wait out its lease.
 func TestTakeoverOfALiveOwner(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	var fencedAt atomic.Uint64
 	var applied atomic.Uint64
 	hooks := shardkit.Hooks{

@@ -17,6 +17,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -118,7 +119,7 @@ func moveWithEngine(t *testing.T, st *schema.Store, tenant string) rebalancer.Mo
 // mismatch; a good target's move matches and the source releases at once.
 func TestVerifyHoldsTheSourceOnMismatch(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	ctx := context.Background()
 	kc := schema.DefaultKindConfig("aggregate")
 	kc.Verify = true

@@ -379,7 +379,7 @@ func TestChaosUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the whole platform under load, with failures")
 	}
-	rcv := &receiver{byKey: map[string]int{}}
+	rcv := history.NewReceiver()
 	hook := httptest.NewServer(rcv)
 	defer hook.Close()
 	stateFile := filepath.Join(t.TempDir(), "state.json")
@@ -599,7 +599,7 @@ func TestChaosUnderLoad(t *testing.T) {
 	if f := hist.Failures(); len(f) > 0 {
 		t.Errorf("%d of the history's operations failed:\n%s", len(f), strings.Join(first(f, 20), "\n"))
 	}
-	hist.Rec.Require(t, "TM_STACK_LOGS")
+	hist.Rec.RequireLinearizable(t, "TM_STACK_LOGS", "chaos")
 	if f := gl.failed(); len(f) > 0 {
 		t.Errorf("%d of %d gRPC calls failed:\n%s", len(f), gl.calls.Load(), strings.Join(first(f, 20), "\n"))
 	}
@@ -608,6 +608,9 @@ func TestChaosUnderLoad(t *testing.T) {
 	// Invariants, checked through the same client (a 503 with Retry-After is still allowed).
 	l.failures = nil
 	gw := 1
+	call := func(tenant, _, method, path string, body any) (int, []byte) {
+		return l.do(&gw, tenant, method, path, body)
+	}
 	for _, tenant := range tenants {
 		var tot struct{ Deposits, Withdrawals, Balances int64 }
 		_, b := l.do(&gw, tenant, "GET", "/ledger/totals", nil)
@@ -619,29 +622,7 @@ func TestChaosUnderLoad(t *testing.T) {
 			t.Errorf("%s: ledger %+v, acknowledged deposits %d (before the load %d)", tenant, tot, want, baseline[tenant])
 		}
 		// The projection converges to the ledger.
-		var sum int64
-		var lag uint64
-		for deadline := time.Now().Add(30 * time.Second); ; {
-			_, b := l.do(&gw, tenant, "POST", "/query/accounts", map[string]any{"limit": 100})
-			var v struct {
-				Items []struct{ Balance int64 } `json:"items"`
-				Lag   uint64                    `json:"lag"`
-			}
-			sum = 0
-			if json.Unmarshal(b, &v) == nil {
-				for _, it := range v.Items {
-					sum += it.Balance
-				}
-			}
-			lag = v.Lag
-			if sum == tot.Balances && lag == 0 || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(100 * time.Millisecond) // the projection catches up asynchronously
-		}
-		if sum != tot.Balances || lag != 0 {
-			t.Errorf("%s: view sums to %d (lag %d), ledger %d", tenant, sum, lag, tot.Balances)
-		}
+		history.AwaitView(t, call, tenant, tot.Balances)
 		// One owner per placement: active, no move target or source left over.
 		for _, kind := range []string{"aggregate", "projection", "runner"} {
 			p, err := store.Placement(ctx, kind, tenant)
@@ -682,7 +663,7 @@ func TestChaosUnderLoad(t *testing.T) {
 	if len(pending) > 0 {
 		t.Errorf("%d of %d accepted jobs not finished 20 s after the load:\n%s", len(pending), len(l.jobs)+len(pending), strings.Join(first(pending, 20), "\n"))
 	}
-	rcv.checkOnce(t, len(l.jobs))
+	rcv.CheckOnce(t, len(l.jobs))
 	if len(l.failures) > 0 {
 		t.Errorf("checks failed: %s", strings.Join(first(l.failures, 10), "\n"))
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/test/history"
 )
 
 // e2eMoves is how many tenant moves (each across all three kinds) TestMovesUnderLoad applies:
@@ -120,6 +121,11 @@ func (l *load) do(tenant, method, path string, body any) (int, []byte) {
 	return resp.StatusCode, b
 }
 
+// call is l.do as a history.Caller: the gateway routes by path, so the kind is not needed.
+func (l *load) call(tenant, _, method, path string, body any) (int, []byte) {
+	return l.do(tenant, method, path, body)
+}
+
 func (l *load) fail(s string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -161,62 +167,15 @@ func (l *load) run(tenant string, stop <-chan struct{}) {
 	}
 }
 
-// receiver is a webhook endpoint counting deliveries per effect (Idempotency-Key).
-type receiver struct {
-	mu    sync.Mutex
-	byKey map[string]int
-}
-
-func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	_, _ = io.Copy(io.Discard, req.Body)
-	r.mu.Lock()
-	r.byKey[req.Header.Get("Idempotency-Key")]++
-	r.mu.Unlock()
-	w.WriteHeader(http.StatusNoContent)
-}
-
-// checkApplied requires one effect per job, each delivered at least once, and returns how many
-// deliveries repeated an Idempotency-Key the receiver had seen: an idempotent receiver (the
-// runner's contract) applies each effect once. A repeat is the runner's documented window: an
-// instance killed after the receiver accepted an effect and before it recorded the delivery
-// (services/runner/README.md, "what exactly once means here").
-func (r *receiver) checkApplied(t testing.TB, jobs int) (repeats int) {
-	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, n := range r.byKey {
-		repeats += n - 1
-	}
-	if len(r.byKey) != jobs {
-		t.Errorf("%d effects delivered for %d jobs", len(r.byKey), jobs)
-	}
-	return repeats
-}
-
-// checkOnce requires every effect delivered exactly once, and one effect per job.
-func (r *receiver) checkOnce(t testing.TB, jobs int) {
-	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for key, n := range r.byKey {
-		if n != 1 {
-			t.Errorf("effect %s delivered %d times", key, n)
-		}
-	}
-	if len(r.byKey) != jobs {
-		t.Errorf("%d effects delivered for %d jobs", len(r.byKey), jobs)
-	}
-}
-
 // loadTenants are the tenants underLoad drives.
 var loadTenants = []string{"acme", "globex", "initech", "umbrella", "hooli", "stark"}
 
 // underLoad opens a store on the stack's NATS and starts load.run for every tenant of
 // loadTenants through its gateway, with rcv as the jobs' webhook receiver; stop ends the load
 // and waits for it. Everything else it started ends with the test.
-func underLoad(t testing.TB, s *stack) (st *schema.Store, l *load, rcv *receiver, stop func()) {
+func underLoad(t testing.TB, s *stack) (st *schema.Store, l *load, rcv *history.Receiver, stop func()) {
 	t.Helper()
-	rcv = &receiver{byKey: map[string]int{}}
+	rcv = history.NewReceiver()
 	hook := httptest.NewServer(rcv)
 	t.Cleanup(hook.Close)
 	nc, err := nats.Connect(s.natsURL, nats.UserCredentials(s.natsCreds))
@@ -317,11 +276,11 @@ func TestMovesUnderLoad(t *testing.T) {
 			t.Errorf("%s: ledger %+v, acknowledged deposits %d", tenant, tot, want)
 		}
 		// The projection converges to the ledger.
-		awaitView(t, l, tenant, tot.Balances)
+		history.AwaitView(t, l.call, tenant, tot.Balances)
 	}
 	// Every job ran, and each effect reached the receiver exactly once.
-	awaitJobs(t, l)
-	rcv.checkOnce(t, len(l.jobs))
+	history.AwaitJobs(t, l.call, l.jobs)
+	rcv.CheckOnce(t, len(l.jobs))
 	t.Logf("%d moves (x3 kinds) in %s under load: %d requests, %d commands, %d jobs, %d failed; handoff pause p50 %s p99 %s max %s; "+
 		"moved tenants' requests during a move p50 %s p99 %s (%d), outside p50 %s p99 %s (%d)",
 		moves, elapsed.Round(time.Millisecond), l.requests.Load(), l.commandsN.Load(), len(l.jobs), len(l.failures),
@@ -465,52 +424,6 @@ func awaitPlanMoves(t testing.TB, base, id string) []movePause {
 			t.Fatalf("plan %s not finished within 2 minutes", id)
 		}
 		time.Sleep(50 * time.Millisecond) // polling the service's plan state
-	}
-}
-
-func awaitView(t *testing.T, l *load, tenant string, balances int64) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, b := l.do(tenant, "POST", "/query/accounts", map[string]any{"limit": 100})
-		var v struct {
-			Items []struct{ Balance int64 } `json:"items"`
-			Lag   uint64                    `json:"lag"`
-		}
-		var sum int64
-		if json.Unmarshal(b, &v) == nil {
-			for _, it := range v.Items {
-				sum += it.Balance
-			}
-			if sum == balances && v.Lag == 0 {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("%s: view sums to %d (lag %d), ledger %d", tenant, sum, v.Lag, balances)
-			return
-		}
-		time.Sleep(100 * time.Millisecond) // the projection catches up asynchronously
-	}
-}
-
-func awaitJobs(t *testing.T, l *load) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for id, tenant := range l.jobs {
-		for {
-			_, b := l.do(tenant, "GET", "/jobs/"+id, nil)
-			var run struct{ Status string }
-			_ = json.Unmarshal(b, &run)
-			if run.Status == "succeeded" {
-				break
-			}
-			if run.Status == "failed" || time.Now().After(deadline) {
-				t.Errorf("job %s of %s: %s", id, tenant, b)
-				break
-			}
-			time.Sleep(50 * time.Millisecond) // jobs run asynchronously
-		}
 	}
 }
 

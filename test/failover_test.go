@@ -112,7 +112,7 @@ func TestFailoverUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rcv := &receiver{byKey: map[string]int{}}
+	rcv := history.NewReceiver()
 	hook := httptest.NewServer(rcv)
 	defer hook.Close()
 
@@ -338,7 +338,7 @@ func TestFailoverUnderLoad(t *testing.T) {
 	if f := c.Failures(); len(f) > 0 {
 		t.Errorf("%d requests failed:\n%s", len(f), strings.Join(first(f, 20), "\n"))
 	}
-	c.Rec.Require(t, "TM_STACK_LOGS")
+	c.Rec.RequireLinearizable(t, "TM_STACK_LOGS", "failover")
 	// Views converge to the ledger; every job ran and its effect arrived once; one owner each.
 	l := &load{gw: s.gateway, hc: &http.Client{Timeout: 15 * time.Second}, jobs: jobs}
 	for _, tenant := range tenants {
@@ -347,7 +347,7 @@ func TestFailoverUnderLoad(t *testing.T) {
 		if code != http.StatusOK || json.Unmarshal(b, &tot) != nil {
 			t.Fatalf("totals of %s: %d %s", tenant, code, b)
 		}
-		awaitView(t, l, tenant, tot.Balances)
+		history.AwaitView(t, l.call, tenant, tot.Balances)
 		for _, kind := range failoverKinds {
 			p, err := store.LatestPlacement(ctx, kind, tenant)
 			if err != nil || p.Phase != schema.PhaseActive || p.Target != "" || p.Source != "" {
@@ -355,8 +355,8 @@ func TestFailoverUnderLoad(t *testing.T) {
 			}
 		}
 	}
-	awaitJobs(t, l)
-	repeats := rcv.checkApplied(t, len(jobs))
+	history.AwaitJobs(t, l.call, jobs)
+	repeats := rcv.CheckApplied(t, len(jobs))
 	slices.Sort(kills)
 	slices.Sort(freezes)
 	t.Logf("failover under load: %d kill runs (%d tenant-kinds), time to answer again after the kill p50 %s p99 %s max %s; "+

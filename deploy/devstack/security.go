@@ -8,8 +8,8 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/embednats"
 	"github.com/tenantmesh/tenantmesh/internal/gatesig"
 	"github.com/tenantmesh/tenantmesh/internal/natsauth"
-	"github.com/tenantmesh/tenantmesh/internal/natsperm"
 	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsperm"
 )
 
 // security is how the stack's NATS is secured: the trust chain kept under <data>/auth (made on

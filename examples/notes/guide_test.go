@@ -141,7 +141,8 @@ func guideEnv(t *testing.T, root string) []string {
 }
 
 // moduleProxy writes a GOPROXY directory serving the files git knows in root (tracked, or new
-// and not ignored; nested modules left out) as one pseudo-version named by their hash.
+// and not ignored; nested modules and the workspace file left out) as one pseudo-version named
+// by their hash.
 func moduleProxy(t *testing.T, root string) string {
 	t.Helper()
 	const mod = "github.com/tenantmesh/tenantmesh"
@@ -151,7 +152,8 @@ func moduleProxy(t *testing.T, root string) string {
 	}
 	var files []string
 	for f := range strings.SplitSeq(strings.TrimRight(string(out), "\x00"), "\x00") {
-		if st, err := os.Stat(filepath.Join(root, f)); err == nil && st.Mode().IsRegular() && !strings.HasPrefix(f, "examples/") {
+		if st, err := os.Stat(filepath.Join(root, f)); err == nil && st.Mode().IsRegular() && !strings.HasPrefix(f, "examples/") &&
+			f != "go.work" && f != "go.work.sum" {
 			files = append(files, f)
 		}
 	}

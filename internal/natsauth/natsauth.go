@@ -24,8 +24,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 
+	"github.com/tenantmesh/tenantmesh/internal/natsinbox"
 	"github.com/tenantmesh/tenantmesh/internal/secretfile"
-	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
 )
 
 // Role is one user: its name and the subjects it may publish and subscribe to (natsperm makes
@@ -40,7 +40,7 @@ type Role struct {
 }
 
 // Inbox is the reply prefix the role's connections use (natsconn reads the name from the JWT).
-func (r Role) Inbox() string { return natsconn.InboxPrefix(r.Name) }
+func (r Role) Inbox() string { return natsinbox.Prefix(r.Name) }
 
 // Sorted returns r with its subjects sorted and deduplicated, for tables and stable JWTs.
 func (r Role) Sorted() Role {

@@ -1,19 +1,19 @@
-// Package tmtest holds test helpers several packages share: a schema store on a fresh embedded
-// nats-server, and a running shardkit instance. Everything it starts stops when the test ends.
+// Package tmtest holds test helpers every floor shares: a goroutine-leak check, a bounded wait
+// for a condition, and a bounded HTTP client. It imports no tenantmesh package above internal/,
+// so shardkit's own tests can use it; helpers that need a store or a shard are in
+// shardkit/kittest.
 package tmtest
 
 import (
-	"context"
 	"errors"
+	"net"
 	"net/http"
+	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
-
-	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
-	"github.com/tenantmesh/tenantmesh/shardkit"
-	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
 // ResourceCheck fails the test if it leaves goroutines behind: at the very end of the test
@@ -47,88 +47,6 @@ func ResourceCheck(t testing.TB) {
 
 // leakWait is how long ResourceCheck waits for a test's goroutines to end.
 var leakWait = 10 * time.Second
-
-// Store starts an embedded JetStream server and opens a store on it; URL is the server's. The
-// test is checked for goroutines it leaves behind (ResourceCheck).
-func Store(t testing.TB) (st *schema.Store, url string) {
-	t.Helper()
-	ResourceCheck(t)
-	srv := natstest.Server(t)
-	return StoreAt(t, srv.URL()), srv.URL()
-}
-
-// StoreAt opens a store on the server at url, with a connection of its own.
-func StoreAt(t testing.TB, url string) *schema.Store {
-	t.Helper()
-	nc := natstest.Connect(t, url)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	st, err := schema.Open(ctx, nc, schema.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st
-}
-
-// Shard runs a shardkit instance until the test ends and returns it once it serves. Zero fields
-// get test defaults: URL http://127.0.0.1:9 (nothing listens; moves and signals need no HTTP),
-// heartbeat 200ms, drain bound 2s, instance "i1".
-func Shard(t testing.TB, cfg shardkit.Config) *shardkit.Shard {
-	t.Helper()
-	if cfg.URL == "" {
-		cfg.URL = "http://127.0.0.1:9"
-	}
-	if cfg.Heartbeat == 0 {
-		cfg.Heartbeat = 200 * time.Millisecond
-	}
-	if cfg.DrainTimeout == 0 {
-		cfg.DrainTimeout = 2 * time.Second
-	}
-	if cfg.ID.Instance == "" {
-		cfg.ID.Instance = "i1"
-	}
-	sk, err := shardkit.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = sk.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	select {
-	case <-sk.Running():
-	case <-time.After(20 * time.Second):
-		t.Fatal("shard did not start")
-	}
-	return sk
-}
-
-// Commit ends the handoff prev (a placement in handoff to shard to) as a test driving the move
-// protocol by hand: it writes the commit, draining on to at the next epoch, unless the target
-// committed first (shardkit commits once the target is at the fence), and returns the
-// committed placement.
-func Commit(t testing.TB, st *schema.Store, prev schema.Placement, to string) schema.Placement {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	next := schema.Placement{Kind: prev.Kind, Tenant: prev.Tenant, Shard: to, Epoch: prev.Epoch + 1,
-		Phase: schema.PhaseDraining, Source: prev.Shard, Move: prev.Move, Pinned: prev.Pinned}
-	got, err := st.UpdatePlacement(ctx, prev, next)
-	if err == nil {
-		return got
-	}
-	if !errors.As(err, new(*schema.ConflictError)) {
-		t.Fatal(err)
-	}
-	got, err = st.LatestPlacement(ctx, prev.Kind, prev.Tenant)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got.Phase != schema.PhaseDraining || got.Shard != to || got.Source != prev.Shard || got.Epoch != prev.Epoch+1 {
-		t.Fatalf("committing %s/%s to %s: the placement changed to %s@%d %s", prev.Kind, prev.Tenant, to, got.Shard, got.Epoch, got.Phase)
-	}
-	return got
-}
 
 // WaitFor polls cond until it returns nil or within passes, then fails the test with cond's
 // last error, so a timeout says what was still missing. It is for state no event announces
@@ -164,3 +82,37 @@ func Until(what string, cond func() bool) func() error {
 // that hangs fails the test at the bound, with the call named, instead of at go test's timeout.
 // A stream that stays open longer (server-sent events) takes a request context instead.
 var HTTP = &http.Client{Timeout: 30 * time.Second}
+
+// Unaccepted returns the address (host:port) of a listener that never accepts and whose accept
+// queue is full: the kernel drops further SYNs, so a connect there hangs until the dialer gives
+// up (a peer that is frozen, or behind a partition) rather than being refused. Linux only.
+func Unaccepted(t testing.TB) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*syscall.SockaddrInet4).Port))
+	for i := 0; ; i++ { // fill the accept queue (backlog 0 holds one): until a connect times out
+		if i == 16 {
+			t.Fatalf("every connect to %s's full queue was accepted: no black hole here", addr)
+		}
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err != nil {
+			break
+		}
+		t.Cleanup(func() { _ = c.Close() })
+	}
+	return addr
+}

@@ -20,9 +20,10 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/embednats"
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/internal/natsauth"
-	"github.com/tenantmesh/tenantmesh/internal/natsperm"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsperm"
 
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/rebalancer/server"
@@ -39,13 +40,13 @@ type env struct {
 }
 
 func newEnv(t *testing.T) *env {
-	st, url := tmtest.Store(t)
+	st, url := kittest.Store(t)
 	return &env{url: url, st: st, creds: natstest.CredsFile(t, natsperm.Rebalancer())}
 }
 
 // startShard runs one stateless shardkit instance of kind aggregate until the test ends.
 func (e *env) startShard(t *testing.T, shard string) {
-	tmtest.Shard(t, shardkit.Config{Store: e.st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard},
+	kittest.Shard(t, shardkit.Config{Store: e.st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard},
 		Labels: map[string]string{"region": "eu"}})
 }
 

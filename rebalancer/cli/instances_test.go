@@ -9,6 +9,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -17,8 +18,8 @@ import (
 // CPU/RAM/disk"), from real shard instances.
 func TestInstancesFilterAndHostMetrics(t *testing.T) {
 	e := newEnv(t)
-	tmtest.Shard(t, shardkit.Config{Store: e.st, ID: schema.InstanceID{Kind: "aggregate", Shard: "s-1"}, Labels: map[string]string{"region": "eu", "env": "prod"}})
-	tmtest.Shard(t, shardkit.Config{Store: e.st, ID: schema.InstanceID{Kind: "aggregate", Shard: "s-2"}, Labels: map[string]string{"region": "us", "env": "prod"}})
+	kittest.Shard(t, shardkit.Config{Store: e.st, ID: schema.InstanceID{Kind: "aggregate", Shard: "s-1"}, Labels: map[string]string{"region": "eu", "env": "prod"}})
+	kittest.Shard(t, shardkit.Config{Store: e.st, ID: schema.InstanceID{Kind: "aggregate", Shard: "s-2"}, Labels: map[string]string{"region": "us", "env": "prod"}})
 	if _, err := e.st.Directory().Register(context.Background(), schema.Instance{InstanceID: schema.InstanceID{Kind: "aggregate", Shard: "s-3", Instance: "gone"},
 		URL: "http://127.0.0.1:9", Labels: map[string]string{"region": "eu"}, Heartbeat: time.Now().Add(-time.Hour)}); err != nil {
 		t.Fatal(err)

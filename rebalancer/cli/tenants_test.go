@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -18,7 +18,7 @@ func TestTenantsShowsSizes(t *testing.T) {
 	sizes := func() []schema.TenantSize {
 		return []schema.TenantSize{{Tenant: "globex", Queued: 3, Due: 1}, {Tenant: "acme", Events: 10, EventBytes: 2048, SnapshotBytes: 4096}}
 	}
-	tmtest.Shard(t, shardkit.Config{Store: e.st, ID: schema.InstanceID{Kind: "aggregate", Shard: "s-1"},
+	kittest.Shard(t, shardkit.Config{Store: e.st, ID: schema.InstanceID{Kind: "aggregate", Shard: "s-1"},
 		Heartbeat: 100 * time.Millisecond, Hooks: shardkit.Hooks{Sizes: sizes}})
 	views := decode[[]rebalancer.TenantSizeView](t, e.run(t, "", "tenants", "--listen", "1s", "--output", "json").stdout)
 	if len(views) != 2 || views[0].Tenant != "acme" || views[0].MoveBytes != 2048 || views[1].Tenant != "globex" || views[1].Queued != 3 {

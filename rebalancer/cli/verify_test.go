@@ -11,6 +11,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -24,7 +25,7 @@ func (e *env) digestShard(t *testing.T, shard string, state *sync.Map) {
 		set.Add([]byte(s))
 		return schema.NewDigest(at, set.Part("state")), nil
 	}
-	tmtest.Shard(t, shardkit.Config{Store: e.st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard}, Hooks: shardkit.Hooks{Digest: digest}})
+	kittest.Shard(t, shardkit.Config{Store: e.st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard}, Hooks: shardkit.Hooks{Digest: digest}})
 }
 
 // TestVerifyCommand: `rebalance verify` judges an applied plan's moves by the digests their

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 
 	"github.com/chromedp/chromedp"
 
@@ -44,7 +45,7 @@ func chromium(t *testing.T) string {
 }
 
 func startShard(t *testing.T, st *schema.Store, shard string, hooks shardkit.Hooks) {
-	tmtest.Shard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard}, Hooks: hooks,
+	kittest.Shard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard}, Hooks: hooks,
 		Labels: map[string]string{"region": "eu"}})
 }
 
@@ -78,12 +79,8 @@ func TestDashboardShowsInstancesAndMoveProgress(t *testing.T) {
 	}
 	path := chromium(t)
 	srv := natstest.Server(t)
-	nc := natstest.Connect(t, srv.URL())
 	ctx := context.Background()
-	st, err := schema.Open(ctx, nc, schema.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := kittest.StoreAt(t, srv.URL())
 	// The target's warm-up waits for the test, so the page can be seen showing "warming".
 	release := make(chan struct{})
 	startShard(t, st, "s-1", shardkit.Hooks{Sizes: func() []schema.TenantSize {
@@ -203,12 +200,8 @@ func TestDashboardInstancePage(t *testing.T) {
 	}
 	path := chromium(t)
 	srv := natstest.Server(t)
-	nc := natstest.Connect(t, srv.URL())
 	ctx := context.Background()
-	st, err := schema.Open(ctx, nc, schema.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := kittest.StoreAt(t, srv.URL())
 	startShard(t, st, "s-1", shardkit.Hooks{})
 	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "acme", Shard: "s-1"}); err != nil {
 		t.Fatal(err)
@@ -277,12 +270,8 @@ func TestDashboardPlanControlAndAutopilot(t *testing.T) {
 	}
 	path := chromium(t)
 	srv := natstest.Server(t)
-	nc := natstest.Connect(t, srv.URL())
 	ctx := context.Background()
-	st, err := schema.Open(ctx, nc, schema.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := kittest.StoreAt(t, srv.URL())
 	release := make(chan struct{})
 	startShard(t, st, "s-1", shardkit.Hooks{})
 	startShard(t, st, "s-2", shardkit.Hooks{Warm: func(ctx context.Context, _ string, _ uint64) error {

@@ -14,6 +14,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/rebalancer/autopilot"
 	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -50,8 +51,8 @@ func startAuto(t *testing.T, st *schema.Store, mode autopilot.Mode, tune func(*a
 // that connection, as a process dying does (nothing is unregistered).
 func crashable(t *testing.T, url, shard string) (kill func()) {
 	t.Helper()
-	st := tmtest.StoreAt(t, url)
-	tmtest.Shard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard, Instance: "a"}})
+	st := kittest.StoreAt(t, url)
+	kittest.Shard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard, Instance: "a"}})
 	return func() { st.JS().Conn().Close() }
 }
 
@@ -99,7 +100,7 @@ func decided(t *testing.T, r *running, detector, outcome string) autopilot.Decis
 // end on the live shard at the next epoch, by a plan that says what triggered it, with
 // takeovers that say their goal, audited and counted.
 func TestAutopilotFailsOverADeadShard(t *testing.T) {
-	st, url := tmtest.Store(t)
+	st, url := kittest.Store(t)
 	startShard(t, st, "aggregate-2")
 	kill := crashable(t, url, "aggregate-1")
 	tenants := placeOn(t, st, "t", "aggregate-1", 5)
@@ -152,7 +153,7 @@ func TestAutopilotFailsOverADeadShard(t *testing.T) {
 // In dry-run the autopilot proposes: the failover plan is stored, marked proposed, and nothing
 // moves until an operator applies it.
 func TestAutopilotDryRunProposes(t *testing.T) {
-	st, url := tmtest.Store(t)
+	st, url := kittest.Store(t)
 	startShard(t, st, "aggregate-2")
 	kill := crashable(t, url, "aggregate-1")
 	tenants := placeOn(t, st, "t", "aggregate-1", 2)
@@ -185,7 +186,7 @@ func TestAutopilotDryRunProposes(t *testing.T) {
 // The autopilot fills a new empty shard, but not during a change freeze, not beyond its move
 // budget, and says which guardrail stopped it.
 func TestAutopilotFillUnderGuardrails(t *testing.T) {
-	st, _ := tmtest.Store(t)
+	st, _ := kittest.Store(t)
 	startShard(t, st, "aggregate-1")
 	startShard(t, st, "aggregate-2")
 	placeOn(t, st, "t", "aggregate-1", 6)
@@ -242,10 +243,10 @@ func countOn(t *testing.T, st *schema.Store, shard string) int {
 // A plan can be paused (the move under way finishes, the rest wait), resumed (it finishes),
 // and cancelled (a move warming is aborted at once, the rest skipped).
 func TestPlanPauseResumeCancel(t *testing.T) {
-	st, _ := tmtest.Store(t)
+	st, _ := kittest.Store(t)
 	startShard(t, st, "aggregate-1")
 	gate := make(chan struct{})
-	tmtest.Shard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: "aggregate-2"},
+	kittest.Shard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: "aggregate-2"},
 		Hooks: shardkit.Hooks{Warm: func(ctx context.Context, _ string, _ uint64) error {
 			select {
 			case <-gate:

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -19,7 +19,7 @@ import (
 // token (loopback clients only when none is set), filters are names, limit is 1 to 1000, and
 // a process serves at most 64 event streams.
 func TestAttackRebalancerReads(t *testing.T) {
-	st, _ := tmtest.Store(t)
+	st, _ := kittest.Store(t)
 	s, err := New(Config{Store: st, Holder: "h", AdminToken: testToken, ReadToken: "read-token",
 		Health: rebalancer.Health{Thresholds: schema.Thresholds{OfflineAfter: 2 * time.Minute}}})
 	if err != nil {

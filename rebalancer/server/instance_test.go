@@ -18,6 +18,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/rebalancer/sweeper"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -81,7 +82,7 @@ func TestInstancePage(t *testing.T) {
 	var failing atomic.Bool
 	good := failingShard(t, st, "runner-1", &failing)
 	// runner-2's one instance listens nowhere: the gateway's requests to it fail and open its circuit.
-	dead := tmtest.Shard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "runner", Shard: "runner-2"},
+	dead := kittest.Shard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "runner", Shard: "runner-2"},
 		Routes: []schema.Route{{Method: "*", Prefix: "/jobs"}}})
 	r := start(t, st, "r1", sweeper.Config{Interval: 100 * time.Millisecond})
 	r.await(t, "leadership", leading)

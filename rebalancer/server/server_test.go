@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
@@ -27,10 +28,10 @@ import (
 // testToken is the admin token of the servers start starts; call sends it.
 const testToken = "test-admin-token"
 
-func openStore(t *testing.T, url string) *schema.Store { return tmtest.StoreAt(t, url) }
+func openStore(t *testing.T, url string) *schema.Store { return kittest.StoreAt(t, url) }
 
 func startShard(t *testing.T, st *schema.Store, shard string) {
-	tmtest.Shard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard}})
+	kittest.Shard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard}})
 }
 
 // running is a started Server with its HTTP test server and a subscription to its events.
@@ -413,7 +414,7 @@ func TestLeaderCompacts(t *testing.T) {
 // TestLeaderResumesApplyingPlans: a plan left "applying" by a leader that died is finished by
 // the next leader without anyone applying it again.
 func TestLeaderResumesApplyingPlans(t *testing.T) {
-	st, _ := tmtest.Store(t)
+	st, _ := kittest.Store(t)
 	startShard(t, st, "s-1")
 	startShard(t, st, "s-2")
 	ctx := context.Background()

@@ -9,16 +9,17 @@ import (
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/rebalancer/sweeper"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
 // GET /api/tenants lists the tenant sizes live shards report, the largest first, at most limit.
 func TestAPITenantSizes(t *testing.T) {
-	st, url := tmtest.Store(t)
+	st, url := kittest.Store(t)
 	sizes := func() []schema.TenantSize {
 		return []schema.TenantSize{{Tenant: "small", ViewBytes: 10}, {Tenant: "big", ViewBytes: 1 << 20}, {Tenant: "mid", ViewBytes: 5000}}
 	}
-	tmtest.Shard(t, shardkit.Config{Store: openStore(t, url), ID: schema.InstanceID{Kind: "projection", Shard: "p-1"},
+	kittest.Shard(t, shardkit.Config{Store: openStore(t, url), ID: schema.InstanceID{Kind: "projection", Shard: "p-1"},
 		Heartbeat: 100 * time.Millisecond, Hooks: shardkit.Hooks{Sizes: sizes}})
 	r := start(t, st, "r1", sweeper.Config{})
 	var got []rebalancer.TenantSizeView

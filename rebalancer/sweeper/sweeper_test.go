@@ -11,14 +11,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
 func openStore(t *testing.T) *schema.Store {
-	st, _ := tmtest.Store(t)
+	st, _ := kittest.Store(t)
 	return st
 }
 

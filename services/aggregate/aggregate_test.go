@@ -11,11 +11,12 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit/events"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
 func openStore(t testing.TB) *schema.Store {
-	st, _ := tmtest.Store(t)
+	st, _ := kittest.Store(t)
 	return st
 }
 

@@ -15,8 +15,8 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -200,7 +200,7 @@ func TestMoveDuringCommandStream(t *testing.T) {
 	waitSignals(t, st, "acme", "aggregate-2", func(s []schema.TenantSignal) bool {
 		return len(s) == 1 && s[0].Phase == schema.SignalReady && s[0].Fence == fence && s[0].Applied >= fence
 	})
-	committed := tmtest.Commit(t, st, p, "aggregate-2")
+	committed := kittest.Commit(t, st, p, "aggregate-2")
 	waitSignals(t, st, "acme", "aggregate-1", phaseIs(schema.SignalDrained, committed.Epoch))
 	update(t, st, func(p schema.Placement) schema.Placement {
 		p.Phase, p.Source = schema.PhaseActive, ""

@@ -13,10 +13,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/services/aggregate"
 	"github.com/tenantmesh/tenantmesh/shardkit/events"
 	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -235,7 +235,7 @@ func TestFollowsPlacement(t *testing.T) {
 	// acme moves away: kept while the move is in flight, dropped once it completed.
 	acme = step(acme, func(p *schema.Placement) { p.Phase, p.Target = schema.PhaseWarming, "projection-2" })
 	acme = step(acme, func(p *schema.Placement) { p.Phase = schema.PhaseHandoff })
-	acme = tmtest.Commit(t, st, acme, "projection-2")
+	acme = kittest.Commit(t, st, acme, "projection-2")
 	if !slices.Contains(s.Tenants(), "acme") {
 		t.Fatal("acme dropped before its move completed")
 	}

@@ -11,13 +11,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/services/aggregate"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
 func openStore(t testing.TB) *schema.Store {
-	st, _ := tmtest.Store(t)
+	st, _ := kittest.Store(t)
 	return st
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/services/aggregate"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -179,8 +180,8 @@ func TestShardkitMove(t *testing.T) {
 	if drained.Fence == 0 || ready.Fence != drained.Fence || ready.Applied < ready.Fence || ready.Lag != 0 {
 		t.Fatalf("source %+v, target %+v", drained, ready)
 	}
-	// The target commits itself at the fence (tmtest.Commit writes it if it has not yet).
-	p = tmtest.Commit(t, st, p, "projection-2")
+	// The target commits itself at the fence (kittest.Commit writes it if it has not yet).
+	p = kittest.Commit(t, st, p, "projection-2")
 	synced()
 	code, got := dst.queryHTTP(t, "acme", "transactions", 2)
 	if code != http.StatusOK || got != want {

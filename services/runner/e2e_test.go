@@ -15,8 +15,10 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/certfile"
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/internal/natsauth"
-	"github.com/tenantmesh/tenantmesh/internal/natsperm"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsperm"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/shardmain"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
@@ -26,7 +28,7 @@ import (
 // registration, heartbeats, moves), in process.
 func binary(t *testing.T, natsURL, shard, instance string, opts ...func(*shardmain.Main)) string {
 	t.Helper()
-	m := &shardmain.Main{Kind: Kind, Addr: "127.0.0.1:0", NATS: natstest.Options(t, natsURL, natsperm.Shard(Kind, shard, natsperm.KindAssets(Kind))), Shard: shard, Instance: instance, AdminToken: "secret",
+	m := &shardmain.Main{Kind: Kind, Addr: "127.0.0.1:0", NATS: natsconn.Options{URL: natsURL, Creds: natstest.CredsFile(t, natsperm.Shard(Kind, shard, natsperm.KindAssets(Kind)))}, Shard: shard, Instance: instance, AdminToken: "secret",
 		LogLevel: "error", LogFormat: "json", Stderr: io.Discard, Heartbeat: 100 * time.Millisecond, DrainTimeout: 5 * time.Second}
 	for _, o := range opts {
 		o(m)
@@ -131,12 +133,8 @@ func readRun(t *testing.T, st *schema.Store, tenant, id string) (Run, error) {
 // after the commit), and every effect is delivered once.
 func TestBinaryMove(t *testing.T) {
 	srv := natstest.Server(t)
-	nc := natstest.Connect(t, srv.URL())
 	ctx := context.Background()
-	st, err := schema.Open(ctx, nc, schema.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := kittest.StoreAt(t, srv.URL())
 	if err := st.Provision(ctx); err != nil { // as the rebalancer does; the shards wait for it
 		t.Fatal(err)
 	}
@@ -172,7 +170,7 @@ func TestBinaryMove(t *testing.T) {
 	p = step(t, st, p, func(p *schema.Placement) { p.Phase = schema.PhaseHandoff })
 	awaitSignal(t, st, tenant, "runner-1", schema.SignalDrained, p.Epoch) // after the runner's Fence drained it
 	awaitSignal(t, st, tenant, "runner-2", schema.SignalReady, p.Epoch)
-	p = tmtest.Commit(t, st, p, "runner-2")
+	p = kittest.Commit(t, st, p, "runner-2")
 	awaitSignal(t, st, tenant, "runner-1", schema.SignalDrained, p.Epoch)
 	step(t, st, p, func(p *schema.Placement) { p.Phase, p.Source = schema.PhaseActive, "" })
 
@@ -254,7 +252,7 @@ func TestBinaryMove(t *testing.T) {
 // --tls-cert/--tls-key: the instance serves HTTPS and registers an https:// URL.
 func TestBinaryServesTLS(t *testing.T) {
 	srv := natstest.Server(t)
-	st := tmtest.StoreAt(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	if err := st.Provision(context.Background()); err != nil {
 		t.Fatal(err)
 	}

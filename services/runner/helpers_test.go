@@ -16,11 +16,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
 func openStore(t testing.TB) *schema.Store {
-	st, _ := tmtest.Store(t)
+	st, _ := kittest.Store(t)
 	return st
 }
 

@@ -9,7 +9,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -85,7 +86,7 @@ func testMove(t *testing.T, late bool) {
 		release()
 	}
 	_, atHandoff := rc.snapshot()
-	p = tmtest.Commit(t, st, p, "runner-2")
+	p = kittest.Commit(t, st, p, "runner-2")
 	owning(t, b1, tenant, true)
 	if late {
 		release()
@@ -164,7 +165,7 @@ func TestReleaseBound(t *testing.T) {
 	if err := json.Unmarshal(e.Value(), &rec); err != nil || rec.Cancelled != 1 {
 		t.Fatalf("drain record %s: want 1 run cancelled (err %v)", e.Value(), err)
 	}
-	tmtest.Commit(t, st, p, "runner-2")
+	kittest.Commit(t, st, p, "runner-2")
 	runs := waitDone(t, b, tenant, ids, 20*time.Second)
 	r := runs[ids[0]]
 	if r.Status != StatusSucceeded || r.RanOn != "b" || r.Attempts != 2 {

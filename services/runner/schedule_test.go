@@ -16,9 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
-	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -137,7 +137,7 @@ func TestScheduleAcrossMove(t *testing.T) {
 	a.Fence(tenant) // shardkit drains the source at handoff
 	owning(t, a, tenant, false)
 	atHandoff := passed(t, a, tenant, sch.ID, 1100*time.Millisecond) // two due times pass in the handoff
-	p = tmtest.Commit(t, st, p, "runner-2")
+	p = kittest.Commit(t, st, p, "runner-2")
 	owning(t, b, tenant, true)
 	step(t, st, p, func(p *schema.Placement) { p.Phase, p.Source = schema.PhaseActive, "" })
 	fired(t, b, tenant, sch.ID, atHandoff.Fired+4, 10*time.Second)

@@ -13,6 +13,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -29,7 +30,7 @@ func TestClaimReadsTheLatestRun(t *testing.T) {
 		t.Skip("starts a 3-node NATS cluster")
 	}
 	c := natstest.NewCluster(t)
-	admin := tmtest.StoreAt(t, c.URLs())
+	admin := kittest.StoreAt(t, c.URLs())
 	ctx := context.Background()
 	// The runner's streams and buckets (one replica each), as an instance creates them.
 	if _, err := New(ctx, Config{Store: admin, ID: schema.InstanceID{Kind: Kind, Shard: "runner-0", Instance: "setup"}, Sagas: []Saga{}}); err != nil {
@@ -96,7 +97,7 @@ func TestClaimReadsTheLatestRun(t *testing.T) {
 	p := place(t, admin, tenant, "runner-1")
 	cfg := Config{Logger: testLogger(), MaxConcurrent: 8}
 	stale := func(shard, instance string) *Service {
-		return startService(t, tmtest.StoreAt(t, staleURL), shard, instance, cfg)
+		return startService(t, kittest.StoreAt(t, staleURL), shard, instance, cfg)
 	}
 	a1, a2, b1 := stale("runner-1", "a1"), stale("runner-1", "a2"), stale("runner-2", "b1")
 	owning(t, a1, tenant, true)
@@ -115,7 +116,7 @@ func TestClaimReadsTheLatestRun(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	p = tmtest.Commit(t, admin, p, "runner-2")
+	p = kittest.Commit(t, admin, p, "runner-2")
 	owning(t, b1, tenant, true)
 	ids = append(ids, create(t, b1, tenant, 40, job)...)
 	step(t, admin, p, func(p *schema.Placement) { p.Phase, p.Source = schema.PhaseActive, "" })

@@ -15,6 +15,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -66,7 +67,7 @@ func TestVerifyQueueAtTheFence(t *testing.T) {
 	dst := startService(t, st, "runner-2", "i1", Config{})
 	var lost string // the job whose entry the handoff loses
 	var once sync.Once
-	srcSK := tmtest.Shard(t, shardkit.Config{Store: st, ID: src.cfg.ID, Hooks: src.Hooks()})
+	srcSK := kittest.Shard(t, shardkit.Config{Store: st, ID: src.cfg.ID, Hooks: src.Hooks()})
 	hooks := dst.Hooks()
 	warm := hooks.Warm
 	hooks.Warm = func(ctx context.Context, tenant string, fence uint64) error {
@@ -85,7 +86,7 @@ func TestVerifyQueueAtTheFence(t *testing.T) {
 		}
 		return warm(ctx, tenant, fence)
 	}
-	tmtest.Shard(t, shardkit.Config{Store: st, ID: dst.cfg.ID, Hooks: hooks})
+	kittest.Shard(t, shardkit.Config{Store: st, ID: dst.cfg.ID, Hooks: hooks})
 
 	for _, tenant := range []string{"steady", "lossy"} {
 		place(t, st, tenant, "runner-1")

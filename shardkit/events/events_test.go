@@ -13,6 +13,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/shardkit/events"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -25,13 +26,9 @@ var errTooMany = errors.New("counter full")
 
 func openStore(t testing.TB) *schema.Store {
 	t.Helper()
-	srv := natstest.Server(t)
+	st := kittest.StoreAt(t, natstest.Server(t).URL())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	st, err := schema.Open(ctx, natstest.Connect(t, srv.URL()), schema.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if _, err := st.JS().JetStream().CreateStream(ctx, jetstream.StreamConfig{Name: "COUNTERS", Subjects: []string{"counters.>"}}); err != nil {
 		t.Fatal(err)
 	}

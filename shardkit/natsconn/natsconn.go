@@ -25,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tenantmesh/tenantmesh/internal/envflag"
+	"github.com/tenantmesh/tenantmesh/internal/natsinbox"
 )
 
 // Options say where NATS is and how to prove who we are. Files are paths; at most one of
@@ -179,7 +180,7 @@ func (o Options) options() ([]nats.Option, error) {
 			return nil, fmt.Errorf("natsconn: --nats-creds %s: %w", o.Creds, err)
 		}
 		if name != "" {
-			prefix = InboxPrefix(name)
+			prefix = natsinbox.Prefix(name) // the only inbox its role may read
 		}
 	}
 	if prefix != "" {
@@ -187,10 +188,6 @@ func (o Options) options() ([]nats.Option, error) {
 	}
 	return opts, nil
 }
-
-// InboxPrefix is the reply prefix of user name: the only inbox tenantmesh's roles let it read
-// (internal/natsauth grants it).
-func InboxPrefix(name string) string { return "_INBOX_" + name }
 
 // credsUser reads the user name from a creds file's JWT.
 func credsUser(path string) (string, error) {

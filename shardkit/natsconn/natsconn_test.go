@@ -21,7 +21,7 @@ func gateway() natsauth.Role {
 
 func TestCredentialsConnectWithTheirInbox(t *testing.T) {
 	srv := natstest.Server(t)
-	nc, err := natsconn.Connect(natstest.Options(t, srv.URL(), gateway()), "test", nil)
+	nc, err := natsconn.Connect(natsconn.Options{URL: srv.URL(), Creds: natstest.CredsFile(t, gateway())}, "test", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func TestTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := natstest.Restart(t, embednats.Config{StoreDir: t.TempDir(), TLS: tc})
-	o := natstest.Options(t, srv.URL(), gateway())
+	o := natsconn.Options{URL: srv.URL(), Creds: natstest.CredsFile(t, gateway())}
 
 	// Not signed by a CA we trust: fail naming --nats-tls-ca.
 	if nc, err := natsconn.Connect(o, "test", nil); err == nil {
@@ -141,7 +141,7 @@ func TestServerLaterIsRetried(t *testing.T) {
 	}
 	cfg := embednats.Config{Port: ports[0], StoreDir: t.TempDir()}
 	url := "nats://127.0.0.1:" + strconv.Itoa(ports[0])
-	nc, err := natsconn.Connect(natstest.Options(t, url, gateway()), "test", nil)
+	nc, err := natsconn.Connect(natsconn.Options{URL: url, Creds: natstest.CredsFile(t, gateway())}, "test", nil)
 	if err != nil {
 		t.Fatalf("connect before the server is up: %v", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -17,7 +18,7 @@ import (
 // keeping the old one or guessing at the new. A record of before formats is format 1.
 func TestNewerFormatRefused(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	ctx := context.Background()
 	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"}); err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -99,7 +100,7 @@ func TestWatcherSurvivesServerRestart(t *testing.T) {
 		t.Skip("integration: restarts nats-server")
 	}
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	ctx := context.Background()
 	kv, err := st.PlacementKV(ctx, "aggregate")
 	if err != nil {

@@ -7,21 +7,10 @@ import (
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
-
-func openStore(t testing.TB, url string) *schema.Store {
-	t.Helper()
-	nc := natstest.Connect(t, url)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := schema.Open(ctx, nc, schema.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st
-}
 
 // startWatcher runs a watcher until the test ends and waits until it is ready.
 func startWatcher(t testing.TB, cfg placement.Config) *placement.Watcher {
@@ -66,7 +55,7 @@ func waitChange(t *testing.T, ch chan placement.Change, tenant string, ok func(p
 
 func TestWatcherFollowsPlacement(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	ctx := context.Background()
 	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"}); err != nil {
 		t.Fatal(err)
@@ -104,7 +93,7 @@ func TestWatcherFollowsPlacement(t *testing.T) {
 
 func TestWatcherSkipsCorrupt(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	ctx := context.Background()
 	kv, err := st.PlacementKV(ctx, "aggregate")
 	if err != nil {
@@ -138,7 +127,7 @@ func TestWatcherSkipsCorrupt(t *testing.T) {
 
 func TestSnapshotStartIsEquivalent(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	ctx := context.Background()
 	for i := range 300 {
 		p := schema.Placement{Kind: "runner", Tenant: fmt.Sprintf("t%03d", i), Shard: fmt.Sprintf("runner-%d", i%3)}

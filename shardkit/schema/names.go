@@ -227,7 +227,7 @@ func ParseInstanceID(key string) (InstanceID, error) {
 
 // routeKey encodes a route as a KV key: <kind>.<METHOD>.<base64url(prefix)>. Method "*" is
 // ANY. The kind leads so that a shard's NATS user may write its own kind's routes only
-// ($KV.tm_routes.<kind>.>, internal/natsperm).
+// ($KV.tm_routes.<kind>.>, shardkit/natsperm).
 func routeKey(kind, method, prefix string) string {
 	if method == "" || method == "*" {
 		method = "ANY"

@@ -9,23 +9,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
-
-func open(t *testing.T) *schema.Store {
-	t.Helper()
-	srv := natstest.Server(t)
-	nc := natstest.Connect(t, srv.URL())
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := schema.Open(ctx, nc, schema.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st
-}
 
 func TestCheckTenant(t *testing.T) {
 	tests := []struct {
@@ -71,7 +60,7 @@ func FuzzCheckTenant(f *testing.F) {
 }
 
 func TestPlacementCAS(t *testing.T) {
-	st := open(t)
+	st := kittest.StoreAt(t, natstest.Server(t).URL())
 	ctx := context.Background()
 	p, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "acme", Shard: "aggregate-1"})
 	if err != nil {
@@ -130,7 +119,7 @@ func TestPlacementCAS(t *testing.T) {
 }
 
 func TestPlacementTypedErrors(t *testing.T) {
-	st := open(t)
+	st := kittest.StoreAt(t, natstest.Server(t).URL())
 	ctx := context.Background()
 	_, err := st.Placement(ctx, "nosuchkind", "acme")
 	if !errors.Is(err, schema.ErrUnknownKind) {
@@ -213,7 +202,7 @@ func TestCheckTransition(t *testing.T) {
 }
 
 func TestDirectoryStatus(t *testing.T) {
-	st := open(t)
+	st := kittest.StoreAt(t, natstest.Server(t).URL())
 	ctx := context.Background()
 	id := schema.InstanceID{Kind: "aggregate", Shard: "aggregate-1", Instance: "a"}
 	inst, err := st.Directory().Register(ctx, schema.Instance{InstanceID: id, URL: "http://127.0.0.1:9001", Capacity: 100, Labels: map[string]string{"region": "eu"}})
@@ -273,7 +262,7 @@ func TestDirectoryStatus(t *testing.T) {
 }
 
 func TestRoutesAddRemove(t *testing.T) {
-	st := open(t)
+	st := kittest.StoreAt(t, natstest.Server(t).URL())
 	ctx := context.Background()
 	r := schema.Route{Method: "POST", Prefix: "/commands", Kind: "aggregate"}
 	a := schema.InstanceID{Kind: "aggregate", Shard: "aggregate-1", Instance: "a"}
@@ -312,7 +301,7 @@ func TestRoutesAddRemove(t *testing.T) {
 }
 
 func TestLease(t *testing.T) {
-	st := open(t)
+	st := kittest.StoreAt(t, natstest.Server(t).URL())
 	ctx := context.Background()
 	l1, err := st.Rebalance().AcquireLease(ctx, schema.LeaderLease, "r1", time.Minute)
 	if err != nil {
@@ -340,7 +329,7 @@ func TestLease(t *testing.T) {
 }
 
 func TestAuditAndSignals(t *testing.T) {
-	st := open(t)
+	st := kittest.StoreAt(t, natstest.Server(t).URL())
 	ctx := context.Background()
 	for i, tenant := range []string{"a", "b", "a"} {
 		ev := schema.AuditEvent{Actor: "test", Action: "placement.assign", Kind: "aggregate", Tenant: tenant, Revision: uint64(i + 1)}
@@ -367,7 +356,7 @@ func TestAuditAndSignals(t *testing.T) {
 }
 
 func TestRecords(t *testing.T) {
-	st := open(t)
+	st := kittest.StoreAt(t, natstest.Server(t).URL())
 	ctx := context.Background()
 	type rec struct{ N int }
 	rev, err := st.Rebalance().Create(ctx, schema.PlanKey("p1"), rec{1})
@@ -424,7 +413,7 @@ func TestUnavailable(t *testing.T) {
 
 // LastSeq answers the newest message on a subject filter from the stream leader; none is 0.
 func TestLastSeq(t *testing.T) {
-	st := open(t)
+	st := kittest.StoreAt(t, natstest.Server(t).URL())
 	ctx := context.Background()
 	if err := st.EnsureEventsStream(ctx); err != nil {
 		t.Fatal(err)
@@ -451,7 +440,7 @@ func TestLastSeq(t *testing.T) {
 // (for a direct get, a leader read and a listing) once it runs out, one without stays, and a
 // write on a stale revision is a conflict.
 func TestPerKeyTTL(t *testing.T) {
-	st := open(t)
+	st := kittest.StoreAt(t, natstest.Server(t).URL())
 	ctx := context.Background()
 	spec := jsx.KVSpec{Bucket: "tm_test_runs", Description: "test"}
 	if _, err := st.JS().EnsureKV(ctx, spec); err != nil {

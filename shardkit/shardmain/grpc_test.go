@@ -16,8 +16,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
-	"github.com/tenantmesh/tenantmesh/internal/natsperm"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsperm"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/shardmain"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmgrpc"
@@ -63,10 +65,7 @@ func TestRunGRPC(t *testing.T) {
 	srv := natstest.Server(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := schema.Open(ctx, natstest.Connect(t, srv.URL()), schema.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := kittest.StoreAt(t, srv.URL())
 	if _, err := st.EnsureKind(ctx, schema.KindConfig{Kind: "echo"}); err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +75,7 @@ func TestRunGRPC(t *testing.T) {
 		}
 	}
 	m := &shardmain.Main{Kind: "echo", Addr: "127.0.0.1:0", Shard: "echo-1", Instance: "a", AdminToken: "tok",
-		NATS:     natstest.Options(t, srv.URL(), natsperm.Shard("echo", "echo-1", natsperm.Assets{})),
+		NATS:     natsconn.Options{URL: srv.URL(), Creds: natstest.CredsFile(t, natsperm.Shard("echo", "echo-1", natsperm.Assets{}))},
 		LogLevel: "error", LogFormat: "json", Stderr: io.Discard, Heartbeat: 100 * time.Millisecond, DrainTimeout: 5 * time.Second}
 	app := &grpcEcho{echo: echo{ran: make(chan struct{})}, sk: make(chan *shardkit.Shard, 1)}
 	ready := m.Listening()

@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
-	"github.com/tenantmesh/tenantmesh/internal/natsperm"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsperm"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/shardmain"
 )
@@ -65,10 +67,7 @@ func TestRun(t *testing.T) {
 	srv := natstest.Server(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := schema.Open(ctx, natstest.Connect(t, srv.URL()), schema.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := kittest.StoreAt(t, srv.URL())
 	if _, err := st.EnsureKind(ctx, schema.KindConfig{Kind: "echo"}); err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +77,7 @@ func TestRun(t *testing.T) {
 		}
 	}
 	m := &shardmain.Main{Kind: "echo", Addr: "127.0.0.1:0", Shard: "echo-1", Instance: "a", AdminToken: "tok",
-		NATS:     natstest.Options(t, srv.URL(), natsperm.Shard("echo", "echo-1", natsperm.Assets{})),
+		NATS:     natsconn.Options{URL: srv.URL(), Creds: natstest.CredsFile(t, natsperm.Shard("echo", "echo-1", natsperm.Assets{}))},
 		LogLevel: "error", LogFormat: "json", Stderr: io.Discard, Heartbeat: 100 * time.Millisecond, DrainTimeout: time.Second}
 	app := &echo{ran: make(chan struct{})}
 	ready := m.Listening()

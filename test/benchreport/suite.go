@@ -105,7 +105,7 @@ var suite = []entry{
 	},
 	{
 		title:     "Sidecar: added latency per request",
-		pkg:       "./shardkit/cmd/shardkit-sidecar/",
+		pkg:       "./shardkit/sidecar/",
 		bench:     "^BenchmarkSidecarLatency$",
 		benchtime: "5000x", count: 5, benchmem: true,
 		ratios: []ratio{same("p50-µs", "SidecarLatency/sidecar", "SidecarLatency/embedded")},

@@ -23,10 +23,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -169,39 +166,6 @@ func (r *Recorder) Check(timeout time.Duration, vizPath string) (porcupine.Check
 		}
 	}
 	return res, nil
-}
-
-// T is what Require needs of a test.
-type T interface {
-	Helper()
-	Errorf(format string, args ...any)
-	Fatal(args ...any)
-	TempDir() string
-	Name() string
-}
-
-// Require fails t unless the history is linearizable, checked within 2 minutes. If the
-// environment variable keepEnv names a directory, porcupine's visualization of a history that
-// is not is kept there, named after the test.
-func (r *Recorder) Require(t T, keepEnv string) {
-	t.Helper()
-	viz := filepath.Join(t.TempDir(), "history.html")
-	res, err := r.Check(2*time.Minute, viz)
-	if err != nil {
-		t.Fatal(err)
-	}
-	switch res {
-	case porcupine.Ok:
-	case porcupine.Illegal:
-		if dir := os.Getenv(keepEnv); dir != "" {
-			if b, err := os.ReadFile(viz); err == nil {
-				_ = os.WriteFile(filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_")+"-history.html"), b, 0o644)
-			}
-		}
-		t.Errorf("the ledger history of %d operations is not linearizable (%s=dir keeps porcupine's visualization)", r.Len(), keepEnv)
-	default:
-		t.Errorf("the linearizability check of %d operations did not finish in 2 minutes", r.Len())
-	}
 }
 
 // Ledger runs client's share of the ledger workload on tenant's accounts until stop is closed:

@@ -1,6 +1,9 @@
 package history
 
 import (
+	"fmt"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,5 +51,47 @@ func TestModel(t *testing.T) {
 				t.Fatalf("%s: %v (%v), want %s", tc.name, got, err, tc.want)
 			}
 		})
+	}
+}
+
+// errRecorder is a testing.TB that keeps what Errorf reports.
+type errRecorder struct {
+	testing.TB
+	errs []string
+}
+
+func (e *errRecorder) Helper()             {}
+func (e *errRecorder) Logf(string, ...any) {}
+func (e *errRecorder) Errorf(format string, a ...any) {
+	e.errs = append(e.errs, fmt.Sprintf(format, a...))
+}
+
+// The receiver allows an effect delivered twice only when it was first delivered within a
+// window a fault put in doubt, and never three times.
+func TestReceiverInDoubt(t *testing.T) {
+	deliver := func(r *Receiver, key string, times int) {
+		for range times {
+			req := httptest.NewRequest("POST", "/", strings.NewReader("{}"))
+			req.Header.Set("Idempotency-Key", key)
+			r.ServeHTTP(httptest.NewRecorder(), req)
+		}
+	}
+	r := NewReceiver()
+	deliver(r, "twice", 2)
+	r.InDoubt(time.Now().Add(10*time.Second), time.Now().Add(20*time.Second))
+	rec := &errRecorder{TB: t}
+	if r.CheckOnce(rec, 1); len(rec.errs) != 1 || !strings.Contains(rec.errs[0], "twice delivered 2 times") {
+		t.Fatalf("a repeat outside any window: %q", rec.errs)
+	}
+
+	r = NewReceiver()
+	from := time.Now()
+	deliver(r, "twice", 2)
+	deliver(r, "thrice", 3)
+	r.InDoubt(from, time.Now())
+	deliver(r, "once", 1)
+	rec = &errRecorder{TB: t}
+	if r.CheckOnce(rec, 3); len(rec.errs) != 1 || !strings.Contains(rec.errs[0], "thrice delivered 3 times") {
+		t.Fatalf("repeats within a window: %q", rec.errs)
 	}
 }

@@ -262,6 +262,7 @@ func (fa *fault) shardCut(t *testing.T, mode string) {
 		}
 		// Heal (resume): the former owner answers none of its former tenants, never a 2xx.
 		healed := time.Now()
+		w.EffectsInDoubt(at, healed) // the cut-off runner's deliveries it could not record
 		for _, v := range victims {
 			if mode == "freeze" {
 				_ = v.Signal(syscall.SIGCONT)

@@ -28,7 +28,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/gatesig"
 	"github.com/tenantmesh/tenantmesh/internal/natsauth"
-	"github.com/tenantmesh/tenantmesh/internal/natsperm"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsperm"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 

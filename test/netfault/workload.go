@@ -30,7 +30,7 @@ type Workload struct {
 	C        *history.Client
 	Tenants  []string
 	accounts []string
-	rcv      *receiver
+	rcv      *history.Receiver
 	hook     *http.Server
 
 	jobsMu sync.Mutex
@@ -74,7 +74,7 @@ func (f *Fleet) StartWorkload(t testing.TB, tenants []string, gateways ...*Proc)
 	for _, g := range gateways {
 		urls = append(urls, g.URL)
 	}
-	w := &Workload{f: f, Tenants: tenants, accounts: []string{"x", "y"}, rcv: &receiver{byKey: map[string]int{}},
+	w := &Workload{f: f, Tenants: tenants, accounts: []string{"x", "y"}, rcv: history.NewReceiver(),
 		jobs: map[string]string{}, ok: map[string][]time.Time{}, out: map[string]bool{}, stop: make(chan struct{})}
 	w.C = &history.Client{Gateways: urls, HTTP: &http.Client{Timeout: 20 * time.Second}, Rec: history.NewRecorder(),
 		OnAnswer: w.observe, Slow: 5 * time.Second, Logf: t.Logf, Authorize: f.Authorize, Out: w.isOut}
@@ -136,6 +136,10 @@ func (w *Workload) observe(tenant, kind string, ok bool, _, answered time.Time) 
 	w.ok[kind+"/"+tenant] = append(w.ok[kind+"/"+tenant], answered)
 	w.ansMu.Unlock()
 }
+
+// EffectsInDoubt says a runner instance could not record its deliveries between from and to
+// (history.Receiver.InDoubt).
+func (w *Workload) EffectsInDoubt(from, to time.Time) { w.rcv.InDoubt(from, to) }
 
 // Outage is the longest time any tenant went without a successful answer, in any kind, over
 // the window [from, to], and which tenant-kind it was: how long a fault kept someone from
@@ -215,7 +219,7 @@ func (w *Workload) Check(t testing.TB, st *schema.Store) {
 	if f := w.C.Failures(); len(f) > 0 {
 		t.Errorf("%d requests failed:\n%s", len(f), strings.Join(f[:min(len(f), 20)], "\n"))
 	}
-	w.C.Rec.Require(t, "TM_FAULT_LOGS")
+	w.C.Rec.RequireLinearizable(t, "TM_FAULT_LOGS", t.Name())
 	ctx := context.Background()
 	for i, tenant := range w.Tenants {
 		status, b := w.C.Call(i, tenant, "aggregate", "GET", "/ledger/totals", nil)
@@ -224,7 +228,7 @@ func (w *Workload) Check(t testing.TB, st *schema.Store) {
 			t.Errorf("totals of %s: %d %s", tenant, status, b)
 			continue
 		}
-		w.awaitView(t, i, tenant, tot.Balances)
+		history.AwaitView(t, w.caller(i), tenant, tot.Balances)
 		for _, kind := range Kinds {
 			// A move committed during the fault may still be finishing (its former owner's
 			// drained, within the drain timeout): settled means it ends with one owner.
@@ -242,87 +246,19 @@ func (w *Workload) Check(t testing.TB, st *schema.Store) {
 			}
 		}
 	}
-	w.awaitJobs(t)
+	w.jobsMu.Lock()
+	history.AwaitJobs(t, w.caller(0), w.jobs)
+	w.jobsMu.Unlock()
 	if err := w.hook.Close(); err != nil {
 		t.Log(err)
 	}
-	w.rcv.checkOnce(t, len(w.jobs))
+	w.rcv.CheckOnce(t, len(w.jobs))
 }
 
-func (w *Workload) awaitView(t testing.TB, client int, tenant string, balances int64) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, b := w.C.Call(client, tenant, "projection", "POST", "/query/accounts", map[string]any{"limit": 100})
-		var v struct {
-			Items []struct{ Balance int64 } `json:"items"`
-			Lag   uint64                    `json:"lag"`
-		}
-		var sum int64
-		if json.Unmarshal(b, &v) == nil {
-			for _, it := range v.Items {
-				sum += it.Balance
-			}
-			if sum == balances && v.Lag == 0 {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("%s: view sums to %d (lag %d), ledger %d", tenant, sum, v.Lag, balances)
-			return
-		}
-		time.Sleep(100 * time.Millisecond) // the projection catches up asynchronously
-	}
-}
-
-func (w *Workload) awaitJobs(t testing.TB) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	w.jobsMu.Lock()
-	defer w.jobsMu.Unlock()
-	for id, tenant := range w.jobs {
-		for {
-			_, b := w.C.Call(0, tenant, "runner", "GET", "/jobs/"+id, nil)
-			var run struct{ Status string }
-			_ = json.Unmarshal(b, &run)
-			if run.Status == "succeeded" {
-				break
-			}
-			if run.Status == "failed" || time.Now().After(deadline) {
-				t.Errorf("job %s of %s: %s", id, tenant, b)
-				break
-			}
-			time.Sleep(50 * time.Millisecond) // jobs run asynchronously
-		}
-	}
-}
-
-// receiver counts webhook deliveries by idempotency key.
-type receiver struct {
-	mu    sync.Mutex
-	byKey map[string]int
-}
-
-func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	_, _ = io.Copy(io.Discard, req.Body)
-	r.mu.Lock()
-	r.byKey[req.Header.Get("Idempotency-Key")]++
-	r.mu.Unlock()
-	w.WriteHeader(http.StatusNoContent)
-}
-
-// checkOnce requires every effect delivered exactly once, and one effect per job.
-func (r *receiver) checkOnce(t testing.TB, jobs int) {
-	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for key, n := range r.byKey {
-		if n != 1 {
-			t.Errorf("effect %s delivered %d times", key, n)
-		}
-	}
-	if len(r.byKey) != jobs {
-		t.Errorf("%d effects delivered for %d jobs", len(r.byKey), jobs)
+// caller sends requests as client number client of the ledger workload, with its retries.
+func (w *Workload) caller(client int) history.Caller {
+	return func(tenant, kind, method, path string, body any) (int, []byte) {
+		return w.C.Call(client, tenant, kind, method, path, body)
 	}
 }
 

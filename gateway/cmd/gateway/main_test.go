@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
-	"github.com/tenantmesh/tenantmesh/internal/natsperm"
-	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsperm"
 )
 
 // buildGateway builds this binary into a temporary directory.
@@ -34,7 +34,7 @@ func TestAttackNoEdgeIdentity(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
-	_, url := tmtest.Store(t) // provisions the buckets the gateway waits for
+	_, url := kittest.Store(t) // provisions the buckets the gateway waits for
 	creds := natstest.CredsFile(t, natsperm.DefaultGateway())
 	bin := buildGateway(t)
 	env := append(os.Environ(), "TM_NATS_URL="+url, "TM_NATS_CREDS="+creds)

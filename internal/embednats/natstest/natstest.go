@@ -22,7 +22,6 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats"
 	"github.com/tenantmesh/tenantmesh/internal/natsauth"
-	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
 )
 
 var chain = sync.OnceValues(natsauth.New)
@@ -55,12 +54,6 @@ func CredsFile(t testing.TB, role natsauth.Role) string {
 		t.Fatal(err)
 	}
 	return path
-}
-
-// Options are natsconn options that connect to url as role.
-func Options(t testing.TB, url string, role natsauth.Role) natsconn.Options {
-	t.Helper()
-	return natsconn.Options{URL: url, Creds: CredsFile(t, role)}
 }
 
 // As is the nats.go option that authenticates as role, with role's inbox prefix.

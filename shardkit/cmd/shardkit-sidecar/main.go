@@ -63,6 +63,7 @@ import (
 	"syscall"
 
 	"github.com/tenantmesh/tenantmesh/shardkit/shardmain"
+	"github.com/tenantmesh/tenantmesh/shardkit/sidecar"
 )
 
 func main() {
@@ -73,19 +74,19 @@ func main() {
 		stop()
 		os.Exit(code)
 	}
-	var o options
-	m := shardmain.Main{Extra: o.addFlags}
+	var o sidecar.Options
+	m := shardmain.Main{Extra: o.AddFlags}
 	if err := m.ParseFlags("", os.Args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return
 		}
 		fail(2, err)
 	}
-	sc, err := newSidecar(o)
+	sc, err := sidecar.New(o)
 	if err != nil {
 		fail(2, err)
 	}
-	if err := m.Run(ctx, sc.build); err != nil {
+	if err := m.Run(ctx, sc.Build); err != nil {
 		fail(1, err)
 	}
 }

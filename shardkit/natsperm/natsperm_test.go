@@ -11,9 +11,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
-	"github.com/tenantmesh/tenantmesh/internal/natsperm"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsperm"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -74,7 +75,7 @@ func ok(t *testing.T, what string, err error) {
 
 func setup(t *testing.T) (string, *schema.Store) {
 	t.Helper()
-	admin, url := tmtest.Store(t)
+	admin, url := kittest.Store(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ok(t, "provision", admin.Provision(ctx))

@@ -1,4 +1,4 @@
-package main
+package sidecar
 
 import (
 	"context"
@@ -11,9 +11,11 @@ import (
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
-	"github.com/tenantmesh/tenantmesh/internal/natsperm"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsperm"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/shardmain"
 )
@@ -36,23 +38,9 @@ func (embedded) Handler(sk *shardkit.Shard) http.Handler { return sk.Gate(ok) }
 func startEmbedded(b *testing.B, natsURL string) string {
 	b.Helper()
 	m := &shardmain.Main{Kind: "bench", Addr: "127.0.0.1:0", Shard: "bench-1", Instance: "embedded",
-		NATS:     natstest.Options(b, natsURL, natsperm.Shard("bench", "bench-1", natsperm.Assets{})),
+		NATS:     natsconn.Options{URL: natsURL, Creds: natstest.CredsFile(b, natsperm.Shard("bench", "bench-1", natsperm.Assets{}))},
 		LogLevel: "error", LogFormat: "json", Stderr: io.Discard, Heartbeat: time.Second}
-	ready := m.Listening()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = m.Run(ctx, func(context.Context, shardmain.Env) (shardmain.App, error) { return embedded{}, nil })
-	}()
-	b.Cleanup(func() { cancel(); <-done })
-	select {
-	case url := <-ready:
-		return url
-	case <-time.After(30 * time.Second):
-		b.Fatal("embedded shard not serving")
-	}
-	return ""
+	return kittest.Main(b, m, func(context.Context, shardmain.Env) (shardmain.App, error) { return embedded{}, nil })
 }
 
 // BenchmarkSidecarLatency is one request at a time over loopback keep-alive connections to the

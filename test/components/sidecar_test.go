@@ -1,4 +1,4 @@
-package main
+package components_test
 
 import (
 	"bufio"
@@ -27,12 +27,15 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/gateway"
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
-	"github.com/tenantmesh/tenantmesh/internal/natsperm"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsperm"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/shardmain"
+	"github.com/tenantmesh/tenantmesh/shardkit/sidecar"
 )
 
 // python starts testdata/notes.py (state files in dir) and returns its URL; it is killed when
@@ -90,63 +93,14 @@ func python(t *testing.T, dir string) string {
 // credentials) in front of upstream, until the test ends; it returns its URL.
 func startSidecar(t testing.TB, natsURL, kind, shard, instance, upstream, hooks string) string {
 	t.Helper()
-	sc, err := newSidecar(options{upstream: upstream, routes: routeList{{Method: "POST", Prefix: "/notes"}, {Method: "GET", Prefix: "/notes"}},
-		hooks: hooks, hooksPath: "/tenantmesh", hookTimeout: 5 * time.Second, warmTimeout: 30 * time.Second})
+	sc, err := sidecar.New(sidecar.Options{Upstream: upstream, Routes: sidecar.RouteList{{Method: "POST", Prefix: "/notes"}, {Method: "GET", Prefix: "/notes"}},
+		Hooks: hooks, HooksPath: "/tenantmesh", HookTimeout: 5 * time.Second, WarmTimeout: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &shardmain.Main{Kind: kind, Addr: "127.0.0.1:0", Shard: shard, Instance: instance,
-		NATS:     natstest.Options(t, natsURL, natsperm.Shard(kind, shard, natsperm.Assets{})),
-		LogLevel: "error", LogFormat: "json", Stderr: io.Discard, Heartbeat: 200 * time.Millisecond, DrainTimeout: 5 * time.Second}
-	ready := m.Listening()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	var runErr error
-	go func() { defer close(done); runErr = m.Run(ctx, sc.build) }()
-	t.Cleanup(func() { cancel(); <-done })
-	select {
-	case url := <-ready:
-		return url
-	case <-done:
-		t.Fatalf("sidecar stopped before serving: %v", runErr)
-	case <-time.After(30 * time.Second):
-		t.Fatal("sidecar not serving within 30s")
-	}
-	return ""
-}
-
-func startGateway(t testing.TB, st *schema.Store) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := gateway.New(gateway.Config{Store: st, Listener: ln, ShutdownTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- g.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	select {
-	case <-g.Ready():
-	case <-time.After(20 * time.Second):
-		t.Fatal("gateway not ready")
-	}
-	return "http://" + ln.Addr().String()
-}
-
-func openStore(t testing.TB) (*schema.Store, string) {
-	t.Helper()
-	srv := natstest.Server(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := schema.Open(ctx, natstest.Connect(t, srv.URL()), schema.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st, srv.URL()
+	return kittest.Main(t, &shardmain.Main{Kind: kind, Addr: "127.0.0.1:0", Shard: shard, Instance: instance,
+		NATS:     natsconn.Options{URL: natsURL, Creds: natstest.CredsFile(t, natsperm.Shard(kind, shard, natsperm.Assets{}))},
+		LogLevel: "error", LogFormat: "json", Stderr: io.Discard, Heartbeat: 200 * time.Millisecond, DrainTimeout: 5 * time.Second}, sc.Build)
 }
 
 var client = &http.Client{Timeout: 15 * time.Second}
@@ -170,7 +124,8 @@ func note(method, url, tenant, body string) (int, string, string, error) {
 // acknowledged note must be on the new owner, and the hooks carried the state over (fence on
 // the source, warm on the target, release on the source).
 func TestPythonServiceMovesLive(t *testing.T) {
-	st, natsURL := openStore(t)
+	srv := natstest.Server(t)
+	st, natsURL := kittest.StoreAt(t, srv.URL()), srv.URL()
 	ctx := context.Background()
 	if _, err := st.EnsureKind(ctx, schema.KindConfig{Kind: "notes"}); err != nil {
 		t.Fatal(err)
@@ -182,7 +137,7 @@ func TestPythonServiceMovesLive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gw := startGateway(t, st)
+	gw := startGateway(t, st, gateway.Config{})
 	tmtest.WaitFor(t, 20*time.Second, func() error {
 		code, by, body, err := note("POST", gw, "alice", `{"id":"first","text":"hello"}`)
 		if err != nil || code != http.StatusCreated || by != "notes.notes-1.a" {
@@ -265,26 +220,6 @@ func TestPythonServiceMovesLive(t *testing.T) {
 	t.Logf("moved under load: %d requests, %d acknowledged, %d failed; notes-2 serves %d notes", requests, len(acked), len(failures), len(got))
 }
 
-// A sidecar that cannot reach its service answers 502 problem+json, and its flags are checked.
-func TestSidecarErrors(t *testing.T) {
-	for _, o := range []options{
-		{upstream: "127.0.0.1:8000", routes: routeList{{Method: "GET", Prefix: "/x"}}},
-		{upstream: "http://127.0.0.1:8000"},
-		{upstream: "http://127.0.0.1:8000", routes: routeList{{Method: "GET", Prefix: "/x"}}, hooks: "warm,snapshot"},
-	} {
-		if _, err := newSidecar(o); err == nil {
-			t.Errorf("newSidecar(%+v) accepted", o)
-		}
-	}
-	var r routeList
-	if err := r.Set("post /a, GET /b"); err != nil || len(r) != 2 || r[0].Method != "POST" || r[1].Prefix != "/b" {
-		t.Errorf("routes %+v %v", r, err)
-	}
-	if err := r.Set("GET"); err == nil {
-		t.Error("a route without a path accepted")
-	}
-}
-
 // syncWriter serialises writes to w.
 type syncWriter struct {
 	mu sync.Mutex
@@ -301,7 +236,8 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 // through the gateway: a unary call and a server stream of the tenant's shard, and the
 // gate's refusal of another shard's tenant is a status, never the service's answer.
 func TestGRPCServiceBehindSidecar(t *testing.T) {
-	st, natsURL := openStore(t)
+	srv := natstest.Server(t)
+	st, natsURL := kittest.StoreAt(t, srv.URL()), srv.URL()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := st.EnsureKind(ctx, schema.KindConfig{Kind: "hc"}); err != nil {
@@ -320,26 +256,16 @@ func TestGRPCServiceBehindSidecar(t *testing.T) {
 	go func() { _ = gs.Serve(ln) }()
 	t.Cleanup(gs.Stop)
 
-	sc, err := newSidecar(options{upstream: "http://" + ln.Addr().String(), routes: routeList{{Method: "POST", Prefix: "/grpc.health.v1.Health"}},
-		hooksPath: "/tenantmesh", hookTimeout: 5 * time.Second, warmTimeout: 30 * time.Second})
+	sc, err := sidecar.New(sidecar.Options{Upstream: "http://" + ln.Addr().String(), Routes: sidecar.RouteList{{Method: "POST", Prefix: "/grpc.health.v1.Health"}},
+		HooksPath: "/tenantmesh", HookTimeout: 5 * time.Second, WarmTimeout: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := &shardmain.Main{Kind: "hc", Addr: "127.0.0.1:0", Shard: "hc-1", Instance: "a", AdminToken: "tok",
-		NATS:     natstest.Options(t, natsURL, natsperm.Shard("hc", "hc-1", natsperm.Assets{})),
+		NATS:     natsconn.Options{URL: natsURL, Creds: natstest.CredsFile(t, natsperm.Shard("hc", "hc-1", natsperm.Assets{}))},
 		LogLevel: "error", LogFormat: "json", Stderr: io.Discard, Heartbeat: 200 * time.Millisecond, DrainTimeout: 5 * time.Second}
-	ready := m.Listening()
-	rctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = m.Run(rctx, sc.build) }()
-	t.Cleanup(func() { stop(); <-done })
-	var direct string
-	select {
-	case direct = <-ready:
-	case <-time.After(30 * time.Second):
-		t.Fatal("sidecar not serving within 30s")
-	}
-	gw := startGateway(t, st)
+	direct := kittest.Main(t, m, sc.Build)
+	gw := startGateway(t, st, gateway.Config{})
 
 	dial := func(url string) healthpb.HealthClient {
 		cc, err := grpc.NewClient("passthrough:///"+strings.TrimPrefix(url, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -1,4 +1,8 @@
-package main
+// Package sidecar is shardkit-sidecar's shard (shardkit/cmd/shardkit-sidecar, whose package
+// comment is the user's guide and the hook contract): a shardmain.App that sends each request
+// the gate admits to a service in any language over HTTP (gRPC over HTTP/2), and takes part in
+// moves by calling the service's hooks.
+package sidecar
 
 import (
 	"bytes"
@@ -26,15 +30,15 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
-// options are the sidecar's own flags.
-type options struct {
-	upstream    string
-	routes      routeList
-	hooks       string
-	hooksPath   string
-	hookTimeout time.Duration
-	warmTimeout time.Duration
-	hookSecret  string // file holding the secret hook calls carry (--hooks-secret-file)
+// Options are the sidecar's own flags (AddFlags).
+type Options struct {
+	Upstream       string        // --upstream: the service's base URL
+	Routes         RouteList     // --route: the routes the service serves
+	Hooks          string        // --hooks: warm,applied,fence,release (none: a stateless service)
+	HooksPath      string        // --hooks-path: the hooks' path prefix on the upstream
+	HookTimeout    time.Duration // --hook-timeout: bound on the applied, fence and release calls
+	WarmTimeout    time.Duration // --warm-timeout: bound on one warm call
+	HookSecretFile string        // --hooks-secret-file: file holding the secret hook calls carry
 }
 
 // HeaderHookToken carries the hooks' secret on every hook call (--hooks-secret-file): the
@@ -42,10 +46,10 @@ type options struct {
 // a tenant.
 const HeaderHookToken = "X-Tm-Hook-Token"
 
-// routeList is the repeatable --route flag: "METHOD /prefix".
-type routeList []schema.Route
+// RouteList is the repeatable --route flag: "METHOD /prefix".
+type RouteList []schema.Route
 
-func (r *routeList) String() string {
+func (r *RouteList) String() string {
 	var s []string
 	for _, rt := range *r {
 		s = append(s, rt.Method+" "+rt.Prefix)
@@ -53,7 +57,7 @@ func (r *routeList) String() string {
 	return strings.Join(s, ",")
 }
 
-func (r *routeList) Set(v string) error {
+func (r *RouteList) Set(v string) error {
 	for _, one := range strings.Split(v, ",") {
 		method, prefix, ok := strings.Cut(strings.TrimSpace(one), " ")
 		prefix = strings.TrimSpace(prefix)
@@ -65,22 +69,23 @@ func (r *routeList) Set(v string) error {
 	return nil
 }
 
-func (o *options) addFlags(fs *flag.FlagSet) {
-	envflag.String(fs, &o.upstream, "upstream", "", "URL of the service this sidecar fronts, e.g. http://127.0.0.1:8000")
-	fs.Var(&o.routes, "route", "a route the service serves, 'METHOD /prefix' (repeat, or comma-separate) (env "+envflag.Var("routes")+")")
+// AddFlags adds the sidecar's flags to fs (a shardmain.Main's Extra).
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	envflag.String(fs, &o.Upstream, "upstream", "", "URL of the service this sidecar fronts, e.g. http://127.0.0.1:8000")
+	fs.Var(&o.Routes, "route", "a route the service serves, 'METHOD /prefix' (repeat, or comma-separate) (env "+envflag.Var("routes")+")")
 	if v, ok := os.LookupEnv(envflag.Var("routes")); ok {
-		_ = o.routes.Set(v) // checked again by newSidecar: no routes is an error
+		_ = o.Routes.Set(v) // checked again by New: no routes is an error
 	}
-	envflag.String(fs, &o.hooks, "hooks", "", "hooks the service implements: warm,applied,fence,release (none: a stateless service)")
-	envflag.String(fs, &o.hooksPath, "hooks-path", "/tenantmesh", "path prefix of the hooks on the upstream")
-	envflag.Duration(fs, &o.hookTimeout, "hook-timeout", 5*time.Second, "bound on the applied, fence and release calls")
-	envflag.Duration(fs, &o.warmTimeout, "warm-timeout", 60*time.Second, "bound on one warm call")
-	envflag.String(fs, &o.hookSecret, "hooks-secret-file", "", "file with a secret every hook call carries in "+HeaderHookToken+" (the service should refuse hook calls without it)")
+	envflag.String(fs, &o.Hooks, "hooks", "", "hooks the service implements: warm,applied,fence,release (none: a stateless service)")
+	envflag.String(fs, &o.HooksPath, "hooks-path", "/tenantmesh", "path prefix of the hooks on the upstream")
+	envflag.Duration(fs, &o.HookTimeout, "hook-timeout", 5*time.Second, "bound on the applied, fence and release calls")
+	envflag.Duration(fs, &o.WarmTimeout, "warm-timeout", 60*time.Second, "bound on one warm call")
+	envflag.String(fs, &o.HookSecretFile, "hooks-secret-file", "", "file with a secret every hook call carries in "+HeaderHookToken+" (the service should refuse hook calls without it)")
 }
 
-// sidecar is the shardmain.App that fronts the upstream.
-type sidecar struct {
-	o        options
+// Sidecar is the shardmain.App that fronts the upstream.
+type Sidecar struct {
+	o        Options
 	upstream *url.URL
 	hooks    map[string]bool
 	hc       *http.Client // hooks
@@ -93,22 +98,23 @@ type sidecar struct {
 	secret    string // sent with every hook call; "" without --hooks-secret-file
 }
 
-func newSidecar(o options) (*sidecar, error) {
-	u, err := url.Parse(o.upstream)
+// New checks o and makes the sidecar; Build is its shardmain.Builder.
+func New(o Options) (*Sidecar, error) {
+	u, err := url.Parse(o.Upstream)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("--upstream %q: want the service's base URL, e.g. http://127.0.0.1:8000", o.upstream)
+		return nil, fmt.Errorf("--upstream %q: want the service's base URL, e.g. http://127.0.0.1:8000", o.Upstream)
 	}
-	if len(o.routes) == 0 {
+	if len(o.Routes) == 0 {
 		return nil, errors.New("--route: name at least one route the service serves, e.g. --route 'POST /notes'")
 	}
 	hooks := map[string]bool{}
-	for _, h := range strings.Split(o.hooks, ",") {
+	for _, h := range strings.Split(o.Hooks, ",") {
 		switch h = strings.TrimSpace(h); h {
 		case "":
 		case "warm", "applied", "fence", "release":
 			hooks[h] = true
 		default:
-			return nil, fmt.Errorf("--hooks %q: %q is not a hook; use warm, applied, fence, release", o.hooks, h)
+			return nil, fmt.Errorf("--hooks %q: %q is not a hook; use warm, applied, fence, release", o.Hooks, h)
 		}
 	}
 	tr := &http.Transport{
@@ -119,17 +125,17 @@ func newSidecar(o options) (*sidecar, error) {
 		ResponseHeaderTimeout: 60 * time.Second,
 		TLSHandshakeTimeout:   5 * time.Second,
 	}
-	if !strings.HasPrefix(o.hooksPath, "/") || len(o.hooksPath) < 2 {
-		return nil, fmt.Errorf("--hooks-path %q: want a path such as /tenantmesh", o.hooksPath)
+	if !strings.HasPrefix(o.HooksPath, "/") || len(o.HooksPath) < 2 {
+		return nil, fmt.Errorf("--hooks-path %q: want a path such as /tenantmesh", o.HooksPath)
 	}
-	s := &sidecar{o: o, upstream: u, hooks: hooks, hc: &http.Client{Transport: tr}}
-	if o.hookSecret != "" {
-		b, err := os.ReadFile(o.hookSecret)
+	s := &Sidecar{o: o, upstream: u, hooks: hooks, hc: &http.Client{Transport: tr}}
+	if o.HookSecretFile != "" {
+		b, err := os.ReadFile(o.HookSecretFile)
 		if err != nil {
 			return nil, fmt.Errorf("--hooks-secret-file: %w", err)
 		}
 		if s.secret = strings.TrimSpace(string(b)); len(s.secret) < 16 {
-			return nil, fmt.Errorf("--hooks-secret-file %s: the secret must be at least 16 characters", o.hookSecret)
+			return nil, fmt.Errorf("--hooks-secret-file %s: the secret must be at least 16 characters", o.HookSecretFile)
 		}
 	}
 	rewrite := func(r *httputil.ProxyRequest) {
@@ -179,23 +185,23 @@ func newSidecar(o options) (*sidecar, error) {
 	return s, nil
 }
 
-// build is the shardmain.Builder.
-func (s *sidecar) build(_ context.Context, env shardmain.Env) (shardmain.App, error) {
+// Build is the shardmain.Builder: it returns s, logging with env's logger.
+func (s *Sidecar) Build(_ context.Context, env shardmain.Env) (shardmain.App, error) {
 	s.log = env.Logger.With("upstream", s.upstream.Redacted())
 	return s, nil
 }
 
 // Routes are the service's routes, for the gateway.
-func (s *sidecar) Routes() []schema.Route {
-	out := make([]schema.Route, len(s.o.routes))
-	copy(out, s.o.routes)
+func (s *Sidecar) Routes() []schema.Route {
+	out := make([]schema.Route, len(s.o.Routes))
+	copy(out, s.o.Routes)
 	return out
 }
 
 // Handler sends every request behind the gate to the upstream, except those for the hooks'
 // path: a tenant request routed here must never reach the service's hooks (a tenant could
 // release or warm its state), so they are answered 404 here.
-func (s *sidecar) Handler(sk *shardkit.Shard) http.Handler {
+func (s *Sidecar) Handler(sk *shardkit.Shard) http.Handler {
 	gated, gatedGRPC := sk.Gate(s.proxy), sk.Gate(http.HandlerFunc(s.serveGRPC))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if s.underHooks(r.URL.Path) {
@@ -222,7 +228,7 @@ var tenantLeft = tmhttp.Problem{Status: http.StatusServiceUnavailable, Title: "T
 // serveGRPC proxies a gRPC call the gate admitted, and ends it UNAVAILABLE when its tenant
 // starts to leave this instance (shardkit.Leaving): a server stream of the service would
 // otherwise hold the tenant's drain until its bound.
-func (s *sidecar) serveGRPC(w http.ResponseWriter, r *http.Request) {
+func (s *Sidecar) serveGRPC(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
 	leaving := shardkit.Leaving(r.Context())
@@ -250,13 +256,13 @@ func (s *sidecar) serveGRPC(w http.ResponseWriter, r *http.Request) {
 }
 
 // underHooks reports whether path is the hooks' path or under it (in any letter case).
-func (s *sidecar) underHooks(path string) bool {
-	hp := strings.TrimSuffix(s.o.hooksPath, "/")
+func (s *Sidecar) underHooks(path string) bool {
+	hp := strings.TrimSuffix(s.o.HooksPath, "/")
 	return len(path) >= len(hp) && strings.EqualFold(path[:len(hp)], hp) && (len(path) == len(hp) || path[len(hp)] == '/')
 }
 
 // Hooks are HTTP calls to the service, those it implements.
-func (s *sidecar) Hooks() shardkit.Hooks {
+func (s *Sidecar) Hooks() shardkit.Hooks {
 	var h shardkit.Hooks
 	if s.hooks["warm"] {
 		h.Warm = s.warm
@@ -273,20 +279,20 @@ func (s *sidecar) Hooks() shardkit.Hooks {
 	return h
 }
 
-func (s *sidecar) warm(ctx context.Context, tenant string, fence uint64) error {
-	ctx, cancel := context.WithTimeout(ctx, s.o.warmTimeout)
+func (s *Sidecar) warm(ctx context.Context, tenant string, fence uint64) error {
+	ctx, cancel := context.WithTimeout(ctx, s.o.WarmTimeout)
 	defer cancel()
 	return s.post(ctx, "warm", map[string]any{"tenant": tenant, "fence": fence})
 }
 
-func (s *sidecar) release(ctx context.Context, tenant string) error {
-	ctx, cancel := context.WithTimeout(ctx, s.o.hookTimeout)
+func (s *Sidecar) release(ctx context.Context, tenant string) error {
+	ctx, cancel := context.WithTimeout(ctx, s.o.HookTimeout)
 	defer cancel()
 	return s.post(ctx, "release", map[string]any{"tenant": tenant})
 }
 
 // post calls hook with body and wants a 2xx.
-func (s *sidecar) post(ctx context.Context, hook string, body any) error {
+func (s *Sidecar) post(ctx context.Context, hook string, body any) error {
 	b, _ := json.Marshal(body)
 	req, err := http.NewRequestWithContext(ctx, "POST", s.hookURL(hook, ""), bytes.NewReader(b))
 	if err != nil {
@@ -307,8 +313,8 @@ func (s *sidecar) post(ctx context.Context, hook string, body any) error {
 }
 
 // number calls GET hook?tenant= and reads {"<hook>": N}; a failure is logged and counts as 0.
-func (s *sidecar) number(hook, tenant string) uint64 {
-	ctx, cancel := context.WithTimeout(context.Background(), s.o.hookTimeout)
+func (s *Sidecar) number(hook, tenant string) uint64 {
+	ctx, cancel := context.WithTimeout(context.Background(), s.o.HookTimeout)
 	defer cancel()
 	n, err := s.get(ctx, hook, tenant)
 	if err != nil {
@@ -317,7 +323,7 @@ func (s *sidecar) number(hook, tenant string) uint64 {
 	return n
 }
 
-func (s *sidecar) get(ctx context.Context, hook, tenant string) (uint64, error) {
+func (s *Sidecar) get(ctx context.Context, hook, tenant string) (uint64, error) {
 	req, err := http.NewRequestWithContext(ctx, "GET", s.hookURL(hook, tenant), nil)
 	if err != nil {
 		return 0, err
@@ -339,15 +345,15 @@ func (s *sidecar) get(ctx context.Context, hook, tenant string) (uint64, error) 
 }
 
 // sign adds the hooks' secret to a hook call.
-func (s *sidecar) sign(req *http.Request) {
+func (s *Sidecar) sign(req *http.Request) {
 	if s.secret != "" {
 		req.Header.Set(HeaderHookToken, s.secret)
 	}
 }
 
-func (s *sidecar) hookURL(hook, tenant string) string {
+func (s *Sidecar) hookURL(hook, tenant string) string {
 	u := *s.upstream
-	u.Path = strings.TrimSuffix(u.Path, "/") + s.o.hooksPath + "/" + hook
+	u.Path = strings.TrimSuffix(u.Path, "/") + s.o.HooksPath + "/" + hook
 	if tenant != "" {
 		u.RawQuery = url.Values{"tenant": {tenant}}.Encode()
 	}

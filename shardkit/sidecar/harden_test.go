@@ -1,4 +1,4 @@
-package main
+package sidecar
 
 import (
 	"context"
@@ -96,8 +96,8 @@ func TestAttackSidecarHooks(t *testing.T) {
 	if err := os.WriteFile(secret, []byte("0123456789abcdef0123\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sc, err := newSidecar(options{upstream: up.URL, routes: routeList{{Method: "GET", Prefix: "/notes"}}, hooks: "applied",
-		hooksPath: "/tenantmesh", hookTimeout: 5 * time.Second, warmTimeout: 5 * time.Second, hookSecret: secret})
+	sc, err := New(Options{Upstream: up.URL, Routes: RouteList{{Method: "GET", Prefix: "/notes"}}, Hooks: "applied",
+		HooksPath: "/tenantmesh", HookTimeout: 5 * time.Second, WarmTimeout: 5 * time.Second, HookSecretFile: secret})
 	if err != nil {
 		t.Fatal(err)
 	}

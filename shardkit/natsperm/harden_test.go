@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tenantmesh/tenantmesh/internal/natsperm"
 	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsperm"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 

@@ -1,11 +1,10 @@
-package mailbox_test
+package components_test
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -19,14 +18,15 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/services/mailbox"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
 const adminToken = "mailbox-test-token"
 
-// instance runs one mailbox instance of shard mailbox-1 behind a real HTTP server.
-func instance(t *testing.T, st *schema.Store, name string) (*shardkit.Shard, string) {
+// startMailbox runs one mailbox instance of shard mailbox-1 behind a real HTTP server.
+func startMailbox(t *testing.T, st *schema.Store, name string) (*shardkit.Shard, string) {
 	t.Helper()
 	r := chi.NewRouter()
 	srv := httptest.NewUnstartedServer(r)
@@ -77,29 +77,16 @@ func send(t *testing.T, method, url, body string) (*http.Response, string) {
 // tenant's usual instance and is kept there.
 func TestProducerFindsTheWaitingConsumer(t *testing.T) {
 	srv := natstest.Server(t)
-	st := tmtest.StoreAt(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	if _, err := st.PutKind(t.Context(), mailbox.KindConfig()); err != nil {
 		t.Fatal(err)
 	}
-	a, aURL := instance(t, st, "a")
-	b, bURL := instance(t, st, "b")
+	a, aURL := startMailbox(t, st, "a")
+	b, bURL := startMailbox(t, st, "b")
 	urls := map[string]string{a.ID().Key(): aURL, b.ID().Key(): bURL}
 	shards := map[string]*shardkit.Shard{a.ID().Key(): a, b.ID().Key(): b}
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw, err := gateway.New(gateway.Config{Store: st, Listener: ln, AdminToken: adminToken, ShutdownTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gctx, gcancel := context.WithCancel(context.Background())
-	gdone := make(chan struct{})
-	go func() { defer close(gdone); _ = gw.Run(gctx) }()
-	t.Cleanup(func() { gcancel(); <-gdone })
-	<-gw.Ready()
-	gwURL := "http://" + ln.Addr().String()
+	gwURL := startGateway(t, st, gateway.Config{AdminToken: adminToken})
 
 	// The tenant's first request fixes its usual instance (the load policy's affinity).
 	var resp *http.Response

@@ -1,0 +1,124 @@
+// Package kittest holds the test helpers that need shardkit: a schema store on a fresh embedded
+// nats-server, a running shardkit instance or shard binary main (shardmain), and a hand-driven move commit. Everything it starts
+// stops when the test ends. The helpers that need nothing above internal/ (ResourceCheck,
+// WaitFor, HTTP) are in internal/tmtest.
+//
+// shardkit's own packages use it from their external tests (package x_test), which may import a
+// package that imports x.
+package kittest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/shardmain"
+)
+
+// Store starts an embedded JetStream server and opens a store on it; URL is the server's. The
+// test is checked for goroutines it leaves behind (ResourceCheck).
+func Store(t testing.TB) (st *schema.Store, url string) {
+	t.Helper()
+	tmtest.ResourceCheck(t)
+	srv := natstest.Server(t)
+	return StoreAt(t, srv.URL()), srv.URL()
+}
+
+// StoreAt opens a store on the server at url, with a connection of its own.
+func StoreAt(t testing.TB, url string) *schema.Store {
+	t.Helper()
+	nc := natstest.Connect(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := schema.Open(ctx, nc, schema.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// Shard runs a shardkit instance until the test ends and returns it once it serves. Zero fields
+// get test defaults: URL http://127.0.0.1:9 (nothing listens; moves and signals need no HTTP),
+// heartbeat 200ms, drain bound 2s, instance "i1".
+func Shard(t testing.TB, cfg shardkit.Config) *shardkit.Shard {
+	t.Helper()
+	if cfg.URL == "" {
+		cfg.URL = "http://127.0.0.1:9"
+	}
+	if cfg.Heartbeat == 0 {
+		cfg.Heartbeat = 200 * time.Millisecond
+	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = 2 * time.Second
+	}
+	if cfg.ID.Instance == "" {
+		cfg.ID.Instance = "i1"
+	}
+	sk, err := shardkit.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = sk.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-sk.Running():
+	case <-time.After(20 * time.Second):
+		t.Fatal("shard did not start")
+	}
+	return sk
+}
+
+// Commit ends the handoff prev (a placement in handoff to shard to) as a test driving the move
+// protocol by hand: it writes the commit, draining on to at the next epoch, unless the target
+// committed first (shardkit commits once the target is at the fence), and returns the
+// committed placement.
+func Commit(t testing.TB, st *schema.Store, prev schema.Placement, to string) schema.Placement {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	next := schema.Placement{Kind: prev.Kind, Tenant: prev.Tenant, Shard: to, Epoch: prev.Epoch + 1,
+		Phase: schema.PhaseDraining, Source: prev.Shard, Move: prev.Move, Pinned: prev.Pinned}
+	got, err := st.UpdatePlacement(ctx, prev, next)
+	if err == nil {
+		return got
+	}
+	if !errors.As(err, new(*schema.ConflictError)) {
+		t.Fatal(err)
+	}
+	got, err = st.LatestPlacement(ctx, prev.Kind, prev.Tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Phase != schema.PhaseDraining || got.Shard != to || got.Source != prev.Shard || got.Epoch != prev.Epoch+1 {
+		t.Fatalf("committing %s/%s to %s: the placement changed to %s@%d %s", prev.Kind, prev.Tenant, to, got.Shard, got.Epoch, got.Phase)
+	}
+	return got
+}
+
+// Main runs m, a shard binary's main in process, with build until the test ends, and returns
+// its URL once it listens.
+func Main(t testing.TB, m *shardmain.Main, build shardmain.Builder) string {
+	t.Helper()
+	ready := m.Listening()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	var runErr error
+	go func() { defer close(done); runErr = m.Run(ctx, build) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case url := <-ready:
+		return url
+	case <-done:
+		t.Fatalf("%s/%s stopped before serving: %v", m.Kind, m.Shard, runErr)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s/%s not serving within 30s", m.Kind, m.Shard)
+	}
+	return ""
+}
