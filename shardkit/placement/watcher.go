@@ -655,6 +655,16 @@ func (ks *kindState) confirm(ctx context.Context) error {
 	asked := monoNow()
 	js := ks.w.cfg.Store.JS()
 	last, err := js.LastSeq(ctx, schema.PlacementStream(ks.kind), schema.PlacementSubjectPrefix(ks.kind)+">")
+	// The stream leader's answer is the process's probe of its NATS server: a server cut from
+	// the cluster's majority keeps the connection but lets these time out (jsx.APITimedOut).
+	switch nc := js.Conn(); {
+	case err == nil:
+		jsx.APIAnswered(nc)
+	case errors.Is(err, context.DeadlineExceeded):
+		if server := nc.ConnectedServerName(); jsx.APITimedOut(nc) {
+			ks.w.cfg.Logger.Warn("leaving a NATS server whose JetStream API requests keep timing out", "kind", ks.kind, "server", server)
+		}
+	}
 	if err != nil {
 		return err
 	}
