@@ -158,10 +158,11 @@ func (c *Client) LeaderGet(ctx context.Context, bucket, key string) ([]byte, uin
 		data []byte
 		rev  uint64
 	)
-	err := retry(ctx, transient, tryFor(readAttempt, func(ctx context.Context) (err error) {
+	err := retry(ctx, transient, readAttempt, func(ctx context.Context) (err error) {
 		data, rev, err = c.leaderGet(ctx, bucket, key)
 		return err
-	}))
+	})
+
 	return data, rev, err
 }
 
@@ -171,13 +172,14 @@ func (c *Client) ensureStream(ctx context.Context, cfg jetstream.StreamConfig) e
 	defer cancel()
 	if c.opts.Attach {
 		return c.awaitProvisioned(ctx, func(ctx context.Context) error {
-			return retry(ctx, transient, tryFor(readAttempt, func(ctx context.Context) error {
+			return retry(ctx, transient, readAttempt, func(ctx context.Context) error {
 				_, err := c.js.Stream(ctx, cfg.Name)
 				if errors.Is(err, jetstream.ErrStreamNotFound) {
 					return errNotProvisioned{"stream " + cfg.Name}
 				}
 				return err
-			}))
+			})
+
 		})
 	}
 	cfg.Replicas = c.opts.Replicas
@@ -235,13 +237,14 @@ func (c *Client) ensureKV(ctx context.Context, spec KVSpec) (jetstream.KeyValue,
 	if c.opts.Attach {
 		var kv jetstream.KeyValue
 		err := c.awaitProvisioned(ctx, func(ctx context.Context) error {
-			return retry(ctx, transient, tryFor(readAttempt, func(ctx context.Context) (err error) {
+			return retry(ctx, transient, readAttempt, func(ctx context.Context) (err error) {
 				kv, err = c.js.KeyValue(ctx, spec.Bucket)
 				if errors.Is(err, jetstream.ErrBucketNotFound) {
 					return errNotProvisioned{"bucket " + spec.Bucket}
 				}
 				return err
-			}))
+			})
+
 		})
 		if err != nil {
 			return nil, fmt.Errorf("open bucket %s: %w", spec.Bucket, err)
