@@ -14,6 +14,7 @@ import (
 	"net/http"
 
 	"github.com/tenantmesh/tenantmesh/gateway/h1"
+	"github.com/tenantmesh/tenantmesh/internal/backoff"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
@@ -42,19 +43,18 @@ func newFrontEnd(g *Gateway, addr net.Addr) *frontEnd {
 
 // serve accepts connections until ln is closed.
 func (f *frontEnd) serve(ln net.Listener) error {
-	var delay time.Duration
+	pauses := backoff.Policy{Initial: 5 * time.Millisecond, Max: time.Second, Jitter: backoff.None}.Pauses()
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
-				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-				time.Sleep(delay)
+				time.Sleep(pauses.Next())
 				continue
 			}
 			return err
 		}
-		delay = 0
+		pauses.Reset()
 		ip := remoteIP(c)
 		if !f.g.conns.acquire(ip) {
 			c.Close()
