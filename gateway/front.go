@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -248,7 +249,8 @@ func (cc *clientConn) handOff(x *exchange) bool {
 	r := &x.req
 	target := str(r.Target)
 	if !r.Upgrade {
-		if _, n := h1.Get(r.Fields, tmhttp.HeaderTenant); n > 0 || !isAdminPath(pathOf(target)) {
+		path, _, _ := strings.Cut(target, "?")
+		if _, n := h1.Get(r.Fields, tmhttp.HeaderTenant); n > 0 || !isAdminPath(path) {
 			return false
 		}
 	}
@@ -278,7 +280,7 @@ func (cc *clientConn) exchange(x *exchange) bool {
 	r := &x.req
 	x.method = methodString(r.Method)
 	x.target, x.host, x.fields = r.Target, r.Host, r.Fields
-	x.path = pathOf(str(r.Target))
+	x.path, _, _ = strings.Cut(str(r.Target), "?")
 	x.remoteIP = cc.ip
 	_, nc := h1.Get(r.Fields, "Connection")
 	x.connNames = nc > 0
