@@ -13,6 +13,8 @@ import (
 	"errors"
 	"math/rand/v2"
 	"time"
+
+	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 )
 
 // Jitter says how much of each pause is random.
@@ -98,22 +100,7 @@ func (s *Pauses) Next() time.Duration {
 func (s *Pauses) Reset() { s.next = s.initial }
 
 // Wait pauses for Next or until ctx ends; it reports whether the pause ran out.
-func (s *Pauses) Wait(ctx context.Context) bool { return sleep(ctx, s.Next()) }
-
-// sleep waits d or until ctx ends; it reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
+func (s *Pauses) Wait(ctx context.Context) bool { return ctxtime.Sleep(ctx, s.Next()) }
 
 // Retry calls op until it returns nil, an error p.RetryIf refuses (a Permanent one by
 // default), p.Tries tries were made, or ctx ends (after a try, or during a pause), pausing
@@ -143,7 +130,7 @@ func Retry(ctx context.Context, p Policy, op func(context.Context) error) error 
 		if p.OnRetry != nil {
 			p.OnRetry(err, d)
 		}
-		if !sleep(ctx, d) {
+		if !ctxtime.Sleep(ctx, d) {
 			return err
 		}
 	}
