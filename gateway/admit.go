@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/gateway/edgeauth"
@@ -198,11 +199,9 @@ func newRequestID(b *[16]byte) string {
 
 // isAdminPath: the gateway's own endpoints, for requests without x-tenant-id.
 func isAdminPath(p string) bool {
-	return p == "/" || hasPrefix(p, "/prerender-servers") || p == "/healthz" || p == "/readyz" || p == "/metrics" ||
-		hasPrefix(p, "/admin/") || hasPrefix(p, "/debug/pprof/")
+	return p == "/" || strings.HasPrefix(p, "/prerender-servers") || p == "/healthz" || p == "/readyz" || p == "/metrics" ||
+		strings.HasPrefix(p, "/admin/") || strings.HasPrefix(p, "/debug/pprof/")
 }
-
-func hasPrefix(s, p string) bool { return len(s) >= len(p) && s[:len(p)] == p }
 
 func truncate(s string, n int) string {
 	if len(s) <= n {

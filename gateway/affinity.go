@@ -13,6 +13,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/gateway/h1"
 	"github.com/tenantmesh/tenantmesh/gateway/policy/affinity"
+	"github.com/tenantmesh/tenantmesh/internal/backoff"
 	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -95,7 +96,7 @@ type affinityAttempts struct {
 	gated   bool // cur's instance embeds shardkit (its gate answers 421 until it sees the placement)
 	last    bool
 	same    bool // send cur again (a 421 while the instance catches up)
-	backoff time.Duration
+	pauses  backoff.Pauses
 	until   time.Time // 421s are asked again until then
 	timeout time.Duration
 	cancel  context.CancelFunc
@@ -165,7 +166,7 @@ func (affinityPolicy) pick(g *Gateway, x *exchange, n int) (*instance, error) {
 			}
 		}
 		s.cur, s.first, s.gated, s.last = a, first, gated, s.next == len(s.plan)-1
-		s.backoff, s.until = 5*time.Millisecond, time.Now().Add(g.cfg.RefreshWait)
+		s.pauses, s.until = misdirectedPauses, time.Now().Add(g.cfg.RefreshWait)
 		s.next++
 		return in, nil
 	}
@@ -176,6 +177,10 @@ func (affinityPolicy) pick(g *Gateway, x *exchange, n int) (*instance, error) {
 	return nil, x.lastErr
 }
 
+// misdirectedPauses are the pauses before asking an owner again that answered 421: 5 ms,
+// doubling, for up to RefreshWait; exact (the wait is one client's, nobody competes).
+var misdirectedPauses = backoff.Policy{Initial: 5 * time.Millisecond, Max: time.Minute, Jitter: backoff.None}.Pauses()
+
 func (affinityPolicy) judge(g *Gateway, x *exchange, in *instance, up *upConn, err error, _ int) (verdict, error) {
 	s := &x.aff
 	if err == nil && up.resp.Status == http.StatusMisdirectedRequest {
@@ -183,11 +188,10 @@ func (affinityPolicy) judge(g *Gateway, x *exchange, in *instance, up *upConn, e
 		// epoch, so its gate does not wait for it): it is asked again, with a short backoff,
 		// for up to RefreshWait.
 		discard(up)
-		if s.gated && x.replayable && !time.Now().Add(s.backoff).After(s.until) {
-			if !ctxtime.Sleep(x.ctx, s.backoff) {
+		if pause := s.pauses.Next(); s.gated && x.replayable && !time.Now().Add(pause).After(s.until) {
+			if !ctxtime.Sleep(x.ctx, pause) {
 				return fail, x.ctx.Err()
 			}
-			s.backoff *= 2
 			if e, ok := x.ke.lookup(x.tenant); ok {
 				x.entry = e
 			}

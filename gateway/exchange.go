@@ -141,16 +141,6 @@ func methodString(b []byte) string {
 	return string(b)
 }
 
-// pathOf is the path part of a request target.
-func pathOf(target string) string {
-	for i := 0; i < len(target); i++ {
-		if target[i] == '?' {
-			return target[:i]
-		}
-	}
-	return target
-}
-
 // responder writes an answer to the client; each front end has its own.
 type responder interface {
 	// writeHead sends the status line and fields. n is the body's length: 0 with noBody (HEAD,

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"net/http"
 
 	"github.com/tenantmesh/tenantmesh/gateway/h1"
+	"github.com/tenantmesh/tenantmesh/internal/backoff"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
@@ -42,19 +44,18 @@ func newFrontEnd(g *Gateway, addr net.Addr) *frontEnd {
 
 // serve accepts connections until ln is closed.
 func (f *frontEnd) serve(ln net.Listener) error {
-	var delay time.Duration
+	pauses := backoff.Policy{Initial: 5 * time.Millisecond, Max: time.Second, Jitter: backoff.None}.Pauses()
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
-				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-				time.Sleep(delay)
+				time.Sleep(pauses.Next())
 				continue
 			}
 			return err
 		}
-		delay = 0
+		pauses.Reset()
 		ip := remoteIP(c)
 		if !f.g.conns.acquire(ip) {
 			c.Close()
@@ -248,7 +249,8 @@ func (cc *clientConn) handOff(x *exchange) bool {
 	r := &x.req
 	target := str(r.Target)
 	if !r.Upgrade {
-		if _, n := h1.Get(r.Fields, tmhttp.HeaderTenant); n > 0 || !isAdminPath(pathOf(target)) {
+		path, _, _ := strings.Cut(target, "?")
+		if _, n := h1.Get(r.Fields, tmhttp.HeaderTenant); n > 0 || !isAdminPath(path) {
 			return false
 		}
 	}
@@ -278,7 +280,7 @@ func (cc *clientConn) exchange(x *exchange) bool {
 	r := &x.req
 	x.method = methodString(r.Method)
 	x.target, x.host, x.fields = r.Target, r.Host, r.Fields
-	x.path = pathOf(str(r.Target))
+	x.path, _, _ = strings.Cut(str(r.Target), "?")
 	x.remoteIP = cc.ip
 	_, nc := h1.Get(r.Fields, "Connection")
 	x.connNames = nc > 0

@@ -523,7 +523,8 @@ func (sc *h2server) request(s *h2fstream, f *h2block) int {
 		return errCodeProtocol
 	}
 	x.method = methodString(str2b(method))
-	x.target, x.host, x.path = str2b(path), str2b(authority), pathOf(path)
+	x.target, x.host = str2b(path), str2b(authority)
+	x.path, _, _ = strings.Cut(path, "?")
 	x.remoteIP = sc.cc.ip
 	x.out = s
 	if _, n := h1.Get(fields, tmhttp.HeaderTenant); n == 0 && isAdminPath(x.path) {

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"math/rand/v2"
+	"slices"
 
 	"github.com/tenantmesh/tenantmesh/gateway/breaker"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -35,7 +36,7 @@ func (ke *kindEntry) chooseByScore(x *exchange, insts, tried []*instance) *insta
 	var candArr [16]string
 	cands := candArr[:0]
 	for _, in := range insts {
-		if !contains(tried, in) && in.breaker.Available() {
+		if !slices.Contains(tried, in) && in.breaker.Available() {
 			cands = append(cands, in.key)
 		}
 	}
@@ -69,7 +70,7 @@ func localPick(insts []*instance, tried []*instance) *instance {
 	var candArr [16]*instance
 	cand := candArr[:0]
 	for _, in := range insts {
-		if !contains(tried, in) && in.breaker.Available() {
+		if !slices.Contains(tried, in) && in.breaker.Available() {
 			cand = append(cand, in)
 		}
 	}

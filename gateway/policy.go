@@ -3,6 +3,7 @@ package gateway
 import (
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/gateway/policy/load"
@@ -100,7 +101,7 @@ func choosePowerOfTwo(_ *exchange, insts, tried []*instance) *instance {
 	var candArr [16]*instance
 	cand := candArr[:0]
 	for _, in := range insts {
-		if !contains(tried, in) && in.breaker.Available() {
+		if !slices.Contains(tried, in) && in.breaker.Available() {
 			cand = append(cand, in)
 		}
 	}
@@ -126,15 +127,6 @@ func choosePowerOfTwo(_ *exchange, insts, tried []*instance) *instance {
 		cand = append(cand[:i], cand[i+1:]...) // a probe is already out
 	}
 	return nil
-}
-
-func contains(l []*instance, in *instance) bool {
-	for _, x := range l {
-		if x == in {
-			return true
-		}
-	}
-	return false
 }
 
 // loadConfig maps a kind's LoadConfig to the load policy's numbers.

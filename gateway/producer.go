@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -224,7 +225,7 @@ func (ke *kindEntry) producerTarget(x *exchange, insts, tried []*instance, usual
 	var best *instance
 	bestN := 0
 	for _, in := range insts {
-		if in == usual || contains(tried, in) || !in.breaker.Available() {
+		if in == usual || slices.Contains(tried, in) || !in.breaker.Available() {
 			continue
 		}
 		if n := in.waitingFor(q, g, byQueue); n > bestN {

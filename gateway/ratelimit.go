@@ -3,66 +3,47 @@ package gateway
 import (
 	"sync"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
-// tenantLimiter is a token bucket per tenant for one kind. Buckets idle for a while are dropped
-// by sweep, so memory follows the active tenants.
+// tenantLimiter is a token bucket (golang.org/x/time/rate) per key (a tenant of one kind, a
+// client). Buckets idle for a while are dropped by sweep, so memory follows the active keys.
 type tenantLimiter struct {
-	rate  float64 // tokens per second
-	burst float64
-	m     sync.Map // tenant -> *bucket
-}
-
-type bucket struct {
-	mu     sync.Mutex
-	tokens float64
-	last   time.Time
+	limit rate.Limit // tokens per second
+	burst int
+	m     sync.Map // key -> *rate.Limiter
 }
 
 func newTenantLimiter(perSecond float64, burst int) *tenantLimiter {
-	return &tenantLimiter{rate: perSecond, burst: float64(max(burst, 1))}
+	return &tenantLimiter{limit: rate.Limit(perSecond), burst: max(burst, 1)}
 }
 
-// allow takes a token for tenant at now; if none is left it returns false and how long until one is.
-func (l *tenantLimiter) allow(tenant string, now time.Time) (bool, time.Duration) {
-	v, ok := l.m.Load(tenant)
+// allow takes a token for key at now; if none is left it returns false and how long until one is.
+func (l *tenantLimiter) allow(key string, now time.Time) (bool, time.Duration) {
+	v, ok := l.m.Load(key)
 	if !ok {
-		v, _ = l.m.LoadOrStore(tenant, &bucket{tokens: l.burst, last: now})
+		v, _ = l.m.LoadOrStore(key, rate.NewLimiter(l.limit, l.burst))
 	}
-	b := v.(*bucket)
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if el := now.Sub(b.last); el > 0 {
-		b.tokens = min(l.burst, b.tokens+el.Seconds()*l.rate)
-		b.last = now
-	}
-	if b.tokens >= 1 {
-		b.tokens--
+	lim := v.(*rate.Limiter)
+	if lim.AllowN(now, 1) {
 		return true, 0
 	}
-	return false, time.Duration((1 - b.tokens) / l.rate * float64(time.Second))
+	return false, time.Duration((1 - lim.TokensAt(now)) / float64(l.limit) * float64(time.Second))
 }
 
 // empty reports whether key's bucket has no token left at now (without taking one).
 func (l *tenantLimiter) empty(key string, now time.Time) bool {
 	v, ok := l.m.Load(key)
-	if !ok {
-		return false
-	}
-	b := v.(*bucket)
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.tokens+now.Sub(b.last).Seconds()*l.rate < 1
+	return ok && v.(*rate.Limiter).TokensAt(now) < 1
 }
 
-// sweep drops buckets that have been full (idle) since before cutoff.
+// sweep drops the buckets that have been full (idle) since before now-idle: full then, and no
+// token taken since.
 func (l *tenantLimiter) sweep(now time.Time, idle time.Duration) {
+	cutoff := now.Add(-idle)
 	l.m.Range(func(k, v any) bool {
-		b := v.(*bucket)
-		b.mu.Lock()
-		full := b.tokens+now.Sub(b.last).Seconds()*l.rate >= l.burst && now.Sub(b.last) > idle
-		b.mu.Unlock()
-		if full {
+		if v.(*rate.Limiter).TokensAt(cutoff) >= float64(l.burst) {
 			l.m.Delete(k)
 		}
 		return true

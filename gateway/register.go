@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"hash/fnv"
@@ -48,13 +47,9 @@ func (g *Gateway) registerServerRoutes(mux *http.ServeMux) {
 func eitherBearer(tokens ...string) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
-				for _, t := range tokens {
-					if t != "" && subtle.ConstantTimeCompare([]byte(got), []byte(t)) == 1 {
-						next.ServeHTTP(w, r)
-						return
-					}
-				}
+			if got, ok := tmhttp.BearerToken(r); ok && tmhttp.TokenIn(got, tokens...) {
+				next.ServeHTTP(w, r)
+				return
 			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="tenantmesh registration"`)
 			tmhttp.WriteProblem(w, r, tmhttp.Problem{Type: tmhttp.TypeBase + "unauthorized", Title: "Unauthorized", Status: http.StatusUnauthorized,

@@ -124,7 +124,7 @@ func TestRetriesAndBreaker(t *testing.T) {
 	}
 	_, metrics := e.do("GET", "/metrics", "", "", nil)
 	for _, m := range []string{`reason="unreachable"`, `reason="failed"`, `tm_gateway_circuit_state{instance="aggregate.aggregate-1.good"} 0`} {
-		if !contains2(metrics, m) {
+		if !strings.Contains(metrics, m) {
 			t.Errorf("metrics lack %s", m)
 		}
 	}
@@ -240,7 +240,7 @@ func TestHoldDuringHandoff(t *testing.T) {
 		`tm_gateway_hold_total{kind="brief",outcome="aborted"} 1`,
 		`tm_gateway_hold_queued 0`,
 	} {
-		if !contains2(metrics, m) {
+		if !strings.Contains(metrics, m) {
 			t.Errorf("metrics lack %s", m)
 		}
 	}
@@ -282,7 +282,7 @@ func TestStaticStability(t *testing.T) {
 		}
 	}
 	_, metrics := e.do("GET", "/metrics", "", "", nil)
-	if contains2(metrics, "tm_gateway_snapshot_staleness_seconds 0\n") || !contains2(metrics, "tm_gateway_snapshot_staleness_seconds") {
+	if strings.Contains(metrics, "tm_gateway_snapshot_staleness_seconds 0\n") || !strings.Contains(metrics, "tm_gateway_snapshot_staleness_seconds") {
 		t.Fatal("staleness metric does not show the outage")
 	}
 
@@ -476,7 +476,7 @@ func TestIdempotentRequestsReplayed(t *testing.T) {
 	}
 	_, metrics := e.do("GET", "/metrics", "", "", nil)
 	for _, reason := range []string{"idempotent", "read"} {
-		if !contains2(metrics, `reason="`+reason+`"`) {
+		if !strings.Contains(metrics, `reason="`+reason+`"`) {
 			t.Errorf(`metrics lack reason=%q`, reason)
 		}
 	}

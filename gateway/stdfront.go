@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/gateway/h1"
@@ -35,7 +36,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.RequestURI != "" && r.RequestURI[0] == '/' {
 		target = r.RequestURI
 	}
-	x.path = pathOf(target)
+	x.path, _, _ = strings.Cut(target, "?")
 	x.target, x.host = str2b(target), str2b(r.Host)
 	for k, vv := range r.Header {
 		for _, v := range vv {

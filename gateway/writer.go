@@ -1,5 +1,7 @@
 package gateway
 
+import "slices"
+
 // One writer per tenant (KindConfig.SingleWriter): a tenant's requests go to the instance of
 // its shard with the highest rendezvous weight for it. Every gateway computes the same choice
 // from the same directory, and when an instance leaves only its own tenants move (to their
@@ -13,7 +15,7 @@ func pickWriter(insts []*instance, tried []*instance, tenant string) *instance {
 		var best *instance
 		var bestW uint64
 		for _, in := range insts {
-			if contains(skip, in) || !in.breaker.Available() {
+			if slices.Contains(skip, in) || !in.breaker.Available() {
 				continue
 			}
 			if w := weight(tenant, in.key); best == nil || w > bestW {

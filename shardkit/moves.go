@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tenantmesh/tenantmesh/internal/backoff"
 	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -510,21 +511,22 @@ func (mv *mover) putSignal(ctx context.Context, ts *tenantState, sig schema.Tena
 	ts.mu.Lock()
 	ts.phase, ts.fence, ts.epoch, ts.applied, ts.lag = sig.Phase, sig.Fence, sig.Epoch, sig.Applied, sig.Lag
 	ts.mu.Unlock()
-	for attempt := range 5 {
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		got, err := mv.s.st.PutSignal(pctx, sig)
-		cancel()
+	attempt := 0
+	logErr := func(err error, _ time.Duration) {
+		mv.s.cfg.Logger.Warn("writing tenant signal", "tenant", ts.tenant, "phase", sig.Phase, "attempt", attempt, "err", err)
+	}
+	err := backoff.Retry(ctx, backoff.Policy{Initial: 200 * time.Millisecond, Max: time.Second, Tries: 5, OnRetry: logErr}, func(ctx context.Context) error {
+		attempt++
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		got, err := mv.s.st.PutSignal(ctx, sig)
 		if err == nil {
 			mv.noteSignal(got)
-			return
 		}
-		if ctx.Err() != nil {
-			return
-		}
-		mv.s.cfg.Logger.Warn("writing tenant signal", "tenant", ts.tenant, "phase", sig.Phase, "attempt", attempt+1, "err", err)
-		if !ctxtime.Sleep(ctx, time.Duration(attempt+1)*200*time.Millisecond) {
-			return
-		}
+		return err
+	})
+	if err != nil && ctx.Err() == nil {
+		logErr(err, 0) // the last try's failure
 	}
 }
 

@@ -10,7 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
+	"github.com/tenantmesh/tenantmesh/internal/backoff"
 	"github.com/tenantmesh/tenantmesh/internal/promreg"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
@@ -249,7 +249,7 @@ func (v *verifier) awaitVerdict(ctx context.Context, tenant string, sd *sourceDi
 	s := v.s
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.VerifyWait)
 	defer cancel()
-	pause := 20 * time.Millisecond
+	pauses := backoff.Policy{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}.Pauses()
 	var vd schema.Verdict
 	for {
 		recs, err := s.st.DigestRecords(ctx, s.kind, tenant, sd.epoch)
@@ -265,13 +265,12 @@ func (v *verifier) awaitVerdict(ctx context.Context, tenant string, sd *sourceDi
 				return vd
 			}
 		}
-		if !ctxtime.Sleep(ctx, pause) {
+		if !pauses.Wait(ctx) {
 			if vd.Result == "" {
 				vd = schema.Verdict{Result: schema.VerifyUnverified, Detail: "no digests read within the verify wait"}
 			}
 			return vd
 		}
-		pause = min(2*pause, 500*time.Millisecond)
 	}
 }
 

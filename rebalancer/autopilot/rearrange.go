@@ -3,6 +3,7 @@ package autopilot
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -377,7 +378,7 @@ func (a *Autopilot) Status(ctx context.Context) (Status, error) {
 	if kcs, err := a.d.Store.Kinds(ctx); err == nil {
 		for _, kc := range kcs {
 			counts := a.shardTenants(ctx, kc.Kind)
-			for _, shard := range sortedKeys(counts) {
+			for _, shard := range slices.Sorted(maps.Keys(counts)) {
 				if sp := a.d.Presence.Shard(kc.Kind, shard); counts[shard] > 0 && sp.Down() {
 					s.Down = append(s.Down, DownShard{Kind: kc.Kind, Shard: shard, Tenants: counts[shard], ShardPresence: sp})
 				}
@@ -385,15 +386,6 @@ func (a *Autopilot) Status(ctx context.Context) (Status, error) {
 		}
 	}
 	return s, nil
-}
-
-func sortedKeys(m map[string]int) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
 }
 
 // FreezeUntil records a change freeze until until, by actor, for reason.

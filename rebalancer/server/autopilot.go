@@ -1,8 +1,6 @@
 package server
 
 import (
-	"encoding/json"
-	"io"
 	"net/http"
 	"time"
 
@@ -40,7 +38,7 @@ type FreezeRequest struct {
 
 func (s *Server) handleFreeze(w http.ResponseWriter, r *http.Request) {
 	var req FreezeRequest
-	if err := decodeStrict(r, &req); err != nil {
+	if err := tmhttp.ReadJSON(w, r, 1<<16, &req); err != nil {
 		s.fail(w, r, badRequest(`the body is {"for": "2h"} or {"until": "2026-12-01T06:00:00Z"}, with "reason": `+err.Error()))
 		return
 	}
@@ -84,7 +82,7 @@ func (s *Server) handleMaintenance(on bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var req MaintenanceRequest
 		if on {
-			if err := decodeStrict(r, &req); err != nil || req.Reason == "" {
+			if err := tmhttp.ReadJSON(w, r, 1<<16, &req); err != nil || req.Reason == "" {
 				s.fail(w, r, badRequest(`the body is {"reason": "why the shard goes down"}`))
 				return
 			}
@@ -96,13 +94,6 @@ func (s *Server) handleMaintenance(on bool) http.HandlerFunc {
 		}
 		tmhttp.WriteJSON(w, http.StatusOK, st)
 	}
-}
-
-// decodeStrict reads a JSON body of at most 64 KiB with no unknown fields.
-func decodeStrict(r *http.Request, v any) error {
-	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<16))
-	dec.DisallowUnknownFields()
-	return dec.Decode(v)
 }
 
 func actorOr(a string) string {

@@ -1,10 +1,8 @@
 package server
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"time"
 
@@ -118,9 +116,7 @@ func (s *Server) handleKinds(w http.ResponseWriter, r *http.Request) {
 func (s *Server) handlePutKind(w http.ResponseWriter, r *http.Request) {
 	kind := chi.URLParam(r, "kind")
 	var kc schema.KindConfig
-	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&kc); err != nil {
+	if err := tmhttp.ReadJSON(w, r, 1<<20, &kc); err != nil {
 		s.fail(w, r, badRequest("the body must be a JSON kind config (policy, unplaced, capacity, hold_budget, ...): "+err.Error()))
 		return
 	}

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"crypto/subtle"
 	"net"
 	"net/http"
 	"strings"
@@ -37,17 +36,12 @@ func (s *Server) guard() func(http.Handler) http.Handler {
 
 // mayRead reports whether r may read the API.
 func (s *Server) mayRead(r *http.Request) bool {
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	got, ok := tmhttp.BearerToken(r)
 	if !ok {
 		got = r.URL.Query().Get("access_token")
 	}
 	if got != "" {
-		for _, tok := range []string{s.cfg.ReadToken, s.cfg.AdminToken} {
-			if tok != "" && subtle.ConstantTimeCompare([]byte(got), []byte(tok)) == 1 {
-				return true
-			}
-		}
-		return false
+		return tmhttp.TokenIn(got, s.cfg.ReadToken, s.cfg.AdminToken)
 	}
 	return s.cfg.ReadToken == "" && loopback(r.RemoteAddr)
 }

@@ -1,7 +1,7 @@
 package server
 
 import (
-	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"time"
@@ -40,9 +40,7 @@ type DegradedRequest struct {
 // degraded instance until the flag is cleared.
 func (s *Server) handleSetDegraded(w http.ResponseWriter, r *http.Request) {
 	var req DegradedRequest
-	dec := json.NewDecoder(io.LimitReader(r.Body, 16<<10))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil && err != io.EOF {
+	if err := tmhttp.ReadJSON(w, r, 16<<10, &req); err != nil && !errors.Is(err, io.EOF) {
 		s.fail(w, r, badRequest(`the body must be {"reason": "..."}: `+err.Error()))
 		return
 	}

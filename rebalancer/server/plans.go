@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -41,9 +40,7 @@ func (s *Server) handleControl(c rebalancer.Control) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var req ControlRequest
 		if r.ContentLength != 0 {
-			dec := json.NewDecoder(io.LimitReader(r.Body, 1<<16))
-			dec.DisallowUnknownFields()
-			if err := dec.Decode(&req); err != nil && !errors.Is(err, io.EOF) {
+			if err := tmhttp.ReadJSON(w, r, 1<<16, &req); err != nil && !errors.Is(err, io.EOF) {
 				s.fail(w, r, badRequest(`the body is optional: {"actor": "who asks"}: `+err.Error()))
 				return
 			}
@@ -110,9 +107,7 @@ func (s *Server) handleListPlans(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleCreatePlan(w http.ResponseWriter, r *http.Request) {
 	var req PlanRequest
-	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
+	if err := tmhttp.ReadJSON(w, r, 1<<20, &req); err != nil {
 		s.fail(w, r, badRequest("the body must be a JSON plan request (strategy, kind, shard, moves, tenant, targets, tolerance, budget, concurrency, require, dry_run): "+err.Error()))
 		return
 	}

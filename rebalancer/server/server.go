@@ -51,6 +51,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/tenantmesh/tenantmesh/internal/backoff"
 	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/rebalancer/autopilot"
@@ -509,17 +510,19 @@ const resumeTries = 8
 // write that timed out under load stopped the whole plan with moves in flight (the scale
 // harness: 9 moves left in warming, handoff and committed).
 func resumed(ctx context.Context, log *slog.Logger, id string, fn func(context.Context) (rebalancer.PlanRecord, error)) (rebalancer.PlanRecord, error) {
-	for try := 1; ; try++ {
-		rec, err := fn(ctx)
-		if err == nil || ctx.Err() != nil || try == resumeTries || !errors.Is(err, schema.ErrUnavailable) {
-			return rec, err
-		}
-		wait := min(time.Duration(try)*time.Second, 5*time.Second)
-		log.Warn("plan interrupted by NATS; resuming", "plan", id, "attempt", try, "in", wait, "err", err)
-		if !ctxtime.Sleep(ctx, wait) {
-			return rec, err
-		}
-	}
+	var rec rebalancer.PlanRecord
+	try := 0
+	err := backoff.Retry(ctx, backoff.Policy{Initial: time.Second, Max: 5 * time.Second, Tries: resumeTries,
+		RetryIf: func(err error) bool { return errors.Is(err, schema.ErrUnavailable) },
+		OnRetry: func(err error, pause time.Duration) {
+			log.Warn("plan interrupted by NATS; resuming", "plan", id, "attempt", try, "in", pause, "err", err)
+		},
+	}, func(ctx context.Context) (err error) {
+		try++
+		rec, err = fn(ctx)
+		return err
+	})
+	return rec, err
 }
 
 // waitIdle waits until no background apply runs (after the leader context ended).

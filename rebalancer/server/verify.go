@@ -9,7 +9,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
+	"github.com/tenantmesh/tenantmesh/internal/backoff"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
@@ -107,14 +107,15 @@ func (a *autoVerifier) verify(ctx context.Context, m rebalancer.MoveRecord) {
 		return
 	}
 	var v rebalancer.MoveVerdict
-	pause := 100 * time.Millisecond
-	for deadline := time.Now().Add(10 * time.Second); ; pause = min(2*pause, 2*time.Second) {
+	pauses := backoff.Policy{Initial: 100 * time.Millisecond, Max: 2 * time.Second}.Pauses()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
 		if v, err = rebalancer.VerifyMove(ctx, s.st, m); err != nil {
 			s.log.Warn("verifying a move", "move", m.Key(), "err", err)
 		} else if v.Result != schema.VerifyUnverified || time.Now().After(deadline) {
 			break
 		}
-		if !ctxtime.Sleep(ctx, pause) {
+		if !pauses.Wait(ctx) {
 			return
 		}
 	}

@@ -28,6 +28,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tenantmesh/tenantmesh/internal/backoff"
 	"github.com/tenantmesh/tenantmesh/internal/promreg"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -45,7 +46,7 @@ type Config struct {
 	// WebhookTimeout bounds one POST. Default 5s.
 	WebhookTimeout time.Duration
 	// WebhookRetries is how many times a failed POST is retried (with doubling backoff from
-	// 500ms). Default 3; negative: no retry.
+	// 500ms, jittered, at most 30s). Default 3; negative: no retry.
 	WebhookRetries int
 	// Client posts alerts. Default a plain http.Client.
 	Client *http.Client
@@ -387,27 +388,20 @@ func (s *Sweeper) alert(ctx context.Context, i schema.Instance, now time.Time) {
 		AlertAgentOffline, i.Key(), i.URL, s.offline, i.Heartbeat.UTC().Format(time.RFC3339))
 	body, _ := json.Marshal(Alert{Type: AlertAgentOffline, Instance: i.Key(), Kind: i.Kind, Shard: i.Shard, URL: i.URL,
 		LastHeartbeat: i.Heartbeat, OfflineAfter: s.offline.String(), Time: now.UTC(), Text: text, Content: text})
-	backoff := 500 * time.Millisecond
-	var err error
-	for attempt := 0; attempt <= max(s.cfg.WebhookRetries, 0); attempt++ {
-		if attempt > 0 {
-			t := time.NewTimer(backoff)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				return
+	err := backoff.Retry(ctx, backoff.Policy{Initial: 500 * time.Millisecond, Max: 30 * time.Second, Tries: 1 + max(s.cfg.WebhookRetries, 0)},
+		func(ctx context.Context) error {
+			retry, err := s.post(ctx, body)
+			if err != nil && !retry {
+				return backoff.Permanent(err)
 			}
-			backoff *= 2
-		}
-		var retry bool
-		if retry, err = s.post(ctx, body); err == nil {
-			s.m.alerts.WithLabelValues("sent").Inc()
-			return
-		}
-		if !retry {
-			break
-		}
+			return err
+		})
+	switch {
+	case err == nil:
+		s.m.alerts.WithLabelValues("sent").Inc()
+		return
+	case ctx.Err() != nil:
+		return
 	}
 	s.m.alerts.WithLabelValues("failed").Inc()
 	s.cfg.Logger.Error("offline alert failed", "instance", i.Key(), "webhook", s.cfg.Webhook, "err", err)

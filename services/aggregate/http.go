@@ -1,10 +1,8 @@
 package aggregate
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"time"
 
@@ -39,14 +37,8 @@ func tenantOf(r *http.Request) string { return r.Header.Get(tmhttp.HeaderTenant)
 func (s *Service) handleCommand(w http.ResponseWriter, r *http.Request) {
 	tenant := tenantOf(r)
 	var cmd Command
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxCommandBytes))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&cmd); err != nil {
+	if err := tmhttp.ReadJSON(w, r, MaxCommandBytes, &cmd); err != nil {
 		writeErr(w, r, fmt.Errorf("%w: the body must be one JSON command {aggregate_type, aggregate_id, command, payload, expected_version?, idempotency_key}: %v", ErrBadPayload, err), tenant)
-		return
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		writeErr(w, r, fmt.Errorf("%w: the body must hold exactly one JSON command", ErrBadPayload), tenant)
 		return
 	}
 	if cmd.IdempotencyKey == "" {

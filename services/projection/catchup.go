@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
+	"github.com/tenantmesh/tenantmesh/internal/backoff"
 	"github.com/tenantmesh/tenantmesh/services/ledger"
 	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -66,6 +66,7 @@ func (s *Service) wakeCatchUp() {
 }
 
 func (s *Service) catchUpBatch(ctx context.Context, batch []*tenantState) {
+	pauses := backoff.Policy{Initial: 500 * time.Millisecond, Max: 5 * time.Second}.Pauses()
 	for attempt := 0; ; attempt++ {
 		live := batch[:0]
 		for _, ts := range batch {
@@ -104,7 +105,7 @@ func (s *Service) catchUpBatch(ctx context.Context, batch []*tenantState) {
 			return
 		}
 		s.cfg.Logger.Warn("catch-up failed; retrying", "tenants", len(batch), "attempt", attempt+1, "err", err)
-		if !ctxtime.Sleep(ctx, min(time.Duration(attempt+1)*500*time.Millisecond, 5*time.Second)) {
+		if !pauses.Wait(ctx) {
 			return
 		}
 	}

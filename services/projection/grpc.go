@@ -11,6 +11,7 @@ import (
 	projectionv1 "github.com/tenantmesh/tenantmesh/proto/projection/v1"
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmgrpc"
+	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
 // RegisterGRPC serves projection.v1.QueryService (shardmain.GRPCApp): Query as POST
@@ -29,9 +30,7 @@ type queryServer struct {
 func (q queryServer) query(ctx context.Context, in *projectionv1.QueryRequest) (*projectionv1.QueryResponse, error) {
 	var qq Query
 	if in.GetQueryJson() != "" {
-		dec := json.NewDecoder(strings.NewReader(in.GetQueryJson()))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&qq); err != nil {
+		if err := tmhttp.DecodeJSON(strings.NewReader(in.GetQueryJson()), &qq); err != nil {
 			return nil, badQuery("query_json must be one JSON object {\"filter\", \"sort\", \"limit\", \"cursor\"}: %v", err)
 		}
 	}

@@ -2,7 +2,6 @@ package projection
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -112,22 +111,19 @@ func (s *Service) handleQuery(w http.ResponseWriter, r *http.Request) {
 // decodeQuery reads one JSON query from the body (an empty body is the empty query).
 func decodeQuery(w http.ResponseWriter, r *http.Request) (Query, error) {
 	var q Query
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxQueryBytes))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&q); err != nil {
-		if errors.Is(err, io.EOF) {
-			return Query{}, nil
-		}
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return Query{}, badQuery("the body is over %d bytes", MaxQueryBytes)
-		}
-		return Query{}, badQuery("the body must be one JSON object {\"filter\": [{\"field\", \"op\", \"value\"}], \"sort\": [{\"field\", \"desc\"}], \"limit\", \"cursor\"}: %v", err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+	err := tmhttp.ReadJSON(w, r, MaxQueryBytes, &q)
+	var mbe *http.MaxBytesError
+	switch {
+	case err == nil:
+		return q, nil
+	case errors.Is(err, io.EOF):
+		return Query{}, nil
+	case errors.As(err, &mbe):
+		return Query{}, badQuery("the body is over %d bytes", MaxQueryBytes)
+	case errors.Is(err, tmhttp.ErrNotOneValue):
 		return Query{}, badQuery("the body must hold exactly one JSON object")
 	}
-	return q, nil
+	return Query{}, badQuery("the body must be one JSON object {\"filter\": [{\"field\", \"op\", \"value\"}], \"sort\": [{\"field\", \"desc\"}], \"limit\", \"cursor\"}: %v", err)
 }
 
 // ViewInfo describes a view type for GET /views.

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/mail"
@@ -22,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 
+	"github.com/tenantmesh/tenantmesh/internal/backoff"
 	"github.com/tenantmesh/tenantmesh/internal/tracing"
 )
 
@@ -151,12 +151,12 @@ func (w *Webhook) Do(ctx context.Context, req Request) (Result, error) {
 	if attempts <= 0 {
 		attempts = 5
 	}
-	backoff, maxBackoff := w.Backoff, w.MaxBackoff
-	if backoff <= 0 {
-		backoff = 100 * time.Millisecond
+	pause, maxPause := w.Backoff, w.MaxBackoff
+	if pause <= 0 {
+		pause = 100 * time.Millisecond
 	}
-	if maxBackoff <= 0 {
-		maxBackoff = 5 * time.Second
+	if maxPause <= 0 {
+		maxPause = 5 * time.Second
 	}
 	client := w.httpClient(timeout)
 	if w.allowErr != nil {
@@ -165,33 +165,20 @@ func (w *Webhook) Do(ctx context.Context, req Request) (Result, error) {
 	if !strings.HasPrefix(req.To, "http://") && !strings.HasPrefix(req.To, "https://") {
 		return Result{}, fmt.Errorf("%w: webhook url %q must be http(s)", ErrPermanent, req.To)
 	}
-	var last error
-	for i := 1; i <= attempts; i++ {
-		err := w.post(ctx, client, timeout, req)
-		if err == nil {
-			return Result{Attempts: i}, nil
-		}
-		if errors.Is(err, ErrPermanent) {
-			return Result{Attempts: i}, err
-		}
-		last = err
-		if i == attempts {
-			break
-		}
-		pause := backoff << (i - 1)
-		if pause > maxBackoff || pause <= 0 {
-			pause = maxBackoff
-		}
-		pause = pause/2 + rand.N(pause/2+1) // jitter: half fixed, half random
-		t := time.NewTimer(pause)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return Result{Attempts: i}, fmt.Errorf("webhook %s: %w (last error: %w)", req.Key, ctx.Err(), last)
-		}
+	tries := 0
+	err := backoff.Retry(ctx, backoff.Policy{Initial: pause, Max: maxPause, Jitter: backoff.Half, Tries: attempts,
+		RetryIf: func(err error) bool { return !errors.Is(err, ErrPermanent) },
+	}, func(ctx context.Context) error {
+		tries++
+		return w.post(ctx, client, timeout, req)
+	})
+	switch {
+	case err == nil || errors.Is(err, ErrPermanent):
+		return Result{Attempts: tries}, err
+	case tries < attempts && ctx.Err() != nil:
+		return Result{Attempts: tries}, fmt.Errorf("webhook %s: %w (last error: %w)", req.Key, ctx.Err(), err)
 	}
-	return Result{Attempts: attempts}, fmt.Errorf("webhook %s: gave up after %d attempts: %w", req.Key, attempts, last)
+	return Result{Attempts: tries}, fmt.Errorf("webhook %s: gave up after %d attempts: %w", req.Key, attempts, err)
 }
 
 func (w *Webhook) post(ctx context.Context, client *http.Client, timeout time.Duration, req Request) error {

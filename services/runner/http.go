@@ -2,10 +2,8 @@ package runner
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"time"
@@ -49,14 +47,8 @@ func tenantOf(r *http.Request) string { return r.Header.Get(tmhttp.HeaderTenant)
 func (a *api) handleCreate(w http.ResponseWriter, r *http.Request) {
 	tenant := tenantOf(r)
 	var nj NewJob
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&nj); err != nil {
+	if err := tmhttp.ReadJSON(w, r, MaxBodyBytes, &nj); err != nil {
 		writeErr(w, r, fmt.Errorf("%w: the body must be one JSON job {type, payload?, instance?, idempotency_key?}: %v", ErrBadJob, err), tenant)
-		return
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		writeErr(w, r, fmt.Errorf("%w: the body must hold exactly one JSON job", ErrBadJob), tenant)
 		return
 	}
 	if nj.IdempotencyKey == "" {

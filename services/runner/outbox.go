@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tenantmesh/tenantmesh/internal/backoff"
 	"github.com/tenantmesh/tenantmesh/internal/tracing"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -243,7 +244,7 @@ func (o *outbox) readMarker(ctx context.Context, key string) (marker, uint64, er
 // unavailable; a create or takeover whose answer was lost shows up, on the next read, as a
 // marker carrying token, unique to this call.
 func (o *outbox) takeMarker(ctx context.Context, key, token string) (held, error) {
-	pause := 10 * time.Millisecond
+	pauses := backoff.Policy{Initial: 10 * time.Millisecond, Max: time.Second}.Pauses()
 	for {
 		var m marker
 		var rev uint64
@@ -284,14 +285,9 @@ func (o *outbox) takeMarker(ctx context.Context, key, token string) (held, error
 			return held{}, fmt.Errorf("runner: marker %s: %w", key, err)
 		}
 		// Someone else wrote the marker first, or holds it: look again shortly, bounded by ctx.
-		t := time.NewTimer(pause)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if !pauses.Wait(ctx) {
 			return held{}, fmt.Errorf("runner: waiting for effect %s held by %s: %w", key, m.By, ctx.Err())
 		}
-		pause = min(pause*2, time.Second)
 	}
 }
 

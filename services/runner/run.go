@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tenantmesh/tenantmesh/internal/backoff"
 	"github.com/tenantmesh/tenantmesh/internal/tracing"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -240,25 +241,18 @@ func (x *executor) recordOutcome(ctx context.Context, r *Run, until time.Time) e
 // (a run's 30 s; and a drain at handoff waits for its runs). op must be safe to repeat: its first try may
 // have been stored though its answer was lost.
 func (c Config) whileUnavailable(ctx context.Context, op func(context.Context) error, what string, attrs ...any) error {
-	wait, bound := 100*time.Millisecond, firstTry
-	for {
-		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(c.OpTimeout, bound))
-		err := op(octx)
-		cancel()
-		bound = min(2*bound, 4*firstTry)
-		if err == nil || !schema.IsUnavailable(err) || ctx.Err() != nil {
-			return err
-		}
-		c.Logger.Info(what+": NATS unavailable, trying again", append(attrs, "err", err)...)
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return err
-		}
-		wait = min(2*wait, time.Second)
-	}
+	return backoff.Retry(ctx, backoff.Policy{
+		Initial: 100 * time.Millisecond, Max: time.Second,
+		TryTimeout: firstTry, Detach: true, // each try bounded to OpTimeout too, in op
+		RetryIf: schema.IsUnavailable,
+		OnRetry: func(err error, _ time.Duration) {
+			c.Logger.Info(what+": NATS unavailable, trying again", append(attrs, "err", err)...)
+		},
+	}, func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, c.OpTimeout)
+		defer cancel()
+		return op(ctx)
+	})
 }
 
 // firstTry bounds the first try of a NATS call made through whileUnavailable, each later one

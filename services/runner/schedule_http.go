@@ -2,10 +2,7 @@ package runner
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 
 	"github.com/go-chi/chi/v5"
@@ -27,14 +24,8 @@ func (sc *Scheduler) mount(r chi.Router, gate func(http.Handler) http.Handler) {
 func (sc *Scheduler) handleCreate(w http.ResponseWriter, r *http.Request) {
 	tenant := tenantOf(r)
 	var ns NewSchedule
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxScheduleBodyBytes))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&ns); err != nil {
+	if err := tmhttp.ReadJSON(w, r, MaxScheduleBodyBytes, &ns); err != nil {
 		writeErr(w, r, fmt.Errorf("%w: the body must be one JSON schedule {id?, cron, job: {type, payload?, instance?}}: %v", ErrBadSchedule, err), tenant)
-		return
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		writeErr(w, r, fmt.Errorf("%w: the body must hold exactly one JSON schedule", ErrBadSchedule), tenant)
 		return
 	}
 	sch, err := sc.Create(r.Context(), tenant, ns)

@@ -6,14 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
+	"github.com/tenantmesh/tenantmesh/internal/backoff"
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
@@ -192,6 +191,7 @@ func (l *Log[S]) Execute(ctx context.Context, tenant, subject, key string, decid
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	ts.stopFollow() // commands come to the owner: a move to here committed
+	conflictPauses := conflictPolicy.Pauses()
 	for attempt := 1; ; attempt++ {
 		if e, ok := ts.idem.get(key); ok {
 			return Result{Event: e, Replayed: true}, nil
@@ -253,7 +253,7 @@ func (l *Log[S]) Execute(ctx context.Context, tenant, subject, key string, decid
 		// epoch marker): learn what it wrote, decide again (unless it fenced this instance),
 		// after a short random pause once it keeps happening (writers in lockstep).
 		l.m.Conflicts.Inc()
-		if attempt > 2 && !ctxtime.Sleep(ctx, conflictPause(attempt)) {
+		if attempt > 2 && !conflictPauses.Wait(ctx) {
 			return Result{}, fmt.Errorf("%w: %s kept changing for %s (%d attempts); retry the command", ErrConflict, tenant, l.cfg.Timeout, attempt)
 		}
 		if err := ts.catchUp(ctx, l.es); err != nil {
@@ -310,12 +310,9 @@ func (l *Log[S]) Takeover(ctx context.Context, tenant string, epoch uint64) (uin
 	return seq, nil
 }
 
-// conflictPause is a random pause before deciding again after the attempt-th lost append:
-// up to 1 ms, doubling to 32 ms.
-func conflictPause(attempt int) time.Duration {
-	limit := time.Millisecond << min(attempt-3, 5)
-	return time.Duration(rand.Int64N(int64(limit)) + 1)
-}
+// conflictPolicy is the random pauses before deciding again after the third and later lost
+// appends: up to 1 ms, doubling to 32 ms.
+var conflictPolicy = backoff.Policy{Initial: time.Millisecond, Max: 32 * time.Millisecond}
 
 func (l *Log[S]) afterAppend(ts *tenant[S]) {
 	if ts.sinceSnap < l.cfg.SnapshotEvery || l.es.snaps == nil {

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tenantmesh/tenantmesh/internal/backoff"
 	"github.com/tenantmesh/tenantmesh/internal/tracing"
 	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -107,37 +108,27 @@ func (es *store) append(ctx context.Context, tenant string, ev Event, expectLast
 // publish sends msg with opts, each try bounded and made again while NATS is unavailable if
 // retry (msg has an id, so a stored try is recognised as a duplicate).
 func (es *store) publish(ctx context.Context, msg *nats.Msg, opts []jetstream.PublishOpt, retry bool) (seq uint64, dup bool, err error) {
-	wait, bound := 50*time.Millisecond, appendAttempt
-	for {
-		// Each try is bounded on its own and made again while NATS is unavailable: a publish
-		// whose stream leader died before answering would otherwise hold the command for all
-		// of its time and fail it. A try again is safe: the message id makes a stored first
-		// try a duplicate (or its expected sequence makes it stale), and both paths learn
-		// the stored outcome.
-		actx, cancel := context.WithTimeout(ctx, bound)
-		ack, err := es.js.PublishMsg(actx, msg, opts...)
-		cancel()
-		bound = min(2*bound, 4*appendAttempt)
-		if err == nil {
-			return ack.Sequence, ack.Duplicate, nil
-		}
-		if schema.IsConflict(err) {
-			return 0, false, fmt.Errorf("%w: %v", ErrStale, err)
-		}
-		if !retry || !schema.IsUnavailable(err) || ctx.Err() != nil {
-			return 0, false, fmt.Errorf("%w: append to %s: %w", ErrStore, msg.Subject, err)
-		}
-		if es.retries != nil {
-			es.retries.Inc()
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return 0, false, fmt.Errorf("%w: append to %s: %w", ErrStore, msg.Subject, err)
-		}
-		wait = min(2*wait, 500*time.Millisecond)
+	// Each try is bounded on its own and made again while NATS is unavailable: a publish whose
+	// stream leader died before answering would otherwise hold the command for all of its time
+	// and fail it. A try again is safe: the message id makes a stored first try a duplicate (or
+	// its expected sequence makes it stale), and both paths learn the stored outcome.
+	p := backoff.Policy{Initial: 50 * time.Millisecond, Max: 500 * time.Millisecond, TryTimeout: appendAttempt,
+		RetryIf: func(err error) bool { return retry && schema.IsUnavailable(err) && !schema.IsConflict(err) }}
+	if es.retries != nil {
+		p.OnRetry = func(error, time.Duration) { es.retries.Inc() }
+	}
+	var ack *jetstream.PubAck
+	err = backoff.Retry(ctx, p, func(ctx context.Context) (err error) {
+		ack, err = es.js.PublishMsg(ctx, msg, opts...)
+		return err
+	})
+	switch {
+	case err == nil:
+		return ack.Sequence, ack.Duplicate, nil
+	case schema.IsConflict(err):
+		return 0, false, fmt.Errorf("%w: %v", ErrStale, err)
+	default:
+		return 0, false, fmt.Errorf("%w: append to %s: %w", ErrStore, msg.Subject, err)
 	}
 }
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
+	"github.com/tenantmesh/tenantmesh/internal/backoff"
 )
 
 // errNotProvisioned: an Attach-mode store found a shared asset missing.
@@ -23,20 +23,20 @@ func (e errNotProvisioned) Error() string {
 // ends, logging what it waits for every 10 s.
 func (c *Client) awaitProvisioned(ctx context.Context, op func(context.Context) error) error {
 	var logged time.Time
-	for {
-		err := op(ctx)
-		var np errNotProvisioned
-		if !errors.As(err, &np) {
-			return err
-		}
-		if time.Since(logged) >= 10*time.Second {
-			c.opts.Logger.Info("waiting for NATS state", "what", np.what, "why", "the rebalancer (rebalance serve) provisions it")
-			logged = time.Now()
-		}
-		if !ctxtime.Sleep(ctx, 250*time.Millisecond) {
-			return fmt.Errorf("%w (waited until %v)", err, ctx.Err())
-		}
+	var np errNotProvisioned
+	err := backoff.Retry(ctx, backoff.Policy{Initial: 250 * time.Millisecond, Max: 250 * time.Millisecond, Jitter: backoff.None,
+		RetryIf: func(err error) bool { return errors.As(err, &np) },
+		OnRetry: func(error, time.Duration) {
+			if time.Since(logged) >= 10*time.Second {
+				c.opts.Logger.Info("waiting for NATS state", "what", np.what, "why", "the rebalancer (rebalance serve) provisions it")
+				logged = time.Now()
+			}
+		},
+	}, op)
+	if errors.As(err, &np) && ctx.Err() != nil {
+		return fmt.Errorf("%w (waited until %v)", err, ctx.Err())
 	}
+	return err
 }
 
 // EnsureStream creates or updates a stream with the store's replicas and storage.
@@ -111,21 +111,19 @@ func (c *Client) allowMsgTTL(ctx context.Context, stream string) error {
 func (c *Client) tryCreate(ctx context.Context, what string, op func(context.Context) error) error {
 	var logged time.Time
 	started := time.Now()
-	for {
-		actx, cancel := context.WithTimeout(ctx, streamAttempt)
-		err := op(actx)
-		cancel()
-		if err == nil || ctx.Err() != nil || !creating(err) {
-			return err
-		}
-		if time.Since(logged) >= 10*time.Second && time.Since(started) >= time.Second {
-			c.opts.Logger.Info("waiting for NATS to create", "what", what, "err", err, "waited", time.Since(started).Round(time.Second))
-			logged = time.Now()
-		}
-		if !ctxtime.Sleep(ctx, 100*time.Millisecond) {
-			return err
-		}
-	}
+	return backoff.Retry(ctx, backoff.Policy{Initial: 100 * time.Millisecond, Max: 100 * time.Millisecond, Jitter: backoff.None,
+		RetryIf: creating,
+		OnRetry: func(err error, _ time.Duration) {
+			if time.Since(logged) >= 10*time.Second && time.Since(started) >= time.Second {
+				c.opts.Logger.Info("waiting for NATS to create", "what", what, "err", err, "waited", time.Since(started).Round(time.Second))
+				logged = time.Now()
+			}
+		},
+	}, func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, streamAttempt)
+		defer cancel()
+		return op(ctx)
+	})
 }
 
 // UpdateKV writes value to key of bucket if key's revision is still rev (0: absent), like
@@ -158,10 +156,11 @@ func (c *Client) LeaderGet(ctx context.Context, bucket, key string) ([]byte, uin
 		data []byte
 		rev  uint64
 	)
-	err := retry(ctx, transient, tryFor(readAttempt, func(ctx context.Context) (err error) {
+	err := retry(ctx, transient, readAttempt, func(ctx context.Context) (err error) {
 		data, rev, err = c.leaderGet(ctx, bucket, key)
 		return err
-	}))
+	})
+
 	return data, rev, err
 }
 
@@ -171,13 +170,14 @@ func (c *Client) ensureStream(ctx context.Context, cfg jetstream.StreamConfig) e
 	defer cancel()
 	if c.opts.Attach {
 		return c.awaitProvisioned(ctx, func(ctx context.Context) error {
-			return retry(ctx, transient, tryFor(readAttempt, func(ctx context.Context) error {
+			return retry(ctx, transient, readAttempt, func(ctx context.Context) error {
 				_, err := c.js.Stream(ctx, cfg.Name)
 				if errors.Is(err, jetstream.ErrStreamNotFound) {
 					return errNotProvisioned{"stream " + cfg.Name}
 				}
 				return err
-			}))
+			})
+
 		})
 	}
 	cfg.Replicas = c.opts.Replicas
@@ -235,13 +235,14 @@ func (c *Client) ensureKV(ctx context.Context, spec KVSpec) (jetstream.KeyValue,
 	if c.opts.Attach {
 		var kv jetstream.KeyValue
 		err := c.awaitProvisioned(ctx, func(ctx context.Context) error {
-			return retry(ctx, transient, tryFor(readAttempt, func(ctx context.Context) (err error) {
+			return retry(ctx, transient, readAttempt, func(ctx context.Context) (err error) {
 				kv, err = c.js.KeyValue(ctx, spec.Bucket)
 				if errors.Is(err, jetstream.ErrBucketNotFound) {
 					return errNotProvisioned{"bucket " + spec.Bucket}
 				}
 				return err
-			}))
+			})
+
 		})
 		if err != nil {
 			return nil, fmt.Errorf("open bucket %s: %w", spec.Bucket, err)

@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tenantmesh/tenantmesh/internal/backoff"
 )
 
 // ErrPullsUnheard: pulls for a new consumer found no responder within the bound.
@@ -37,19 +39,15 @@ func AwaitPulls(ctx context.Context, nc *nats.Conn, stream string, info *jetstre
 	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	subject := "$JS.API.CONSUMER.MSG.NEXT." + stream + "." + info.Name
-	wait := 2 * time.Millisecond
-	for {
+	probe := func(ctx context.Context) error {
 		rctx, rcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		defer rcancel()
 		_, err := nc.RequestWithContext(rctx, subject, pullProbe)
-		rcancel()
-		if !errors.Is(err, nats.ErrNoResponders) {
-			return nil
-		}
-		select {
-		case <-time.After(wait):
-		case <-ctx.Done():
-			return fmt.Errorf("%w (consumer %s on %s)", ErrPullsUnheard, info.Name, server)
-		}
-		wait = min(2*wait, 100*time.Millisecond)
+		return err
 	}
+	unheard := func(err error) bool { return errors.Is(err, nats.ErrNoResponders) }
+	if err := backoff.Retry(ctx, backoff.Policy{Initial: 2 * time.Millisecond, Max: 100 * time.Millisecond, RetryIf: unheard}, probe); unheard(err) {
+		return fmt.Errorf("%w (consumer %s on %s)", ErrPullsUnheard, info.Name, server)
+	}
+	return nil
 }

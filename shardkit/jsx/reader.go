@@ -5,13 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tenantmesh/tenantmesh/internal/backoff"
 )
 
 // Reader reads a stream's messages on some subjects in stream order, each once, from a start
@@ -288,7 +289,7 @@ func (r *Reader) create(ctx context.Context) (jetstream.Consumer, error) {
 	case r.cfg.LastPerSubject:
 		cc.DeliverPolicy = jetstream.DeliverLastPerSubjectPolicy
 	}
-	backoff := 50 * time.Millisecond
+	pauses := backoff.Policy{Initial: 50 * time.Millisecond, Max: 2 * time.Second, Jitter: backoff.Half}.Pauses()
 	for {
 		actx, acancel := context.WithTimeout(ctx, r.createTry)
 		cons, err := r.js.CreateConsumer(actx, r.stream, cc)
@@ -312,12 +313,9 @@ func (r *Reader) create(ctx context.Context) (jetstream.Consumer, error) {
 		if errors.Is(err, context.DeadlineExceeded) {
 			r.createTry = min(2*r.createTry, maxCreateTry)
 		}
-		select {
-		case <-time.After(backoff/2 + rand.N(backoff/2+1)):
-		case <-ctx.Done():
+		if !pauses.Wait(ctx) {
 			return nil, err
 		}
-		backoff = min(2*backoff, 2*time.Second)
 	}
 }
 

@@ -12,28 +12,21 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tenantmesh/tenantmesh/internal/backoff"
 )
 
 // retry runs op until it succeeds, fails for good, or ctx ends, backing off between attempts
 // that failed transiently (see ErrUnavailable). retryIf picks the failures worth another
-// attempt: any transient one for a read, only "reached nobody" for a write. The error returned
-// is op's last, marked ErrUnavailable when transient.
-func retry(ctx context.Context, retryIf func(error) bool, op func(context.Context) error) error {
-	wait := 25 * time.Millisecond
-	for {
-		err := op(ctx)
-		if err == nil || !retryIf(err) || ctx.Err() != nil {
-			return unavailable(err)
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return unavailable(err)
-		}
-		wait = min(2*wait, 500*time.Millisecond)
-	}
+// attempt: any transient one for a read, only "reached nobody" for a write. firstTry, if
+// positive, bounds the first attempt, each later one twice the one before, at most 4 x
+// firstTry (backoff.Policy.TryTimeout): a short first attempt makes a lost answer cheap (a
+// stream leader that stopped answers nothing; its successor answers the next attempt), and
+// the longer later ones still let a write through on a server too loaded to answer within the
+// first bound. The error returned is op's last, marked ErrUnavailable when transient.
+func retry(ctx context.Context, retryIf func(error) bool, firstTry time.Duration, op func(context.Context) error) error {
+	return unavailable(backoff.Retry(ctx, backoff.Policy{Initial: 25 * time.Millisecond, Max: 500 * time.Millisecond,
+		TryTimeout: firstTry, RetryIf: retryIf}, op))
 }
 
 // Read runs op, bounded by ctx or the client's timeout, again while it fails transiently (see
@@ -41,7 +34,7 @@ func retry(ctx context.Context, retryIf func(error) bool, op func(context.Contex
 func (c *Client) Read(ctx context.Context, op func(context.Context) error) error {
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
-	return retry(ctx, transient, op)
+	return retry(ctx, transient, 0, op)
 }
 
 // PublishOnce publishes data on subject to a stream with message id msgID, made again while
@@ -49,13 +42,14 @@ func (c *Client) Read(ctx context.Context, op func(context.Context) error) error
 func (c *Client) PublishOnce(ctx context.Context, subject string, data []byte, msgID string) error {
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
-	return retry(ctx, transient, tryFor(WriteTry, func(ctx context.Context) error {
+	return retry(ctx, transient, WriteTry, func(ctx context.Context) error {
 		_, err := c.js.Publish(ctx, subject, data, jetstream.WithMsgID(msgID))
 		return err
-	}))
+	})
+
 }
 
-// readAttempt bounds the first attempt of a single-key read (tryFor): a request whose server
+// readAttempt bounds the first attempt of a single-key read (retry): a request whose server
 // went away (a stream leader stopped) gets no answer, and the next attempt, after the
 // election, should not wait the whole store timeout for it. A read is idempotent, so an
 // attempt that timed out is simply made again.
@@ -69,10 +63,11 @@ func (c *Client) GetJSON(ctx context.Context, kv jetstream.KeyValue, key string,
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
 	var e jetstream.KeyValueEntry
-	err := retry(ctx, transient, tryFor(readAttempt, func(ctx context.Context) (err error) {
+	err := retry(ctx, transient, readAttempt, func(ctx context.Context) (err error) {
 		e, err = kv.Get(ctx, key)
 		return err
-	}))
+	})
+
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			return 0, fmt.Errorf("%s/%s: %w", kv.Bucket(), key, ErrNotFound)
@@ -176,7 +171,7 @@ func (c *Client) LastSeq(ctx context.Context, stream, subject string) (uint64, e
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
 	var seq uint64
-	err := retry(ctx, transient, tryFor(readAttempt, func(ctx context.Context) error {
+	err := retry(ctx, transient, readAttempt, func(ctx context.Context) error {
 		m, err := leaderLast(ctx, c.nc, stream, subject)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			seq = 0
@@ -187,7 +182,8 @@ func (c *Client) LastSeq(ctx context.Context, stream, subject string) (uint64, e
 		}
 		seq = m.Sequence
 		return nil
-	}))
+	})
+
 	if err != nil {
 		return 0, fmt.Errorf("last message of %s on %s: %w", stream, subject, err)
 	}
@@ -224,7 +220,7 @@ func (c *Client) DirectLastSeq(ctx context.Context, st jetstream.Stream, subject
 func (c *Client) ReadTries(ctx context.Context, op func(context.Context) error) error {
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
-	return retry(ctx, transient, tryFor(readAttempt, op))
+	return retry(ctx, transient, readAttempt, op)
 }
 
 // UpdateJSON writes v to key if its revision is still rev (0: only if absent) and returns the
@@ -244,14 +240,15 @@ func (c *Client) UpdateJSON(ctx context.Context, kv jetstream.KeyValue, key stri
 	defer cancel()
 	var newRev uint64
 	var doubt inDoubt
-	err = retry(ctx, doubt.note, tryFor(WriteTry, func(ctx context.Context) (err error) {
+	err = retry(ctx, doubt.note, WriteTry, func(ctx context.Context) (err error) {
 		if rev == 0 {
 			newRev, err = kv.Create(ctx, key, b)
 		} else {
 			newRev, err = kv.Update(ctx, key, b, rev)
 		}
 		return err
-	}))
+	})
+
 	if err != nil && IsConflict(err) && doubt.was {
 		if got, ok := c.recognise(ctx, kv.Bucket(), key, b); ok {
 			return got, nil
@@ -270,20 +267,6 @@ func (c *Client) UpdateJSON(ctx context.Context, kv jetstream.KeyValue, key stri
 // milliseconds, under load tens of them; an answer lost with a stream leader that stopped is
 // waited for this long before the next attempt reaches the new leader.
 const WriteTry = 500 * time.Millisecond
-
-// tryFor is op with each call bounded: the first to first, each later one to twice the one
-// before, at most 4 x first. A short first attempt makes a lost answer cheap (a stream leader
-// that stopped answers nothing; its successor answers the next attempt), and the longer later
-// ones still let a write through on a server too loaded to answer within the first bound.
-func tryFor(first time.Duration, op func(context.Context) error) func(context.Context) error {
-	d := first
-	return func(ctx context.Context) error {
-		actx, cancel := context.WithTimeout(ctx, d)
-		defer cancel()
-		d = min(2*d, 4*first)
-		return op(actx)
-	}
-}
 
 // inDoubt is a write's retry rule that remembers whether an attempt may have been stored: any
 // transient failure but "reached nobody" leaves the outcome unknown.
@@ -310,10 +293,11 @@ func (c *Client) recognise(ctx context.Context, bucket, key string, b []byte) (u
 	defer cancel()
 	var data []byte
 	var rev uint64
-	err := retry(rctx, transient, tryFor(readAttempt, func(ctx context.Context) (err error) {
+	err := retry(rctx, transient, readAttempt, func(ctx context.Context) (err error) {
 		data, rev, err = c.leaderGet(ctx, bucket, key)
 		return err
-	}))
+	})
+
 	return rev, err == nil && bytes.Equal(data, b)
 }
 
@@ -327,10 +311,11 @@ func (c *Client) PutJSON(ctx context.Context, kv jetstream.KeyValue, key string,
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
 	var rev uint64
-	err = retry(ctx, transient, tryFor(WriteTry, func(ctx context.Context) (err error) {
+	err = retry(ctx, transient, WriteTry, func(ctx context.Context) (err error) {
 		rev, err = kv.Put(ctx, key, b)
 		return err
-	}))
+	})
+
 	if err != nil {
 		return 0, fmt.Errorf("put %s/%s: %w", kv.Bucket(), key, err)
 	}
@@ -347,14 +332,15 @@ func (c *Client) DeleteKey(ctx context.Context, kv jetstream.KeyValue, key strin
 		opts = append(opts, jetstream.LastRevision(rev))
 	}
 	var doubt inDoubt
-	err := retry(ctx, doubt.note, tryFor(WriteTry, func(ctx context.Context) error { return kv.Delete(ctx, key, opts...) }))
+	err := retry(ctx, doubt.note, WriteTry, func(ctx context.Context) error { return kv.Delete(ctx, key, opts...) })
 	if err != nil && IsConflict(err) && doubt.was {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.Timeout)
 		var gerr error
-		_ = retry(rctx, transient, tryFor(readAttempt, func(ctx context.Context) error {
+		_ = retry(rctx, transient, readAttempt, func(ctx context.Context) error {
 			_, _, gerr = c.leaderGet(ctx, kv.Bucket(), key)
 			return gerr
-		}))
+		})
+
 		cancel()
 		if errors.Is(gerr, jetstream.ErrKeyNotFound) {
 			return nil
@@ -384,10 +370,11 @@ func ListJSON[T any](ctx context.Context, c *Client, kv jetstream.KeyValue, filt
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
 	var latest map[string]listItem
-	err = retry(ctx, transient, func(ctx context.Context) (err error) {
+	err = retry(ctx, transient, 0, func(ctx context.Context) (err error) {
 		latest, err = c.listLatest(ctx, kv, filter, false)
 		return err
 	})
+
 	if err != nil {
 		return 0, fmt.Errorf("list %s: %w", kv.Bucket(), err)
 	}
@@ -434,10 +421,11 @@ func (c *Client) Keys(ctx context.Context, kv jetstream.KeyValue, filter string)
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
 	var latest map[string]listItem
-	err := retry(ctx, transient, func(ctx context.Context) (err error) {
+	err := retry(ctx, transient, 0, func(ctx context.Context) (err error) {
 		latest, err = c.listLatest(ctx, kv, filter, true)
 		return err
 	})
+
 	if err != nil {
 		return nil, fmt.Errorf("list keys of %s: %w", kv.Bucket(), err)
 	}

@@ -21,7 +21,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -30,6 +29,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tenantmesh/tenantmesh/internal/backoff"
 	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 )
 
@@ -177,7 +177,7 @@ func (f *Follower) Run(ctx context.Context) error {
 	defer f.deletes.Wait()
 	f.servers = jsx.WatchServers(f.cfg.JS.Conn(), f.serversOffline)
 	defer f.servers.Leave()
-	backoff, createTry := f.cfg.Retry, firstCreateTry
+	pauses, createTry := backoff.Policy{Initial: f.cfg.Retry, Max: maxRetry, Jitter: backoff.Half}.Pauses(), firstCreateTry
 	for ctx.Err() == nil {
 		err := f.session(ctx, createTry)
 		// A create whose answer was lost (a meta leader that stopped took it) is made again
@@ -203,15 +203,11 @@ func (f *Follower) Run(ctx context.Context) error {
 			continue // resume at once; the server is fine
 		}
 		if errors.Is(err, errOfflineServer) || errors.Is(err, jsx.ErrPullsUnheard) {
-			backoff = f.cfg.Retry // made where it cannot live, or cannot be reached: again, soon
+			pauses.Reset() // made where it cannot live, or cannot be reached: again, soon
 		}
-		select {
-		case <-time.After(backoff/2 + rand.N(backoff/2+1)):
-		case <-ctx.Done():
-		}
-		backoff = min(2*backoff, maxRetry)
+		pauses.Wait(ctx)
 		if err == nil {
-			backoff = f.cfg.Retry
+			pauses.Reset()
 		}
 	}
 	return ctx.Err()

@@ -29,6 +29,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tenantmesh/tenantmesh/internal/backoff"
 	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/kvwatch"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -668,16 +669,16 @@ func (ks *kindState) confirm(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	for wait := 200 * time.Microsecond; ; wait = min(2*wait, 10*time.Millisecond) {
+	// A local poll: nobody competes, so no jitter.
+	pauses := backoff.Policy{Initial: 200 * time.Microsecond, Max: 10 * time.Millisecond, Jitter: backoff.None}.Pauses()
+	for {
 		ks.mu.Lock()
 		rev := ks.rev
 		ks.mu.Unlock()
 		if rev >= last {
 			break
 		}
-		select {
-		case <-time.After(wait):
-		case <-ctx.Done():
+		if !pauses.Wait(ctx) {
 			return fmt.Errorf("applied revision %d of %d: %w", rev, last, ctx.Err())
 		}
 	}

@@ -4,12 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
+	"github.com/tenantmesh/tenantmesh/internal/backoff"
 
 	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 )
@@ -115,57 +114,65 @@ func (rr RouteRegistry) RemoveInstance(ctx context.Context, r Route, id Instance
 	})
 }
 
-// edit applies edit to the stored route by CAS, retrying on conflict. edit reports whether
-// it changed anything. An emptied route is deleted.
+// edit applies edit to the stored route by CAS, retrying on conflict (writers that collided
+// back off at random, or they collide again). edit reports whether it changed anything. An
+// emptied route is deleted.
 func (rr RouteRegistry) edit(ctx context.Context, r Route, edit func(*Route) bool) (Route, error) {
 	if err := r.Validate(); err != nil {
 		return Route{}, err
 	}
-	key := r.Key()
-	for attempt := range maxCASAttempts {
-		if attempt > 0 { // writers that collided back off at random, or they collide again
-			backoff := min(time.Millisecond<<min(attempt, 6), 50*time.Millisecond)
-			if !ctxtime.Sleep(ctx, rand.N(backoff)+time.Millisecond) {
-				return Route{}, ctx.Err()
-			}
-		}
-		var cur Route
-		rev, err := rr.s.js.GetJSON(ctx, rr.s.routes, key, &cur)
-		switch {
-		case errors.Is(err, ErrNotFound):
-			cur = Route{Method: r.Method, Prefix: r.Prefix, Kind: r.Kind}
-		case errors.Is(err, ErrCorrupt):
-			rr.s.opts.Logger.Warn("replacing corrupt route", "key", key, "err", err)
-			cur = Route{Method: r.Method, Prefix: r.Prefix, Kind: r.Kind}
-		case err != nil:
-			return Route{}, err
-		}
-		cur.Revision, cur.key = rev, key
-		if !edit(&cur) {
-			return cur, nil
-		}
-		if len(cur.Instances) == 0 {
-			if rev == 0 {
-				return cur, nil
-			}
-			err = rr.s.js.DeleteKey(ctx, rr.s.routes, key, rev)
-			if err == nil {
-				cur.Revision = 0
-				return cur, nil
-			}
-		} else {
-			var nrev uint64
-			nrev, err = rr.s.js.UpdateJSON(ctx, rr.s.routes, key, rev, cur)
-			if err == nil {
-				cur.Revision = nrev
-				return cur, nil
-			}
-		}
-		if !errors.Is(err, ErrConflict) {
-			return Route{}, err
-		}
+	var out Route
+	err := backoff.Retry(ctx, backoff.Policy{Initial: 2 * time.Millisecond, Max: 50 * time.Millisecond, Tries: maxCASAttempts,
+		RetryIf: func(err error) bool { return errors.Is(err, ErrConflict) },
+	}, func(ctx context.Context) (err error) {
+		out, err = rr.editOnce(ctx, r, edit)
+		return err
+	})
+	switch {
+	case err == nil:
+		return out, nil
+	case !errors.Is(err, ErrConflict):
+		return Route{}, err
+	case ctx.Err() != nil:
+		return Route{}, ctx.Err()
 	}
 	return Route{}, fmt.Errorf("schema: route %s %s: gave up after %d conflicting writers", r.Method, r.Prefix, maxCASAttempts)
+}
+
+// editOnce is one try of edit: a read, edit, and a write of the stored route if it changed.
+func (rr RouteRegistry) editOnce(ctx context.Context, r Route, edit func(*Route) bool) (Route, error) {
+	key := r.Key()
+	var cur Route
+	rev, err := rr.s.js.GetJSON(ctx, rr.s.routes, key, &cur)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		cur = Route{Method: r.Method, Prefix: r.Prefix, Kind: r.Kind}
+	case errors.Is(err, ErrCorrupt):
+		rr.s.opts.Logger.Warn("replacing corrupt route", "key", key, "err", err)
+		cur = Route{Method: r.Method, Prefix: r.Prefix, Kind: r.Kind}
+	case err != nil:
+		return Route{}, err
+	}
+	cur.Revision, cur.key = rev, key
+	if !edit(&cur) {
+		return cur, nil
+	}
+	if len(cur.Instances) == 0 {
+		if rev == 0 {
+			return cur, nil
+		}
+		if err := rr.s.js.DeleteKey(ctx, rr.s.routes, key, rev); err != nil {
+			return Route{}, err
+		}
+		cur.Revision = 0
+		return cur, nil
+	}
+	nrev, err := rr.s.js.UpdateJSON(ctx, rr.s.routes, key, rev, cur)
+	if err != nil {
+		return Route{}, err
+	}
+	cur.Revision = nrev
+	return cur, nil
 }
 
 // Get reads one route of kind.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/tenantmesh/tenantmesh/internal/backoff"
 	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 )
 
@@ -223,20 +224,19 @@ func (s *Store) Snapshots(ctx context.Context) (jetstream.ObjectStore, error) {
 // streams. Failures are logged at warn level through opts.Logger.
 func OpenRetry(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 	log := opts.withDefaults().Logger
-	wait := 250 * time.Millisecond
-	for {
-		octx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		st, err := Open(octx, nc, opts)
-		cancel()
-		if err == nil {
-			return st, nil
-		}
-		log.Warn("NATS state not ready; retrying", "err", err, "in", wait)
-		select {
-		case <-time.After(wait):
-		case <-ctx.Done():
-			return nil, fmt.Errorf("schema: open: %w (last error: %v)", ctx.Err(), err)
-		}
-		wait = min(2*wait, 5*time.Second)
+	var st *Store
+	err := backoff.Retry(ctx, backoff.Policy{Initial: 250 * time.Millisecond, Max: 5 * time.Second,
+		OnRetry: func(err error, pause time.Duration) {
+			log.Warn("NATS state not ready; retrying", "err", err, "in", pause)
+		},
+	}, func(ctx context.Context) (err error) {
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		st, err = Open(ctx, nc, opts)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("schema: open: %w (last error: %v)", ctx.Err(), err)
 	}
+	return st, nil
 }

@@ -162,6 +162,23 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 	_ = enc.Encode(v)
 }
 
+// BearerToken is the token r carries as Authorization: Bearer <token>, and whether it carries one.
+func BearerToken(r *http.Request) (string, bool) {
+	return strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+}
+
+// TokenIn reports whether got is one of tokens, comparing with each in constant time (the
+// one token check of the gateway, shardkit and the rebalancer). An empty token never matches.
+func TokenIn(got string, tokens ...string) bool {
+	in := false
+	for _, t := range tokens {
+		if t != "" && subtle.ConstantTimeCompare([]byte(got), []byte(t)) == 1 {
+			in = true
+		}
+	}
+	return in
+}
+
 // RequireBearer returns middleware that admits only requests with Authorization: Bearer
 // <token>, compared in constant time; a missing or wrong token is answered 401 with
 // WWW-Authenticate. With token empty the routes are disabled: every request is answered 403.
@@ -174,8 +191,7 @@ func RequireBearer(token, setWith string) func(http.Handler) http.Handler {
 					Detail: "admin routes are disabled: no admin token is configured; set one with " + setWith})
 				return
 			}
-			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+			if got, ok := BearerToken(r); !ok || !TokenIn(got, token) {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="tenantmesh admin"`)
 				WriteProblem(w, r, Problem{Type: TypeBase + "unauthorized", Title: "Unauthorized", Status: http.StatusUnauthorized,
 					Detail: "admin routes need Authorization: Bearer <the admin token set with " + setWith + ">"})

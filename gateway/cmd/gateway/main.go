@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"runtime"
@@ -58,69 +59,11 @@ func spareProc() {
 
 // run parses args and runs the gateway until ctx ends; logs go to stderr.
 func run(ctx context.Context, args []string, stderr io.Writer) error {
-	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var (
-		nats                                      natsconn.Options
-		addr, id, logLevel, logFormat             string
-		retries, maxHeader, idlePerHost, replicas int
-		pprof                                     bool
-		adminToken, registrationToken             string
-		tlsCert, tlsKey, upstreamCA               string
-		jwt                                       edgeauth.Config
-		jwtMethods                                string
-		maxBody, replayBody                       int
-		readHeader, shutdown, connect             time.Duration
-		trustTenant                               bool
-		shardKeyFile                              string
-	)
-	cfg := gateway.Config{}
-	nats.AddFlags(fs)
-	envflag.String(fs, &addr, "addr", ":8080", "listen address")
-	envflag.String(fs, &id, "gateway-id", "", "gateway id in audit events (default hostname-pid)")
-	envflag.String(fs, &logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	envflag.String(fs, &logFormat, "log-format", "auto", "log format: auto, text, json")
-	envflag.Int(fs, &replicas, "replicas", 1, "replicas for buckets and streams this process creates (3 in a cluster)")
-	envflag.Int(fs, &retries, "retries", 2, "further attempts after a 421 or an unreachable instance (0: none)")
-	envflag.Int(fs, &maxHeader, "max-header-bytes", 64<<10, "largest request header block")
-	envflag.Int(fs, &maxBody, "max-body-bytes", 32<<20, "largest request body (-1: unbounded)")
-	envflag.Int(fs, &replayBody, "max-replay-body", 1<<20, "largest body buffered for retries and holds")
-	envflag.Int(fs, &idlePerHost, "max-idle-conns-per-host", 256, "idle upstream connections kept per instance")
-	envflag.Duration(fs, &readHeader, "read-header-timeout", 5*time.Second, "time allowed to read request headers")
-	envflag.Duration(fs, &shutdown, "shutdown-timeout", 30*time.Second, "time allowed for in-flight requests at shutdown")
-	envflag.Duration(fs, &connect, "connect-timeout", time.Second, "time allowed to connect to an instance")
-	envflag.Bool(fs, &pprof, "pprof", false, "serve /debug/pprof/ to requests without x-tenant-id (needs the admin token)")
-	envflag.Secret(fs, &adminToken, "admin-token", "bearer token for /admin/* and /debug/pprof/ (unset: they are refused)")
-	envflag.Secret(fs, &registrationToken, "registration-token", "bearer token affinity servers register with at /prerender-servers (the admin token works too; neither set: registration is refused)")
-	envflag.String(fs, &tlsCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; a renewed file is picked up without a restart)")
-	envflag.String(fs, &tlsKey, "tls-key", "", "key (PEM) of --tls-cert")
-	envflag.String(fs, &upstreamCA, "upstream-ca", "", "PEM CAs that sign the certificates of instances registered with https:// URLs (default: the system's)")
-	envflag.String(fs, &jwt.JWKSURL, "jwt-jwks-url", "", "check a bearer JWT on every tenant request, with keys from this JWK Set URL (cached, refreshed)")
-	envflag.String(fs, &jwt.KeyFile, "jwt-key-file", "", "check a bearer JWT on every tenant request, with this PEM public key or JWK Set file")
-	envflag.String(fs, &jwt.Issuer, "jwt-issuer", "", "with --jwt-*: the iss tokens must carry")
-	envflag.String(fs, &jwt.Audience, "jwt-audience", "", "with --jwt-*: an aud tokens must carry")
-	envflag.String(fs, &jwt.TenantClaim, "jwt-tenant-claim", "tenant_id", "with --jwt-*: the claim naming the tenant; it must equal x-tenant-id, or fills it")
-	envflag.Duration(fs, &jwt.Leeway, "jwt-leeway", 30*time.Second, "with --jwt-*: clock skew allowed on exp and nbf")
-	envflag.Int(fs, &jwt.CacheSize, "jwt-cache-size", 10000, "with --jwt-*: verified tokens remembered (about 1 KB each); more active users than this verify signatures more often")
-	envflag.String(fs, &jwtMethods, "jwt-algorithms", "RS256,RS384,RS512,PS256,ES256,ES384,EdDSA", "with --jwt-*: accepted signing algorithms (public-key ones only)")
-	envflag.Bool(fs, &trustTenant, "trust-tenant-header", false, "believe x-tenant-id as the client sends it, without --jwt-* (only when something in front of the gateway sets it: a development stack, an authenticating proxy); without either the gateway refuses to start")
-	envflag.String(fs, &shardKeyFile, "shard-key-file", "", "file with the gateways' key (rebalance auth init writes gate.key): every request to an instance carries a proof its shard checks with --gateway-key-file")
-	limits := addLimitFlags(fs, &cfg)
-	if err := envflag.Check(fs); err != nil {
+	var o options
+	if err := o.parse(args, stderr); err != nil {
 		return err
 	}
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	limits()
-	if retries <= 0 {
-		retries = -1 // Config's zero means the default
-	}
-	edge := jwt.JWKSURL != "" || jwt.KeyFile != ""
-	if !edge && !trustTenant {
-		return errNoEdgeIdentity
-	}
-	log, err := tmlog.New(stderr, logLevel, logFormat)
+	log, err := tmlog.New(stderr, o.logLevel, o.logFormat)
 	if err != nil {
 		return err
 	}
@@ -129,55 +72,109 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer flush()
-
-	cfg.ID, cfg.Addr, cfg.Logger, cfg.Retries = id, addr, log, retries
-	cfg.MaxHeaderBytes, cfg.MaxBodyBytes, cfg.MaxReplayBody = maxHeader, int64(maxBody), int64(replayBody)
-	cfg.MaxIdleConnsPerHost, cfg.ReadHeaderTimeout, cfg.ShutdownTimeout = idlePerHost, readHeader, shutdown
-	cfg.ConnectTimeout, cfg.Pprof = connect, pprof
-	cfg.AdminToken, cfg.RegistrationToken = adminToken, registrationToken
-	if (tlsCert == "") != (tlsKey == "") {
-		return errors.New("--tls-cert and --tls-key go together")
+	cfg, err := o.config(ctx, log)
+	if err != nil {
+		return err
 	}
-	if tlsCert != "" {
-		rl, err := certfile.New(tlsCert, tlsKey, log)
-		if err != nil {
-			return fmt.Errorf("--tls-cert/--tls-key: %w", err)
-		}
-		cfg.TLS = rl.ServerConfig()
-	}
-	if shardKeyFile != "" {
-		if cfg.ShardKey, err = gatesig.ReadKeyFile(shardKeyFile); err != nil {
-			return fmt.Errorf("--shard-key-file: %w", err)
-		}
-	} else {
-		log.Warn("requests to shards carry no gateway proof (--shard-key-file): shards that check one refuse them, and shards that do not believe anyone who reaches their port")
-	}
-	if upstreamCA != "" {
-		if cfg.UpstreamCAs, err = certfile.Pool(upstreamCA); err != nil {
-			return fmt.Errorf("--upstream-ca: %w", err)
-		}
-	}
-	if edge {
-		jwt.Methods = strings.Split(jwtMethods, ",")
-		jwt.Logger = log
-		if cfg.Auth, err = edgeauth.New(ctx, jwt); err != nil {
-			return err
-		}
-		log.Info("tenant requests need a bearer JWT", "jwks", jwt.JWKSURL, "key_file", jwt.KeyFile, "tenant_claim", jwt.TenantClaim)
-	}
-	nc, err := natsconn.Connect(nats, "tm-gateway", log)
+	nc, err := natsconn.Connect(o.nats, "tm-gateway", log)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	store, err := schema.OpenRetry(ctx, nc, schema.Options{Replicas: replicas, Logger: log, Attach: true})
-	if err != nil {
+	if cfg.Store, err = schema.OpenRetry(ctx, nc, schema.Options{Replicas: o.replicas, Logger: log, Attach: true}); err != nil {
 		return err
 	}
-	cfg.Store = store
 	g, err := gateway.New(cfg)
 	if err != nil {
 		return err
 	}
 	return g.Run(ctx)
+}
+
+// options are the gateway binary's flags: gateway.Config's own (Config.AddFlags), and what the
+// binary makes Config's other fields from.
+type options struct {
+	cfg                      gateway.Config
+	nats                     natsconn.Options
+	logLevel, logFormat      string
+	replicas                 int
+	tlsCert, tlsKey          string
+	upstreamCA, shardKeyFile string
+	jwt                      edgeauth.Config
+	jwtMethods               string
+	trustTenant, edge        bool
+}
+
+// parse reads args (defaults from TM_* variables) into o.
+func (o *options) parse(args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o.nats.AddFlags(fs)
+	parsed := o.cfg.AddFlags(fs)
+	envflag.String(fs, &o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	envflag.String(fs, &o.logFormat, "log-format", "auto", "log format: auto, text, json")
+	envflag.Int(fs, &o.replicas, "replicas", 1, "replicas for buckets and streams this process creates (3 in a cluster)")
+	envflag.String(fs, &o.tlsCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; a renewed file is picked up without a restart)")
+	envflag.String(fs, &o.tlsKey, "tls-key", "", "key (PEM) of --tls-cert")
+	envflag.String(fs, &o.upstreamCA, "upstream-ca", "", "PEM CAs that sign the certificates of instances registered with https:// URLs (default: the system's)")
+	envflag.String(fs, &o.jwt.JWKSURL, "jwt-jwks-url", "", "check a bearer JWT on every tenant request, with keys from this JWK Set URL (cached, refreshed)")
+	envflag.String(fs, &o.jwt.KeyFile, "jwt-key-file", "", "check a bearer JWT on every tenant request, with this PEM public key or JWK Set file")
+	envflag.String(fs, &o.jwt.Issuer, "jwt-issuer", "", "with --jwt-*: the iss tokens must carry")
+	envflag.String(fs, &o.jwt.Audience, "jwt-audience", "", "with --jwt-*: an aud tokens must carry")
+	envflag.String(fs, &o.jwt.TenantClaim, "jwt-tenant-claim", "tenant_id", "with --jwt-*: the claim naming the tenant; it must equal x-tenant-id, or fills it")
+	envflag.Duration(fs, &o.jwt.Leeway, "jwt-leeway", 30*time.Second, "with --jwt-*: clock skew allowed on exp and nbf")
+	envflag.Int(fs, &o.jwt.CacheSize, "jwt-cache-size", 10000, "with --jwt-*: verified tokens remembered (about 1 KB each); more active users than this verify signatures more often")
+	envflag.String(fs, &o.jwtMethods, "jwt-algorithms", "RS256,RS384,RS512,PS256,ES256,ES384,EdDSA", "with --jwt-*: accepted signing algorithms (public-key ones only)")
+	envflag.Bool(fs, &o.trustTenant, "trust-tenant-header", false, "believe x-tenant-id as the client sends it, without --jwt-* (only when something in front of the gateway sets it: a development stack, an authenticating proxy); without either the gateway refuses to start")
+	envflag.String(fs, &o.shardKeyFile, "shard-key-file", "", "file with the gateways' key (rebalance auth init writes gate.key): every request to an instance carries a proof its shard checks with --gateway-key-file")
+	if err := envflag.Check(fs); err != nil {
+		return err
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	parsed()
+	o.edge = o.jwt.JWKSURL != "" || o.jwt.KeyFile != ""
+	if !o.edge && !o.trustTenant {
+		return errNoEdgeIdentity
+	}
+	if (o.tlsCert == "") != (o.tlsKey == "") {
+		return errors.New("--tls-cert and --tls-key go together")
+	}
+	return nil
+}
+
+// config is the gateway's Config but for its Store: the flags' fields, and what the files and
+// the JWT check the flags name make.
+func (o *options) config(ctx context.Context, log *slog.Logger) (gateway.Config, error) {
+	cfg := o.cfg
+	cfg.Logger = log
+	var err error
+	if o.tlsCert != "" {
+		rl, err := certfile.New(o.tlsCert, o.tlsKey, log)
+		if err != nil {
+			return cfg, fmt.Errorf("--tls-cert/--tls-key: %w", err)
+		}
+		cfg.TLS = rl.ServerConfig()
+	}
+	if o.shardKeyFile != "" {
+		if cfg.ShardKey, err = gatesig.ReadKeyFile(o.shardKeyFile); err != nil {
+			return cfg, fmt.Errorf("--shard-key-file: %w", err)
+		}
+	} else {
+		log.Warn("requests to shards carry no gateway proof (--shard-key-file): shards that check one refuse them, and shards that do not believe anyone who reaches their port")
+	}
+	if o.upstreamCA != "" {
+		if cfg.UpstreamCAs, err = certfile.Pool(o.upstreamCA); err != nil {
+			return cfg, fmt.Errorf("--upstream-ca: %w", err)
+		}
+	}
+	if o.edge {
+		o.jwt.Methods, o.jwt.Logger = strings.Split(o.jwtMethods, ","), log
+		if cfg.Auth, err = edgeauth.New(ctx, o.jwt); err != nil {
+			return cfg, err
+		}
+		log.Info("tenant requests need a bearer JWT", "jwks", o.jwt.JWKSURL, "key_file", o.jwt.KeyFile, "tenant_claim", o.jwt.TenantClaim)
+	}
+	return cfg, nil
 }
