@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
+	"github.com/tenantmesh/tenantmesh/internal/backoff"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -82,7 +82,8 @@ var errPastFence = errors.New("past the fence")
 // 2|1 split found contig moved to seq past an unread event: a retried deposit answered 409
 // "key reused", and the aggregate's state without it).
 func (ts *tenant[S]) catchUpTo(ctx context.Context, es *store, seq uint64) error {
-	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
+	pauses := backoff.Policy{Initial: 10 * time.Millisecond, Max: 500 * time.Millisecond}.Pauses()
+	for {
 		last, err := es.replay(ctx, ts.name, es.tenantFilter(ts.name), ts.contig, func(ev Event) error {
 			if ev.Seq > seq {
 				return errPastFence
@@ -106,7 +107,7 @@ func (ts *tenant[S]) catchUpTo(ctx context.Context, es *store, seq uint64) error
 			ts.applied = max(ts.applied, ts.contig)
 			return nil
 		}
-		if !ctxtime.Sleep(ctx, pause) {
+		if !pauses.Wait(ctx) {
 			return fmt.Errorf("%w: the tenant's events up to %d: read up to %d: %w", ErrStore, seq, ts.contig, ctx.Err())
 		}
 	}
