@@ -208,7 +208,7 @@ func binaryFlags(t *testing.T, binary string) (map[string]bool, bool) {
 	var globs []string
 	switch binary {
 	case "gateway":
-		globs = []string{"gateway/cmd/gateway/*.go"}
+		globs = []string{"gateway/cmd/gateway/*.go", "gateway/flags.go"}
 	case "rebalance":
 		globs = []string{"rebalancer/cmd/rebalance/*.go", "rebalancer/cli/*.go"}
 	case "aggregate", "projection", "runner":
