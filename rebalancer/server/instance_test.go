@@ -47,15 +47,7 @@ func failingShard(t *testing.T, st *schema.Store, shard string, failing *atomic.
 		}
 	})
 	srv.Start()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = sk.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	select {
-	case <-sk.Running():
-	case <-time.After(20 * time.Second):
-		t.Fatal("shard did not start")
-	}
+	kittest.Run(t, sk)
 	return sk
 }
 

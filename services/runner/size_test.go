@@ -1,7 +1,6 @@
 package runner
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +10,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
@@ -77,14 +77,6 @@ func startShardkit(t *testing.T, st *schema.Store, svc *Service) string {
 	svc.Mount(r, sk.Gate, sk.RequireAdmin)
 	srv.Start()
 	t.Cleanup(srv.Close)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = sk.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	select {
-	case <-sk.Running():
-	case <-time.After(15 * time.Second):
-		t.Fatal("shard did not start")
-	}
+	kittest.Run(t, sk)
 	return srv.URL
 }

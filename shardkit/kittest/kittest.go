@@ -63,6 +63,13 @@ func Shard(t testing.TB, cfg shardkit.Config) *shardkit.Shard {
 	if err != nil {
 		t.Fatal(err)
 	}
+	Run(t, sk)
+	return sk
+}
+
+// Run runs sk until the test ends and waits (up to 20 s) until it is running.
+func Run(t testing.TB, sk *shardkit.Shard) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = sk.Run(ctx) }()
@@ -70,9 +77,8 @@ func Shard(t testing.TB, cfg shardkit.Config) *shardkit.Shard {
 	select {
 	case <-sk.Running():
 	case <-time.After(20 * time.Second):
-		t.Fatal("shard did not start")
+		t.Fatalf("shard %s did not start within 20 s", sk.ID().Key())
 	}
-	return sk
 }
 
 // Commit ends the handoff prev (a placement in handoff to shard to) as a test driving the move

@@ -1,7 +1,6 @@
 package components_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -42,15 +41,7 @@ func startMailbox(t *testing.T, st *schema.Store, name string) (*shardkit.Shard,
 	svc.SetWaiter(sk)
 	svc.Mount(r, sk.Gate)
 	srv.Start()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = sk.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	select {
-	case <-sk.Running():
-	case <-time.After(20 * time.Second):
-		t.Fatal("instance did not start")
-	}
+	kittest.Run(t, sk)
 	return sk, srv.URL
 }
 
