@@ -48,6 +48,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/time/rate"
 
 	"github.com/tenantmesh/tenantmesh/gateway/breaker"
 	"github.com/tenantmesh/tenantmesh/gateway/edgeauth"
@@ -244,6 +245,9 @@ type Gateway struct {
 	tenants interned     // tenant ids as strings
 	conns   *connLimiter // client connections, overall and per address
 	assigns *assignLimiter
+	// unseen bounds placedUnseen's reads: a client past its assignment budget must not turn
+	// each request for a made-up tenant into a read from the stream leader.
+	unseen *rate.Limiter
 	// forwardAuthz: kinds that get the client's Authorization with edge identity on.
 	forwardAuthz map[string]bool
 	// tokenFails: refused tokens per client address (nil: no bound).
@@ -305,6 +309,7 @@ func New(cfg Config) (*Gateway, error) {
 	g.reg = newRegistry(g)
 	g.conns = newConnLimiter(cfg)
 	g.assigns = newAssignLimiter(cfg.Assign)
+	g.unseen = rate.NewLimiter(unseenPerSec, unseenPerSec)
 	g.forwardAuthz = map[string]bool{}
 	for _, k := range cfg.ForwardAuthorization {
 		g.forwardAuthz[k] = true

@@ -35,6 +35,9 @@ func (g *Gateway) place(x *exchange) error {
 			// Not an assignment if the tenant is placed where this gateway's view cannot see
 			// yet: behind, or cut off from the bucket's stream while its server catches up
 			// (the netfault harness's 2|1 split, after the heal). Refused only if it is not.
+			if !g.unseen.Allow() {
+				return err
+			}
 			if entry, ok = g.placedUnseen(ctx, x.ke.name, x.tenant); !ok {
 				return err
 			}
@@ -50,6 +53,10 @@ func (g *Gateway) place(x *exchange) error {
 // "not placed".
 var errCutOff = &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "placements-unfollowed", Title: "Placements cannot be followed",
 	Detail: "the gateway is cut off from the kind's placements and cannot tell whether the tenant is placed; retry shortly", RetryAfter: time.Second}
+
+// unseenPerSec bounds placedUnseen's reads per gateway (and their burst): enough for the
+// placements a view is behind on, not a way to load the bucket.
+const unseenPerSec = 50
 
 // placedUnseen reads tenant's placement of kind from the bucket's leader (bounded by assignTimeout): the
 // placement a view that has yet to see it missed.
