@@ -1,4 +1,4 @@
-package sidecar
+package sidecar_test
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/natsperm"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/shardmain"
+	"github.com/tenantmesh/tenantmesh/shardkit/sidecar/sidecartest"
 )
 
 // ok is the service's handler in both set-ups: a small JSON answer.
@@ -60,7 +61,7 @@ func BenchmarkSidecarLatency(b *testing.B) {
 	b.Cleanup(upstream.Close)
 	urls := map[string]string{
 		"embedded": startEmbedded(b, natsURL),
-		"sidecar":  startSidecar(b, natsURL, "bench", "bench-1", "sidecar", upstream.URL, ""),
+		"sidecar":  sidecartest.Start(b, natsURL, "bench", "bench-1", "sidecar", upstream.URL, ""),
 	}
 	hc := &http.Client{Timeout: 5 * time.Second}
 	get := func(url string) error {

@@ -1,8 +1,7 @@
-package sidecar
+package sidecar_test
 
 import (
 	"context"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -13,6 +12,8 @@ import (
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/shardkit/sidecar"
+	"github.com/tenantmesh/tenantmesh/shardkit/sidecar/sidecartest"
 )
 
 // upstreamRecorder is a service behind the sidecar that records what reaches it.
@@ -54,7 +55,7 @@ func TestAttackSidecarHooks(t *testing.T) {
 	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "notes", Tenant: "acme", Shard: "notes-1"}); err != nil {
 		t.Fatal(err)
 	}
-	url := startSidecar(t, natsURL, "notes", "notes-1", "a", up.URL, "release")
+	url := sidecartest.Start(t, natsURL, "notes", "notes-1", "a", up.URL, "release")
 	call := func(method, path string, hdr map[string]string) int {
 		req, _ := http.NewRequest(method, url+path, strings.NewReader(`{"tenant":"acme"}`))
 		req.Header.Set("x-tenant-id", "acme")
@@ -96,17 +97,16 @@ func TestAttackSidecarHooks(t *testing.T) {
 	if err := os.WriteFile(secret, []byte("0123456789abcdef0123\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sc, err := New(Options{Upstream: up.URL, Routes: RouteList{{Method: "GET", Prefix: "/notes"}}, Hooks: "applied",
+	sc, err := sidecar.New(sidecar.Options{Upstream: up.URL, Routes: sidecar.RouteList{{Method: "GET", Prefix: "/notes"}}, Hooks: "applied",
 		HooksPath: "/tenantmesh", HookTimeout: 5 * time.Second, WarmTimeout: 5 * time.Second, HookSecretFile: secret})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sc.log = slog.New(slog.DiscardHandler)
 	if n := sc.Hooks().Applied("acme"); n != 7 {
 		t.Fatalf("applied = %d", n)
 	}
 	_, hdrs = rec.seen()
-	if got := hdrs[len(hdrs)-1].Get(HeaderHookToken); got != "0123456789abcdef0123" {
+	if got := hdrs[len(hdrs)-1].Get(sidecar.HeaderHookToken); got != "0123456789abcdef0123" {
 		t.Fatalf("a hook call carried %q", got)
 	}
 }

@@ -94,7 +94,7 @@ type Sidecar struct {
 	// http:// upstream, h2 by ALPN to https://), each message flushed as it comes, trailers
 	// relayed.
 	grpcProxy *httputil.ReverseProxy
-	log       *slog.Logger
+	log       *slog.Logger // the shard's, from Build; discarded before
 	secret    string // sent with every hook call; "" without --hooks-secret-file
 }
 
@@ -128,7 +128,7 @@ func New(o Options) (*Sidecar, error) {
 	if !strings.HasPrefix(o.HooksPath, "/") || len(o.HooksPath) < 2 {
 		return nil, fmt.Errorf("--hooks-path %q: want a path such as /tenantmesh", o.HooksPath)
 	}
-	s := &Sidecar{o: o, upstream: u, hooks: hooks, hc: &http.Client{Transport: tr}}
+	s := &Sidecar{o: o, upstream: u, hooks: hooks, hc: &http.Client{Transport: tr}, log: slog.New(slog.DiscardHandler)}
 	if o.HookSecretFile != "" {
 		b, err := os.ReadFile(o.HookSecretFile)
 		if err != nil {

@@ -36,6 +36,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/shardmain"
 	"github.com/tenantmesh/tenantmesh/shardkit/sidecar"
+	"github.com/tenantmesh/tenantmesh/shardkit/sidecar/sidecartest"
 )
 
 // python starts testdata/notes.py (state files in dir) and returns its URL; it is killed when
@@ -89,20 +90,6 @@ func python(t *testing.T, dir string) string {
 	return ""
 }
 
-// startSidecar runs one sidecar instance in process (what main does, on the shard role's
-// credentials) in front of upstream, until the test ends; it returns its URL.
-func startSidecar(t testing.TB, natsURL, kind, shard, instance, upstream, hooks string) string {
-	t.Helper()
-	sc, err := sidecar.New(sidecar.Options{Upstream: upstream, Routes: sidecar.RouteList{{Method: "POST", Prefix: "/notes"}, {Method: "GET", Prefix: "/notes"}},
-		Hooks: hooks, HooksPath: "/tenantmesh", HookTimeout: 5 * time.Second, WarmTimeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return kittest.Main(t, &shardmain.Main{Kind: kind, Addr: "127.0.0.1:0", Shard: shard, Instance: instance,
-		NATS:     natsconn.Options{URL: natsURL, Creds: natstest.CredsFile(t, natsperm.Shard(kind, shard, natsperm.Assets{}))},
-		LogLevel: "error", LogFormat: "json", Stderr: io.Discard, Heartbeat: 200 * time.Millisecond, DrainTimeout: 5 * time.Second}, sc.Build)
-}
-
 var client = &http.Client{Timeout: 15 * time.Second}
 
 // note sends one request for tenant and returns its status, X-Served-By and body.
@@ -131,8 +118,8 @@ func TestPythonServiceMovesLive(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	startSidecar(t, natsURL, "notes", "notes-1", "a", python(t, dir), "warm,applied,fence,release")
-	startSidecar(t, natsURL, "notes", "notes-2", "a", python(t, dir), "warm,applied,fence,release")
+	sidecartest.Start(t, natsURL, "notes", "notes-1", "a", python(t, dir), "warm,applied,fence,release")
+	sidecartest.Start(t, natsURL, "notes", "notes-2", "a", python(t, dir), "warm,applied,fence,release")
 	p, err := st.CreatePlacement(ctx, schema.Placement{Kind: "notes", Tenant: "alice", Shard: "notes-1"})
 	if err != nil {
 		t.Fatal(err)
