@@ -95,7 +95,7 @@ type Sidecar struct {
 	// relayed.
 	grpcProxy *httputil.ReverseProxy
 	log       *slog.Logger // the shard's, from Build; discarded before
-	secret    string // sent with every hook call; "" without --hooks-secret-file
+	secret    string       // sent with every hook call; "" without --hooks-secret-file
 }
 
 // New checks o and makes the sidecar; Build is its shardmain.Builder.
