@@ -196,7 +196,6 @@ func TestFloors(t *testing.T) {
 // goes when its test moves, and one that no longer matches fails TestFloors.
 var pending = map[string]string{
 	"gateway -> services/render":                "policyrun_test.go: TestPolicyLoadRun reads the gateway's internal route table",
-	"rebalancer/server -> gateway":              "instance_test.go: TestInstancePage runs on the server package's internal test harness",
 	"services/aggregate -> rebalancer":          "verify_test.go, warmup_test.go: moves by the engine, then reads the service's unexported log and state",
 	"services/aggregate -> rebalancer/planner":  "verify_test.go, warmup_test.go: moves by the engine, then reads the service's unexported log and state",
 	"services/projection -> rebalancer":         "verify_test.go: moves by the engine, then damages views through the service's unexported store",

@@ -14,6 +14,9 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
+// adminToken is the admin token of the gateways, shards and rebalancers the tests start.
+const adminToken = "test-admin-token"
+
 // startGateway runs a gateway on st (cfg's Store, Listener and, when zero, ShutdownTimeout set
 // here) until the test ends, and returns its base URL once it is ready.
 func startGateway(t testing.TB, st *schema.Store, cfg gateway.Config) string {

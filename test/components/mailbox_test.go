@@ -22,8 +22,6 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
-const adminToken = "mailbox-test-token"
-
 // startMailbox runs one mailbox instance of shard mailbox-1 behind a real HTTP server.
 func startMailbox(t *testing.T, st *schema.Store, name string) (*shardkit.Shard, string) {
 	t.Helper()

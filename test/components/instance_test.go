@@ -1,8 +1,10 @@
-package server
+package components_test
 
 import (
+	"bytes"
 	"context"
-	"net"
+	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -16,6 +18,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
+	"github.com/tenantmesh/tenantmesh/rebalancer/server"
 	"github.com/tenantmesh/tenantmesh/rebalancer/sweeper"
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
@@ -56,7 +59,7 @@ func failingShard(t *testing.T, st *schema.Store, shard string, failing *atomic.
 // error rate and from an operator's flag, which heartbeats keep until it is cleared.
 func TestInstancePage(t *testing.T) {
 	srv := natstest.Server(t)
-	st := openStore(t, srv.URL())
+	st := kittest.StoreAt(t, srv.URL())
 	ctx := t.Context()
 	kc, err := st.Kind(ctx, "runner")
 	if err != nil {
@@ -76,27 +79,13 @@ func TestInstancePage(t *testing.T) {
 	// runner-2's one instance listens nowhere: the gateway's requests to it fail and open its circuit.
 	dead := kittest.Shard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "runner", Shard: "runner-2"},
 		Routes: []schema.Route{{Method: "*", Prefix: "/jobs"}}})
-	r := start(t, st, "r1", sweeper.Config{Interval: 100 * time.Millisecond})
-	r.await(t, "leadership", leading)
-
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw, err := gateway.New(gateway.Config{Store: st, Listener: ln, ID: "gw.test", AdminToken: "x", ShutdownTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gctx, gcancel := context.WithCancel(context.Background())
-	gdone := make(chan struct{})
-	go func() { defer close(gdone); _ = gw.Run(gctx) }()
-	t.Cleanup(func() { gcancel(); <-gdone })
-	<-gw.Ready()
+	api := startRebalancer(t, st, "r1", sweeper.Config{Interval: 100 * time.Millisecond})
+	gwURL := startGateway(t, st, gateway.Config{ID: "gw.test", AdminToken: "x"})
 
 	page := func(key string) rebalancer.InstanceDetail {
 		t.Helper()
 		var d rebalancer.InstanceDetail
-		if code, _ := call(t, "GET", r.ts.URL+"/api/instances/"+key, nil, &d); code != http.StatusOK {
+		if code, _ := call(t, "GET", api+"/api/instances/"+key, nil, &d); code != http.StatusOK {
 			t.Fatalf("GET %s: %d", key, code)
 		}
 		return d
@@ -117,7 +106,7 @@ func TestInstancePage(t *testing.T) {
 
 	// The gateways' circuits: requests to the dead instance open its circuit in the gateway.
 	for range 4 {
-		req, _ := http.NewRequest("GET", "http://"+ln.Addr().String()+"/jobs", nil)
+		req, _ := http.NewRequest("GET", gwURL+"/jobs", nil)
 		req.Header.Set(tmhttp.HeaderTenant, "initech")
 		resp, err := tmtest.HTTP.Do(req)
 		if err != nil {
@@ -155,11 +144,11 @@ func TestInstancePage(t *testing.T) {
 
 	// The operator's flag: set through the API, kept by heartbeats, respected by every reader of
 	// the directory (schema.Thresholds, which gateway and planner use), then cleared.
-	if code, _ := callWith(t, "", "PUT", r.ts.URL+"/api/instances/"+goodKey+"/degraded", map[string]string{"reason": "disk"}, nil); code != http.StatusUnauthorized {
+	if code, _ := callWith(t, "", "PUT", api+"/api/instances/"+goodKey+"/degraded", map[string]string{"reason": "disk"}, nil); code != http.StatusUnauthorized {
 		t.Fatalf("unauthenticated flag: %d", code)
 	}
 	var v rebalancer.InstanceView
-	if code, _ := call(t, "PUT", r.ts.URL+"/api/instances/"+goodKey+"/degraded", map[string]string{"reason": "disk replacement"}, &v); code != http.StatusOK ||
+	if code, _ := call(t, "PUT", api+"/api/instances/"+goodKey+"/degraded", map[string]string{"reason": "disk replacement"}, &v); code != http.StatusOK ||
 		v.Status != schema.StatusDegraded || v.Flag == nil || v.Flag.Reason != "disk replacement" {
 		t.Fatalf("flag: %d %+v", code, v)
 	}
@@ -170,7 +159,7 @@ func TestInstancePage(t *testing.T) {
 			schema.Thresholds{}.Status(inst, time.Now()) == schema.StatusDegraded
 	}))
 	var cleared rebalancer.InstanceView
-	if code, _ := call(t, "DELETE", r.ts.URL+"/api/instances/"+goodKey+"/degraded", nil, &cleared); code != http.StatusOK || cleared.Flag != nil {
+	if code, _ := call(t, "DELETE", api+"/api/instances/"+goodKey+"/degraded", nil, &cleared); code != http.StatusOK || cleared.Flag != nil {
 		t.Fatalf("clear: %d %+v", code, cleared)
 	}
 	var h string
@@ -185,13 +174,13 @@ func TestInstancePage(t *testing.T) {
 	}))
 
 	// Unknown and malformed keys.
-	if code, _ := call(t, "GET", r.ts.URL+"/api/instances/runner.runner-9.x", nil, nil); code != http.StatusNotFound {
+	if code, _ := call(t, "GET", api+"/api/instances/runner.runner-9.x", nil, nil); code != http.StatusNotFound {
 		t.Fatalf("unknown instance: %d", code)
 	}
-	if code, _ := call(t, "PUT", r.ts.URL+"/api/instances/runner.runner-9.x/degraded", nil, nil); code != http.StatusNotFound {
+	if code, _ := call(t, "PUT", api+"/api/instances/runner.runner-9.x/degraded", nil, nil); code != http.StatusNotFound {
 		t.Fatalf("flag on an unknown instance: %d", code)
 	}
-	if code, _ := call(t, "GET", r.ts.URL+"/api/instances/nodots", nil, nil); code != http.StatusBadRequest {
+	if code, _ := call(t, "GET", api+"/api/instances/nodots", nil, nil); code != http.StatusBadRequest {
 		t.Fatalf("malformed key: %d", code)
 	}
 }
@@ -212,4 +201,56 @@ func instURL(t *testing.T, st *schema.Store, id schema.InstanceID) string {
 		t.Fatal(err)
 	}
 	return inst.URL
+}
+
+// startRebalancer runs a rebalancer server (`rebalance serve`) on st as holder until the test
+// ends, and returns its API's base URL. It leads once the lease is its own: the tests wait for
+// what the leader does, not for the leadership.
+func startRebalancer(t *testing.T, st *schema.Store, holder string, sc sweeper.Config) string {
+	t.Helper()
+	s, err := server.New(server.Config{Store: st, Holder: holder, LeaseTTL: 900 * time.Millisecond, Sweep: sc, AdminToken: adminToken,
+		Health: rebalancer.Health{Thresholds: schema.Thresholds{OfflineAfter: 2 * time.Minute}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := s.Start(ctx); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(func() { cancel(); s.Wait(); ts.Close() })
+	return ts.URL
+}
+
+// call sends a request with adminToken and decodes the answer into out.
+func call(t *testing.T, method, url string, body any, out any) (int, http.Header) {
+	t.Helper()
+	return callWith(t, adminToken, method, url, body, out)
+}
+
+// callWith is call with the given admin token ("": no Authorization header).
+func callWith(t *testing.T, token, method, url string, body any, out any) (int, http.Header) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, url, rd)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := tmtest.HTTP.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			t.Fatalf("%s %s: %d %s: %v", method, url, resp.StatusCode, raw, err)
+		}
+	}
+	return resp.StatusCode, resp.Header
 }
