@@ -196,14 +196,10 @@ func TestFloors(t *testing.T) {
 // goes when its test moves, and one that no longer matches fails TestFloors.
 var pending = map[string]string{
 	"gateway -> services/render":                "policyrun_test.go: TestPolicyLoadRun reads the gateway's internal route table",
-	"services/aggregate -> rebalancer":          "verify_test.go, warmup_test.go: moves by the engine, then reads the service's unexported log and state",
-	"services/aggregate -> rebalancer/planner":  "verify_test.go, warmup_test.go: moves by the engine, then reads the service's unexported log and state",
 	"services/projection -> rebalancer":         "verify_test.go: moves by the engine, then damages views through the service's unexported store",
 	"services/projection -> rebalancer/planner": "verify_test.go: moves by the engine, then damages views through the service's unexported store",
 	"services/runner -> rebalancer":             "schedule_test.go, verify_test.go: moves by the engine, then reads the service's unexported queue",
 	"services/runner -> rebalancer/planner":     "schedule_test.go, verify_test.go: moves by the engine, then reads the service's unexported queue",
-	"shardkit -> rebalancer":                    "verify_test.go: moves by the engine, on shardkit's own HTTP test shards (helpers_test.go)",
-	"shardkit -> rebalancer/planner":            "verify_test.go: moves by the engine, on shardkit's own HTTP test shards (helpers_test.go)",
 }
 
 // The rules themselves: each case is an import and whether the floors allow it.

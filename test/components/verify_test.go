@@ -1,9 +1,10 @@
-package shardkit_test
+package components_test
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -14,8 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
-	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -84,35 +85,6 @@ func (d *digestService) hooks() shardkit.Hooks {
 	}
 }
 
-// moveWithEngine moves tenant from aggregate-1 to aggregate-2 with the rebalancer's engine and
-// returns the move as it ended.
-func moveWithEngine(t *testing.T, st *schema.Store, tenant string) rebalancer.MoveRecord {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	p, err := st.Placement(ctx, "aggregate", tenant)
-	if err != nil {
-		t.Fatal(err)
-	}
-	eng, err := rebalancer.New(rebalancer.Config{Store: st, Holder: "test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec, err := eng.CreatePlan(ctx, &planner.Plan{Strategy: planner.StrategyManual, Concurrency: 1, Waves: 1,
-		Moves: []planner.Move{{Kind: "aggregate", Tenant: tenant, From: p.Shard, To: "aggregate-2", Revision: p.Revision, Wave: 1}}}, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rec, err = eng.Apply(ctx, rec.ID); err != nil || rec.Status != rebalancer.PlanDone {
-		t.Fatalf("apply: %v (%s)", err, rec.Status)
-	}
-	_, moves, err := eng.Plan(ctx, rec.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return moves[0]
-}
-
 // TestVerifyHoldsTheSourceOnMismatch: a move's source and target record their state digests at
 // the fence; with the kind's verify on, a target whose state differs from the source's (it
 // loaded corrupt state) keeps the source from releasing the tenant, is counted, and is judged a
@@ -129,17 +101,19 @@ func TestVerifyHoldsTheSourceOnMismatch(t *testing.T) {
 	var stream sync.Map
 	for _, tenant := range []string{"good", "bad"} {
 		stream.Store(tenant, []string{tenant + "-1", tenant + "-2", tenant + "-3"})
-		place(t, st, schema.Placement{Kind: "aggregate", Tenant: tenant, Shard: "aggregate-1"})
+		if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: tenant, Shard: "aggregate-1"}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	src, dst := newDigestService(&stream), newDigestService(&stream)
 	src.load("good")
 	src.load("bad")
 	dst.corrupt["bad"] = true
 	reg := prometheus.NewRegistry()
-	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), Hooks: src.hooks(), Registerer: reg, AdminToken: testToken})
-	startShard(t, shardkit.Config{Store: st, ID: id("aggregate-2", "b"), Hooks: dst.hooks(), WarmRetry: 20 * time.Millisecond})
+	a, aURL := serveShard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: "aggregate-1", Instance: "a"}, Hooks: src.hooks(), Registerer: reg}, nil)
+	serveShard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: "aggregate-2", Instance: "b"}, Hooks: dst.hooks(), WarmRetry: 20 * time.Millisecond}, nil)
 
-	good := moveWithEngine(t, st, "good")
+	good := moveWithEngine(t, st, "aggregate", "good", "aggregate-2", "")
 	v, err := rebalancer.VerifyMove(ctx, st, good)
 	if err != nil || v.Result != schema.VerifyMatch || v.Fence != 3 || len(v.Source) != 1 || len(v.Target) != 1 {
 		t.Fatalf("good move: %v %+v", err, v)
@@ -148,7 +122,7 @@ func TestVerifyHoldsTheSourceOnMismatch(t *testing.T) {
 		t.Fatalf("the source released the verified tenant %d times", src.released("good"))
 	}
 
-	bad := moveWithEngine(t, st, "bad")
+	bad := moveWithEngine(t, st, "aggregate", "bad", "aggregate-2", "")
 	v, err = rebalancer.VerifyMove(ctx, st, bad)
 	if err != nil || v.Result != schema.VerifyMismatch || !strings.Contains(v.Detail, "values (3 items, source 3)") {
 		t.Fatalf("corrupt target: %v %+v", err, v)
@@ -163,15 +137,15 @@ func TestVerifyHoldsTheSourceOnMismatch(t *testing.T) {
 	if len(held) != 1 || held[0].Tenant != "bad" || held[0].Target != "aggregate-2" {
 		t.Fatalf("held: %+v", held)
 	}
-	code, body := admin(t, "GET", a.URL+"/admin/verify", testToken)
+	code, body := admin(t, "GET", aURL+"/admin/verify")
 	var listed struct{ Held []shardkit.HeldTenant }
 	if code != http.StatusOK || json.Unmarshal([]byte(body), &listed) != nil || len(listed.Held) != 1 || listed.Held[0].Tenant != "bad" {
 		t.Fatalf("GET /admin/verify: %d %s", code, body)
 	}
-	if code, body = admin(t, "POST", a.URL+"/admin/verify/release?tenant_id=good", testToken); code != http.StatusNotFound {
+	if code, body = admin(t, "POST", aURL+"/admin/verify/release?tenant_id=good"); code != http.StatusNotFound {
 		t.Fatalf("releasing a tenant not held: %d %s", code, body)
 	}
-	if code, body = admin(t, "POST", a.URL+"/admin/verify/release?tenant_id=bad", testToken); code != http.StatusNoContent {
+	if code, body = admin(t, "POST", aURL+"/admin/verify/release?tenant_id=bad"); code != http.StatusNoContent {
 		t.Fatalf("releasing the held tenant: %d %s", code, body)
 	}
 	if src.released("bad") != 1 || len(a.HeldTenants()) != 0 {
@@ -199,4 +173,21 @@ func mustCounter(t *testing.T, reg *prometheus.Registry, name string) prometheus
 	}
 	t.Fatalf("no metric %s", name)
 	return nil
+}
+
+// admin sends an admin request with adminToken and returns its status and body.
+func admin(t testing.TB, method, url string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := tmtest.HTTP.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
