@@ -196,8 +196,6 @@ func TestFloors(t *testing.T) {
 // goes when its test moves, and one that no longer matches fails TestFloors.
 var pending = map[string]string{
 	"gateway -> services/render":                "policyrun_test.go: TestPolicyLoadRun reads the gateway's internal route table",
-	"services/projection -> rebalancer":         "verify_test.go: moves by the engine, then damages views through the service's unexported store",
-	"services/projection -> rebalancer/planner": "verify_test.go: moves by the engine, then damages views through the service's unexported store",
 	"services/runner -> rebalancer":             "schedule_test.go, verify_test.go: moves by the engine, then reads the service's unexported queue",
 	"services/runner -> rebalancer/planner":     "schedule_test.go, verify_test.go: moves by the engine, then reads the service's unexported queue",
 }

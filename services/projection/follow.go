@@ -67,6 +67,6 @@ func (s *Service) followPlacement(ctx context.Context, w *placement.Watcher) {
 				}
 			}
 		}
-		s.passes.Add(1)
+		s.m.passes.Inc()
 	}
 }

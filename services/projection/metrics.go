@@ -16,6 +16,7 @@ type metrics struct {
 	rebuilds    prometheus.Histogram
 	hosted      prometheus.Gauge
 	liveTenants prometheus.Gauge
+	passes      prometheus.Counter // the placement watch's passes over the tenants queued for it
 	queries     *prometheus.CounterVec
 	// Per view type (the Cloudlysis PRD's "query latency and scan counts", "lag per
 	// tenant/view_type"): each query's latency, the rows it scanned, and the lag of the view
@@ -57,6 +58,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		liveTenants: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tm_projection_tail_tenants", Help: "Tenants the shared tail consumer applies.",
 		}),
+		passes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tm_projection_placement_passes_total", Help: "Passes of the placement watch over the tenants whose placement changed: each hosts or releases them.",
+		}),
 		queries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tm_projection_queries_total", Help: "Queries by view type and result (ok, bad, error).",
 		}, []string{"view", "result"}),
@@ -83,6 +87,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.rebuilds = promreg.Register(reg, m.rebuilds)
 		m.hosted = promreg.Register(reg, m.hosted)
 		m.liveTenants = promreg.Register(reg, m.liveTenants)
+		m.passes = promreg.Register(reg, m.passes)
 		m.queries = promreg.Register(reg, m.queries)
 		m.queryTime = promreg.Register(reg, m.queryTime)
 		m.scanned = promreg.Register(reg, m.scanned)

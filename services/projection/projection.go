@@ -144,7 +144,6 @@ type Service struct {
 	pmu    sync.Mutex
 	placed map[string]bool // tenants whose placement changed, to re-evaluate
 	pwake  chan struct{}
-	passes atomic.Uint64 // followPlacement's passes over queued tenants (tests wait on it)
 }
 
 // New opens the event stream and the views' buckets.

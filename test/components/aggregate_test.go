@@ -71,19 +71,39 @@ func (in *aggregateInstance) rehydrations(t *testing.T) map[string]uint64 {
 	return out
 }
 
-// command runs one ledger command on svc directly (not through the gate: the tests place the
-// tenant on svc's shard first) and fails the test on error.
-func command(t testing.TB, svc *aggregate.Service, tenant, account, name string, amount int64, key string) aggregate.Result {
-	t.Helper()
+// ledgerCommand is one ledger command on account (amount 0: none in its payload).
+func ledgerCommand(account, name string, amount int64, key string) aggregate.Command {
 	c := aggregate.Command{AggregateType: aggregate.AccountType, AggregateID: account, Command: name, IdempotencyKey: key}
 	if amount > 0 {
 		c.Payload, _ = json.Marshal(map[string]int64{"amount": amount})
 	}
-	r, err := svc.Handle(context.Background(), tenant, c)
+	return c
+}
+
+// command runs one ledger command on svc directly (not through the gate: the tests place the
+// tenant on svc's shard first) and fails the test on error.
+func command(t testing.TB, svc *aggregate.Service, tenant, account, name string, amount int64, key string) aggregate.Result {
+	t.Helper()
+	r, err := svc.Handle(context.Background(), tenant, ledgerCommand(account, name, amount, key))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// startLedger runs an aggregate service on st without a shard (the ledger the projection
+// tests write through) until the test ends.
+func startLedger(t testing.TB, st *schema.Store) *aggregate.Service {
+	t.Helper()
+	svc, err := aggregate.New(context.Background(), aggregate.Config{Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = svc.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return svc
 }
 
 // adminTenants reads an instance's GET /admin/tenants.
