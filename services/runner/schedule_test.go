@@ -16,8 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
-	"github.com/tenantmesh/tenantmesh/rebalancer"
-	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
 	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
@@ -253,44 +251,6 @@ func TestScheduleDueFigures(t *testing.T) {
 	if err := json.NewDecoder(resp.Body).Decode(&ts); err != nil || ts.Schedules != 1 || ts.Due != 0 || ts.NextDue == nil || ts.NextDue.Hour() != 3 {
 		t.Fatalf("/admin/runner/tenant: %+v, %v", ts, err)
 	}
-}
-
-// A schedule fires each due time once while the rebalancer's engine moves its tenant between
-// two runner shards through the whole move protocol (shardkit's warm-up, handoff, commit and
-// release on both sides).
-func TestScheduleAcrossEngineMove(t *testing.T) {
-	if testing.Short() {
-		t.Skip("short")
-	}
-	st := openStore(t)
-	const tenant = "acme"
-	p := place(t, st, tenant, "runner-1")
-	a := startService(t, st, "runner-1", "a", Config{})
-	b := startService(t, st, "runner-2", "b", Config{})
-	urlA := startShardkit(t, st, a)
-	startShardkit(t, st, b)
-	owning(t, a, tenant, true)
-	sch := postScheduleVia(t, urlA, tenant, p.Epoch, `{"id":"tick","cron":"@every 1s","job":{"type":"noop"}}`)
-	before := fired(t, a, tenant, sch.ID, 2, 10*time.Second)
-
-	e, err := rebalancer.New(rebalancer.Config{Store: st, Holder: "r1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	plan := &planner.Plan{Strategy: planner.StrategyManual, Concurrency: 1, Waves: 1,
-		Moves: []planner.Move{{Kind: Kind, Tenant: tenant, From: "runner-1", To: "runner-2", Revision: p.Revision, Wave: 1}}}
-	rec, err := e.CreatePlan(context.Background(), plan, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rec, err = e.Apply(context.Background(), rec.ID); err != nil || rec.Status != rebalancer.PlanDone {
-		t.Fatalf("apply: %v, status %v", err, rec.Status)
-	}
-	owning(t, b, tenant, true)
-	owning(t, a, tenant, false)
-	fired(t, b, tenant, sch.ID, before.Fired+3, 10*time.Second)
-	runs := checkEveryDueOnce(t, b, tenant, sch.ID)
-	t.Logf("%d due times fired once each across the engine's move: %v", len(runs), dues(runs))
 }
 
 // postScheduleVia creates a schedule through shardkit's gate, as a gateway would (epoch header).
