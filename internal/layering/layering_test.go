@@ -145,7 +145,6 @@ func rel(path string) (string, bool) {
 // TestFloors fails for every import, of a package or of its tests, that breaks the floors.
 func TestFloors(t *testing.T) {
 	var broken []string
-	used := map[string]bool{}
 	for _, p := range list(t) {
 		from, _ := rel(p.ImportPath)
 		at, err := placeOf(from)
@@ -168,69 +167,14 @@ func TestFloors(t *testing.T) {
 					continue
 				}
 				if why := check(imp.at, to); why != "" {
-					if reason, ok := pending[from+" -> "+to]; ok && imp.kind == "tests import" {
-						t.Logf("known, to move: %s tests import %s (%s)", from, to, reason)
-						used[from+" -> "+to] = true
-						continue
-					}
 					broken = append(broken, fmt.Sprintf("%s %s %s: %s", from, imp.kind, to, why))
 				}
 			}
-		}
-	}
-	for edge := range pending {
-		if !used[edge] {
-			broken = append(broken, fmt.Sprintf("%s: no test imports it any more; remove it from pending", edge))
 		}
 	}
 	slices.Sort(broken)
 	broken = slices.Compact(broken)
 	for _, b := range broken {
 		t.Error(b)
-	}
-}
-
-// pending are test imports that break the floors and are known: end-to-end tests that still sit
-// in a unit package (internal tests, package x, that reach into unexported state, or a main's),
-// each to move to test/ once what it reaches is exported. Nothing may be added here; an entry
-// goes when its test moves, and one that no longer matches fails TestFloors.
-var pending = map[string]string{
-	"gateway -> services/render": "policyrun_test.go: TestPolicyLoadRun reads the gateway's internal route table",
-}
-
-// The rules themselves: each case is an import and whether the floors allow it.
-func TestCheck(t *testing.T) {
-	for _, c := range []struct {
-		from, to string
-		main     bool
-		ok       bool
-	}{
-		{"internal/natsauth", "internal/secretfile", false, true},
-		{"internal/natsauth", "shardkit/natsconn", false, false},
-		{"internal/tmtest", "proto/runner/v1", false, false},
-		{"shardkit/schema", "shardkit/jsx", false, true},
-		{"shardkit/schema", "shardkit", false, false},
-		{"shardkit/events", "shardkit/schema", false, true},
-		{"shardkit", "gateway", false, false},
-		{"services/runner", "services/ledger", false, true},
-		{"services/runner", "proto/runner/v1", false, true},
-		{"services/runner", "rebalancer", false, false},
-		{"gateway/cmd/gateway", "gateway", true, true},
-		{"shardkit/cmd/shardkit-sidecar", "gateway", true, false},
-		{"deploy/devstack", "gateway", true, true},
-		{"deploy/devstack", "test/history", true, false},
-		{"test", "rebalancer", false, true},
-		{"test", "nowhere/pkg", false, false},
-	} {
-		at, err := placeOf(c.from)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if c.main {
-			at.floor = topOf(at.component)
-		}
-		if why := check(at, c.to); (why == "") != c.ok {
-			t.Errorf("%s -> %s: allowed %v, want %v (%s)", c.from, c.to, why == "", c.ok, why)
-		}
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -28,41 +27,19 @@ type renderInstance struct {
 	key string
 }
 
-// startRender runs one render instance (its own shard) with shardkit, as shardmain would.
-func startRender(t *testing.T, st *schema.Store, name string, capacity int) *renderInstance {
+// startRender runs one render instance of shard with shardkit on real HTTP, as shardmain
+// would: capacity is its registered capacity (tenants placed), cfg the service's (its page
+// pool and timings).
+func startRender(t *testing.T, st *schema.Store, shard, name string, capacity int, cfg render.Config) *renderInstance {
 	t.Helper()
-	r := chi.NewRouter()
-	srv := httptest.NewUnstartedServer(r)
-	svc := render.New(render.Config{Capacity: capacity, LoadTime: 2 * time.Millisecond, RenderTime: time.Microsecond})
-	id := schema.InstanceID{Kind: render.Kind, Shard: "render-" + name, Instance: name}
-	sk, err := shardkit.New(shardkit.Config{Store: st, ID: id, URL: "http://" + srv.Listener.Addr().String(), Capacity: capacity,
-		Routes: svc.Routes(), Hooks: svc.Hooks(), Heartbeat: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sk.Mount(r)
-	r.Mount("/", svc.Handler(sk))
-	srv.Start()
+	svc := render.New(cfg)
+	id := schema.InstanceID{Kind: render.Kind, Shard: shard, Instance: name}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 2)
-	go func() { done <- sk.Run(ctx) }()
-	go func() { _ = svc.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			t.Error("render instance did not stop")
-		}
-		srv.Close()
-	})
-	select {
-	case <-sk.Running():
-	case err := <-done:
-		t.Fatal(err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("render instance not running")
-	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = svc.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	sk, _ := serveShard(t, shardkit.Config{Store: st, ID: id, Capacity: capacity, Routes: svc.Routes(), Hooks: svc.Hooks(), Heartbeat: 100 * time.Millisecond},
+		func(r chi.Router, sk *shardkit.Shard) { r.Mount("/", svc.Handler(sk)) })
 	return &renderInstance{svc: svc, sk: sk, key: id.Key()}
 }
 
@@ -99,8 +76,8 @@ func TestRenderAffinityEndToEnd(t *testing.T) {
 	if _, err := st.PutKind(ctx, render.KindConfig()); err != nil {
 		t.Fatal(err)
 	}
-	a := startRender(t, st, "a", 2)
-	b := startRender(t, st, "b", 2)
+	a := startRender(t, st, "render-a", "a", 2, render.Config{Capacity: 2, LoadTime: 2 * time.Millisecond, RenderTime: time.Microsecond})
+	b := startRender(t, st, "render-b", "b", 2, render.Config{Capacity: 2, LoadTime: 2 * time.Millisecond, RenderTime: time.Microsecond})
 	insts, err := st.Directory().Instances(ctx, render.Kind)
 	if err != nil || len(insts) != 2 || insts[0].Capacity != 2 {
 		t.Fatalf("registration with capacity: %+v %v", insts, err)

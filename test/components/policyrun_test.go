@@ -1,4 +1,4 @@
-package gateway
+package components_test
 
 import (
 	"cmp"
@@ -7,7 +7,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -15,51 +14,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-chi/chi/v5"
-
+	"github.com/tenantmesh/tenantmesh/gateway"
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/services/render"
-	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
-
-// startRender runs one render instance (services/render on shardkit) with a real HTTP server.
-// capacity is the registered capacity (tenants placed), pool the page pool size.
-func startRender(t *testing.T, st *schema.Store, shard, name string, capacity, pool int) *render.Service {
-	t.Helper()
-	r := chi.NewRouter()
-	srv := httptest.NewUnstartedServer(r)
-	svc := render.New(render.Config{Capacity: pool, LoadTime: 3 * time.Millisecond, RenderTime: 200 * time.Microsecond})
-	sk, err := shardkit.New(shardkit.Config{Store: st, ID: schema.InstanceID{Kind: render.Kind, Shard: shard, Instance: name},
-		URL: "http://" + srv.Listener.Addr().String(), Capacity: capacity, Routes: svc.Routes(), Hooks: svc.Hooks(),
-		Heartbeat: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc.AttachShard(sk)
-	sk.Mount(r)
-	svc.Mount(r, sk.Gate, sk.RequireAdmin)
-	srv.Start()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sk.Run(ctx) }()
-	go func() { _ = svc.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			t.Error("render instance did not stop")
-		}
-		srv.Close()
-	})
-	select {
-	case <-sk.Running():
-	case <-time.After(20 * time.Second):
-		t.Fatal("render instance not running")
-	}
-	return svc
-}
 
 // runResult is one policy's figures.
 type runResult struct {
@@ -85,32 +46,29 @@ func TestPolicyLoadRun(t *testing.T) {
 		requests, workers            = 3000, 16
 	)
 	run := func(t *testing.T, policy schema.Policy) runResult {
-		kc := schema.KindConfig{Kind: render.Kind, Policy: policy, Capacity: capacity}
-		e := newEnv(t, Config{}, []schema.KindConfig{kc}, func(e *env) {
-			for i := range instances {
-				shard := "render-1" // load, managed: one shard; the policy picks the instance
-				if policy == schema.PolicyAffinity {
-					shard = fmt.Sprintf("render-%c", 'a'+i) // affinity: each instance its own shard
-				}
-				// Load kinds place tenants on the shard (managed rule): its registered capacity
-				// must hold every tenant; the page pool stays at capacity.
-				reg := capacity
-				if policy != schema.PolicyAffinity {
-					reg = tenants
-				}
-				startRender(t, e.st, shard, fmt.Sprintf("i%d", i), reg, capacity)
+		st, _ := kittest.Store(t)
+		if _, err := st.PutKind(context.Background(), schema.KindConfig{Kind: render.Kind, Policy: policy, Capacity: capacity}); err != nil {
+			t.Fatal(err)
+		}
+		for i := range instances {
+			shard := "render-1" // load, managed: one shard; the policy picks the instance
+			if policy == schema.PolicyAffinity {
+				shard = fmt.Sprintf("render-%c", 'a'+i) // affinity: each instance its own shard
 			}
-		})
-		eventually(t, 10*time.Second, "route with every instance", func() bool {
-			rt := e.gw.reg.snap.Load().match("POST", "/render")
-			n := 0
-			if rt != nil {
-				for _, l := range rt.byShard {
-					n += len(l)
-				}
+			// Load kinds place tenants on the shard (managed rule): its registered capacity
+			// must hold every tenant; the page pool stays at capacity.
+			reg := capacity
+			if policy != schema.PolicyAffinity {
+				reg = tenants
 			}
-			return n == instances
-		})
+			startRender(t, st, shard, fmt.Sprintf("i%d", i), reg, render.Config{Capacity: capacity, LoadTime: 3 * time.Millisecond, RenderTime: 200 * time.Microsecond})
+		}
+		gwURL := startGateway(t, st, gateway.Config{})
+		tmtest.WaitFor(t, 10*time.Second, tmtest.Until("the gateway routing to every instance", func() bool {
+			var r gateway.Readiness
+			code, _ := call(t, "GET", gwURL+"/readyz", nil, &r)
+			return code == http.StatusOK && r.LiveInstances == instances
+		}))
 		rng := rand.New(rand.NewPCG(1, 2))
 		zipf := rand.NewZipf(rng, 1.2, 1, tenants-1)
 		seq := make([]string, requests)
@@ -129,9 +87,9 @@ func TestPolicyLoadRun(t *testing.T) {
 					if i >= requests {
 						return
 					}
-					req, _ := http.NewRequest("POST", e.url+"/render", strings.NewReader(`{"path":"/"}`))
+					req, _ := http.NewRequest("POST", gwURL+"/render", strings.NewReader(`{"path":"/"}`))
 					req.Header.Set(tmhttp.HeaderTenant, seq[i])
-					resp, err := e.client.Do(req)
+					resp, err := tmtest.HTTP.Do(req)
 					if err != nil {
 						t.Error(err)
 						return
