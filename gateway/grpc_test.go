@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -152,13 +153,36 @@ func tenantCtx(tenant string, kv ...string) (context.Context, context.CancelFunc
 	return metadata.AppendToOutgoingContext(ctx, kv...), cancel
 }
 
-func TestGRPCUnary(t *testing.T) {
-	var a *grpcBackend
-	e := newEnv(t, Config{}, []schema.KindConfig{{Kind: "aggregate"}}, func(e *env) {
-		a = newGRPCBackend(t, "aggregate", "aggregate-1", "a")
-		e.registerGRPC(a, grpcRoute)
-		e.place("aggregate", "t1", "aggregate-1")
+// grpcEnv is an env with one kind, kc, whose shards aggregate-1 ... aggregate-n each have one
+// gRPC instance (a, b, ...; returned in that order), and tenants placed on aggregate-1.
+func grpcEnv(t *testing.T, cfg Config, kc schema.KindConfig, n int, tenants ...string) (*env, []*grpcBackend) {
+	t.Helper()
+	backends := make([]*grpcBackend, n)
+	e := newEnv(t, cfg, []schema.KindConfig{kc}, func(e *env) {
+		for i := range backends {
+			backends[i] = newGRPCBackend(t, kc.Kind, fmt.Sprintf("%s-%d", kc.Kind, i+1), string(rune('a'+i)))
+			e.registerGRPC(backends[i], grpcRoute)
+		}
+		for _, tenant := range tenants {
+			e.place(kc.Kind, tenant, kc.Kind+"-1")
+		}
 	})
+	return e, backends
+}
+
+// recvN reads n messages of a server stream, failing the test (what names the stream) on an error.
+func recvN(t *testing.T, st healthpb.Health_WatchClient, n int, what string) {
+	t.Helper()
+	for i := range n {
+		if _, err := st.Recv(); err != nil {
+			t.Fatalf("%s, message %d: %v", what, i, err)
+		}
+	}
+}
+
+func TestGRPCUnary(t *testing.T) {
+	e, bs := grpcEnv(t, Config{}, schema.KindConfig{Kind: "aggregate"}, 1, "t1")
+	a := bs[0]
 	c := e.grpcClient()
 	ctx, cancel := tenantCtx("t1", tmhttp.HeaderEpoch, "99", "x-tm-subject", "mallory")
 	defer cancel()
@@ -241,14 +265,8 @@ func TestGRPCUnary(t *testing.T) {
 }
 
 func TestGRPCRefusalGoesToTheOwner(t *testing.T) {
-	var a, b *grpcBackend
-	e := newEnv(t, Config{}, []schema.KindConfig{{Kind: "aggregate"}}, func(e *env) {
-		a = newGRPCBackend(t, "aggregate", "aggregate-1", "a")
-		b = newGRPCBackend(t, "aggregate", "aggregate-2", "a")
-		e.registerGRPC(a, grpcRoute)
-		e.registerGRPC(b, grpcRoute)
-		e.place("aggregate", "t1", "aggregate-1")
-	})
+	e, bs := grpcEnv(t, Config{}, schema.KindConfig{Kind: "aggregate"}, 2, "t1")
+	a, b := bs[0], bs[1]
 	// aggregate-1's gate refuses: the tenant is aggregate-2's at epoch 2 (the gateway has not
 	// seen the move yet).
 	a.mu.Lock()
@@ -274,14 +292,8 @@ func TestGRPCRefusalGoesToTheOwner(t *testing.T) {
 }
 
 func TestGRPCHoldAndStream(t *testing.T) {
-	var a, b *grpcBackend
-	e := newEnv(t, Config{}, []schema.KindConfig{{Kind: "aggregate", HoldBudget: schema.Duration(20 * time.Second)}}, func(e *env) {
-		a = newGRPCBackend(t, "aggregate", "aggregate-1", "a")
-		b = newGRPCBackend(t, "aggregate", "aggregate-2", "a")
-		e.registerGRPC(a, grpcRoute)
-		e.registerGRPC(b, grpcRoute)
-		e.place("aggregate", "t1", "aggregate-1")
-	})
+	e, bs := grpcEnv(t, Config{}, schema.KindConfig{Kind: "aggregate", HoldBudget: schema.Duration(20 * time.Second)}, 2, "t1")
+	a, b := bs[0], bs[1]
 	c := e.grpcClient()
 	ctx, cancel := tenantCtx("t1")
 	defer cancel()
@@ -291,11 +303,7 @@ func TestGRPCHoldAndStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 3 {
-		if _, err := st.Recv(); err != nil {
-			t.Fatalf("message %d: %v", i, err)
-		}
-	}
+	recvN(t, st, 3, "the stream")
 	e.move("aggregate", "t1", func(p *schema.Placement) { p.Phase, p.Target = schema.PhaseWarming, "aggregate-2" })
 	e.move("aggregate", "t1", func(p *schema.Placement) { p.Phase = schema.PhaseHandoff })
 	e.waitPhase("aggregate", "t1", schema.PhaseHandoff)
@@ -339,17 +347,9 @@ func TestGRPCHoldAndStream(t *testing.T) {
 }
 
 func TestGRPCTimeoutAndTakeover(t *testing.T) {
-	var a, b *grpcBackend
-	e := newEnv(t, Config{}, []schema.KindConfig{
-		{Kind: "aggregate", HoldBudget: schema.Duration(20 * time.Second), Idempotent: true, UpstreamTimeout: schema.Duration(time.Minute)},
-	}, func(e *env) {
-		a = newGRPCBackend(t, "aggregate", "aggregate-1", "a")
-		b = newGRPCBackend(t, "aggregate", "aggregate-2", "a")
-		e.registerGRPC(a, grpcRoute)
-		e.registerGRPC(b, grpcRoute)
-		e.place("aggregate", "t1", "aggregate-1")
-		e.place("aggregate", "t2", "aggregate-1")
-	})
+	e, bs := grpcEnv(t, Config{}, schema.KindConfig{Kind: "aggregate", HoldBudget: schema.Duration(20 * time.Second), Idempotent: true,
+		UpstreamTimeout: schema.Duration(time.Minute)}, 2, "t1", "t2")
+	a, b := bs[0], bs[1]
 	block := make(chan struct{})
 	defer close(block)
 	a.mu.Lock()
@@ -417,12 +417,8 @@ func TestGRPCTimeoutAndTakeover(t *testing.T) {
 func TestGRPCEdgeAuth(t *testing.T) {
 	v, sign := testVerifier(t)
 	token := func(tenant string) string { return sign(jwt.MapClaims{"sub": "user-7", "tenant_id": tenant}) }
-	var a *grpcBackend
-	e := newEnv(t, Config{Auth: v}, []schema.KindConfig{{Kind: "aggregate"}}, func(e *env) {
-		a = newGRPCBackend(t, "aggregate", "aggregate-1", "a")
-		e.registerGRPC(a, grpcRoute)
-		e.place("aggregate", "t1", "aggregate-1")
-	})
+	e, bs := grpcEnv(t, Config{Auth: v}, schema.KindConfig{Kind: "aggregate"}, 1, "t1")
+	a := bs[0]
 	c := e.grpcClient()
 	for _, tc := range []struct {
 		name string

@@ -492,14 +492,8 @@ func TestH2Limits(t *testing.T) {
 // A server stream under way when its tenant's shard is taken over ends UNAVAILABLE (the
 // gateway abandons it), and the client's next call streams from the new owner.
 func TestH2StreamThroughTakeover(t *testing.T) {
-	var a, b *grpcBackend
-	e := newEnv(t, Config{}, []schema.KindConfig{{Kind: "aggregate", HoldBudget: schema.Duration(20 * time.Second)}}, func(e *env) {
-		a = newGRPCBackend(t, "aggregate", "aggregate-1", "a")
-		b = newGRPCBackend(t, "aggregate", "aggregate-2", "b")
-		e.registerGRPC(a, grpcRoute)
-		e.registerGRPC(b, grpcRoute)
-		e.place("aggregate", "t1", "aggregate-1")
-	})
+	e, bs := grpcEnv(t, Config{}, schema.KindConfig{Kind: "aggregate", HoldBudget: schema.Duration(20 * time.Second)}, 2, "t1")
+	b := bs[1]
 	c := e.grpcClient()
 	ctx, cancel := tenantCtx("t1")
 	defer cancel()
@@ -507,11 +501,7 @@ func TestH2StreamThroughTakeover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 3 {
-		if _, err := st.Recv(); err != nil {
-			t.Fatalf("message %d: %v", i, err)
-		}
-	}
+	recvN(t, st, 3, "the stream")
 	e.move("aggregate", "t1", func(p *schema.Placement) { p.Phase, p.Target = schema.PhaseTakeover, "aggregate-2" })
 	if _, err := st.Recv(); status.Code(err) != codes.Unavailable {
 		t.Fatalf("the stream at the former owner ended with %v, want UNAVAILABLE", err)
@@ -523,11 +513,7 @@ func TestH2StreamThroughTakeover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 3 {
-		if _, err := st.Recv(); err != nil {
-			t.Fatalf("resumed stream, message %d: %v", i, err)
-		}
-	}
+	recvN(t, st, 3, "the resumed stream")
 	h, _ := st.Header()
 	if got := h.Get("x-served-by"); len(got) != 1 || got[0] != b.id.Key() {
 		t.Fatalf("the resumed stream was served by %v", got)
