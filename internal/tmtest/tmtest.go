@@ -5,7 +5,10 @@
 package tmtest
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -115,4 +118,38 @@ func Unaccepted(t testing.TB) string {
 		t.Cleanup(func() { _ = c.Close() })
 	}
 	return addr
+}
+
+// CallJSON sends method url with body as JSON (nil: no body) and token as its bearer ("": no
+// Authorization), decodes the answer into out (nil: not read), and returns its status and
+// header. A transport error or an answer out cannot hold fails the test.
+func CallJSON(t testing.TB, token, method, url string, body, out any) (int, http.Header) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := HTTP.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			t.Fatalf("%s %s: %d %s: %v", method, url, resp.StatusCode, raw, err)
+		}
+	}
+	return resp.StatusCode, resp.Header
 }

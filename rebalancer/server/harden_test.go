@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -33,23 +34,23 @@ func TestAttackRebalancerReads(t *testing.T) {
 	t.Cleanup(func() { cancel(); s.Wait(); ts.Close() })
 
 	for _, path := range []string{"/api/instances", "/api/audit", "/api/tenants", "/api/plans", "/api/kinds", "/api/events"} {
-		if code, _ := callWith(t, "", "GET", ts.URL+path, nil, nil); code != http.StatusUnauthorized {
+		if code, _ := tmtest.CallJSON(t, "", "GET", ts.URL+path, nil, nil); code != http.StatusUnauthorized {
 			t.Errorf("GET %s without a token: %d, want 401", path, code)
 		}
-		if code, _ := callWith(t, "wrong", "GET", ts.URL+path, nil, nil); code != http.StatusUnauthorized {
+		if code, _ := tmtest.CallJSON(t, "wrong", "GET", ts.URL+path, nil, nil); code != http.StatusUnauthorized {
 			t.Errorf("GET %s with a wrong token: %d, want 401", path, code)
 		}
 	}
-	if code, _ := callWith(t, "read-token", "GET", ts.URL+"/api/instances", nil, nil); code != 200 {
+	if code, _ := tmtest.CallJSON(t, "read-token", "GET", ts.URL+"/api/instances", nil, nil); code != 200 {
 		t.Errorf("the read token: %d", code)
 	}
-	if code, _ := callWith(t, testToken, "GET", ts.URL+"/api/instances", nil, nil); code != 200 {
+	if code, _ := tmtest.CallJSON(t, testToken, "GET", ts.URL+"/api/instances", nil, nil); code != 200 {
 		t.Errorf("the admin token reads too: %d", code)
 	}
-	if code, _ := callWith(t, "", "GET", ts.URL+"/healthz", nil, nil); code != 200 {
+	if code, _ := tmtest.CallJSON(t, "", "GET", ts.URL+"/healthz", nil, nil); code != 200 {
 		t.Errorf("probes stay open: %d", code)
 	}
-	if code, _ := callWith(t, "read-token", "POST", ts.URL+"/api/plans", map[string]any{}, nil); code != http.StatusUnauthorized {
+	if code, _ := tmtest.CallJSON(t, "read-token", "POST", ts.URL+"/api/plans", map[string]any{}, nil); code != http.StatusUnauthorized {
 		t.Errorf("the read token wrote: %d", code)
 	}
 
@@ -68,16 +69,16 @@ func TestAttackRebalancerReads(t *testing.T) {
 		}
 	}
 
-	if code, _ := callWith(t, "read-token", "GET", ts.URL+"/api/audit?kind=aggregate&tenant=t1&limit=1000", nil, nil); code != 200 {
+	if code, _ := tmtest.CallJSON(t, "read-token", "GET", ts.URL+"/api/audit?kind=aggregate&tenant=t1&limit=1000", nil, nil); code != 200 {
 		t.Errorf("audit with names and the largest limit: %d", code)
 	}
 	for _, q := range []string{"kind=*", "kind=>", "kind=aggregate.*", "tenant=*", "tenant=a.b", "limit=100000", "limit=0"} {
-		if code, _ := callWith(t, "read-token", "GET", ts.URL+"/api/audit?"+q, nil, nil); code != http.StatusBadRequest {
+		if code, _ := tmtest.CallJSON(t, "read-token", "GET", ts.URL+"/api/audit?"+q, nil, nil); code != http.StatusBadRequest {
 			t.Errorf("GET /api/audit?%s: %d, want 400", q, code)
 		}
 	}
 	for _, q := range []string{"/api/instances?kind=*", "/api/tenants?kind=>"} {
-		if code, _ := callWith(t, "read-token", "GET", ts.URL+q, nil, nil); code != http.StatusBadRequest {
+		if code, _ := tmtest.CallJSON(t, "read-token", "GET", ts.URL+q, nil, nil); code != http.StatusBadRequest {
 			t.Errorf("GET %s: %d, want 400", q, code)
 		}
 	}

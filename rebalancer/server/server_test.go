@@ -2,7 +2,6 @@ package server
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -92,33 +91,7 @@ func leading(ev Event) bool {
 // call sends a request with the admin token testToken and decodes the answer into out.
 func call(t *testing.T, method, url string, body any, out any) (int, http.Header) {
 	t.Helper()
-	return callWith(t, testToken, method, url, body, out)
-}
-
-// callWith is call with the given admin token ("": no Authorization header).
-func callWith(t *testing.T, token, method, url string, body any, out any) (int, http.Header) {
-	t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
-	}
-	req, _ := http.NewRequest(method, url, rd)
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := tmtest.HTTP.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	if out != nil {
-		if err := json.Unmarshal(raw, out); err != nil {
-			t.Fatalf("%s %s: %d %s: %v", method, url, resp.StatusCode, raw, err)
-		}
-	}
-	return resp.StatusCode, resp.Header
+	return tmtest.CallJSON(t, testToken, method, url, body, out)
 }
 
 // sse opens the event stream and returns its events by name.
@@ -292,7 +265,7 @@ func TestWriteRoutesNeedToken(t *testing.T) {
 	defer open.Close()
 	for _, w := range writes {
 		var prob tmhttp.Problem
-		code, h := callWith(t, testToken, w.method, open.URL+w.path, body, &prob)
+		code, h := tmtest.CallJSON(t, testToken, w.method, open.URL+w.path, body, &prob)
 		if code != http.StatusForbidden || h.Get("Content-Type") != tmhttp.ContentTypeProblem ||
 			!strings.Contains(prob.Detail, "--admin-token") || !strings.Contains(prob.Detail, "TM_ADMIN_TOKEN") {
 			t.Fatalf("%s %s without a configured token: %d %+v", w.method, w.path, code, prob)
@@ -304,7 +277,7 @@ func TestWriteRoutesNeedToken(t *testing.T) {
 	for _, w := range writes {
 		for _, tok := range []string{"", "wrong", testToken + "x"} {
 			var prob tmhttp.Problem
-			code, h := callWith(t, tok, w.method, base+w.path, body, &prob)
+			code, h := tmtest.CallJSON(t, tok, w.method, base+w.path, body, &prob)
 			if code != http.StatusUnauthorized || h.Get("WWW-Authenticate") == "" || prob.Status != http.StatusUnauthorized {
 				t.Fatalf("%s %s with token %q: %d %+v", w.method, w.path, tok, code, prob)
 			}
@@ -319,7 +292,7 @@ func TestWriteRoutesNeedToken(t *testing.T) {
 		t.Fatalf("apply with the token: %d %+v", code, prob)
 	}
 	for _, path := range []string{"/api/plans", "/api/instances", "/api/audit", "/api/kinds", "/api/leader", "/healthz", "/readyz", "/metrics", "/"} {
-		if code, _ := callWith(t, "", "GET", base+path, nil, nil); code != http.StatusOK {
+		if code, _ := tmtest.CallJSON(t, "", "GET", base+path, nil, nil); code != http.StatusOK {
 			t.Fatalf("GET %s without a token: %d", path, code)
 		}
 	}

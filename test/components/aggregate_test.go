@@ -42,10 +42,7 @@ func startAggregate(t testing.TB, st *schema.Store, shard string, cfg aggregate.
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = svc.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	runService(t, svc.Run)
 	in.svc = svc
 	in.sk, in.url = serveShard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "aggregate", Shard: shard, Instance: "i1"},
 		Routes: svc.Routes(), Hooks: svc.Hooks(), Heartbeat: 100 * time.Millisecond},
@@ -99,10 +96,7 @@ func startLedger(t testing.TB, st *schema.Store) *aggregate.Service {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = svc.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	runService(t, svc.Run)
 	return svc
 }
 
@@ -261,16 +255,7 @@ func damageSnapshot(t *testing.T, st *schema.Store, tenant, account string, seq 
 func TestVerifyCatchesACorruptSnapshot(t *testing.T) {
 	st, _ := kittest.Store(t)
 	ctx := context.Background()
-	kc := schema.DefaultKindConfig("aggregate")
-	kc.Verify = true
-	if _, err := st.PutKind(ctx, kc); err != nil {
-		t.Fatal(err)
-	}
-	for _, tenant := range []string{"good", "acme"} {
-		if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: tenant, Shard: "aggregate-1"}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	verifiedKind(t, st, "aggregate", "aggregate-1", "good", "acme")
 	a := startAggregate(t, st, "aggregate-1", aggregate.Config{SnapshotEvery: 1})
 	b := startAggregate(t, st, "aggregate-2", aggregate.Config{SnapshotEvery: 100})
 	last := map[string]uint64{}

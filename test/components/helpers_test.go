@@ -53,3 +53,11 @@ func startGateway(t testing.TB, st *schema.Store, cfg gateway.Config) string {
 	}
 	return "http://" + ln.Addr().String()
 }
+
+// runService runs a service's Run until the test ends, and waits for it to return then.
+func runService(t testing.TB, run func(context.Context) error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+}

@@ -1,10 +1,7 @@
 package components_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -144,7 +141,7 @@ func TestInstancePage(t *testing.T) {
 
 	// The operator's flag: set through the API, kept by heartbeats, respected by every reader of
 	// the directory (schema.Thresholds, which gateway and planner use), then cleared.
-	if code, _ := callWith(t, "", "PUT", api+"/api/instances/"+goodKey+"/degraded", map[string]string{"reason": "disk"}, nil); code != http.StatusUnauthorized {
+	if code, _ := tmtest.CallJSON(t, "", "PUT", api+"/api/instances/"+goodKey+"/degraded", map[string]string{"reason": "disk"}, nil); code != http.StatusUnauthorized {
 		t.Fatalf("unauthenticated flag: %d", code)
 	}
 	var v rebalancer.InstanceView
@@ -223,34 +220,8 @@ func startRebalancer(t *testing.T, st *schema.Store, holder string, sc sweeper.C
 	return ts.URL
 }
 
-// call sends a request with adminToken and decodes the answer into out.
+// call sends a request with the admin token adminToken and decodes the answer into out.
 func call(t *testing.T, method, url string, body any, out any) (int, http.Header) {
 	t.Helper()
-	return callWith(t, adminToken, method, url, body, out)
-}
-
-// callWith is call with the given admin token ("": no Authorization header).
-func callWith(t *testing.T, token, method, url string, body any, out any) (int, http.Header) {
-	t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
-	}
-	req, _ := http.NewRequest(method, url, rd)
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := tmtest.HTTP.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	if out != nil {
-		if err := json.Unmarshal(raw, out); err != nil {
-			t.Fatalf("%s %s: %d %s: %v", method, url, resp.StatusCode, raw, err)
-		}
-	}
-	return resp.StatusCode, resp.Header
+	return tmtest.CallJSON(t, adminToken, method, url, body, out)
 }

@@ -81,3 +81,20 @@ func moveWithEngine(t testing.TB, st *schema.Store, kind, tenant, to, warmup str
 	}
 	return moves[0]
 }
+
+// verifiedKind turns verify on for kind (its default config otherwise) and places tenants on
+// shard, for a test of move verification.
+func verifiedKind(t testing.TB, st *schema.Store, kind, shard string, tenants ...string) {
+	t.Helper()
+	ctx := context.Background()
+	kc := schema.DefaultKindConfig(kind)
+	kc.Verify = true
+	if _, err := st.PutKind(ctx, kc); err != nil {
+		t.Fatal(err)
+	}
+	for _, tenant := range tenants {
+		if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: kind, Tenant: tenant, Shard: shard}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -40,10 +40,7 @@ func startProjection(t testing.TB, st *schema.Store, shard string, cfg projectio
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = svc.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	runService(t, svc.Run)
 	in.svc = svc
 	in.sk, in.url = serveShard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: "projection", Shard: shard, Instance: "i1"},
 		Routes: svc.Routes(), Hooks: svc.Hooks(), WarmRetry: 50 * time.Millisecond},
@@ -174,16 +171,7 @@ func TestVerifyViewsAtTheFence(t *testing.T) {
 	st, _ := kittest.Store(t)
 	a := startLedger(t, st)
 	ctx := context.Background()
-	kc := schema.DefaultKindConfig("projection")
-	kc.Verify = true
-	if _, err := st.PutKind(ctx, kc); err != nil {
-		t.Fatal(err)
-	}
-	for _, tenant := range []string{"busy", "acme"} {
-		if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "projection", Tenant: tenant, Shard: "projection-1"}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	verifiedKind(t, st, "projection", "projection-1", "busy", "acme")
 	// The source stores the views at every event, so the damaged ones are what the target loads.
 	src := startProjection(t, st, "projection-1", projection.Config{CheckpointEvery: 1})
 	startProjection(t, st, "projection-2", projection.Config{})

@@ -34,10 +34,7 @@ func startRender(t *testing.T, st *schema.Store, shard, name string, capacity in
 	t.Helper()
 	svc := render.New(cfg)
 	id := schema.InstanceID{Kind: render.Kind, Shard: shard, Instance: name}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = svc.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	runService(t, svc.Run)
 	sk, _ := serveShard(t, shardkit.Config{Store: st, ID: id, Capacity: capacity, Routes: svc.Routes(), Hooks: svc.Hooks(), Heartbeat: 100 * time.Millisecond},
 		func(r chi.Router, sk *shardkit.Shard) { r.Mount("/", svc.Handler(sk)) })
 	return &renderInstance{svc: svc, sk: sk, key: id.Key()}

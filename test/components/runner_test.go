@@ -38,10 +38,7 @@ func startRunner(t testing.TB, st *schema.Store, shard, instance string, cfg run
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = s.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	runService(t, s.Run)
 	return s
 }
 
@@ -105,11 +102,7 @@ func dropQueueEntry(ctx context.Context, st *schema.Store, tenant, id string) er
 func TestVerifyQueueAtTheFence(t *testing.T) {
 	st, _ := kittest.Store(t)
 	ctx := context.Background()
-	kc := schema.DefaultKindConfig(runner.Kind)
-	kc.Verify = true
-	if _, err := st.PutKind(ctx, kc); err != nil {
-		t.Fatal(err)
-	}
+	verifiedKind(t, st, runner.Kind, "")
 	src := startRunner(t, st, "runner-1", "i1", runner.Config{})
 	dst := startRunner(t, st, "runner-2", "i1", runner.Config{})
 	var lost string // the job whose entry the handoff loses

@@ -93,11 +93,7 @@ func TestVerifyHoldsTheSourceOnMismatch(t *testing.T) {
 	srv := natstest.Server(t)
 	st := kittest.StoreAt(t, srv.URL())
 	ctx := context.Background()
-	kc := schema.DefaultKindConfig("aggregate")
-	kc.Verify = true
-	if _, err := st.PutKind(ctx, kc); err != nil {
-		t.Fatal(err)
-	}
+	verifiedKind(t, st, "aggregate", "")
 	var stream sync.Map
 	for _, tenant := range []string{"good", "bad"} {
 		stream.Store(tenant, []string{tenant + "-1", tenant + "-2", tenant + "-3"})
