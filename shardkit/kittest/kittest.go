@@ -9,9 +9,13 @@ package kittest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
@@ -127,4 +131,51 @@ func Main(t testing.TB, m *shardmain.Main, build shardmain.Builder) string {
 		t.Fatalf("%s/%s not serving within 30s", m.Kind, m.Shard)
 	}
 	return ""
+}
+
+// AwaitPlacement waits until tenant's placement of kind satisfies ok (WaitPlacement) and returns
+// it; within bounds the wait, after which the test fails with the placement last seen.
+func AwaitPlacement(t testing.TB, st *schema.Store, kind, tenant string, within time.Duration, what string, ok func(schema.Placement) bool) schema.Placement {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	p, err := WaitPlacement(ctx, st, kind, tenant, ok)
+	if err != nil {
+		t.Fatalf("placement %s/%s not %s within %v: %v", kind, tenant, what, within, err)
+	}
+	return p
+}
+
+// WaitPlacement waits until tenant's placement of kind satisfies ok, following the bucket's key
+// (each change is an event: no polling), and returns it; when ctx ends first, the error names
+// the placement last seen.
+func WaitPlacement(ctx context.Context, st *schema.Store, kind, tenant string, ok func(schema.Placement) bool) (schema.Placement, error) {
+	kv, err := st.PlacementKV(ctx, kind)
+	if err != nil {
+		return schema.Placement{}, err
+	}
+	w, err := kv.Watch(ctx, tenant)
+	if err != nil {
+		return schema.Placement{}, err
+	}
+	defer func() { _ = w.Stop() }()
+	var last schema.Placement
+	for {
+		select {
+		case e := <-w.Updates():
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				continue // nil: the watch's first values are in
+			}
+			var p schema.Placement
+			if err := json.Unmarshal(e.Value(), &p); err != nil {
+				return last, fmt.Errorf("placement %s/%s: %w", kind, tenant, err)
+			}
+			p.Revision = e.Revision()
+			if last = p; ok(p) {
+				return p, nil
+			}
+		case <-ctx.Done():
+			return last, fmt.Errorf("%w; last seen: %+v", ctx.Err(), last)
+		}
+	}
 }

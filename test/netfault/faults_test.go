@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/internal/gatesig"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/test/netfault"
 )
@@ -140,18 +141,13 @@ func (fa *fault) awaitMoved(t *testing.T, kind, shard string, owned map[string]u
 }
 
 func (fa *fault) moved(kind, shard string, owned map[string]uint64, within time.Duration) (time.Time, error) {
-	ctx := context.Background()
-	deadline := time.Now().Add(within)
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
 	for tenant := range owned {
-		for {
-			p, err := fa.st.LatestPlacement(ctx, kind, tenant)
-			if err == nil && p.Shard != shard && p.Phase == schema.PhaseActive {
-				break
-			}
-			if time.Now().After(deadline) {
-				return time.Time{}, fmt.Errorf("%s/%s still on %s (or moving) %s after the fault: %+v %v", kind, tenant, shard, within, p, err)
-			}
-			time.Sleep(50 * time.Millisecond) // polling the placement: the test follows no watch
+		if _, err := kittest.WaitPlacement(ctx, fa.st, kind, tenant, func(p schema.Placement) bool {
+			return p.Shard != shard && p.Phase == schema.PhaseActive
+		}); err != nil {
+			return time.Time{}, fmt.Errorf("%s/%s still on %s (or moving) %s after the fault: %v", kind, tenant, shard, within, err)
 		}
 	}
 	return time.Now(), nil

@@ -2,7 +2,6 @@ package netfault
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/internal/gatesig"
+	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 	"github.com/tenantmesh/tenantmesh/test/history"
@@ -220,7 +220,6 @@ func (w *Workload) Check(t testing.TB, st *schema.Store) {
 		t.Errorf("%d requests failed:\n%s", len(f), strings.Join(f[:min(len(f), 20)], "\n"))
 	}
 	w.C.Rec.RequireLinearizable(t, "TM_FAULT_LOGS", t.Name())
-	ctx := context.Background()
 	for i, tenant := range w.Tenants {
 		status, b := w.C.Call(i, tenant, "aggregate", "GET", "/ledger/totals", nil)
 		var tot struct{ Balances int64 }
@@ -232,18 +231,9 @@ func (w *Workload) Check(t testing.TB, st *schema.Store) {
 		for _, kind := range Kinds {
 			// A move committed during the fault may still be finishing (its former owner's
 			// drained, within the drain timeout): settled means it ends with one owner.
-			var p schema.Placement
-			var err error
-			for deadline := time.Now().Add(60 * time.Second); ; {
-				p, err = st.LatestPlacement(ctx, kind, tenant)
-				if settled := err == nil && p.Phase == schema.PhaseActive && p.Target == "" && p.Source == ""; settled || time.Now().After(deadline) {
-					break
-				}
-				time.Sleep(200 * time.Millisecond) // polling the placement; a move finishes on its own
-			}
-			if err != nil || p.Phase != schema.PhaseActive || p.Target != "" || p.Source != "" {
-				t.Errorf("placement %s/%s not settled with one owner within 60 s: %+v %v", kind, tenant, p, err)
-			}
+			kittest.AwaitPlacement(t, st, kind, tenant, 60*time.Second, "settled with one owner", func(p schema.Placement) bool {
+				return p.Phase == schema.PhaseActive && p.Target == "" && p.Source == ""
+			})
 		}
 	}
 	w.jobsMu.Lock()
