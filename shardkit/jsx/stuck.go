@@ -1,6 +1,7 @@
 package jsx
 
 import (
+	"math/rand/v2"
 	"runtime"
 	"sync"
 	"time"
@@ -17,24 +18,34 @@ import (
 // other nodes served. APITimedOut and APIAnswered, called by whoever makes such requests,
 // move the connection to another server when its API requests keep timing out.
 const (
-	// stuckAfter API requests timed out in a row, the first at least stuckFor before the last,
-	// with none answered in between, make the connection move.
+	// stuckAfter API requests timed out in a row, the first at least stuckFor (plus up to as
+	// much again, at random per connection) before the last, with none answered in between,
+	// make the connection move. The random part spreads a fleet's moves: when the whole
+	// cluster is without a meta leader every connection times out at once.
 	stuckAfter = 3
 	stuckFor   = 5 * time.Second
-	// stuckEvery bounds the moves of one connection: when the whole cluster is without a meta
-	// leader, every server times out, and moving buys nothing but a reconnect.
-	stuckEvery = 30 * time.Second
+	// stuckEvery bounds the moves of one connection, doubling up to stuckEveryMax while none of
+	// its requests is answered: with the whole cluster without a meta leader, every server
+	// times out, and moving buys nothing but a reconnect.
+	stuckEvery    = 30 * time.Second
+	stuckEveryMax = 8 * stuckEvery
 )
 
-// stuckClock is the clock of APITimedOut (a test's fake).
-var stuckClock = time.Now
+// stuckClock is the clock of APITimedOut, stuckJitter its random part in [0, 1) (a test's
+// fakes).
+var (
+	stuckClock  = time.Now
+	stuckJitter = rand.Float64
+)
 
 // apiHealth is one connection's run of timed-out API requests.
 type apiHealth struct {
 	mu       sync.Mutex
-	timeouts int       // in a row
-	first    time.Time // of the run
-	moved    time.Time // the last forced reconnect
+	timeouts int           // in a row
+	first    time.Time     // of the run
+	wait     time.Duration // the run's span before a move: stuckFor and its random part
+	moved    time.Time     // the last forced reconnect
+	streak   int           // moves since a request was last answered
 }
 
 // apiHealths is keyed weakly: an entry goes with its connection.
@@ -73,21 +84,25 @@ func APITimedOut(nc *nats.Conn) bool {
 	h.mu.Lock()
 	if h.timeouts == 0 {
 		h.first = now
+		h.wait = stuckFor + time.Duration(stuckJitter()*float64(stuckFor))
 	}
 	h.timeouts++
-	move := h.timeouts >= stuckAfter && now.Sub(h.first) >= stuckFor &&
-		(h.moved.IsZero() || now.Sub(h.moved) >= stuckEvery)
+	every := min(stuckEvery<<max(h.streak-1, 0), stuckEveryMax)
+	move := h.timeouts >= stuckAfter && now.Sub(h.first) >= h.wait &&
+		(h.moved.IsZero() || now.Sub(h.moved) >= every)
 	if move {
 		h.timeouts, h.moved = 0, now
+		h.streak++
 	}
 	h.mu.Unlock()
 	return move && nc.ForceReconnect() == nil
 }
 
-// APIAnswered notes an answered JetStream API request on nc: its server is not stuck.
+// APIAnswered notes an answered JetStream API request on nc: its server is not stuck, and the
+// next run of timeouts may move it again after stuckEvery.
 func APIAnswered(nc *nats.Conn) {
 	h := healthOf(nc)
 	h.mu.Lock()
-	h.timeouts = 0
+	h.timeouts, h.streak = 0, 0
 	h.mu.Unlock()
 }

@@ -1,6 +1,7 @@
 package jsx
 
 import (
+	"math/rand/v2"
 	"strconv"
 	"testing"
 	"time"
@@ -11,13 +12,16 @@ import (
 )
 
 // A connection whose JetStream API requests keep timing out moves to another server of its
-// cluster: after three timeouts in a row spanning 5 s, and then not again for 30 s; an
-// answered request in between starts the count again.
+// cluster: after three timeouts in a row spanning 5 s (and its random part), and then not again
+// for 30 s, doubled at each move while nothing is answered; an answered request in between
+// starts the count again.
 func TestStuckServerIsLeft(t *testing.T) {
 	c := natstest.NewCluster(t)
 	now := time.Unix(1_000_000, 0)
 	stuckClock = func() time.Time { return now }
-	t.Cleanup(func() { stuckClock = time.Now })
+	jitter := 0.0
+	stuckJitter = func() float64 { return jitter }
+	t.Cleanup(func() { stuckClock, stuckJitter = time.Now, rand.Float64 })
 	reconnected := make(chan string, 4)
 	discovered := make(chan struct{}, 4)
 	nc := natstest.Connect(t, "nats://127.0.0.1:"+strconv.Itoa(c.Configs[2].Port),
@@ -58,5 +62,31 @@ func TestStuckServerIsLeft(t *testing.T) {
 	}
 	if !step(30 * time.Second) {
 		t.Fatal("did not move again 30 s later")
+	}
+	awaitReconnect := func() {
+		t.Helper()
+		select {
+		case <-reconnected:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the connection did not reconnect")
+		}
+	}
+	awaitReconnect()
+	// Nothing answered since: the next move waits twice as long.
+	if step(3*time.Second) || step(4*time.Second) || step(30*time.Second) {
+		t.Fatal("moved again within 60 s of the second move")
+	}
+	if !step(23 * time.Second) {
+		t.Fatal("did not move 60 s after the second move")
+	}
+	awaitReconnect()
+	// An answer ends the run and the doubling; this run's random part is half of 5 s.
+	APIAnswered(nc)
+	jitter = 0.5
+	if step(30*time.Second) || step(3*time.Second) || step(4*time.Second) {
+		t.Fatal("moved before 7.5 s of timeouts")
+	}
+	if !step(time.Second) {
+		t.Fatal("did not move after 8 s of timeouts, 30 s after the last move")
 	}
 }
