@@ -18,12 +18,14 @@ import (
 // other nodes served. APITimedOut and APIAnswered, called by whoever makes such requests,
 // move the connection to another server when its API requests keep timing out.
 const (
-	// stuckAfter API requests timed out in a row, the first at least stuckFor (plus up to as
-	// much again, at random per connection) before the last, with none answered in between,
-	// make the connection move. The random part spreads a fleet's moves: when the whole
-	// cluster is without a meta leader every connection times out at once.
-	stuckAfter = 3
-	stuckFor   = 5 * time.Second
+	// stuckAfter API requests timed out in a row, the first at least stuckFor (plus up to
+	// stuckSpread, at random per run) before the last, with none answered in between, make the
+	// connection move. The random part spreads a fleet's moves over a second when the whole
+	// cluster is without a meta leader and every connection times out at once; more would
+	// delay the move of a connection on a node that is truly in the minority.
+	stuckAfter  = 3
+	stuckFor    = 5 * time.Second
+	stuckSpread = time.Second
 	// stuckEvery bounds the moves of one connection, doubling up to stuckEveryMax while none of
 	// its requests is answered: with the whole cluster without a meta leader, every server
 	// times out, and moving buys nothing but a reconnect.
@@ -84,7 +86,7 @@ func APITimedOut(nc *nats.Conn) bool {
 	h.mu.Lock()
 	if h.timeouts == 0 {
 		h.first = now
-		h.wait = stuckFor + time.Duration(stuckJitter()*float64(stuckFor))
+		h.wait = stuckFor + time.Duration(stuckJitter()*float64(stuckSpread))
 	}
 	h.timeouts++
 	every := min(stuckEvery<<max(h.streak-1, 0), stuckEveryMax)
