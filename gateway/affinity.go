@@ -115,7 +115,7 @@ func (affinityPolicy) timeout(cfg *schema.KindConfig) time.Duration {
 	return d
 }
 
-func (affinityPolicy) pick(g *Gateway, x *exchange, n int) (*instance, error) {
+func (affinityPolicy) pick(env *policyEnv, x *exchange, n int) (*instance, error) {
 	s := &x.aff
 	if n == 0 {
 		cfg := x.ke.config()
@@ -126,8 +126,8 @@ func (affinityPolicy) pick(g *Gateway, x *exchange, n int) (*instance, error) {
 		var servers []affinity.Server
 		servers, s.byKey = affinityServers(x.rt, cfg.Capacity)
 		s.plan = x.ke.aff.Plan(x.tenant, servers, s.m)
-		if g.log.Enabled(x.ctx, slog.LevelDebug) {
-			g.log.Debug("affinity: selection", "kind", x.ke.name, "tenant", x.tenant, "owners", x.ke.aff.Owners(x.tenant),
+		if env.log.Enabled(x.ctx, slog.LevelDebug) {
+			env.log.Debug("affinity: selection", "kind", x.ke.name, "tenant", x.tenant, "owners", x.ke.aff.Owners(x.tenant),
 				"plan", planString(s.plan), "servers", len(servers))
 		}
 		if len(s.plan) == 0 {
@@ -148,7 +148,7 @@ func (affinityPolicy) pick(g *Gateway, x *exchange, n int) (*instance, error) {
 		gated := !in.external.Load()
 		first := a.New && (gated || !(a.Pressure || a.Fallback))
 		if first {
-			e, err := g.affCtl().addOwner(x.ke, x.tenant, a.Key, s.m, a.Pressure || a.Fallback)
+			e, err := env.owners.addOwner(x.ke, x.tenant, a.Key, s.m, a.Pressure || a.Fallback)
 			if err != nil {
 				in.breaker.Abandon()
 				x.lastErr = err
@@ -166,7 +166,7 @@ func (affinityPolicy) pick(g *Gateway, x *exchange, n int) (*instance, error) {
 			}
 		}
 		s.cur, s.first, s.gated, s.last = a, first, gated, s.next == len(s.plan)-1
-		s.pauses, s.until = misdirectedPauses, time.Now().Add(g.cfg.RefreshWait)
+		s.pauses, s.until = misdirectedPauses, time.Now().Add(env.refreshWait)
 		s.next++
 		return in, nil
 	}
@@ -181,7 +181,7 @@ func (affinityPolicy) pick(g *Gateway, x *exchange, n int) (*instance, error) {
 // doubling, for up to RefreshWait; exact (the wait is one client's, nobody competes).
 var misdirectedPauses = backoff.Policy{Initial: 5 * time.Millisecond, Max: time.Minute, Jitter: backoff.None}.Pauses()
 
-func (affinityPolicy) judge(g *Gateway, x *exchange, in *instance, up *upConn, err error, _ int) (verdict, error) {
+func (affinityPolicy) judge(env *policyEnv, x *exchange, in *instance, up *upConn, err error, _ int) (verdict, error) {
 	s := &x.aff
 	if err == nil && up.resp.Status == http.StatusMisdirectedRequest {
 		// A shardkit instance just made an owner may not have seen its placement yet (same
@@ -202,21 +202,21 @@ func (affinityPolicy) judge(g *Gateway, x *exchange, in *instance, up *upConn, e
 	}
 	if err == nil && up.resp.Status < 500 {
 		if s.cur.New && !s.first {
-			if e, err := g.affCtl().addOwner(x.ke, x.tenant, s.cur.Key, s.m, true); err == nil {
+			if e, err := env.owners.addOwner(x.ke, x.tenant, s.cur.Key, s.m, true); err == nil {
 				x.entry = e
 			} else {
-				g.log.Warn("recording affinity assignment failed", "kind", x.ke.name, "tenant", x.tenant, "err", err)
+				env.log.Warn("recording affinity assignment failed", "kind", x.ke.name, "tenant", x.tenant, "err", err)
 			}
 		}
 		x.ke.aff.Served(x.tenant, s.cur.Key)
 		x.affinityAnswer = true
 		result := affinityResult(s.cur)
 		x.ke.metrics.m.affinity.WithLabelValues(x.ke.name, result).Inc()
-		g.log.Debug("affinity: served", "kind", x.ke.name, "tenant", x.tenant, "server", s.cur.Key, "result", result)
+		env.log.Debug("affinity: served", "kind", x.ke.name, "tenant", x.tenant, "server", s.cur.Key, "result", result)
 		return deliver, nil
 	}
 	if s.first && (s.cur.Pressure || s.cur.Fallback) {
-		g.affCtl().removeOwner(x.ke, x.tenant, s.cur.Key)
+		env.owners.removeOwner(x.ke, x.tenant, s.cur.Key)
 	}
 	if err != nil {
 		if errors.Is(x.ctx.Err(), context.Canceled) {
@@ -511,6 +511,13 @@ func (c affinityControl) unregisterServer(ke *kindEntry, id schema.InstanceID) {
 		g.log.Warn("removing server from routes failed", "instance", id.Key(), "err", err)
 	}
 	g.affCtl().dropServer(ke, id.Key())
+}
+
+// affinityOwners writes a tenant's affinity owners to its placement: what the affinity policy
+// asks of the gateway's control plane (affinityControl).
+type affinityOwners interface {
+	addOwner(ke *kindEntry, tenant, key string, m int, force bool) (placement.Entry, error)
+	removeOwner(ke *kindEntry, tenant, key string)
 }
 
 // affinityControl is the affinity policy's control plane: owners written by CAS, and the

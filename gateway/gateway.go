@@ -255,6 +255,7 @@ type Gateway struct {
 	// proofs: kind -> *gatesig.Signer with the kind's key (ShardKey set).
 	proofs  sync.Map
 	engine  *engine   // the send stage's upstream connections
+	pe      policyEnv // what the kinds' policies get from the gateway (policy.go)
 	up      *upstream // the send stage's HTTP/2 connections, for gRPC calls (grpc.go)
 	metrics *gwMetrics
 	admin   *http.ServeMux
@@ -307,6 +308,8 @@ func New(cfg Config) (*Gateway, error) {
 	g.changed.Store(&ch)
 	g.bgCtx, g.bgStop = context.WithCancel(context.Background())
 	g.reg = newRegistry(g)
+	g.pe = policyEnv{snap: &g.reg.snap, retries: cfg.Retries, refreshWait: cfg.RefreshWait, refresh: g.refresh,
+		owners: g.affCtl(), log: g.log}
 	g.conns = newConnLimiter(cfg)
 	g.assigns = newAssignLimiter(cfg.Assign)
 	g.unseen = rate.NewLimiter(unseenPerSec, unseenPerSec)

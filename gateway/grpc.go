@@ -69,7 +69,7 @@ func (g *Gateway) sendGRPC(x *exchange) (*grpcAttempt, error) {
 		if err := g.holdIfMoving(x); err != nil {
 			return nil, err
 		}
-		in, err := x.policy.pick(g, x, n)
+		in, err := x.policy.pick(&g.pe, x, n)
 		if in == nil {
 			return nil, err
 		}
@@ -83,7 +83,7 @@ func (g *Gateway) sendGRPC(x *exchange) (*grpcAttempt, error) {
 				return nil, context.DeadlineExceeded
 			}
 			x.lastErr = &upstreamError{inst: in.key, err: err}
-			reason, ok := g.retryable(x, err)
+			reason, ok := retryable(x, err)
 			if !ok || n >= g.cfg.Retries {
 				return nil, x.lastErr
 			}

@@ -1,9 +1,11 @@
 package gateway
 
 import (
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/gateway/policy/load"
@@ -11,10 +13,11 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
-// Policy is a kind's way of choosing instances: the pick stage asks it for the instance of
+// policy is a kind's way of choosing instances: the pick stage asks it for the instance of
 // each attempt, and the send stage asks it what an attempt's outcome means. Each kind's policy
-// is made once from its config (policyFor); the request path never asks which one it has.
-type Policy interface {
+// is made once from its config (policyFor); the request path never asks which one it has. Its
+// methods get the request and a policyEnv, never the gateway.
+type policy interface {
 	// placesTenants: the policy places unplaced tenants itself; the place stage leaves them.
 	placesTenants() bool
 	// holds: requests wait in the hold buffer while their tenant is in handoff.
@@ -23,10 +26,23 @@ type Policy interface {
 	timeout(cfg *schema.KindConfig) time.Duration
 	// pick chooses the instance for attempt n (0 first); nil with the error to answer when no
 	// instance is left.
-	pick(g *Gateway, x *exchange, n int) (*instance, error)
+	pick(env *policyEnv, x *exchange, n int) (*instance, error)
 	// judge decides what an attempt's outcome means: deliver it, try again, or fail with the
 	// error returned.
-	judge(g *Gateway, x *exchange, in *instance, up *upConn, err error, n int) (verdict, error)
+	judge(env *policyEnv, x *exchange, in *instance, up *upConn, err error, n int) (verdict, error)
+}
+
+// policyEnv is what a policy gets from the gateway besides the request: the newest snapshot
+// (routes, kinds and their live instances), the retry budget, the placement refresh after a
+// gate refusal, the affinity owners' writes and the log. The gateway makes one in New; a test
+// can make its own, with no gateway.
+type policyEnv struct {
+	snap        *atomic.Pointer[snapshot]                    // the registry's newest snapshot
+	retries     int                                          // Config.Retries: attempts after the first
+	refreshWait time.Duration                                // Config.RefreshWait: the bound on waiting for a newer placement
+	refresh     func(x *exchange, prob tmhttp.Problem) error // the tenant's owner after a gate refusal
+	owners      affinityOwners                               // the affinity policy's owner writes
+	log         *slog.Logger
 }
 
 // verdict is a policy's judgement of one attempt.
@@ -40,7 +56,7 @@ const (
 
 // policyFor makes the policy a kind's config names: the one place that maps the name to an
 // implementation.
-func policyFor(ke *kindEntry, cfg *schema.KindConfig) Policy {
+func policyFor(ke *kindEntry, cfg *schema.KindConfig) policy {
 	switch cfg.Policy {
 	case schema.PolicyAffinity:
 		return affinityPolicy{}
@@ -62,10 +78,10 @@ func (managedPolicy) holds() bool         { return true }
 
 func (managedPolicy) timeout(cfg *schema.KindConfig) time.Duration { return cfg.UpstreamTimeout.D() }
 
-func (p managedPolicy) pick(g *Gateway, x *exchange, n int) (*instance, error) {
+func (p managedPolicy) pick(env *policyEnv, x *exchange, n int) (*instance, error) {
 	if n > 0 || x.ticket != nil {
 		// A retry, or a request held through a move: the routes may have changed meanwhile.
-		if nr := g.reg.snap.Load().match(x.method, x.path); nr != nil && nr.kind == x.rt.kind {
+		if nr := env.snap.Load().match(x.method, x.path); nr != nil && nr.kind == x.rt.kind {
 			x.rt = nr
 		}
 	}
@@ -91,8 +107,8 @@ func (p managedPolicy) pick(g *Gateway, x *exchange, n int) (*instance, error) {
 		Detail: "shard " + x.entry.Shard + " has no live instance serving this route (or all its circuits are open)", RetryAfter: time.Second}
 }
 
-func (managedPolicy) judge(g *Gateway, x *exchange, in *instance, up *upConn, err error, n int) (verdict, error) {
-	return g.judgeManaged(x, in, up, err, n)
+func (managedPolicy) judge(env *policyEnv, x *exchange, in *instance, up *upConn, err error, n int) (verdict, error) {
+	return judgeManaged(env, x, in, up, err, n)
 }
 
 // choosePowerOfTwo chooses among live instances by power of two choices on in-flight requests

@@ -24,7 +24,7 @@ func (g *Gateway) send(x *exchange) (*upConn, error) {
 		if err := g.holdIfMoving(x); err != nil {
 			return nil, err
 		}
-		in, err := x.policy.pick(g, x, n)
+		in, err := x.policy.pick(&g.pe, x, n)
 		if in == nil {
 			return nil, err
 		}
@@ -35,7 +35,7 @@ func (g *Gateway) send(x *exchange) (*upConn, error) {
 		} else {
 			end(0, err)
 		}
-		v, err := x.policy.judge(g, x, in, up, err, n)
+		v, err := x.policy.judge(&g.pe, x, in, up, err, n)
 		switch v {
 		case deliver:
 			x.inst, x.code = in, up.resp.Status
@@ -80,14 +80,14 @@ func (g *Gateway) attempt(x *exchange, in *instance) (*upConn, error) {
 // on another instance of the shard when it is safe (retryable); a gate refusal (421, or
 // x-tm-refused) is tried again on the owner after a placement refresh, or on another instance
 // when the instance is stopping; anything else is the answer.
-func (g *Gateway) judgeManaged(x *exchange, in *instance, up *upConn, err error, n int) (verdict, error) {
+func judgeManaged(env *policyEnv, x *exchange, in *instance, up *upConn, err error, n int) (verdict, error) {
 	if err != nil {
 		if errors.Is(x.ctx.Err(), context.Canceled) {
 			return fail, err
 		}
 		x.lastErr = &upstreamError{inst: in.key, err: err}
-		reason, ok := g.retryable(x, err)
-		if !ok || n >= g.cfg.Retries {
+		reason, ok := retryable(x, err)
+		if !ok || n >= env.retries {
 			return fail, x.lastErr
 		}
 		x.ke.metrics.retry(reason)
@@ -111,7 +111,7 @@ func (g *Gateway) judgeManaged(x *exchange, in *instance, up *upConn, err error,
 	// while stopping, or behind on placement): sending it again is safe.
 	status := up.resp.Status
 	prob := readProblem(up)
-	if !x.replayable || n >= g.cfg.Retries {
+	if !x.replayable || n >= env.retries {
 		if status == http.StatusMisdirectedRequest {
 			return fail, errMisdirected(x)
 		}
@@ -131,7 +131,7 @@ func (g *Gateway) judgeManaged(x *exchange, in *instance, up *upConn, err error,
 		return again, nil
 	}
 	x.ke.metrics.retry("misdirected")
-	if err := g.refresh(x, prob); err != nil {
+	if err := env.refresh(x, prob); err != nil {
 		return fail, err
 	}
 	x.tried = x.tried[:0]
@@ -145,7 +145,7 @@ func (g *Gateway) judgeManaged(x *exchange, in *instance, up *upConn, err error,
 // with an Idempotency-Key to a kind whose services honour it (KindConfig.Idempotent: applied
 // once however often it is sent); a timeout never, unless it was the connect's: a connection
 // that was never made (refused, or its SYN unanswered, as across a partition) carried nothing.
-func (g *Gateway) retryable(x *exchange, err error) (string, bool) {
+func retryable(x *exchange, err error) (string, bool) {
 	if !x.replayable || x.ctx.Err() != nil {
 		return "", false
 	}
