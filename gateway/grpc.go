@@ -60,7 +60,7 @@ func (g *Gateway) serveGRPC(x *exchange) {
 }
 
 // sendGRPC is the send stage for a gRPC call: attempts until one is delivered, with the
-// managed policy's rules (judgeManaged): a refused connection or stream, or a call to a kind
+// managed policy's rules (managedPolicy.judge): a refused connection or stream, or a call to a kind
 // that only reads or with an idempotency key to an idempotent kind, goes again while its
 // request stream is kept whole; a gate refusal (x-tm-refused, 421) refreshes the placement and
 // goes to the owner, holding when the tenant moves.
