@@ -17,18 +17,24 @@ import (
 )
 
 // managedPolicy is the managed path: the tenant's shard from its placement, an instance of it
-// chosen by choose (power of two choices, or the load policy's decision table), the tenant's
-// writer for single-writer kinds; retries as the send stage allows them.
-type managedPolicy struct {
-	choose func(x *exchange, insts, tried []*instance) *instance
-}
+// chosen by power of two choices on in-flight requests and latency, the tenant's writer for
+// single-writer kinds; a refused or failed attempt sent again when it is safe (judge). The load
+// policy (loadpolicy.go) is this path with its own choice.
+type managedPolicy struct{}
 
 func (managedPolicy) placesTenants() bool { return false }
 func (managedPolicy) holds() bool         { return true }
 
 func (managedPolicy) timeout(cfg *schema.KindConfig) time.Duration { return cfg.UpstreamTimeout.D() }
 
-func (p managedPolicy) pick(env *policyEnv, x *exchange, n int) (*instance, error) {
+func (managedPolicy) pick(env *policyEnv, x *exchange, n int) (*instance, error) {
+	return pickInShard(env, x, n, choosePowerOfTwo)
+}
+
+// pickInShard is the managed path's pick with choose as its choice among the instances of the
+// tenant's shard serving the route: the tenant's writer instead for a single-writer kind; the
+// 503 to answer when none is left.
+func pickInShard(env *policyEnv, x *exchange, n int, choose func(x *exchange, insts, tried []*instance) *instance) (*instance, error) {
 	if n > 0 || x.ticket != nil {
 		// A retry, or a request held through a move: the routes may have changed meanwhile.
 		if nr := env.snap.Load().match(x.method, x.path); nr != nil && nr.kind == x.rt.kind {
@@ -40,7 +46,7 @@ func (p managedPolicy) pick(env *policyEnv, x *exchange, n int) (*instance, erro
 	if c := x.ke.config(); c != nil && c.SingleWriter {
 		in = pickWriter(insts, x.tried, x.tenant)
 	} else {
-		in = p.choose(x, insts, x.tried)
+		in = choose(x, insts, x.tried)
 	}
 	if in != nil {
 		return in, nil

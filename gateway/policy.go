@@ -5,7 +5,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tenantmesh/tenantmesh/gateway/policy/load"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -58,13 +57,7 @@ func policyFor(ke *kindEntry, cfg *schema.KindConfig) policy {
 	case schema.PolicyAffinity:
 		return affinityPolicy{}
 	case schema.PolicyLoad:
-		return managedPolicy{choose: ke.chooseByLoad}
+		return loadPolicy{ke: ke}
 	}
-	return managedPolicy{choose: choosePowerOfTwo}
-}
-
-// loadConfig maps a kind's LoadConfig to the load policy's numbers.
-func loadConfig(c *schema.LoadConfig) load.Config {
-	return load.Config{TTL: c.AffinityTTL.D(), MigrateThreshold: c.MigrateThreshold, BreakThreshold: c.BreakThreshold,
-		MigrateMinGain: c.MigrateMinGain, ForwardThreshold: c.ForwardThreshold, EMAAlpha: c.EMAAlpha}
+	return managedPolicy{}
 }
