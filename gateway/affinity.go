@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -10,24 +11,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tenantmesh/tenantmesh/gateway/h1"
 	"github.com/tenantmesh/tenantmesh/gateway/policy/affinity"
 	"github.com/tenantmesh/tenantmesh/internal/backoff"
 	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
-)
-
-// Response headers of the affinity policy: the server that answered and the tenant (realm) it
-// answered for. The prerender manager's own names for them, x-boxel-prerender-target and
-// x-boxel-prerender-realm, are sent too, with the same values; an instance's answer carrying
-// any of the four has them replaced.
-const (
-	HeaderTarget       = "X-Tm-Target"
-	HeaderTargetTenant = "X-Tm-Tenant"
-	HeaderSeedTarget   = "X-Boxel-Prerender-Target"
-	HeaderSeedRealm    = "X-Boxel-Prerender-Realm"
 )
 
 // planString is a selection plan for the debug log: each attempt's server and why it is there.
@@ -37,11 +26,6 @@ func planString(plan []affinity.Attempt) string {
 		parts[i] = a.Key + ":" + affinityResult(a)
 	}
 	return strings.Join(parts, " ")
-}
-
-// isAffinityHeader reports whether n is one of the affinity answer's headers (any spelling).
-func isAffinityHeader(n []byte) bool {
-	return h1.EqualFold(n, HeaderTarget) || h1.EqualFold(n, HeaderTargetTenant) || h1.EqualFold(n, HeaderSeedTarget) || h1.EqualFold(n, HeaderSeedRealm)
 }
 
 // affinityServers lists the route's live instances with an available circuit as selector
@@ -233,24 +217,6 @@ func (affinityPolicy) judge(env *policyEnv, x *exchange, in *instance, up *upCon
 	return again, nil
 }
 
-// affinityKindOf returns the affinity kind whose default route (/<kind>) path falls under, for
-// a path no route matches: with no server registered, the prerender manager answers 503, not 404.
-func affinityKindOf(snap *snapshot, path string) string {
-	name, _, _ := strings.Cut(strings.TrimPrefix(path, "/"), "/")
-	if ke := snap.kinds[name]; ke != nil {
-		if c := ke.config(); c != nil && c.Policy == schema.PolicyAffinity {
-			return name
-		}
-	}
-	return ""
-}
-
-// entryOf is a placement read from the bucket, as the view keeps it.
-func entryOf(p schema.Placement) placement.Entry {
-	return placement.Entry{Shard: p.Shard, Epoch: p.Epoch, Phase: p.Phase, Target: p.Target, Source: p.Source,
-		Owners: p.Owners, Pinned: p.Pinned, Revision: p.Revision}
-}
-
 // ownerIn returns the first of owners that is a candidate.
 func ownerIn(owners []string, byKey map[string]*instance) *instance {
 	for _, o := range owners {
@@ -266,4 +232,10 @@ func ownerIn(owners []string, byKey map[string]*instance) *instance {
 type affinityOwners interface {
 	addOwner(ke *kindEntry, tenant, key string, m int, force bool) (placement.Entry, error)
 	removeOwner(ke *kindEntry, tenant, key string)
+}
+
+// discard reads and drops a response's body (bounded) and ends the exchange.
+func discard(up *upConn) {
+	_, err := io.Copy(io.Discard, io.LimitReader(up, 64<<10))
+	up.release(err == nil)
 }

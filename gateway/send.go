@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"errors"
-	"io"
 	"time"
 
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
@@ -109,10 +108,4 @@ func (g *Gateway) refresh(x *exchange, prob tmhttp.Problem) error {
 			return x.ctx.Err()
 		}
 	}
-}
-
-// discard reads and drops a response's body (bounded) and ends the exchange.
-func discard(up *upConn) {
-	_, err := io.Copy(io.Discard, io.LimitReader(up, 64<<10))
-	up.release(err == nil)
 }
