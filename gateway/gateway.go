@@ -15,7 +15,7 @@
 //  3. hold: buffers the body for replay, and holds the request while the tenant is in handoff,
 //     until the move commits (then it goes to the new owner, in arrival order) or the kind's
 //     hold budget is spent (503 + Retry-After);
-//  4. pick: the kind's Policy picks the instance (power of two choices on in-flight requests
+//  4. pick: the kind's policy picks the instance (power of two choices on in-flight requests
 //     and latency, the load policy's decision table, or the affinity plan), skipping open
 //     circuits;
 //  5. send: the upstream engine sends it over a pooled HTTP/1.1 connection, adding x-tm-epoch,

@@ -11,9 +11,9 @@ import (
 )
 
 // send is the send stage: attempts until the policy delivers one or gives up. Before each
-// attempt the request waits in the hold buffer if its tenant is moving (hold.go), and the
-// policy picks the instance (the pick stage); the attempt goes out through the engine, and its
-// outcome feeds the instance's breaker and latency before the policy judges it.
+// attempt the request waits in the hold buffer if its tenant is moving (hold.go); then the
+// policy picks the instance, the attempt goes out through the engine (its outcome feeding the
+// instance's breaker and latency), and the policy judges the outcome.
 func (g *Gateway) send(x *exchange) (*upConn, error) {
 	for n := 0; ; n++ {
 		if err := g.holdIfMoving(x); err != nil {
