@@ -36,7 +36,7 @@ type policyEnv struct {
 	snap        *atomic.Pointer[snapshot]                    // the registry's newest snapshot
 	retries     int                                          // Config.Retries: attempts after the first
 	refreshWait time.Duration                                // Config.RefreshWait: the bound on waiting for a newer placement
-	refresh     func(x *exchange, prob tmhttp.Problem) error // the tenant's owner after a gate refusal
+	refresh     func(x *exchange, prob tmhttp.Problem) error // the tenant's owner after a gate refusal (send.go)
 	owners      affinityOwners                               // the affinity policy's owner writes
 	log         *slog.Logger
 }
