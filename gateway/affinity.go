@@ -19,37 +19,6 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
-// planString is a selection plan for the debug log: each attempt's server and why it is there.
-func planString(plan []affinity.Attempt) string {
-	parts := make([]string, len(plan))
-	for i, a := range plan {
-		parts[i] = a.Key + ":" + affinityResult(a)
-	}
-	return strings.Join(parts, " ")
-}
-
-// affinityServers lists the route's live instances with an available circuit as selector
-// candidates, by key.
-func affinityServers(rt *route, defCap int) ([]affinity.Server, map[string]*instance) {
-	byKey := map[string]*instance{}
-	var servers []affinity.Server
-	for _, l := range rt.byShard {
-		for _, in := range l {
-			if !in.breaker.Available() {
-				continue
-			}
-			c := int(in.capacity.Load())
-			if c <= 0 {
-				c = defCap
-			}
-			byKey[in.key] = in
-			servers = append(servers, affinity.Server{Key: in.key, Capacity: c})
-		}
-	}
-	slices.SortFunc(servers, func(a, b affinity.Server) int { return strings.Compare(a.Key, b.Key) })
-	return servers, byKey
-}
-
 // affinityPolicy is the affinity policy's request path (the prerender manager): the selector's
 // plan, in order (the tenant's owners rotating, organic growth, round-robin with room, pressure
 // mode), failing over to the next attempt on a transport failure or a 5xx, with assignments
@@ -217,6 +186,44 @@ func (affinityPolicy) judge(env *policyEnv, x *exchange, in *instance, up *upCon
 	return again, nil
 }
 
+// affinityOwners writes a tenant's affinity owners to its placement: what the affinity policy
+// asks of the gateway's control plane (affinityControl).
+type affinityOwners interface {
+	addOwner(ke *kindEntry, tenant, key string, m int, force bool) (placement.Entry, error)
+	removeOwner(ke *kindEntry, tenant, key string)
+}
+
+// planString is a selection plan for the debug log: each attempt's server and why it is there.
+func planString(plan []affinity.Attempt) string {
+	parts := make([]string, len(plan))
+	for i, a := range plan {
+		parts[i] = a.Key + ":" + affinityResult(a)
+	}
+	return strings.Join(parts, " ")
+}
+
+// affinityServers lists the route's live instances with an available circuit as selector
+// candidates, by key.
+func affinityServers(rt *route, defCap int) ([]affinity.Server, map[string]*instance) {
+	byKey := map[string]*instance{}
+	var servers []affinity.Server
+	for _, l := range rt.byShard {
+		for _, in := range l {
+			if !in.breaker.Available() {
+				continue
+			}
+			c := int(in.capacity.Load())
+			if c <= 0 {
+				c = defCap
+			}
+			byKey[in.key] = in
+			servers = append(servers, affinity.Server{Key: in.key, Capacity: c})
+		}
+	}
+	slices.SortFunc(servers, func(a, b affinity.Server) int { return strings.Compare(a.Key, b.Key) })
+	return servers, byKey
+}
+
 // ownerIn returns the first of owners that is a candidate.
 func ownerIn(owners []string, byKey map[string]*instance) *instance {
 	for _, o := range owners {
@@ -225,13 +232,6 @@ func ownerIn(owners []string, byKey map[string]*instance) *instance {
 		}
 	}
 	return nil
-}
-
-// affinityOwners writes a tenant's affinity owners to its placement: what the affinity policy
-// asks of the gateway's control plane (affinityControl).
-type affinityOwners interface {
-	addOwner(ke *kindEntry, tenant, key string, m int, force bool) (placement.Entry, error)
-	removeOwner(ke *kindEntry, tenant, key string)
 }
 
 // discard reads and drops a response's body (bounded) and ends the exchange.
