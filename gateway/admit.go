@@ -83,6 +83,18 @@ func (g *Gateway) admit(x *exchange) error {
 
 var hdrTenant = []byte(tmhttp.HeaderTenant)
 
+// affinityKindOf returns the affinity kind whose default route (/<kind>) path falls under, for
+// a path no route matches: with no server registered, the prerender manager answers 503, not 404.
+func affinityKindOf(snap *snapshot, path string) string {
+	name, _, _ := strings.Cut(strings.TrimPrefix(path, "/"), "/")
+	if ke := snap.kinds[name]; ke != nil {
+		if c := ke.config(); c != nil && c.Policy == schema.PolicyAffinity {
+			return name
+		}
+	}
+	return ""
+}
+
 func invalidTenant(err error) error {
 	return &tmhttp.Error{Status: http.StatusBadRequest, Type: "invalid-tenant", Title: "Invalid tenant id", Detail: err.Error(), Err: err}
 }

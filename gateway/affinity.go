@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tenantmesh/tenantmesh/gateway/h1"
 	"github.com/tenantmesh/tenantmesh/gateway/policy/affinity"
 	"github.com/tenantmesh/tenantmesh/internal/backoff"
 	"github.com/tenantmesh/tenantmesh/internal/ctxtime"
@@ -19,60 +18,6 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
-
-// Response headers of the affinity policy: the server that answered and the tenant (realm) it
-// answered for. The prerender manager's own names for them, x-boxel-prerender-target and
-// x-boxel-prerender-realm, are sent too, with the same values; an instance's answer carrying
-// any of the four has them replaced.
-const (
-	HeaderTarget       = "X-Tm-Target"
-	HeaderTargetTenant = "X-Tm-Tenant"
-	HeaderSeedTarget   = "X-Boxel-Prerender-Target"
-	HeaderSeedRealm    = "X-Boxel-Prerender-Realm"
-)
-
-// planString is a selection plan for the debug log: each attempt's server and why it is there.
-func planString(plan []affinity.Attempt) string {
-	parts := make([]string, len(plan))
-	for i, a := range plan {
-		parts[i] = a.Key + ":" + affinityResult(a)
-	}
-	return strings.Join(parts, " ")
-}
-
-// isAffinityHeader reports whether n is one of the affinity answer's headers (any spelling).
-func isAffinityHeader(n []byte) bool {
-	return h1.EqualFold(n, HeaderTarget) || h1.EqualFold(n, HeaderTargetTenant) || h1.EqualFold(n, HeaderSeedTarget) || h1.EqualFold(n, HeaderSeedRealm)
-}
-
-// labelRegisteredBy marks directory entries the gateway registered on a server's behalf (the
-// prerender manager's HTTP registration API); the gateway heartbeats them while their health checks pass.
-const (
-	labelRegisteredBy = "registered-by"
-	registeredByGW    = "gateway"
-)
-
-// affinityServers lists the route's live instances with an available circuit as selector
-// candidates, by key.
-func affinityServers(rt *route, defCap int) ([]affinity.Server, map[string]*instance) {
-	byKey := map[string]*instance{}
-	var servers []affinity.Server
-	for _, l := range rt.byShard {
-		for _, in := range l {
-			if !in.breaker.Available() {
-				continue
-			}
-			c := int(in.capacity.Load())
-			if c <= 0 {
-				c = defCap
-			}
-			byKey[in.key] = in
-			servers = append(servers, affinity.Server{Key: in.key, Capacity: c})
-		}
-	}
-	slices.SortFunc(servers, func(a, b affinity.Server) int { return strings.Compare(a.Key, b.Key) })
-	return servers, byKey
-}
 
 // affinityPolicy is the affinity policy's request path (the prerender manager): the selector's
 // plan, in order (the tenant's owners rotating, organic growth, round-robin with room, pressure
@@ -115,7 +60,7 @@ func (affinityPolicy) timeout(cfg *schema.KindConfig) time.Duration {
 	return d
 }
 
-func (affinityPolicy) pick(g *Gateway, x *exchange, n int) (*instance, error) {
+func (affinityPolicy) pick(env *policyEnv, x *exchange, n int) (*instance, error) {
 	s := &x.aff
 	if n == 0 {
 		cfg := x.ke.config()
@@ -126,8 +71,8 @@ func (affinityPolicy) pick(g *Gateway, x *exchange, n int) (*instance, error) {
 		var servers []affinity.Server
 		servers, s.byKey = affinityServers(x.rt, cfg.Capacity)
 		s.plan = x.ke.aff.Plan(x.tenant, servers, s.m)
-		if g.log.Enabled(x.ctx, slog.LevelDebug) {
-			g.log.Debug("affinity: selection", "kind", x.ke.name, "tenant", x.tenant, "owners", x.ke.aff.Owners(x.tenant),
+		if env.log.Enabled(x.ctx, slog.LevelDebug) {
+			env.log.Debug("affinity: selection", "kind", x.ke.name, "tenant", x.tenant, "owners", x.ke.aff.Owners(x.tenant),
 				"plan", planString(s.plan), "servers", len(servers))
 		}
 		if len(s.plan) == 0 {
@@ -148,7 +93,7 @@ func (affinityPolicy) pick(g *Gateway, x *exchange, n int) (*instance, error) {
 		gated := !in.external.Load()
 		first := a.New && (gated || !(a.Pressure || a.Fallback))
 		if first {
-			e, err := g.affCtl().addOwner(x.ke, x.tenant, a.Key, s.m, a.Pressure || a.Fallback)
+			e, err := env.owners.addOwner(x.ke, x.tenant, a.Key, s.m, a.Pressure || a.Fallback)
 			if err != nil {
 				in.breaker.Abandon()
 				x.lastErr = err
@@ -166,7 +111,7 @@ func (affinityPolicy) pick(g *Gateway, x *exchange, n int) (*instance, error) {
 			}
 		}
 		s.cur, s.first, s.gated, s.last = a, first, gated, s.next == len(s.plan)-1
-		s.pauses, s.until = misdirectedPauses, time.Now().Add(g.cfg.RefreshWait)
+		s.pauses, s.until = misdirectedPauses, time.Now().Add(env.refreshWait)
 		s.next++
 		return in, nil
 	}
@@ -181,7 +126,7 @@ func (affinityPolicy) pick(g *Gateway, x *exchange, n int) (*instance, error) {
 // doubling, for up to RefreshWait; exact (the wait is one client's, nobody competes).
 var misdirectedPauses = backoff.Policy{Initial: 5 * time.Millisecond, Max: time.Minute, Jitter: backoff.None}.Pauses()
 
-func (affinityPolicy) judge(g *Gateway, x *exchange, in *instance, up *upConn, err error, _ int) (verdict, error) {
+func (affinityPolicy) judge(env *policyEnv, x *exchange, in *instance, up *upConn, err error, _ int) (verdict, error) {
 	s := &x.aff
 	if err == nil && up.resp.Status == http.StatusMisdirectedRequest {
 		// A shardkit instance just made an owner may not have seen its placement yet (same
@@ -202,21 +147,21 @@ func (affinityPolicy) judge(g *Gateway, x *exchange, in *instance, up *upConn, e
 	}
 	if err == nil && up.resp.Status < 500 {
 		if s.cur.New && !s.first {
-			if e, err := g.affCtl().addOwner(x.ke, x.tenant, s.cur.Key, s.m, true); err == nil {
+			if e, err := env.owners.addOwner(x.ke, x.tenant, s.cur.Key, s.m, true); err == nil {
 				x.entry = e
 			} else {
-				g.log.Warn("recording affinity assignment failed", "kind", x.ke.name, "tenant", x.tenant, "err", err)
+				env.log.Warn("recording affinity assignment failed", "kind", x.ke.name, "tenant", x.tenant, "err", err)
 			}
 		}
 		x.ke.aff.Served(x.tenant, s.cur.Key)
 		x.affinityAnswer = true
 		result := affinityResult(s.cur)
 		x.ke.metrics.m.affinity.WithLabelValues(x.ke.name, result).Inc()
-		g.log.Debug("affinity: served", "kind", x.ke.name, "tenant", x.tenant, "server", s.cur.Key, "result", result)
+		env.log.Debug("affinity: served", "kind", x.ke.name, "tenant", x.tenant, "server", s.cur.Key, "result", result)
 		return deliver, nil
 	}
 	if s.first && (s.cur.Pressure || s.cur.Fallback) {
-		g.affCtl().removeOwner(x.ke, x.tenant, s.cur.Key)
+		env.owners.removeOwner(x.ke, x.tenant, s.cur.Key)
 	}
 	if err != nil {
 		if errors.Is(x.ctx.Err(), context.Canceled) {
@@ -241,31 +186,42 @@ func (affinityPolicy) judge(g *Gateway, x *exchange, in *instance, up *upConn, e
 	return again, nil
 }
 
-// affinityKindOf returns the affinity kind whose default route (/<kind>) path falls under, for
-// a path no route matches: with no server registered, the prerender manager answers 503, not 404.
-func affinityKindOf(snap *snapshot, path string) string {
-	name, _, _ := strings.Cut(strings.TrimPrefix(path, "/"), "/")
-	if ke := snap.kinds[name]; ke != nil {
-		if c := ke.config(); c != nil && c.Policy == schema.PolicyAffinity {
-			return name
+// affinityOwners writes a tenant's affinity owners to its placement: what the affinity policy
+// asks of the gateway's control plane (affinityControl).
+type affinityOwners interface {
+	addOwner(ke *kindEntry, tenant, key string, m int, force bool) (placement.Entry, error)
+	removeOwner(ke *kindEntry, tenant, key string)
+}
+
+// planString is a selection plan for the debug log: each attempt's server and why it is there.
+func planString(plan []affinity.Attempt) string {
+	parts := make([]string, len(plan))
+	for i, a := range plan {
+		parts[i] = a.Key + ":" + affinityResult(a)
+	}
+	return strings.Join(parts, " ")
+}
+
+// affinityServers lists the route's live instances with an available circuit as selector
+// candidates, by key.
+func affinityServers(rt *route, defCap int) ([]affinity.Server, map[string]*instance) {
+	byKey := map[string]*instance{}
+	var servers []affinity.Server
+	for _, l := range rt.byShard {
+		for _, in := range l {
+			if !in.breaker.Available() {
+				continue
+			}
+			c := int(in.capacity.Load())
+			if c <= 0 {
+				c = defCap
+			}
+			byKey[in.key] = in
+			servers = append(servers, affinity.Server{Key: in.key, Capacity: c})
 		}
 	}
-	return ""
-}
-
-// shardOfKey returns the shard of an instance key <kind>.<shard>.<instance>.
-func shardOfKey(key string) string {
-	parts := strings.Split(key, ".")
-	if len(parts) != 3 {
-		return ""
-	}
-	return parts[1]
-}
-
-// entryOf is a placement read from the bucket, as the view keeps it.
-func entryOf(p schema.Placement) placement.Entry {
-	return placement.Entry{Shard: p.Shard, Epoch: p.Epoch, Phase: p.Phase, Target: p.Target, Source: p.Source,
-		Owners: p.Owners, Pinned: p.Pinned, Revision: p.Revision}
+	slices.SortFunc(servers, func(a, b affinity.Server) int { return strings.Compare(a.Key, b.Key) })
+	return servers, byKey
 }
 
 // ownerIn returns the first of owners that is a candidate.
@@ -278,243 +234,8 @@ func ownerIn(owners []string, byKey map[string]*instance) *instance {
 	return nil
 }
 
-// addOwner makes key an owner of tenant (first in the list, at most m owners, the oldest
-// dropped), creating the placement if the tenant has none: by CAS, re-reading on conflict, so
-// every gateway agrees. Unless force is set (an assignment that already succeeded), a tenant
-// that already has m owners keeps them: this gateway planned from a view another gateway has
-// overtaken, and the caller goes to one of the stored owners instead. The placement's Shard is the shard of its first owner and never
-// changes afterwards (docs/decisions.md), so the epoch stays 1 through owner edits.
-func (c affinityControl) addOwner(ke *kindEntry, tenant, key string, m int, force bool) (placement.Entry, error) {
-	g := c.g
-	ctx, cancel := context.WithTimeout(g.bgCtx, assignTimeout)
-	defer cancel()
-	by := "gateway/" + g.cfg.ID
-	for range 16 {
-		p, err := g.store.Placement(ctx, ke.name, tenant)
-		if errors.Is(err, schema.ErrNotFound) {
-			np, err := g.store.CreatePlacement(ctx, schema.Placement{Kind: ke.name, Tenant: tenant, Shard: shardOfKey(key),
-				Owners: []string{key}, UpdatedBy: by})
-			if errors.Is(err, schema.ErrConflict) {
-				continue
-			}
-			if err != nil {
-				return placement.Entry{}, assignFailed(err)
-			}
-			ke.metrics.m.assigned.WithLabelValues(ke.name).Inc()
-			ke.aff.SetOwners(tenant, np.Owners)
-			return entryOf(np), nil
-		}
-		if err != nil {
-			return placement.Entry{}, assignFailed(err)
-		}
-		if slices.Contains(p.Owners, key) || p.Phase != schema.PhaseActive || (!force && len(p.Owners) >= m) {
-			ke.aff.SetOwners(tenant, p.Owners)
-			return entryOf(p), nil
-		}
-		next := p
-		next.Owners = append([]string{key}, p.Owners...)
-		if len(next.Owners) > m {
-			next.Owners = next.Owners[:m]
-		}
-		next.UpdatedBy = by
-		np, err := g.store.UpdatePlacement(ctx, p, next)
-		if errors.Is(err, schema.ErrConflict) {
-			continue
-		}
-		if err != nil {
-			return placement.Entry{}, assignFailed(err)
-		}
-		ke.aff.SetOwners(tenant, np.Owners)
-		return entryOf(np), nil
-	}
-	return placement.Entry{}, assignFailed(errors.New("too many concurrent placement writers"))
+// discard reads and drops a response's body (bounded) and ends the exchange.
+func discard(up *upConn) {
+	_, err := io.Copy(io.Discard, io.LimitReader(up, 64<<10))
+	up.release(err == nil)
 }
-
-func assignFailed(err error) error {
-	return &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "assign-failed", Title: "Tenant could not be placed",
-		Detail: "the gateway could not record the tenant's server; retry shortly", RetryAfter: time.Second, Err: err}
-}
-
-// removeOwner takes key out of tenant's owners by CAS, deleting the placement with its last
-// owner (what shardkit's Release does for an instance). Absent: nothing to do.
-func (c affinityControl) removeOwner(ke *kindEntry, tenant, key string) {
-	g := c.g
-	ctx, cancel := context.WithTimeout(g.bgCtx, assignTimeout)
-	defer cancel()
-	for range 16 {
-		p, err := g.store.Placement(ctx, ke.name, tenant)
-		if errors.Is(err, schema.ErrNotFound) {
-			ke.aff.SetOwners(tenant, nil)
-			return
-		}
-		if err != nil {
-			g.log.Warn("removing affinity owner failed", "kind", ke.name, "tenant", tenant, "err", err)
-			return
-		}
-		owners := slices.DeleteFunc(slices.Clone(p.Owners), func(o string) bool { return o == key })
-		if len(owners) == len(p.Owners) {
-			ke.aff.SetOwners(tenant, p.Owners)
-			return
-		}
-		if len(owners) == 0 {
-			err = g.store.DeletePlacement(ctx, ke.name, tenant, p.Revision)
-		} else {
-			next := p
-			next.Owners = owners
-			next.UpdatedBy = "gateway/" + g.cfg.ID
-			_, err = g.store.UpdatePlacement(ctx, p, next)
-		}
-		if errors.Is(err, schema.ErrConflict) {
-			continue
-		}
-		if err != nil && !errors.Is(err, schema.ErrNotFound) {
-			g.log.Warn("removing affinity owner failed", "kind", ke.name, "tenant", tenant, "err", err)
-			return
-		}
-		ke.aff.SetOwners(tenant, owners)
-		if len(owners) == 0 {
-			ke.aff.Forget(tenant)
-		}
-		return
-	}
-}
-
-// dropServer removes key from every tenant's owners.
-func (c affinityControl) dropServer(ke *kindEntry, key string) {
-	g := c.g
-	for _, t := range ke.aff.TenantsOf(key) {
-		g.affCtl().removeOwner(ke, t, key)
-	}
-}
-
-// affinityHealth polls the servers the gateway registered (the prerender manager's health polling), every
-// affinity kind's HealthInterval: a server that answers GET / keeps its directory entry fresh
-// (the gateway heartbeats on its behalf), one that does not is unregistered. Owners that left
-// the directory or stopped being live are dropped from every tenant's mapping.
-func (c affinityControl) affinityHealth() {
-	g := c.g
-	last := map[string]time.Time{}
-	for {
-		wake := time.Second // kinds registered later are noticed within a second
-		due := map[string]time.Duration{}
-		now := time.Now()
-		for name, ke := range g.reg.snap.Load().kinds {
-			if c := ke.config(); c != nil && c.Policy == schema.PolicyAffinity && c.Affinity != nil {
-				iv := c.Affinity.HealthInterval.D()
-				if now.Sub(last[name]) >= iv {
-					due[name] = iv
-				}
-				wake = min(wake, iv)
-			}
-		}
-		select {
-		case <-g.ready:
-			if len(due) > 0 {
-				g.affCtl().healthTick(due)
-				for name := range due {
-					last[name] = now
-				}
-			}
-		default:
-		}
-		if !ctxtime.Sleep(g.bgCtx, wake) {
-			return
-		}
-	}
-}
-
-// healthTick checks the kinds in due (kind -> its health interval).
-func (c affinityControl) healthTick(due map[string]time.Duration) {
-	g := c.g
-	snap := g.reg.snap.Load()
-	now := time.Now()
-	at := g.reg.liveAt(now)
-	g.reg.mu.Lock()
-	dir := make(map[string]schema.Instance, len(g.reg.dir))
-	for k, v := range g.reg.dir {
-		dir[k] = v
-	}
-	g.reg.mu.Unlock()
-	for _, ke := range snap.kinds {
-		interval, ok := due[ke.name]
-		if !ok {
-			continue
-		}
-		var checks []schema.Instance
-		for _, in := range dir {
-			if in.Kind == ke.name && in.Labels[labelRegisteredBy] == registeredByGW {
-				checks = append(checks, in)
-			}
-		}
-		type result struct {
-			in schema.Instance
-			ok bool
-		}
-		res := make(chan result, len(checks))
-		timeout := min(interval, 5*time.Second)
-		for _, in := range checks {
-			go func() { res <- result{in, g.affCtl().probe(in.URL, timeout) == nil} }()
-		}
-		for range checks {
-			r := <-res
-			if r.ok {
-				ctx, cancel := context.WithTimeout(g.bgCtx, assignTimeout)
-				if _, err := g.store.Directory().Heartbeat(ctx, r.in); err != nil {
-					g.log.Warn("heartbeat for a registered server failed", "instance", r.in.Key(), "err", err)
-				}
-				cancel()
-				continue
-			}
-			g.log.Warn("registered server failed its health check; unregistering", "instance", r.in.Key())
-			g.affCtl().unregisterServer(ke, r.in.InstanceID)
-			delete(dir, r.in.Key())
-		}
-		for _, key := range ke.aff.Instances() {
-			in, ok := dir[key]
-			if !ok || !g.cfg.Thresholds.Status(in, at).Live() {
-				g.affCtl().dropServer(ke, key)
-			}
-		}
-	}
-}
-
-// probe checks a server with GET / (the prerender manager's health check and registration validation).
-func (c affinityControl) probe(base string, timeout time.Duration) error {
-	g := c.g
-	ctx, cancel := context.WithTimeout(g.bgCtx, timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base, "/")+"/", nil)
-	if err != nil {
-		return err
-	}
-	resp, err := g.health.Do(req)
-	if err != nil {
-		return err
-	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-	resp.Body.Close()
-	if resp.StatusCode >= 300 {
-		return errors.New("GET / answered " + strconv.Itoa(resp.StatusCode))
-	}
-	return nil
-}
-
-// unregisterServer removes a server from the directory, the routes and every mapping.
-func (c affinityControl) unregisterServer(ke *kindEntry, id schema.InstanceID) {
-	g := c.g
-	ctx, cancel := context.WithTimeout(g.bgCtx, assignTimeout)
-	defer cancel()
-	if err := g.store.Directory().Unregister(ctx, id); err != nil {
-		g.log.Warn("unregistering server failed", "instance", id.Key(), "err", err)
-	}
-	if _, err := g.store.Routes().RemoveInstanceEverywhere(ctx, id); err != nil {
-		g.log.Warn("removing server from routes failed", "instance", id.Key(), "err", err)
-	}
-	g.affCtl().dropServer(ke, id.Key())
-}
-
-// affinityControl is the affinity policy's control plane: owners written by CAS, and the
-// health polling of servers registered through the gateway.
-type affinityControl struct{ g *Gateway }
-
-func (g *Gateway) affCtl() affinityControl { return affinityControl{g} }

@@ -15,6 +15,17 @@ import (
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
 
+// Response headers of the affinity policy: the server that answered and the tenant (realm) it
+// answered for. The prerender manager's own names for them, x-boxel-prerender-target and
+// x-boxel-prerender-realm, are sent too, with the same values; an instance's answer carrying
+// any of the four has them replaced.
+const (
+	HeaderTarget       = "X-Tm-Target"
+	HeaderTargetTenant = "X-Tm-Tenant"
+	HeaderSeedTarget   = "X-Boxel-Prerender-Target"
+	HeaderSeedRealm    = "X-Boxel-Prerender-Realm"
+)
+
 // upstreamError is a failed attempt on an instance.
 type upstreamError struct {
 	inst string
@@ -254,6 +265,11 @@ var (
 	hdrSeedTarget   = []byte(HeaderSeedTarget)
 	hdrSeedRealm    = []byte(HeaderSeedRealm)
 )
+
+// isAffinityHeader reports whether n is one of the affinity answer's headers (any spelling).
+func isAffinityHeader(n []byte) bool {
+	return h1.EqualFold(n, HeaderTarget) || h1.EqualFold(n, HeaderTargetTenant) || h1.EqualFold(n, HeaderSeedTarget) || h1.EqualFold(n, HeaderSeedRealm)
+}
 
 // str2b is a read-only byte view of s.
 func str2b(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }

@@ -55,7 +55,7 @@ type exchange struct {
 	subject    string // the verified token's sub (edge identity), sent as x-tm-subject
 	ke         *kindEntry
 	rt         *route
-	policy     Policy
+	policy     policy
 	entry      placement.Entry
 	reqID      string // generated request id, "" if the client sent a usable one
 	bodyBuf    []byte // buffered body (nil if none or streamed)

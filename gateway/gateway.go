@@ -15,7 +15,7 @@
 //  3. hold: buffers the body for replay, and holds the request while the tenant is in handoff,
 //     until the move commits (then it goes to the new owner, in arrival order) or the kind's
 //     hold budget is spent (503 + Retry-After);
-//  4. pick: the kind's Policy picks the instance (power of two choices on in-flight requests
+//  4. pick: the kind's policy picks the instance (power of two choices on in-flight requests
 //     and latency, the load policy's decision table, or the affinity plan), skipping open
 //     circuits;
 //  5. send: the upstream engine sends it over a pooled HTTP/1.1 connection, adding x-tm-epoch,
@@ -255,6 +255,7 @@ type Gateway struct {
 	// proofs: kind -> *gatesig.Signer with the kind's key (ShardKey set).
 	proofs  sync.Map
 	engine  *engine   // the send stage's upstream connections
+	pe      policyEnv // what the kinds' policies get from the gateway (policy.go)
 	up      *upstream // the send stage's HTTP/2 connections, for gRPC calls (grpc.go)
 	metrics *gwMetrics
 	admin   *http.ServeMux
@@ -307,6 +308,8 @@ func New(cfg Config) (*Gateway, error) {
 	g.changed.Store(&ch)
 	g.bgCtx, g.bgStop = context.WithCancel(context.Background())
 	g.reg = newRegistry(g)
+	g.pe = policyEnv{snap: &g.reg.snap, retries: cfg.Retries, refreshWait: cfg.RefreshWait, refresh: g.refresh,
+		owners: g.affCtl(), log: g.log}
 	g.conns = newConnLimiter(cfg)
 	g.assigns = newAssignLimiter(cfg.Assign)
 	g.unseen = rate.NewLimiter(unseenPerSec, unseenPerSec)

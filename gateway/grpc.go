@@ -60,7 +60,7 @@ func (g *Gateway) serveGRPC(x *exchange) {
 }
 
 // sendGRPC is the send stage for a gRPC call: attempts until one is delivered, with the
-// managed policy's rules (judgeManaged): a refused connection or stream, or a call to a kind
+// managed policy's rules (managedPolicy.judge): a refused connection or stream, or a call to a kind
 // that only reads or with an idempotency key to an idempotent kind, goes again while its
 // request stream is kept whole; a gate refusal (x-tm-refused, 421) refreshes the placement and
 // goes to the owner, holding when the tenant moves.
@@ -69,7 +69,7 @@ func (g *Gateway) sendGRPC(x *exchange) (*grpcAttempt, error) {
 		if err := g.holdIfMoving(x); err != nil {
 			return nil, err
 		}
-		in, err := x.policy.pick(g, x, n)
+		in, err := x.policy.pick(&g.pe, x, n)
 		if in == nil {
 			return nil, err
 		}
@@ -83,7 +83,7 @@ func (g *Gateway) sendGRPC(x *exchange) (*grpcAttempt, error) {
 				return nil, context.DeadlineExceeded
 			}
 			x.lastErr = &upstreamError{inst: in.key, err: err}
-			reason, ok := g.retryable(x, err)
+			reason, ok := retryable(x, err)
 			if !ok || n >= g.cfg.Retries {
 				return nil, x.lastErr
 			}

@@ -5,34 +5,37 @@ import (
 	"slices"
 
 	"github.com/tenantmesh/tenantmesh/gateway/breaker"
+	"github.com/tenantmesh/tenantmesh/gateway/policy/load"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 )
 
-// breakerConfig is the breaker of an instance of a kind: the gateway's, or for load kinds the
-// circuit numbers of the kind's LoadConfig (the Queen coordinator's; fixed when the instance first appears).
-func breakerConfig(base breaker.Config, kc schema.KindConfig) breaker.Config {
-	if kc.Policy != schema.PolicyLoad || kc.Load == nil {
-		return base
-	}
-	base.Failures, base.Wait, base.MaxWait = kc.Load.CircuitFailures, kc.Load.CircuitRetry.D(), kc.Load.CircuitMaxRetry.D()
-	return base
+// loadPolicy is the load policy (the Queen coordinator's): the managed path, whose placement,
+// holds, timeout and judgement it keeps, with its own choice of the instance of the tenant's
+// shard: a soft affinity cache with a TTL and the Queen coordinator's decision table on
+// smoothed load scores (the kind's load tracker), with the power-of-two pick as the "local"
+// choice; a producer route's request then goes where consumers wait for its key (producer.go).
+type loadPolicy struct {
+	managedPolicy
+	ke *kindEntry // the kind: its load tracker and metrics
 }
 
-// chooseByLoad is the load policy's choice of an instance of the tenant's shard: a soft
-// affinity cache with a TTL and the Queen coordinator's decision table on smoothed load scores,
-// with the power-of-two pick as the "local" choice; a producer route's request then goes where
-// consumers wait for its key (producer.go).
-func (ke *kindEntry) chooseByLoad(x *exchange, insts, tried []*instance) *instance {
-	in := ke.chooseByScore(x, insts, tried)
+func (p loadPolicy) pick(env *policyEnv, x *exchange, n int) (*instance, error) {
+	return pickInShard(env, x, n, p.choose)
+}
+
+// choose is the load policy's choice among insts, the instances of the tenant's shard.
+func (p loadPolicy) choose(x *exchange, insts, tried []*instance) *instance {
+	in := p.chooseByScore(x, insts, tried)
 	if x.rt.producer != nil {
-		return ke.producerTarget(x, insts, tried, in)
+		return p.ke.producerTarget(x, insts, tried, in)
 	}
 	return in
 }
 
-// chooseByScore is chooseByLoad's choice by the affinity cache and load scores; the cache is
-// keyed by the tenant, or on a consumer route by the request's affinity key (consumer.go).
-func (ke *kindEntry) chooseByScore(x *exchange, insts, tried []*instance) *instance {
+// chooseByScore is choose's choice by the affinity cache and load scores; the cache is keyed
+// by the tenant, or on a consumer route by the request's affinity key (consumer.go).
+func (p loadPolicy) chooseByScore(x *exchange, insts, tried []*instance) *instance {
+	ke := p.ke
 	var candArr [16]string
 	cands := candArr[:0]
 	for _, in := range insts {
@@ -89,6 +92,22 @@ func localPick(insts []*instance, tried []*instance) *instance {
 		return cand[j]
 	}
 	return cand[i]
+}
+
+// loadConfig maps a kind's LoadConfig to the load policy's numbers.
+func loadConfig(c *schema.LoadConfig) load.Config {
+	return load.Config{TTL: c.AffinityTTL.D(), MigrateThreshold: c.MigrateThreshold, BreakThreshold: c.BreakThreshold,
+		MigrateMinGain: c.MigrateMinGain, ForwardThreshold: c.ForwardThreshold, EMAAlpha: c.EMAAlpha}
+}
+
+// breakerConfig is the breaker of an instance of a kind: the gateway's, or for load kinds the
+// circuit numbers of the kind's LoadConfig (the Queen coordinator's; fixed when the instance first appears).
+func breakerConfig(base breaker.Config, kc schema.KindConfig) breaker.Config {
+	if kc.Policy != schema.PolicyLoad || kc.Load == nil {
+		return base
+	}
+	base.Failures, base.Wait, base.MaxWait = kc.Load.CircuitFailures, kc.Load.CircuitRetry.D(), kc.Load.CircuitMaxRetry.D()
+	return base
 }
 
 // ServerLoad is one instance in /admin/balance's view from the Queen coordinator.

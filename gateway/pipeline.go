@@ -6,15 +6,20 @@ import (
 )
 
 // serve is the request path of one tenant request, top to bottom. Each stage is a method in its
-// own file that fills x for the next or returns the error the answer stage maps to problem+json:
+// own file that fills x for the next or returns the error the answer stage maps to problem+json.
+// The send stage repeats three steps per attempt; pick and judge are the kind's policy's
+// (policy.go, the interface; each policy's file has both):
 //
-//	admit  (admit.go)   tenant id, edge identity, route, rate limit
-//	place  (place.go)   the tenant's placement; the kind's rule for unplaced tenants
-//	hold   (hold.go)    the body buffered for replay; the handoff buffer while the tenant moves
-//	pick   (policy.go)  the instance, by the kind's Policy (managed, load, affinity)
-//	send   (send.go)    the upstream engine (engine.go): connection reuse, retries, breakers,
-//	                    421 refresh; pick and send repeat per attempt
-//	answer (answer.go)  the instance's response relayed, or the one problem+json mapping
+//	admit    (admit.go)   tenant id, edge identity, route and policy, rate limit
+//	place    (place.go)   the tenant's placement; the kind's rule for unplaced tenants
+//	hold     (hold.go)    the body buffered for replay; the handoff buffer while the tenant moves
+//	send     (send.go)    attempts until one is delivered or the policy gives up, each one:
+//	 pick    (policy.go)  the instance: managed.go, loadpolicy.go or affinity.go
+//	 attempt (send.go)    sent once by the upstream engine (engine.go): connection reuse, the
+//	                      instance's breaker and latency
+//	 judge   (policy.go)  deliver, again (retries when safe, 421 refresh) or fail: managed.go
+//	                      (also the load policy's) or affinity.go
+//	answer   (answer.go)  the instance's response relayed, or the one problem+json mapping
 //
 // Both front ends (front.go: the gateway's own HTTP/1.1 server; stdfront.go: net/http's, for
 // TLS, HTTP/2, upgrades and admin connections) fill an exchange and call serve.

@@ -58,6 +58,12 @@ var errCutOff = &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "plac
 // placements a view is behind on, not a way to load the bucket.
 const unseenPerSec = 50
 
+// entryOf is a placement read from the bucket, as the view keeps it.
+func entryOf(p schema.Placement) placement.Entry {
+	return placement.Entry{Shard: p.Shard, Epoch: p.Epoch, Phase: p.Phase, Target: p.Target, Source: p.Source,
+		Owners: p.Owners, Pinned: p.Pinned, Revision: p.Revision}
+}
+
 // placedUnseen reads tenant's placement of kind from the bucket's leader (bounded by assignTimeout): the
 // placement a view that has yet to see it missed.
 func (g *Gateway) placedUnseen(ctx context.Context, kind, tenant string) (placement.Entry, bool) {

@@ -35,6 +35,7 @@ func BenchmarkPickLoad(b *testing.B) {
 	}
 	snap := e.gw.reg.snap.Load()
 	ke := snap.kinds["mq"]
+	lp := loadPolicy{ke: ke}
 	entry, _ := ke.lookup("t1")
 	exchangeFor := func(method, target string) *exchange {
 		x := &exchange{method: method, path: "/mq/orders", target: []byte(target), tenant: "t1", ke: ke, entry: entry,
@@ -55,14 +56,14 @@ func BenchmarkPickLoad(b *testing.B) {
 	}
 	b.Run("score", func(b *testing.B) {
 		x := exchangeFor("GET", "/mq/orders?group=g1")
-		run(b, x, func(x *exchange) *instance { return ke.chooseByScore(x, x.rt.byShard[x.entry.Shard], x.tried) })
+		run(b, x, func(x *exchange) *instance { return lp.chooseByScore(x, x.rt.byShard[x.entry.Shard], x.tried) })
 	})
 	b.Run("plain", func(b *testing.B) {
 		x := exchangeFor("GET", "/mq/orders?group=g1")
-		run(b, x, func(x *exchange) *instance { return ke.chooseByLoad(x, x.rt.byShard[x.entry.Shard], x.tried) })
+		run(b, x, func(x *exchange) *instance { return lp.choose(x, x.rt.byShard[x.entry.Shard], x.tried) })
 	})
 	b.Run("producer", func(b *testing.B) {
 		x := exchangeFor("POST", "/mq/orders?group=g1")
-		run(b, x, func(x *exchange) *instance { return ke.chooseByLoad(x, x.rt.byShard[x.entry.Shard], x.tried) })
+		run(b, x, func(x *exchange) *instance { return lp.choose(x, x.rt.byShard[x.entry.Shard], x.tried) })
 	})
 }

@@ -88,13 +88,13 @@ type kindEntry struct {
 	metrics *kindMetrics
 	aff     *affinity.Selector // the affinity policy's state (fed for every kind, used by affinity kinds)
 	lt      *load.Tracker      // the load policy's scores and affinity cache
-	pol     atomic.Pointer[Policy]
+	pol     atomic.Pointer[policy]
 }
 
 func (k *kindEntry) config() *schema.KindConfig { return k.cfg.Load() }
 
-// policy is the kind's Policy, made from its config.
-func (k *kindEntry) policy() Policy { return *k.pol.Load() }
+// policy is the kind's policy, made from its config.
+func (k *kindEntry) policy() policy { return *k.pol.Load() }
 
 // lookup reads the placement of tenant; ok is false if unplaced or the kind is not followed yet.
 func (k *kindEntry) lookup(tenant string) (placement.Entry, bool) {
