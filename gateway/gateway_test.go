@@ -131,7 +131,7 @@ func testRequestPath(t *testing.T, cfg Config) {
 		if resp.StatusCode != 200 || body != b1.id.Key() {
 			t.Fatalf("status %d body %q, want 200 from %s", resp.StatusCode, body, b1.id.Key())
 		}
-		p, err := e.st.Placement(context.Background(), "aggregate", "fresh")
+		p, err := e.st.Placements("aggregate").Get(context.Background(), "fresh")
 		if err != nil || p.Shard != "aggregate-2" || p.Epoch != 1 || p.UpdatedBy == "" {
 			t.Fatalf("stored placement %+v, %v", p, err)
 		}

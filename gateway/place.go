@@ -63,7 +63,7 @@ const unseenPerSec = 50
 func (g *Gateway) placedUnseen(ctx context.Context, kind, tenant string) (placement.Entry, bool) {
 	ctx, cancel := context.WithTimeout(ctx, assignTimeout)
 	defer cancel()
-	p, err := g.store.LatestPlacement(ctx, kind, tenant)
+	p, err := g.store.Placements(kind).Latest(ctx, tenant)
 	if err != nil {
 		return placement.Entry{}, false
 	}
@@ -118,7 +118,7 @@ func (g *Gateway) doAssign(snap *snapshot, ke *kindEntry, tenant string) (placem
 	// Not the request's context: a client that goes away must not leave a half-done assignment.
 	ctx, cancel := context.WithTimeout(g.bgCtx, assignTimeout)
 	defer cancel()
-	p, created, err := g.store.EnsurePlacement(ctx, schema.Placement{
+	p, created, err := g.store.Placements(ke.name).Ensure(ctx, schema.Placement{
 		Kind: ke.name, Tenant: tenant, Shard: shard, Phase: schema.PhaseActive, Epoch: 1,
 		UpdatedBy: "gateway/" + g.cfg.ID,
 	})

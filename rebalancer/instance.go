@@ -101,7 +101,7 @@ func shardTenants(ctx context.Context, st *schema.Store, id schema.InstanceID) (
 	if err != nil {
 		return nil, 0, err
 	}
-	pls, _, err := st.Placements(ctx, id.Kind)
+	pls, _, err := st.Placements(id.Kind).List(ctx)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -181,7 +181,7 @@ func BuildWorld(ctx context.Context, st *schema.Store, kind string, opts WorldOp
 	if err != nil {
 		return planner.World{}, fmt.Errorf("rebalancer: read the directory of %s: %w", kind, err)
 	}
-	pls, _, err := st.Placements(ctx, kind)
+	pls, _, err := st.Placements(kind).List(ctx)
 	if err != nil {
 		return planner.World{}, fmt.Errorf("rebalancer: read placements of %s: %w", kind, err)
 	}

@@ -496,9 +496,9 @@ func (s *Shard) changes() <-chan struct{} {
 }
 
 // WaitPlacement waits until the local placement snapshot has applied revision rev of the
-// kind's placement bucket (for example the revision an UpdatePlacement returned). It wakes on
-// routing changes (owner, epoch, phase, target, source, owners): wait for revisions that made
-// one, as every step of a move does.
+// kind's placement bucket (for example the revision a Placements(kind).Update returned). It
+// wakes on routing changes (owner, epoch, phase, target, source, owners): wait for revisions
+// that made one, as every step of a move does.
 func (s *Shard) WaitPlacement(ctx context.Context, rev uint64) error {
 	for {
 		ch := s.changes()

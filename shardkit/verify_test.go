@@ -90,7 +90,7 @@ func moveWithEngine(t *testing.T, st *schema.Store, tenant string) rebalancer.Mo
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	p, err := st.Placement(ctx, "aggregate", tenant)
+	p, err := st.Placements("aggregate").Get(ctx, tenant)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -375,7 +375,7 @@ func (a *Autopilot) shardTenants(ctx context.Context, kind string) map[string]in
 			return c
 		}
 	}
-	pls, _, err := a.d.Store.Placements(ctx, kind)
+	pls, _, err := a.d.Store.Placements(kind).List(ctx)
 	if err != nil {
 		return nil
 	}

@@ -67,7 +67,7 @@ func TestInstancePage(t *testing.T) {
 		t.Fatal(err)
 	}
 	for tenant, shard := range map[string]string{"acme": "runner-1", "globex": "runner-1", "initech": "runner-2"} {
-		if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "runner", Tenant: tenant, Shard: shard}); err != nil {
+		if _, err := st.Placements("runner").Create(ctx, schema.Placement{Tenant: tenant, Shard: shard}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -302,7 +302,7 @@ func (s *Sweeper) removeOwner(ctx context.Context, id schema.InstanceID) (int, e
 	if err != nil || kc.Policy != schema.PolicyAffinity {
 		return 0, nil
 	}
-	pls, _, err := s.cfg.Store.Placements(ctx, id.Kind)
+	pls, _, err := s.cfg.Store.Placements(id.Kind).List(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -316,9 +316,9 @@ func (s *Sweeper) removeOwner(ctx context.Context, id schema.InstanceID) (int, e
 		next.UpdatedBy = s.cfg.Actor
 		var after any
 		if len(next.Owners) == 0 {
-			err = s.cfg.Store.DeletePlacement(ctx, p.Kind, p.Tenant, p.Revision)
+			err = s.cfg.Store.Placements(p.Kind).Delete(ctx, p.Tenant, p.Revision)
 		} else {
-			after, err = s.cfg.Store.UpdatePlacement(ctx, p, next)
+			after, err = s.cfg.Store.Placements(next.Kind).Update(ctx, p, next)
 		}
 		if errors.Is(err, schema.ErrConflict) {
 			continue // changed meanwhile; the next sweep looks again

@@ -21,7 +21,7 @@ func applyMove(t *testing.T, st *schema.Store, tenant, to string) rebalancer.Mov
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	p, err := st.Placement(ctx, "aggregate", tenant)
+	p, err := st.Placements("aggregate").Get(ctx, tenant)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestVerifyCatchesACorruptSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tenant := range []string{"good", "acme"} {
-		if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: tenant, Shard: "aggregate-1"}); err != nil {
+		if _, err := st.Placements("aggregate").Create(ctx, schema.Placement{Tenant: tenant, Shard: "aggregate-1"}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -123,7 +123,7 @@ func TestWarmupStrategyBySize(t *testing.T) {
 	dst := startSized(t, st, "aggregate-2")
 	events := map[string]int{"big": 1500, "small": 150} // ~375 KB and ~37 KB of events
 	for tenant, n := range events {
-		if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: tenant, Shard: "aggregate-1"}); err != nil {
+		if _, err := st.Placements("aggregate").Create(ctx, schema.Placement{Tenant: tenant, Shard: "aggregate-1"}); err != nil {
 			t.Fatal(err)
 		}
 		do(t, src.svc, tenant, cmd("acc", "open", 0, "open"))

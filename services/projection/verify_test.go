@@ -18,7 +18,7 @@ func applyMove(t *testing.T, st *schema.Store, tenant, to string) rebalancer.Mov
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	p, err := st.Placement(ctx, Kind, tenant)
+	p, err := st.Placements(Kind).Get(ctx, tenant)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestVerifyViewsAtTheFence(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tenant := range []string{"busy", "acme"} {
-		if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: Kind, Tenant: tenant, Shard: "projection-1"}); err != nil {
+		if _, err := st.Placements(Kind).Create(ctx, schema.Placement{Tenant: tenant, Shard: "projection-1"}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -24,7 +24,7 @@ func applyMove(t *testing.T, st *schema.Store, tenant, to string) rebalancer.Mov
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	p, err := st.Placement(ctx, Kind, tenant)
+	p, err := st.Placements(Kind).Get(ctx, tenant)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestVerifyQueueAtTheFence(t *testing.T) {
 	hooks := dst.Hooks()
 	warm := hooks.Warm
 	hooks.Warm = func(ctx context.Context, tenant string, fence uint64) error {
-		if p, err := st.LatestPlacement(ctx, Kind, tenant); err == nil && p.Phase == schema.PhaseHandoff && tenant == "lossy" {
+		if p, err := st.Placements(Kind).Latest(ctx, tenant); err == nil && p.Phase == schema.PhaseHandoff && tenant == "lossy" {
 			once.Do(func() {
 				// The source reads its digest beside the handoff: lose the job once it has
 				// recorded what it saw at the fence, as a target that lost it would.

@@ -91,14 +91,14 @@ func Commit(t testing.TB, st *schema.Store, prev schema.Placement, to string) sc
 	defer cancel()
 	next := schema.Placement{Kind: prev.Kind, Tenant: prev.Tenant, Shard: to, Epoch: prev.Epoch + 1,
 		Phase: schema.PhaseDraining, Source: prev.Shard, Move: prev.Move, Pinned: prev.Pinned}
-	got, err := st.UpdatePlacement(ctx, prev, next)
+	got, err := st.Placements(next.Kind).Update(ctx, prev, next)
 	if err == nil {
 		return got
 	}
 	if !errors.As(err, new(*schema.ConflictError)) {
 		t.Fatal(err)
 	}
-	got, err = st.LatestPlacement(ctx, prev.Kind, prev.Tenant)
+	got, err = st.Placements(prev.Kind).Latest(ctx, prev.Tenant)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -83,7 +83,7 @@ func setup(t *testing.T) (string, *schema.Store) {
 	ok(t, "render kind", err)
 	for _, tenant := range []string{"t1", "t2"} {
 		for _, kind := range []string{"aggregate", "projection"} {
-			_, err := admin.CreatePlacement(ctx, schema.Placement{Kind: kind, Tenant: tenant, Shard: kind + "-1", Epoch: 1, Phase: schema.PhaseActive})
+			_, err := admin.Placements(kind).Create(ctx, schema.Placement{Tenant: tenant, Shard: kind + "-1", Epoch: 1, Phase: schema.PhaseActive})
 			ok(t, "placement", err)
 		}
 	}
@@ -107,11 +107,11 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 	ok(t, "own signal", err)
 	_, err = sh.st.Routes().AddInstance(ctx, schema.Route{Method: "*", Prefix: "/commands", Kind: "aggregate"}, me)
 	ok(t, "route", err)
-	p, err := sh.st.Placement(ctx, "aggregate", "t1")
+	p, err := sh.st.Placements("aggregate").Get(ctx, "t1")
 	ok(t, "read placement", err)
 	next := p
 	next.UpdatedBy = "aggregate-1"
-	_, err = sh.st.UpdatePlacement(ctx, p, next)
+	_, err = sh.st.Placements(next.Kind).Update(ctx, p, next)
 	ok(t, "update own kind's placement", err)
 	_, err = sh.st.Kinds(ctx)
 	ok(t, "read kinds", err)
@@ -136,11 +136,11 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 		t.Error("a shard registered another shard's instance")
 	}
 	sh.refused(t, "$KV.tm_instances.aggregate.aggregate-2.a")
-	pp, err := admin.Placement(ctx, "projection", "t1")
+	pp, err := admin.Placements("projection").Get(ctx, "t1")
 	ok(t, "admin read", err)
 	steal := pp
 	steal.UpdatedBy = "aggregate-1"
-	if _, err := sh.st.UpdatePlacement(short(t), pp, steal); err == nil {
+	if _, err := sh.st.Placements(steal.Kind).Update(short(t), pp, steal); err == nil {
 		t.Error("a shard rewrote another kind's placement")
 	} else {
 		t.Logf("refused: %v", err)
@@ -173,7 +173,7 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 	sh.refused(t, "tm.job.created.aggregate.t1")
 
 	// Admin saw none of the refused writes land.
-	if got, err := admin.Placement(ctx, "projection", "t1"); err != nil || got.Shard != "projection-1" {
+	if got, err := admin.Placements("projection").Get(ctx, "t1"); err != nil || got.Shard != "projection-1" {
 		t.Errorf("projection placement after the refused rewrite: %+v, %v", got, err)
 	}
 	if _, err := admin.Directory().Instance(ctx, other); err == nil {
@@ -203,9 +203,9 @@ func TestGatewayPlacesButCannotRebalance(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	gw := open(t, url, natsperm.DefaultGateway())
-	_, err := gw.st.Placement(ctx, "aggregate", "t1")
+	_, err := gw.st.Placements("aggregate").Get(ctx, "t1")
 	ok(t, "read placement", err)
-	_, err = gw.st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "new", Shard: "aggregate-1", Epoch: 1, Phase: schema.PhaseActive})
+	_, err = gw.st.Placements("aggregate").Create(ctx, schema.Placement{Tenant: "new", Shard: "aggregate-1", Epoch: 1, Phase: schema.PhaseActive})
 	ok(t, "place an unplaced tenant", err)
 	render := schema.InstanceID{Kind: "render", Shard: "r1", Instance: "i1"}
 	_, err = gw.st.Directory().Register(ctx, schema.Instance{InstanceID: render, URL: "http://127.0.0.1:9"})

@@ -365,24 +365,6 @@ func (s *Store) EnsureKind(ctx context.Context, c KindConfig) (KindConfig, error
 	return c, nil
 }
 
-// PlacementKV opens kind's placement bucket, for writers and watchers. It exists only for
-// registered kinds: others are ErrUnknownKind.
-func (s *Store) PlacementKV(ctx context.Context, kind string) (jetstream.KeyValue, error) {
-	if err := CheckName("kind", kind); err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	kv, ok := s.placements[kind]
-	s.mu.Unlock()
-	if ok {
-		return kv, nil
-	}
-	if _, err := s.Kind(ctx, kind); err != nil {
-		return nil, err
-	}
-	return s.placementKVCreate(ctx, kind)
-}
-
 func (s *Store) placementKVCreate(ctx context.Context, kind string) (jetstream.KeyValue, error) {
 	s.mu.Lock()
 	kv, ok := s.placements[kind]

@@ -226,7 +226,7 @@ func SignalFilter(kind, tenant, shard string) string { return kind + "." + tenan
 
 // KV is one of the shared buckets the store opened, for watchers: BucketKinds, BucketInstances,
 // BucketRoutes, BucketTenantState (the rebalancer awaits ready and drained there) or
-// BucketRebalance. Any other name is nil; a kind's placements are PlacementKV.
+// BucketRebalance. Any other name is nil; a kind's placements are Placements(kind).KV.
 func (s *Store) KV(bucket string) jetstream.KeyValue {
 	switch bucket {
 	case BucketKinds:

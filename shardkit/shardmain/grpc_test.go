@@ -70,7 +70,7 @@ func TestRunGRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	for tenant, shard := range map[string]string{"acme": "echo-1", "globex": "echo-2"} {
-		if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "echo", Tenant: tenant, Shard: shard, Epoch: 1, Phase: schema.PhaseActive}); err != nil {
+		if _, err := st.Placements("echo").Create(ctx, schema.Placement{Tenant: tenant, Shard: shard, Epoch: 1, Phase: schema.PhaseActive}); err != nil {
 			t.Fatal(err)
 		}
 	}

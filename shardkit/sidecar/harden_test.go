@@ -51,7 +51,7 @@ func TestAttackSidecarHooks(t *testing.T) {
 	if _, err := st.PutKind(ctx, schema.KindConfig{Kind: "notes"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "notes", Tenant: "acme", Shard: "notes-1"}); err != nil {
+	if _, err := st.Placements("notes").Create(ctx, schema.Placement{Tenant: "acme", Shard: "notes-1"}); err != nil {
 		t.Fatal(err)
 	}
 	url := startSidecar(t, natsURL, "notes", "notes-1", "a", up.URL, "release")

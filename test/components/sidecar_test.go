@@ -133,7 +133,7 @@ func TestPythonServiceMovesLive(t *testing.T) {
 	dir := t.TempDir()
 	startSidecar(t, natsURL, "notes", "notes-1", "a", python(t, dir), "warm,applied,fence,release")
 	startSidecar(t, natsURL, "notes", "notes-2", "a", python(t, dir), "warm,applied,fence,release")
-	p, err := st.CreatePlacement(ctx, schema.Placement{Kind: "notes", Tenant: "alice", Shard: "notes-1"})
+	p, err := st.Placements("notes").Create(ctx, schema.Placement{Tenant: "alice", Shard: "notes-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +243,7 @@ func TestGRPCServiceBehindSidecar(t *testing.T) {
 	if _, err := st.EnsureKind(ctx, schema.KindConfig{Kind: "hc"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "hc", Tenant: "acme", Shard: "hc-1", Epoch: 1, Phase: schema.PhaseActive}); err != nil {
+	if _, err := st.Placements("hc").Create(ctx, schema.Placement{Tenant: "acme", Shard: "hc-1", Epoch: 1, Phase: schema.PhaseActive}); err != nil {
 		t.Fatal(err)
 	}
 	gs := grpc.NewServer()
@@ -310,7 +310,7 @@ func TestGRPCServiceBehindSidecar(t *testing.T) {
 		t.Fatalf("the stream at the tenant's drain: %v, want UNAVAILABLE (Tenant moved)", err)
 	}
 	// Straight to the sidecar, for a tenant of another shard: the gate's status.
-	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "hc", Tenant: "globex", Shard: "hc-2", Epoch: 1, Phase: schema.PhaseActive}); err != nil {
+	if _, err := st.Placements("hc").Create(ctx, schema.Placement{Tenant: "globex", Shard: "hc-2", Epoch: 1, Phase: schema.PhaseActive}); err != nil {
 		t.Fatal(err)
 	}
 	var tr metadata.MD

@@ -109,7 +109,7 @@ func (fa *fault) victims(t *testing.T, tenants []string) (shard map[string]strin
 	for _, kind := range netfault.Kinds {
 		by := map[string]map[string]uint64{}
 		for _, tenant := range tenants {
-			p, err := fa.st.LatestPlacement(ctx, kind, tenant)
+			p, err := fa.st.Placements(kind).Latest(ctx, tenant)
 			if err != nil {
 				t.Fatalf("placement of %s/%s: %v", kind, tenant, err)
 			}
@@ -144,7 +144,7 @@ func (fa *fault) moved(kind, shard string, owned map[string]uint64, within time.
 	deadline := time.Now().Add(within)
 	for tenant := range owned {
 		for {
-			p, err := fa.st.LatestPlacement(ctx, kind, tenant)
+			p, err := fa.st.Placements(kind).Latest(ctx, tenant)
 			if err == nil && p.Shard != shard && p.Phase == schema.PhaseActive {
 				break
 			}
@@ -367,7 +367,7 @@ func (fa *fault) gatewayCut(t *testing.T) {
 		mover := tenants[run%len(tenants)]
 		targets := map[string]string{}
 		for _, kind := range netfault.Kinds {
-			p, err := fa.st.LatestPlacement(ctx, kind, mover)
+			p, err := fa.st.Placements(kind).Latest(ctx, mover)
 			if err != nil {
 				t.Fatal(err)
 			}

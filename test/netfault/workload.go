@@ -235,7 +235,7 @@ func (w *Workload) Check(t testing.TB, st *schema.Store) {
 			var p schema.Placement
 			var err error
 			for deadline := time.Now().Add(60 * time.Second); ; {
-				p, err = st.LatestPlacement(ctx, kind, tenant)
+				p, err = st.Placements(kind).Latest(ctx, tenant)
 				if settled := err == nil && p.Phase == schema.PhaseActive && p.Target == "" && p.Source == ""; settled || time.Now().After(deadline) {
 					break
 				}
