@@ -489,7 +489,7 @@ func scriptShards(t *testing.T, st *schema.Store, ctx context.Context, onHandoff
 }
 
 func (sc *scripted) signal(id schema.InstanceID, phase schema.SignalPhase, epoch uint64) {
-	if _, err := sc.st.PutSignal(sc.ctx, schema.TenantSignal{Kind: id.Kind, Tenant: "acme", Shard: id.Shard, Instance: id.Instance,
+	if _, err := sc.st.Signals().Put(sc.ctx, schema.TenantSignal{Kind: id.Kind, Tenant: "acme", Shard: id.Shard, Instance: id.Instance,
 		Phase: phase, Epoch: epoch}); err != nil {
 		sc.t.Error(err)
 	}

@@ -519,7 +519,7 @@ func (mv *mover) putSignal(ctx context.Context, ts *tenantState, sig schema.Tena
 		attempt++
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		got, err := mv.s.st.PutSignal(ctx, sig)
+		got, err := mv.s.st.Signals().Put(ctx, sig)
 		if err == nil {
 			mv.noteSignal(got)
 		}
@@ -551,7 +551,7 @@ func (mv *mover) noteSignal(sig schema.TenantSignal) {
 	if to == "" {
 		return
 	}
-	if err := mv.s.st.NoteSignal(to, sig); err != nil {
+	if err := mv.s.st.Signals().Note(to, sig); err != nil {
 		mv.s.cfg.Logger.Debug("noting tenant signal", "tenant", sig.Tenant, "err", err)
 	}
 }
@@ -567,7 +567,7 @@ func (mv *mover) clearSignal(ctx context.Context, ts *tenantState) {
 	}
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := mv.s.st.DeleteSignal(dctx, mv.s.kind, ts.tenant, mv.s.cfg.ID); err != nil {
+	if err := mv.s.st.Signals().Delete(dctx, mv.s.kind, ts.tenant, mv.s.cfg.ID); err != nil {
 		mv.s.cfg.Logger.Warn("removing tenant signal", "tenant", ts.tenant, "err", err)
 	}
 }

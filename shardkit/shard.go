@@ -423,7 +423,7 @@ func (s *Shard) shutdown(ctx context.Context) error {
 		had := ts.phase != ""
 		ts.mu.Unlock()
 		if had {
-			if err := s.st.DeleteSignal(ctx, s.kind, ts.tenant, s.cfg.ID); err != nil {
+			if err := s.st.Signals().Delete(ctx, s.kind, ts.tenant, s.cfg.ID); err != nil {
 				errs = append(errs, err)
 			}
 		}

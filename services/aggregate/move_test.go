@@ -120,7 +120,7 @@ func waitSignals(t *testing.T, st *schema.Store, tenant, shard string, ok func([
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		sigs, err := st.Signals(context.Background(), "aggregate", tenant, shard)
+		sigs, err := st.Signals().List(context.Background(), "aggregate", tenant, shard)
 		if err == nil && ok(sigs) {
 			return sigs
 		}

@@ -100,7 +100,7 @@ func signal(t *testing.T, st *schema.Store, in *instance, tenant, what string, o
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		sigs, err := st.Signals(context.Background(), Kind, tenant, in.sk.ID().Shard)
+		sigs, err := st.Signals().List(context.Background(), Kind, tenant, in.sk.ID().Shard)
 		if err == nil {
 			for _, s := range sigs {
 				if ok(s) {

@@ -103,7 +103,7 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 	ok(t, "register own instance", err)
 	_, err = sh.st.Directory().Heartbeat(ctx, schema.Instance{InstanceID: me, URL: "http://127.0.0.1:9"})
 	ok(t, "heartbeat", err)
-	_, err = sh.st.PutSignal(ctx, schema.TenantSignal{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1", Instance: "a", Phase: schema.SignalWarming, Epoch: 1})
+	_, err = sh.st.Signals().Put(ctx, schema.TenantSignal{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1", Instance: "a", Phase: schema.SignalWarming, Epoch: 1})
 	ok(t, "own signal", err)
 	_, err = sh.st.Routes().AddInstance(ctx, schema.Route{Method: "*", Prefix: "/commands", Kind: "aggregate"}, me)
 	ok(t, "route", err)
@@ -154,7 +154,7 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 		t.Error("a shard changed kind config")
 	}
 	sh.refused(t, "$KV.tm_kinds.aggregate")
-	if _, err := sh.st.PutSignal(short(t), schema.TenantSignal{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-2", Instance: "a", Phase: schema.SignalWarming, Epoch: 1}); err == nil {
+	if _, err := sh.st.Signals().Put(short(t), schema.TenantSignal{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-2", Instance: "a", Phase: schema.SignalWarming, Epoch: 1}); err == nil {
 		t.Error("a shard wrote another shard's signal")
 	}
 	sh.refused(t, "$KV.tm_tenant_state.aggregate.t1.aggregate-2.a")

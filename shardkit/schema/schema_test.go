@@ -357,10 +357,10 @@ func TestAuditAndSignals(t *testing.T) {
 		t.Fatalf("audit for a, newest 1 = %+v, %v", onlyA, err)
 	}
 	id := schema.InstanceID{Kind: "aggregate", Shard: "aggregate-2", Instance: "x"}
-	if _, err := st.PutSignal(ctx, schema.TenantSignal{Kind: "aggregate", Tenant: "a", Shard: id.Shard, Instance: id.Instance, Phase: schema.SignalReady, Applied: 10, Fence: 10}); err != nil {
+	if _, err := st.Signals().Put(ctx, schema.TenantSignal{Kind: "aggregate", Tenant: "a", Shard: id.Shard, Instance: id.Instance, Phase: schema.SignalReady, Applied: 10, Fence: 10}); err != nil {
 		t.Fatal(err)
 	}
-	sigs, err := st.Signals(ctx, "aggregate", "a", "aggregate-2")
+	sigs, err := st.Signals().List(ctx, "aggregate", "a", "aggregate-2")
 	if err != nil || len(sigs) != 1 || sigs[0].Phase != schema.SignalReady {
 		t.Fatalf("signals = %+v, %v", sigs, err)
 	}
