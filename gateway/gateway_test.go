@@ -135,7 +135,7 @@ func testRequestPath(t *testing.T, cfg Config) {
 		if err != nil || p.Shard != "aggregate-2" || p.Epoch != 1 || p.UpdatedBy == "" {
 			t.Fatalf("stored placement %+v, %v", p, err)
 		}
-		ev, err := e.st.ReadAudit(context.Background(), schema.AuditQuery{Kind: "aggregate", Tenant: "fresh"})
+		ev, err := e.st.Audit().Read(context.Background(), schema.AuditQuery{Kind: "aggregate", Tenant: "fresh"})
 		if err != nil || len(ev) != 1 || ev[0].Action != "placement.assign" {
 			t.Fatalf("audit %+v, %v", ev, err)
 		}

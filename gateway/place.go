@@ -129,7 +129,7 @@ func (g *Gateway) doAssign(snap *snapshot, ke *kindEntry, tenant string) (placem
 	}
 	if created {
 		ke.metrics.m.assigned.WithLabelValues(ke.name).Inc()
-		if err := g.store.Audit(ctx, schema.AuditEvent{
+		if err := g.store.Audit().Append(ctx, schema.AuditEvent{
 			Actor: "gateway/" + g.cfg.ID, Action: "placement.assign", Kind: ke.name, Tenant: tenant,
 			After: p, Revision: p.Revision, Detail: "unplaced tenant assigned on first request to the least-loaded shard with room",
 		}); err != nil {

@@ -115,7 +115,7 @@ func (h *history) check(t *testing.T, st *schema.Store) {
 			t.Errorf("%s: owner changed into %s, not at a commit: %s -> %s", c.Tenant, c.New.Phase, c.Old.Phase, c.New.Phase)
 		}
 	}
-	evs, err := st.ReadAudit(context.Background(), schema.AuditQuery{Limit: 10000})
+	evs, err := st.Audit().Read(context.Background(), schema.AuditQuery{Limit: 10000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +178,7 @@ func TestApplyMovesTenantsAndAudits(t *testing.T) {
 			t.Errorf("%s: no handoff pause recorded", m.Tenant)
 		}
 	}
-	evs, err := st.ReadAudit(ctx, schema.AuditQuery{Tenant: "t0"})
+	evs, err := st.Audit().Read(ctx, schema.AuditQuery{Tenant: "t0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +219,7 @@ func TestRebalancerCommitsWhenTheTargetCannot(t *testing.T) {
 	if rec, err = e.Apply(ctx, rec.ID); err != nil || rec.Status != PlanDone {
 		t.Fatalf("apply: %v (%+v)", err, rec)
 	}
-	evs, err := st.ReadAudit(ctx, schema.AuditQuery{Tenant: "acme"})
+	evs, err := st.Audit().Read(ctx, schema.AuditQuery{Tenant: "acme"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -221,6 +221,6 @@ func SetDegraded(ctx context.Context, st *schema.Store, key string, on bool, rea
 	if err != nil {
 		return schema.Instance{}, fmt.Errorf("instance %s: %w", key, err)
 	}
-	_ = st.Audit(ctx, schema.AuditEvent{Actor: actor, Action: action, Kind: id.Kind, After: f, Detail: "instance " + key + ": " + reason})
+	_ = st.Audit().Append(ctx, schema.AuditEvent{Actor: actor, Action: action, Kind: id.Kind, After: f, Detail: "instance " + key + ": " + reason})
 	return inst, nil
 }

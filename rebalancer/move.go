@@ -410,7 +410,7 @@ func (e *Engine) audit(ctx context.Context, m *MoveRecord, action string, prev, 
 	if action == "move.commit" {
 		ev.ID = "move.commit." + m.Plan + "." + m.ID
 	}
-	if err := e.st.Audit(ctx, ev); err != nil {
+	if err := e.st.Audit().Append(ctx, ev); err != nil {
 		e.cfg.Logger.Warn("audit failed", "action", action, "err", err)
 	}
 	e.cfg.Logger.Info(action, "move", m.Key(), "kind", m.Kind, "tenant", m.Tenant, "from", m.From, "to", m.To, "epoch", got.Epoch, "by", got.UpdatedBy)

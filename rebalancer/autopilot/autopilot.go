@@ -311,7 +311,7 @@ func (a *Autopilot) decide(ctx context.Context, d Decision) {
 		action = "autopilot.plan"
 	}
 	kind, _, _ := strings.Cut(d.Subject, "/")
-	if err := a.d.Store.Audit(ctx, schema.AuditEvent{Actor: a.cfg.Actor, Action: action, Kind: kind, Plan: d.Plan,
+	if err := a.d.Store.Audit().Append(ctx, schema.AuditEvent{Actor: a.cfg.Actor, Action: action, Kind: kind, Plan: d.Plan,
 		Detail: fmt.Sprintf("%s %s: %s%s", d.Detector, d.Subject, d.Detail, guard(d.Guardrail))}); err != nil && ctx.Err() == nil {
 		a.cfg.Logger.Warn("audit failed", "action", action, "err", err)
 	}

@@ -174,7 +174,7 @@ func (c *KindsCommand) set(ctx context.Context, st *schema.Store, kind string, s
 	if err != nil {
 		return schema.KindConfig{}, err
 	}
-	if err := st.Audit(ctx, schema.AuditEvent{Actor: actor(), Action: "kind.set", Kind: kind, Before: before, After: kc}); err != nil {
+	if err := st.Audit().Append(ctx, schema.AuditEvent{Actor: actor(), Action: "kind.set", Kind: kind, Before: before, After: kc}); err != nil {
 		return kc, err
 	}
 	return kc, nil

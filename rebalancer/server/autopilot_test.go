@@ -130,7 +130,7 @@ func TestAutopilotFailsOverADeadShard(t *testing.T) {
 			t.Fatalf("move %+v", m)
 		}
 	}
-	evs, err := st.ReadAudit(context.Background(), schema.AuditQuery{Limit: 1000})
+	evs, err := st.Audit().Read(context.Background(), schema.AuditQuery{Limit: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -75,7 +75,7 @@ func (s *Server) handleAudit(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	evs, err := s.st.ReadAudit(r.Context(), aq)
+	evs, err := s.st.Audit().Read(r.Context(), aq)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -139,7 +139,7 @@ func (s *Server) handlePutKind(w http.ResponseWriter, r *http.Request) {
 	if before.Kind != "" {
 		ev.Before = before
 	}
-	if err := s.st.Audit(r.Context(), ev); err != nil {
+	if err := s.st.Audit().Append(r.Context(), ev); err != nil {
 		s.log.Warn("audit failed", "action", ev.Action, "err", err)
 	}
 	tmhttp.WriteJSON(w, http.StatusOK, kc)

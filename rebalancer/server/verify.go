@@ -131,7 +131,7 @@ func (a *autoVerifier) verify(ctx context.Context, m rebalancer.MoveRecord) {
 	a.total.WithLabelValues(m.Kind, v.Result).Inc()
 	ev := schema.AuditEvent{Actor: "rebalancer/" + s.cfg.Holder, Action: "move.verify", Kind: m.Kind, Tenant: m.Tenant,
 		Plan: m.Plan, Move: m.ID, After: v, Detail: v.Result + ": " + v.Detail, ID: "move.verify." + m.Plan + "." + m.ID}
-	if err := s.st.Audit(ctx, ev); err != nil {
+	if err := s.st.Audit().Append(ctx, ev); err != nil {
 		s.log.Warn("audit failed", "action", ev.Action, "err", err)
 	}
 	s.hub.publish("verify", v)

@@ -327,7 +327,7 @@ func (s *Sweeper) removeOwner(ctx context.Context, id schema.InstanceID) (int, e
 			return n, fmt.Errorf("remove %s from the owners of %s: %w", id.Key(), p.Tenant, err)
 		}
 		n++
-		_ = s.cfg.Store.Audit(ctx, schema.AuditEvent{Actor: s.cfg.Actor, Action: "placement.owner-removed", Kind: p.Kind, Tenant: p.Tenant,
+		_ = s.cfg.Store.Audit().Append(ctx, schema.AuditEvent{Actor: s.cfg.Actor, Action: "placement.owner-removed", Kind: p.Kind, Tenant: p.Tenant,
 			Before: p, After: after, Detail: "owner " + id.Key() + " is offline"})
 	}
 	return n, nil
@@ -373,7 +373,7 @@ func (s *Sweeper) CleanupRoutes(ctx context.Context) (int, error) {
 }
 
 func (s *Sweeper) audit(ctx context.Context, i schema.Instance, action, detail string) {
-	if err := s.cfg.Store.Audit(ctx, schema.AuditEvent{Actor: s.cfg.Actor, Action: action, Kind: i.Kind, Detail: i.Key() + ": " + detail}); err != nil {
+	if err := s.cfg.Store.Audit().Append(ctx, schema.AuditEvent{Actor: s.cfg.Actor, Action: action, Kind: i.Kind, Detail: i.Key() + ": " + detail}); err != nil {
 		s.cfg.Logger.Warn("audit failed", "action", action, "err", err)
 	}
 }

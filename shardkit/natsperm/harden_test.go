@@ -68,8 +68,8 @@ func TestAttackRoutesOfAnotherKind(t *testing.T) {
 func TestAttackNarrowRoles(t *testing.T) {
 	url, _ := setup(t)
 	gw := open(t, url, natsperm.Gateway([]string{"aggregate"}, nil))
-	ok(t, "audit of its own kind", gw.st.Audit(context.Background(), schema.AuditEvent{Actor: "gateway/x", Action: "placement.assign", Kind: "aggregate", Tenant: "t1"}))
-	if err := gw.st.Audit(short(t), schema.AuditEvent{Actor: "rebalancer/leader", Action: "move.commit", Kind: "projection", Tenant: "t1"}); err == nil {
+	ok(t, "audit of its own kind", gw.st.Audit().Append(context.Background(), schema.AuditEvent{Actor: "gateway/x", Action: "placement.assign", Kind: "aggregate", Tenant: "t1"}))
+	if err := gw.st.Audit().Append(short(t), schema.AuditEvent{Actor: "rebalancer/leader", Action: "move.commit", Kind: "projection", Tenant: "t1"}); err == nil {
 		t.Error("a gateway for aggregate journaled a projection event as the rebalancer")
 	}
 	gw.refused(t, "tm.audit.projection.t1")

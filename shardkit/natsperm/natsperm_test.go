@@ -210,7 +210,7 @@ func TestGatewayPlacesButCannotRebalance(t *testing.T) {
 	render := schema.InstanceID{Kind: "render", Shard: "r1", Instance: "i1"}
 	_, err = gw.st.Directory().Register(ctx, schema.Instance{InstanceID: render, URL: "http://127.0.0.1:9"})
 	ok(t, "register an affinity server", err)
-	ok(t, "audit", gw.st.Audit(ctx, schema.AuditEvent{Actor: "gateway/test", Action: "placement.assign", Kind: "aggregate", Tenant: "new"}))
+	ok(t, "audit", gw.st.Audit().Append(ctx, schema.AuditEvent{Actor: "gateway/test", Action: "placement.assign", Kind: "aggregate", Tenant: "new"}))
 
 	if _, err := gw.st.Rebalance().Create(short(t), "plan-x", map[string]int{"a": 1}); err == nil {
 		t.Error("the gateway wrote tm_rebalance")

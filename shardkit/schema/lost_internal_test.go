@@ -144,10 +144,10 @@ func TestLostWriteAnswersRecognised(t *testing.T) {
 	}
 
 	loseAnswers(r)
-	if err := st.Audit(ctx, AuditEvent{Actor: "test", Action: "test.lost", Kind: "aggregate", Tenant: "acme"}); err != nil {
+	if err := st.Audit().Append(ctx, AuditEvent{Actor: "test", Action: "test.lost", Kind: "aggregate", Tenant: "acme"}); err != nil {
 		t.Fatalf("audit whose answer was lost: %v", err)
 	}
-	evs, err := st.ReadAudit(ctx, AuditQuery{Tenant: "acme"})
+	evs, err := st.Audit().Read(ctx, AuditQuery{Tenant: "acme"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -344,15 +344,15 @@ func TestAuditAndSignals(t *testing.T) {
 	ctx := context.Background()
 	for i, tenant := range []string{"a", "b", "a"} {
 		ev := schema.AuditEvent{Actor: "test", Action: "placement.assign", Kind: "aggregate", Tenant: tenant, Revision: uint64(i + 1)}
-		if err := st.Audit(ctx, ev); err != nil {
+		if err := st.Audit().Append(ctx, ev); err != nil {
 			t.Fatal(err)
 		}
 	}
-	all, err := st.ReadAudit(ctx, schema.AuditQuery{})
+	all, err := st.Audit().Read(ctx, schema.AuditQuery{})
 	if err != nil || len(all) != 3 {
 		t.Fatalf("audit = %d, %v", len(all), err)
 	}
-	onlyA, err := st.ReadAudit(ctx, schema.AuditQuery{Tenant: "a", Limit: 1})
+	onlyA, err := st.Audit().Read(ctx, schema.AuditQuery{Tenant: "a", Limit: 1})
 	if err != nil || len(onlyA) != 1 || onlyA[0].Revision != 3 {
 		t.Fatalf("audit for a, newest 1 = %+v, %v", onlyA, err)
 	}
@@ -409,7 +409,7 @@ func TestUnavailable(t *testing.T) {
 		"kind":       func() error { _, err := st.Kind(ctx, "aggregate"); return err },
 		"kinds":      func() error { _, err := st.Kinds(ctx); return err },
 		"create":     func() error { _, err := st.Rebalance().Create(ctx, schema.PlanKey("p2"), v); return err },
-		"audit":      func() error { _, err := st.ReadAudit(ctx, schema.AuditQuery{}); return err },
+		"audit":      func() error { _, err := st.Audit().Read(ctx, schema.AuditQuery{}); return err },
 	} {
 		start := time.Now()
 		err := call()
