@@ -56,7 +56,7 @@ func newEnv(t testing.TB, cfg Config, kinds []schema.KindConfig, setup func(e *e
 	e.st = kittest.StoreAt(t, e.nats.URL())
 	ctx := context.Background()
 	for _, k := range kinds {
-		if _, err := e.st.PutKind(ctx, k); err != nil {
+		if _, err := e.st.Kinds().Put(ctx, k); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -632,7 +632,7 @@ func TestTakeoverWaitsOutTheLease(t *testing.T) {
 	st, _ := kittest.Store(t)
 	kc := schema.DefaultKindConfig("aggregate")
 	kc.Lease = schema.Duration(time.Second)
-	if _, err := st.PutKind(context.Background(), kc); err != nil {
+	if _, err := st.Kinds().Put(context.Background(), kc); err != nil {
 		t.Fatal(err)
 	}
 	startShard(t, st, "s-2")

@@ -97,7 +97,7 @@ func Detail(ctx context.Context, st *schema.Store, key string, h Health, src Det
 }
 
 func shardTenants(ctx context.Context, st *schema.Store, id schema.InstanceID) ([]DetailTenant, int, error) {
-	kc, err := st.Kind(ctx, id.Kind)
+	kc, err := st.Kinds().Get(ctx, id.Kind)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -470,12 +470,12 @@ func TestAdminReloadReregistersAndCallsTheHook(t *testing.T) {
 	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), AdminToken: testToken, Routes: []schema.Route{route},
 		Heartbeat: time.Hour, DirectoryRefresh: time.Hour, // nothing but the reload rewrites the entry and routes here
 		Hooks: shardkit.Hooks{Reload: func(context.Context) error { reloads.Add(1); return nil }}})
-	kc, err := st.Kind(ctx, "aggregate")
+	kc, err := st.Kinds().Get(ctx, "aggregate")
 	if err != nil {
 		t.Fatal(err)
 	}
 	kc.Capacity = 77
-	if _, err := st.PutKind(ctx, kc); err != nil {
+	if _, err := st.Kinds().Put(ctx, kc); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.Directory().Unregister(ctx, a.ID()); err != nil {

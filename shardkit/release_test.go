@@ -22,7 +22,7 @@ func TestReleaseAffinityTenant(t *testing.T) {
 	st := kittest.StoreAt(t, srv.URL())
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if _, err := st.PutKind(ctx, schema.KindConfig{Kind: "prerender", Policy: schema.PolicyAffinity}); err != nil {
+	if _, err := st.Kinds().Put(ctx, schema.KindConfig{Kind: "prerender", Policy: schema.PolicyAffinity}); err != nil {
 		t.Fatal(err)
 	}
 	me := schema.InstanceID{Kind: "prerender", Shard: "prerender-1", Instance: "a"}

@@ -241,7 +241,7 @@ func (s *Shard) start(ctx context.Context) error {
 	if err := s.peers.waitReady(wctx); err != nil {
 		return err
 	}
-	kc, err := s.st.Kind(wctx, s.kind)
+	kc, err := s.st.Kinds().Get(wctx, s.kind)
 	if err != nil {
 		return fmt.Errorf("shardkit: read kind %s: %w", s.kind, err)
 	}

@@ -123,7 +123,7 @@ func TestVerifyHoldsTheSourceOnMismatch(t *testing.T) {
 	ctx := context.Background()
 	kc := schema.DefaultKindConfig("aggregate")
 	kc.Verify = true
-	if _, err := st.PutKind(ctx, kc); err != nil {
+	if _, err := st.Kinds().Put(ctx, kc); err != nil {
 		t.Fatal(err)
 	}
 	var stream sync.Map
@@ -178,7 +178,7 @@ func TestVerifyHoldsTheSourceOnMismatch(t *testing.T) {
 		t.Fatalf("after the operator's release: released %d, held %+v", src.released("bad"), a.HeldTenants())
 	}
 	var recs []schema.DigestRecord
-	if recs, err = st.DigestRecords(ctx, "aggregate", "bad", bad.Epoch); err != nil || len(recs) != 2 {
+	if recs, err = st.Digests().List(ctx, "aggregate", "bad", bad.Epoch); err != nil || len(recs) != 2 {
 		t.Fatalf("records: %v %+v", err, recs)
 	}
 	b, _ := json.Marshal(recs)

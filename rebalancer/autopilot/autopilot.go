@@ -336,7 +336,7 @@ func (a *Autopilot) lookForDeadShards(ctx context.Context, warm bool) {
 	if !a.d.Presence.Ready() {
 		return
 	}
-	kcs, err := a.d.Store.Kinds(ctx)
+	kcs, err := a.d.Store.Kinds().List(ctx)
 	if err != nil {
 		return
 	}

@@ -102,7 +102,7 @@ func (a *autoVerifier) verify(ctx context.Context, m rebalancer.MoveRecord) {
 	s := a.s
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	kc, err := s.st.Kind(ctx, m.Kind)
+	kc, err := s.st.Kinds().Get(ctx, m.Kind)
 	if err != nil || !kc.Verify {
 		return
 	}

@@ -298,7 +298,7 @@ func (s *Sweeper) forget(ctx context.Context, id schema.InstanceID) (routes, own
 // affinity policy. A placement left without owners is deleted, so the gateway assigns the
 // tenant afresh on its next request.
 func (s *Sweeper) removeOwner(ctx context.Context, id schema.InstanceID) (int, error) {
-	kc, err := s.cfg.Store.Kind(ctx, id.Kind)
+	kc, err := s.cfg.Store.Kinds().Get(ctx, id.Kind)
 	if err != nil || kc.Policy != schema.PolicyAffinity {
 		return 0, nil
 	}

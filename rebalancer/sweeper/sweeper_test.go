@@ -82,7 +82,7 @@ func (h *webhook) got() ([]Alert, int) {
 func TestSweepMarksOfflineAlertsOnceAndCleansUp(t *testing.T) {
 	st := openStore(t)
 	ctx := context.Background()
-	if _, err := st.PutKind(ctx, schema.KindConfig{Kind: "render", Policy: schema.PolicyAffinity}); err != nil {
+	if _, err := st.Kinds().Put(ctx, schema.KindConfig{Kind: "render", Policy: schema.PolicyAffinity}); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()

@@ -95,7 +95,7 @@ func TestVerifyCatchesACorruptSnapshot(t *testing.T) {
 	ctx := context.Background()
 	kc := schema.DefaultKindConfig("aggregate")
 	kc.Verify = true
-	if _, err := st.PutKind(ctx, kc); err != nil {
+	if _, err := st.Kinds().Put(ctx, kc); err != nil {
 		t.Fatal(err)
 	}
 	for _, tenant := range []string{"good", "acme"} {

@@ -116,7 +116,7 @@ func TestWarmupStrategyBySize(t *testing.T) {
 	ctx := context.Background()
 	kc := schema.DefaultKindConfig("aggregate")
 	kc.Warmup = &schema.WarmupConfig{SnapshotAboveBytes: 100 << 10, SLO: schema.Duration(time.Hour)}
-	if _, err := st.PutKind(ctx, kc); err != nil {
+	if _, err := st.Kinds().Put(ctx, kc); err != nil {
 		t.Fatal(err)
 	}
 	src := startSized(t, st, "aggregate-1")

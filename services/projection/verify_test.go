@@ -52,7 +52,7 @@ func TestVerifyViewsAtTheFence(t *testing.T) {
 	ctx := context.Background()
 	kc := schema.DefaultKindConfig(Kind)
 	kc.Verify = true
-	if _, err := st.PutKind(ctx, kc); err != nil {
+	if _, err := st.Kinds().Put(ctx, kc); err != nil {
 		t.Fatal(err)
 	}
 	for _, tenant := range []string{"busy", "acme"} {

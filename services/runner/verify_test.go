@@ -60,7 +60,7 @@ func TestVerifyQueueAtTheFence(t *testing.T) {
 	ctx := context.Background()
 	kc := schema.DefaultKindConfig(Kind)
 	kc.Verify = true
-	if _, err := st.PutKind(ctx, kc); err != nil {
+	if _, err := st.Kinds().Put(ctx, kc); err != nil {
 		t.Fatal(err)
 	}
 	src := startService(t, st, "runner-1", "i1", Config{})
@@ -76,7 +76,7 @@ func TestVerifyQueueAtTheFence(t *testing.T) {
 				// The source reads its digest beside the handoff: lose the job once it has
 				// recorded what it saw at the fence, as a target that lost it would.
 				tmtest.WaitFor(t, 10*time.Second, tmtest.Until("the source's digest recorded", func() bool {
-					recs, err := st.DigestRecords(ctx, Kind, tenant, p.Epoch)
+					recs, err := st.Digests().List(ctx, Kind, tenant, p.Epoch)
 					return err == nil && slices.ContainsFunc(recs, func(r schema.DigestRecord) bool { return r.Role == schema.RoleSource })
 				}))
 				if err := dropEntry(ctx, src, tenant, lost); err != nil {
@@ -139,7 +139,7 @@ func BenchmarkQueueDigest(b *testing.B) {
 	st := openStore(b)
 	kc := schema.DefaultKindConfig(Kind)
 	kc.Verify = true
-	if _, err := st.PutKind(context.Background(), kc); err != nil {
+	if _, err := st.Kinds().Put(context.Background(), kc); err != nil {
 		b.Fatal(err)
 	}
 	s := startService(b, st, "runner-1", "i1", Config{})

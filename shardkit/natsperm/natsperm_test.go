@@ -79,7 +79,7 @@ func setup(t *testing.T) (string, *schema.Store) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ok(t, "provision", admin.Provision(ctx))
-	_, err := admin.PutKind(ctx, schema.KindConfig{Kind: "render", Policy: schema.PolicyAffinity})
+	_, err := admin.Kinds().Put(ctx, schema.KindConfig{Kind: "render", Policy: schema.PolicyAffinity})
 	ok(t, "render kind", err)
 	for _, tenant := range []string{"t1", "t2"} {
 		for _, kind := range []string{"aggregate", "projection"} {
@@ -113,7 +113,7 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 	next.UpdatedBy = "aggregate-1"
 	_, err = sh.st.Placements(next.Kind).Update(ctx, p, next)
 	ok(t, "update own kind's placement", err)
-	_, err = sh.st.Kinds(ctx)
+	_, err = sh.st.Kinds().List(ctx)
 	ok(t, "read kinds", err)
 	_, err = sh.st.Directory().Instances(ctx, "")
 	ok(t, "read directory", err)
@@ -124,8 +124,8 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 	_, err = sh.st.JS().ObjectStore(ctx, schema.ServiceBucket("aggregate", "snapshots"), "snapshots")
 	ok(t, "own object store", err)
 	digest := schema.DigestRecord{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1", Instance: "a", Role: schema.RoleSource, Epoch: 1}
-	ok(t, "own digest record", sh.st.PutDigestRecord(ctx, digest))
-	if recs, err := sh.st.DigestRecords(ctx, "aggregate", "t1", 1); err != nil || len(recs) != 1 {
+	ok(t, "own digest record", sh.st.Digests().Put(ctx, digest))
+	if recs, err := sh.st.Digests().List(ctx, "aggregate", "t1", 1); err != nil || len(recs) != 1 {
 		t.Errorf("read digest records: %v %+v", err, recs)
 	}
 
@@ -150,7 +150,7 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 		t.Error("a shard wrote tm_rebalance")
 	}
 	sh.refused(t, "$KV.tm_rebalance.x")
-	if _, err := sh.st.PutKind(short(t), schema.KindConfig{Kind: "aggregate"}); err == nil {
+	if _, err := sh.st.Kinds().Put(short(t), schema.KindConfig{Kind: "aggregate"}); err == nil {
 		t.Error("a shard changed kind config")
 	}
 	sh.refused(t, "$KV.tm_kinds.aggregate")
@@ -163,7 +163,7 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 	}
 	sh.refused(t, "jobs.t1.any")
 	digest.Shard = "aggregate-2"
-	if err := sh.st.PutDigestRecord(short(t), digest); err == nil {
+	if err := sh.st.Digests().Put(short(t), digest); err == nil {
 		t.Error("a shard recorded another shard's digest")
 	}
 	sh.refused(t, "$KV.tm_verify.aggregate.t1.1.source.aggregate-2.a")

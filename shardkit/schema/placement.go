@@ -363,7 +363,7 @@ func (ps Placements) KV(ctx context.Context) (jetstream.KeyValue, error) {
 	if ok {
 		return kv, nil
 	}
-	if _, err := s.Kind(ctx, kind); err != nil {
+	if _, err := s.Kinds().Get(ctx, kind); err != nil {
 		return nil, err
 	}
 	return s.placementKVCreate(ctx, kind)

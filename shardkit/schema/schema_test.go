@@ -149,17 +149,17 @@ func TestPlacementTypedErrors(t *testing.T) {
 		t.Fatalf("invalid kind name: %v", err)
 	}
 	// A kind registered later works.
-	if _, err := st.PutKind(ctx, schema.KindConfig{Kind: "render", Policy: schema.PolicyAffinity}); err != nil {
+	if _, err := st.Kinds().Put(ctx, schema.KindConfig{Kind: "render", Policy: schema.PolicyAffinity}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.Placements("render").Create(ctx, schema.Placement{Tenant: "acme", Shard: "render-1"}); err != nil {
 		t.Fatal(err)
 	}
-	k, err := st.Kind(ctx, "render")
+	k, err := st.Kinds().Get(ctx, "render")
 	if err != nil || k.Affinity == nil || k.Affinity.Multiplex != 1 || k.Capacity != 4 {
 		t.Fatalf("render kind = %+v, %v", k, err)
 	}
-	if _, err := st.PutKind(ctx, schema.KindConfig{Kind: "x", Policy: "random"}); !errors.Is(err, schema.ErrInvalid) {
+	if _, err := st.Kinds().Put(ctx, schema.KindConfig{Kind: "x", Policy: "random"}); !errors.Is(err, schema.ErrInvalid) {
 		t.Fatalf("bad policy: %v", err)
 	}
 }
@@ -406,8 +406,8 @@ func TestUnavailable(t *testing.T) {
 	var v struct{}
 	for name, call := range map[string]func() error{
 		"get record": func() error { _, err := st.Rebalance().Get(ctx, schema.PlanKey("p1"), &v); return err },
-		"kind":       func() error { _, err := st.Kind(ctx, "aggregate"); return err },
-		"kinds":      func() error { _, err := st.Kinds(ctx); return err },
+		"kind":       func() error { _, err := st.Kinds().Get(ctx, "aggregate"); return err },
+		"kinds":      func() error { _, err := st.Kinds().List(ctx); return err },
 		"create":     func() error { _, err := st.Rebalance().Create(ctx, schema.PlanKey("p2"), v); return err },
 		"audit":      func() error { _, err := st.Audit().Read(ctx, schema.AuditQuery{}); return err },
 	} {

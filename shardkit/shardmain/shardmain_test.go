@@ -68,7 +68,7 @@ func TestRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	st := kittest.StoreAt(t, srv.URL())
-	if _, err := st.EnsureKind(ctx, schema.KindConfig{Kind: "echo"}); err != nil {
+	if _, err := st.Kinds().Ensure(ctx, schema.KindConfig{Kind: "echo"}); err != nil {
 		t.Fatal(err)
 	}
 	for tenant, shard := range map[string]string{"acme": "echo-1", "globex": "echo-2"} {

@@ -96,7 +96,7 @@ func TestRenderAffinityEndToEnd(t *testing.T) {
 	}
 	st := kittest.StoreAt(t, natstest.Server(t).URL())
 	ctx := context.Background()
-	if _, err := st.PutKind(ctx, render.KindConfig()); err != nil {
+	if _, err := st.Kinds().Put(ctx, render.KindConfig()); err != nil {
 		t.Fatal(err)
 	}
 	a := startRender(t, st, "a", 2)

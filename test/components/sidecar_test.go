@@ -127,7 +127,7 @@ func TestPythonServiceMovesLive(t *testing.T) {
 	srv := natstest.Server(t)
 	st, natsURL := kittest.StoreAt(t, srv.URL()), srv.URL()
 	ctx := context.Background()
-	if _, err := st.EnsureKind(ctx, schema.KindConfig{Kind: "notes"}); err != nil {
+	if _, err := st.Kinds().Ensure(ctx, schema.KindConfig{Kind: "notes"}); err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
@@ -240,7 +240,7 @@ func TestGRPCServiceBehindSidecar(t *testing.T) {
 	st, natsURL := kittest.StoreAt(t, srv.URL()), srv.URL()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := st.EnsureKind(ctx, schema.KindConfig{Kind: "hc"}); err != nil {
+	if _, err := st.Kinds().Ensure(ctx, schema.KindConfig{Kind: "hc"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.Placements("hc").Create(ctx, schema.Placement{Tenant: "acme", Shard: "hc-1", Epoch: 1, Phase: schema.PhaseActive}); err != nil {
