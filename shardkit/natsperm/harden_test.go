@@ -40,7 +40,7 @@ func TestAttackRoutesOfAnotherKind(t *testing.T) {
 	pr.refused(t, "$KV.tm_routes.POST.L2NvbW1hbmRz")
 	rt, err := admin.Routes().Get(ctx, "aggregate", "POST", "/commands")
 	ok(t, "read the route", err)
-	if err := pr.st.JS().DeleteKey(short(t), pr.st.KV(schema.BucketRoutes), rt.Key(), rt.Revision); err == nil {
+	if err := pr.st.JS().Records(pr.st.KV(schema.BucketRoutes)).Delete(short(t), rt.Key(), rt.Revision); err == nil {
 		t.Error("a projection shard deleted the aggregate's route")
 	}
 	if got, err := admin.Routes().Get(ctx, "aggregate", "POST", "/commands"); err != nil || got.Kind != "aggregate" || len(got.Instances) != 1 || got.Instances[0] != owner.Key() {

@@ -320,7 +320,7 @@ func (ks Kinds) Get(ctx context.Context, kind string) (KindConfig, error) {
 		return KindConfig{}, err
 	}
 	var c KindConfig
-	if _, err := ks.s.js.GetJSON(ctx, ks.s.kinds, kind, &c); err != nil {
+	if _, err := ks.s.js.Records(ks.s.kinds).Get(ctx, kind, &c); err != nil {
 		if errors.Is(err, ErrNotFound) {
 			return KindConfig{}, fmt.Errorf("%w: %q is not registered in %s ; register the kind first", ErrUnknownKind, kind, BucketKinds)
 		}
@@ -332,7 +332,7 @@ func (ks Kinds) Get(ctx context.Context, kind string) (KindConfig, error) {
 // List lists every registered kind's config.
 func (ks Kinds) List(ctx context.Context) ([]KindConfig, error) {
 	var out []KindConfig
-	_, err := jsx.ListJSON(ctx, ks.s.js, ks.s.kinds, ">", func(_ string, _ uint64, c KindConfig) {
+	_, err := jsx.ListJSON(ctx, ks.s.js.Records(ks.s.kinds), ">", func(_ string, _ uint64, c KindConfig) {
 		out = append(out, c.WithDefaults())
 	})
 	return out, err
@@ -347,7 +347,7 @@ func (ks Kinds) Put(ctx context.Context, c KindConfig) (KindConfig, error) {
 	if _, err := ks.s.placementKVCreate(ctx, c.Kind); err != nil {
 		return KindConfig{}, err
 	}
-	if _, err := ks.s.js.PutJSON(ctx, ks.s.kinds, c.Kind, c); err != nil {
+	if _, err := ks.s.js.Records(ks.s.kinds).Put(ctx, c.Kind, c); err != nil {
 		return KindConfig{}, err
 	}
 	return c, nil
@@ -362,7 +362,7 @@ func (ks Kinds) Ensure(ctx context.Context, c KindConfig) (KindConfig, error) {
 	if _, err := ks.s.placementKVCreate(ctx, c.Kind); err != nil {
 		return KindConfig{}, err
 	}
-	if _, err := ks.s.js.UpdateJSON(ctx, ks.s.kinds, c.Kind, 0, c); err != nil {
+	if _, err := ks.s.js.Records(ks.s.kinds).Create(ctx, c.Kind, c); err != nil {
 		if errors.Is(err, ErrConflict) {
 			return ks.Get(ctx, c.Kind)
 		}

@@ -210,18 +210,18 @@ func (ps Placements) Kind() string { return ps.kind }
 
 // Get reads tenant's placement. Absent: ErrNotFound.
 func (ps Placements) Get(ctx context.Context, tenant string) (Placement, error) {
-	return ps.read(ctx, tenant, ps.s.js.GetJSON)
+	return ps.read(ctx, tenant, (*jsx.Records).Get)
 }
 
 // Latest is Get answered by the bucket's stream leader, so it sees every write acknowledged
 // before the call (Get may be answered by a replica that is behind): for a writer about to
 // compare-and-set on what it read.
 func (ps Placements) Latest(ctx context.Context, tenant string) (Placement, error) {
-	return ps.read(ctx, tenant, ps.s.js.LeaderGetJSON)
+	return ps.read(ctx, tenant, (*jsx.Records).Latest)
 }
 
 func (ps Placements) read(ctx context.Context, tenant string,
-	get func(context.Context, jetstream.KeyValue, string, any) (uint64, error)) (Placement, error) {
+	get func(*jsx.Records, context.Context, string, any) (uint64, error)) (Placement, error) {
 	if err := CheckTenant(tenant); err != nil {
 		return Placement{}, err
 	}
@@ -230,7 +230,7 @@ func (ps Placements) read(ctx context.Context, tenant string,
 		return Placement{}, err
 	}
 	var p Placement
-	rev, err := get(ctx, kv, tenant, &p)
+	rev, err := get(ps.s.js.Records(kv), ctx, tenant, &p)
 	if err != nil {
 		return Placement{}, err
 	}
@@ -271,7 +271,7 @@ func (ps Placements) Create(ctx context.Context, p Placement) (Placement, error)
 	if err != nil {
 		return Placement{}, err
 	}
-	rev, err := ps.s.js.UpdateJSON(ctx, kv, p.Tenant, 0, p)
+	rev, err := ps.s.js.Records(kv).Create(ctx, p.Tenant, p)
 	if err != nil {
 		return Placement{}, err
 	}
@@ -315,7 +315,7 @@ func (ps Placements) Update(ctx context.Context, prev, next Placement) (Placemen
 	if err != nil {
 		return Placement{}, err
 	}
-	rev, err := ps.s.js.UpdateJSON(ctx, kv, next.Tenant, prev.Revision, next)
+	rev, err := ps.s.js.Records(kv).CompareAndSet(ctx, next.Tenant, prev.Revision, next)
 	if err != nil {
 		return Placement{}, err
 	}
@@ -332,7 +332,7 @@ func (ps Placements) Delete(ctx context.Context, tenant string, rev uint64) erro
 	if err != nil {
 		return err
 	}
-	return ps.s.js.DeleteKey(ctx, kv, tenant, rev)
+	return ps.s.js.Records(kv).Delete(ctx, tenant, rev)
 }
 
 // List lists every placement of the kind (for planners and tools; routers use the watcher),
@@ -343,7 +343,7 @@ func (ps Placements) List(ctx context.Context) ([]Placement, int, error) {
 		return nil, 0, err
 	}
 	var out []Placement
-	corrupt, err := jsx.ListJSON(ctx, ps.s.js, kv, ">", func(_ string, rev uint64, p Placement) {
+	corrupt, err := jsx.ListJSON(ctx, ps.s.js.Records(kv), ">", func(_ string, rev uint64, p Placement) {
 		p.Revision = rev
 		out = append(out, p)
 	})

@@ -375,7 +375,7 @@ func TestRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got rec
-	if r, err := st.Rebalance().Get(ctx, schema.PlanKey("p1"), &got); err != nil || r != rev || got.N != 1 {
+	if r, err := st.Rebalance().Latest(ctx, schema.PlanKey("p1"), &got); err != nil || r != rev || got.N != 1 {
 		t.Fatalf("GetRecord = %d %+v %v, want %d {1}", r, got, err, rev)
 	}
 	if _, err := st.Rebalance().Create(ctx, schema.PlanKey("p1"), rec{2}); !errors.Is(err, schema.ErrConflict) {
@@ -384,10 +384,10 @@ func TestRecords(t *testing.T) {
 	if err := st.Rebalance().Delete(ctx, schema.PlanKey("p1"), 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.Rebalance().Get(ctx, schema.PlanKey("p1"), &got); !errors.Is(err, schema.ErrNotFound) {
+	if _, err := st.Rebalance().Latest(ctx, schema.PlanKey("p1"), &got); !errors.Is(err, schema.ErrNotFound) {
 		t.Fatalf("deleted record: %v, want ErrNotFound", err)
 	}
-	if _, err := st.Rebalance().Get(ctx, schema.PlanKey("never"), &got); !errors.Is(err, schema.ErrNotFound) {
+	if _, err := st.Rebalance().Latest(ctx, schema.PlanKey("never"), &got); !errors.Is(err, schema.ErrNotFound) {
 		t.Fatalf("absent record: %v, want ErrNotFound", err)
 	}
 }
@@ -405,7 +405,7 @@ func TestUnavailable(t *testing.T) {
 	srv.Stop()
 	var v struct{}
 	for name, call := range map[string]func() error{
-		"get record": func() error { _, err := st.Rebalance().Get(ctx, schema.PlanKey("p1"), &v); return err },
+		"get record": func() error { _, err := st.Rebalance().Latest(ctx, schema.PlanKey("p1"), &v); return err },
 		"kind":       func() error { _, err := st.Kinds().Get(ctx, "aggregate"); return err },
 		"kinds":      func() error { _, err := st.Kinds().List(ctx); return err },
 		"create":     func() error { _, err := st.Rebalance().Create(ctx, schema.PlanKey("p2"), v); return err },

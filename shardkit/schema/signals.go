@@ -128,7 +128,7 @@ func (ss Signals) Put(ctx context.Context, sig TenantSignal) (TenantSignal, erro
 		return TenantSignal{}, err
 	}
 	sig.Updated = time.Now().UTC()
-	rev, err := ss.s.js.PutJSON(ctx, ss.s.signals, signalKey(sig.Kind, sig.Tenant, sig.id()), sig)
+	rev, err := ss.s.js.Records(ss.s.signals).Put(ctx, signalKey(sig.Kind, sig.Tenant, sig.id()), sig)
 	if err != nil {
 		return TenantSignal{}, err
 	}
@@ -141,7 +141,7 @@ func (ss Signals) Delete(ctx context.Context, kind, tenant string, id InstanceID
 	if err := CheckTenant(tenant); err != nil {
 		return err
 	}
-	return ss.s.js.DeleteKey(ctx, ss.s.signals, signalKey(kind, tenant, id), 0)
+	return ss.s.js.Records(ss.s.signals).Delete(ctx, signalKey(kind, tenant, id), 0)
 }
 
 // List lists the signals of a tenant on one shard (every instance), or on every shard when
@@ -161,7 +161,7 @@ func (ss Signals) List(ctx context.Context, kind, tenant, shard string) ([]Tenan
 		filter = SignalFilter(kind, tenant, shard)
 	}
 	var out []TenantSignal
-	_, err := jsx.ListJSON(ctx, ss.s.js, ss.s.signals, filter, func(_ string, rev uint64, t TenantSignal) {
+	_, err := jsx.ListJSON(ctx, ss.s.js.Records(ss.s.signals), filter, func(_ string, rev uint64, t TenantSignal) {
 		t.Revision = rev
 		out = append(out, t)
 	})
@@ -174,7 +174,7 @@ func (ss Signals) Get(ctx context.Context, kind, tenant string, id InstanceID) (
 	if err := CheckTenant(tenant); err != nil {
 		return TenantSignal{}, false, err
 	}
-	rev, err := ss.s.js.GetJSON(ctx, ss.s.signals, signalKey(kind, tenant, id), &sig)
+	rev, err := ss.s.js.Records(ss.s.signals).Get(ctx, signalKey(kind, tenant, id), &sig)
 	if errors.Is(err, ErrNotFound) {
 		return TenantSignal{}, false, nil
 	}

@@ -260,7 +260,7 @@ func (ds Digests) List(ctx context.Context, kind, tenant string, epoch uint64) (
 	}
 	var out []DigestRecord
 	var newer error
-	_, err = jsx.ListJSON(ctx, ds.s.js, kv, DigestFilter(kind, tenant, epoch), func(key string, _ uint64, r DigestRecord) {
+	_, err = jsx.ListJSON(ctx, ds.s.js.Records(kv), DigestFilter(kind, tenant, epoch), func(key string, _ uint64, r DigestRecord) {
 		if r.Format > digestFormat {
 			newer = fmt.Errorf("schema: %s/%s format %d: %w", BucketVerify, key, r.Format, ErrNewerFormat)
 			return
