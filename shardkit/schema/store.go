@@ -67,7 +67,9 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// Store reads and writes tenantmesh's state in NATS. It is safe for concurrent use.
+// Store reads and writes tenantmesh's state in NATS. It is safe for concurrent use. Each
+// resource has its handle, a small value made per use: Placements(kind), Kinds(), Directory(),
+// Routes(), Signals(), Audit(), Digests() and Rebalance().
 type Store struct {
 	js   *jsx.Client
 	opts Options
