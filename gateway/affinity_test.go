@@ -143,7 +143,7 @@ func (e *env) render(realm string) (int, string) {
 
 func (e *env) owners(realm string) []string {
 	e.t.Helper()
-	p, err := e.st.Placement(context.Background(), "render", realm)
+	p, err := e.st.Placements("render").Get(context.Background(), realm)
 	if errors.Is(err, schema.ErrNotFound) {
 		return nil
 	}
@@ -634,7 +634,7 @@ func TestAffinityCountsSeededFromSnapshot(t *testing.T) {
 	slices.Sort(ids)
 	full, free := ids[0], ids[1] // the round-robin cursor starts at the first key
 	ctx := context.Background()
-	if _, err := e.st.CreatePlacement(ctx, schema.Placement{Kind: "render", Tenant: "r1", Shard: shardOfKey(full), Owners: []string{full}}); err != nil {
+	if _, err := e.st.Placements("render").Create(ctx, schema.Placement{Tenant: "r1", Shard: shardOfKey(full), Owners: []string{full}}); err != nil {
 		t.Fatal(err)
 	}
 	w, err := placement.New(placement.Config{Store: e.st, Kinds: []string{"render"}, Compact: true})

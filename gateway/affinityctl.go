@@ -42,9 +42,9 @@ func (c affinityControl) addOwner(ke *kindEntry, tenant, key string, m int, forc
 	defer cancel()
 	by := "gateway/" + g.cfg.ID
 	for range 16 {
-		p, err := g.store.Placement(ctx, ke.name, tenant)
+		p, err := g.store.Placements(ke.name).Get(ctx, tenant)
 		if errors.Is(err, schema.ErrNotFound) {
-			np, err := g.store.CreatePlacement(ctx, schema.Placement{Kind: ke.name, Tenant: tenant, Shard: shardOfKey(key),
+			np, err := g.store.Placements(ke.name).Create(ctx, schema.Placement{Tenant: tenant, Shard: shardOfKey(key),
 				Owners: []string{key}, UpdatedBy: by})
 			if errors.Is(err, schema.ErrConflict) {
 				continue
@@ -69,7 +69,7 @@ func (c affinityControl) addOwner(ke *kindEntry, tenant, key string, m int, forc
 			next.Owners = next.Owners[:m]
 		}
 		next.UpdatedBy = by
-		np, err := g.store.UpdatePlacement(ctx, p, next)
+		np, err := g.store.Placements(next.Kind).Update(ctx, p, next)
 		if errors.Is(err, schema.ErrConflict) {
 			continue
 		}
@@ -94,7 +94,7 @@ func (c affinityControl) removeOwner(ke *kindEntry, tenant, key string) {
 	ctx, cancel := context.WithTimeout(g.bgCtx, assignTimeout)
 	defer cancel()
 	for range 16 {
-		p, err := g.store.Placement(ctx, ke.name, tenant)
+		p, err := g.store.Placements(ke.name).Get(ctx, tenant)
 		if errors.Is(err, schema.ErrNotFound) {
 			ke.aff.SetOwners(tenant, nil)
 			return
@@ -109,12 +109,12 @@ func (c affinityControl) removeOwner(ke *kindEntry, tenant, key string) {
 			return
 		}
 		if len(owners) == 0 {
-			err = g.store.DeletePlacement(ctx, ke.name, tenant, p.Revision)
+			err = g.store.Placements(ke.name).Delete(ctx, tenant, p.Revision)
 		} else {
 			next := p
 			next.Owners = owners
 			next.UpdatedBy = "gateway/" + g.cfg.ID
-			_, err = g.store.UpdatePlacement(ctx, p, next)
+			_, err = g.store.Placements(next.Kind).Update(ctx, p, next)
 		}
 		if errors.Is(err, schema.ErrConflict) {
 			continue

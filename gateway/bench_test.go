@@ -166,7 +166,7 @@ func benchPlacementChange(b *testing.B, nodes, gateways int) {
 			wg.Go(func() { await(ictx, g, next.Epoch, shards[next.Shard], &res[i]) })
 		}
 		t0 := time.Now()
-		np, err := w.st.UpdatePlacement(ictx, p, next)
+		np, err := w.st.Placements(next.Kind).Update(ictx, p, next)
 		t1 := time.Now()
 		if err != nil {
 			cancel()

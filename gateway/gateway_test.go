@@ -131,11 +131,11 @@ func testRequestPath(t *testing.T, cfg Config) {
 		if resp.StatusCode != 200 || body != b1.id.Key() {
 			t.Fatalf("status %d body %q, want 200 from %s", resp.StatusCode, body, b1.id.Key())
 		}
-		p, err := e.st.Placement(context.Background(), "aggregate", "fresh")
+		p, err := e.st.Placements("aggregate").Get(context.Background(), "fresh")
 		if err != nil || p.Shard != "aggregate-2" || p.Epoch != 1 || p.UpdatedBy == "" {
 			t.Fatalf("stored placement %+v, %v", p, err)
 		}
-		ev, err := e.st.ReadAudit(context.Background(), schema.AuditQuery{Kind: "aggregate", Tenant: "fresh"})
+		ev, err := e.st.Audit().Read(context.Background(), schema.AuditQuery{Kind: "aggregate", Tenant: "fresh"})
 		if err != nil || len(ev) != 1 || ev[0].Action != "placement.assign" {
 			t.Fatalf("audit %+v, %v", ev, err)
 		}

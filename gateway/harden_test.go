@@ -359,7 +359,7 @@ func placed(t *testing.T, e *env, kind string) int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ps, _, err := e.st.Placements(ctx, kind)
+	ps, _, err := e.st.Placements(kind).List(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

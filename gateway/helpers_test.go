@@ -56,7 +56,7 @@ func newEnv(t testing.TB, cfg Config, kinds []schema.KindConfig, setup func(e *e
 	e.st = kittest.StoreAt(t, e.nats.URL())
 	ctx := context.Background()
 	for _, k := range kinds {
-		if _, err := e.st.PutKind(ctx, k); err != nil {
+		if _, err := e.st.Kinds().Put(ctx, k); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -193,7 +193,7 @@ func (e *env) register(b *backend, url string, capacity int, routes ...schema.Ro
 
 func (e *env) place(kind, tenant, shard string) schema.Placement {
 	e.t.Helper()
-	p, err := e.st.CreatePlacement(context.Background(), schema.Placement{Kind: kind, Tenant: tenant, Shard: shard})
+	p, err := e.st.Placements(kind).Create(context.Background(), schema.Placement{Tenant: tenant, Shard: shard})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -204,13 +204,13 @@ func (e *env) place(kind, tenant, shard string) schema.Placement {
 func (e *env) move(kind, tenant string, edit func(p *schema.Placement)) schema.Placement {
 	e.t.Helper()
 	ctx := context.Background()
-	p, err := e.st.Placement(ctx, kind, tenant)
+	p, err := e.st.Placements(kind).Get(ctx, tenant)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	next := p
 	edit(&next)
-	np, err := e.st.UpdatePlacement(ctx, p, next)
+	np, err := e.st.Placements(next.Kind).Update(ctx, p, next)
 	if err != nil {
 		e.t.Fatal(err)
 	}

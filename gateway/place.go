@@ -69,7 +69,7 @@ func entryOf(p schema.Placement) placement.Entry {
 func (g *Gateway) placedUnseen(ctx context.Context, kind, tenant string) (placement.Entry, bool) {
 	ctx, cancel := context.WithTimeout(ctx, assignTimeout)
 	defer cancel()
-	p, err := g.store.LatestPlacement(ctx, kind, tenant)
+	p, err := g.store.Placements(kind).Latest(ctx, tenant)
 	if err != nil {
 		return placement.Entry{}, false
 	}
@@ -124,7 +124,7 @@ func (g *Gateway) doAssign(snap *snapshot, ke *kindEntry, tenant string) (placem
 	// Not the request's context: a client that goes away must not leave a half-done assignment.
 	ctx, cancel := context.WithTimeout(g.bgCtx, assignTimeout)
 	defer cancel()
-	p, created, err := g.store.EnsurePlacement(ctx, schema.Placement{
+	p, created, err := g.store.Placements(ke.name).Ensure(ctx, schema.Placement{
 		Kind: ke.name, Tenant: tenant, Shard: shard, Phase: schema.PhaseActive, Epoch: 1,
 		UpdatedBy: "gateway/" + g.cfg.ID,
 	})
@@ -135,7 +135,7 @@ func (g *Gateway) doAssign(snap *snapshot, ke *kindEntry, tenant string) (placem
 	}
 	if created {
 		ke.metrics.m.assigned.WithLabelValues(ke.name).Inc()
-		if err := g.store.Audit(ctx, schema.AuditEvent{
+		if err := g.store.Audit().Append(ctx, schema.AuditEvent{
 			Actor: "gateway/" + g.cfg.ID, Action: "placement.assign", Kind: ke.name, Tenant: tenant,
 			After: p, Revision: p.Revision, Detail: "unplaced tenant assigned on first request to the least-loaded shard with room",
 		}); err != nil {

@@ -297,10 +297,10 @@ func TestStaticStability(t *testing.T) {
 	var err error
 	for ctx.Err() == nil { // the store's connection may still be reconnecting
 		var p schema.Placement
-		if p, err = e.st.Placement(ctx, "aggregate", "t1"); err == nil {
+		if p, err = e.st.Placements("aggregate").Get(ctx, "t1"); err == nil {
 			next := p
 			next.Shard, next.Epoch = "aggregate-2", p.Epoch+1
-			if _, err = e.st.UpdatePlacement(ctx, p, next); err == nil {
+			if _, err = e.st.Placements(next.Kind).Update(ctx, p, next); err == nil {
 				break
 			}
 		}

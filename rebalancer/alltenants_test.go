@@ -29,7 +29,7 @@ func TestMultiTenantShardTakesPartInNoMove(t *testing.T) {
 	}
 	for tenant, shard := range map[string]string{"a1": "projection-all", "a2": "projection-all", "f1": "projection-1",
 		"f2": "projection-1", "f3": "projection-1", "f4": "projection-1"} {
-		if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "projection", Tenant: tenant, Shard: shard}); err != nil {
+		if _, err := st.Placements("projection").Create(ctx, schema.Placement{Tenant: tenant, Shard: shard}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -98,7 +98,7 @@ func (e *Engine) watchControl(ctx context.Context, rec *PlanRecord) *planControl
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 		var cur PlanRecord
-		if _, err := e.st.Rebalance().Get(rctx, schema.PlanKey(rec.ID), &cur); err != nil {
+		if _, err := e.st.Rebalance().Latest(rctx, schema.PlanKey(rec.ID), &cur); err != nil {
 			return "", "", false
 		}
 		return cur.Control, cur.ControlBy, true
@@ -110,7 +110,7 @@ func (e *Engine) watchControl(ctx context.Context, rec *PlanRecord) *planControl
 			select {
 			case <-t.C:
 				var cur PlanRecord
-				if _, err := e.st.Rebalance().Get(ctx, schema.PlanKey(rec.ID), &cur); err == nil {
+				if _, err := e.st.Rebalance().Latest(ctx, schema.PlanKey(rec.ID), &cur); err == nil {
 					c.set(cur.Control, cur.ControlBy)
 				}
 			case <-c.done:

@@ -168,7 +168,7 @@ func (e *Engine) Plan(ctx context.Context, id string) (PlanRecord, []MoveRecord,
 		return PlanRecord{}, nil, err
 	}
 	var rec PlanRecord
-	rev, err := e.st.Rebalance().Get(ctx, schema.PlanKey(id), &rec)
+	rev, err := e.st.Rebalance().Latest(ctx, schema.PlanKey(id), &rec)
 	if errors.Is(err, schema.ErrNotFound) {
 		return PlanRecord{}, nil, fmt.Errorf("%w: %s (list plans with `rebalance status`)", ErrPlanNotFound, id)
 	}
@@ -183,7 +183,7 @@ func (e *Engine) Plan(ctx context.Context, id string) (PlanRecord, []MoveRecord,
 		// (on a cluster a meta-layer operation; dashboards and CLIs poll this).
 		moves = make([]MoveRecord, n)
 		for i := range moves {
-			rev, err := e.st.Rebalance().Get(ctx, schema.MoveKey(id, moveID(i)), &moves[i])
+			rev, err := e.st.Rebalance().Latest(ctx, schema.MoveKey(id, moveID(i)), &moves[i])
 			if err != nil {
 				return rec, nil, err
 			}
@@ -408,7 +408,7 @@ func (e *Engine) savePlan(ctx context.Context, rec *PlanRecord) error {
 			return err
 		}
 		var cur PlanRecord
-		if rev, err = e.st.Rebalance().Get(ctx, schema.PlanKey(rec.ID), &cur); err != nil {
+		if rev, err = e.st.Rebalance().Latest(ctx, schema.PlanKey(rec.ID), &cur); err != nil {
 			return err
 		}
 		rec.Revision = rev

@@ -35,7 +35,7 @@ func startShard(t *testing.T, st *schema.Store, shard string) {
 
 func place(t *testing.T, st *schema.Store, tenant, shard string) schema.Placement {
 	t.Helper()
-	p, err := st.CreatePlacement(context.Background(), schema.Placement{Kind: "aggregate", Tenant: tenant, Shard: shard})
+	p, err := st.Placements("aggregate").Create(context.Background(), schema.Placement{Tenant: tenant, Shard: shard})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func (h *history) check(t *testing.T, st *schema.Store) {
 			t.Errorf("%s: owner changed into %s, not at a commit: %s -> %s", c.Tenant, c.New.Phase, c.Old.Phase, c.New.Phase)
 		}
 	}
-	evs, err := st.ReadAudit(context.Background(), schema.AuditQuery{Limit: 10000})
+	evs, err := st.Audit().Read(context.Background(), schema.AuditQuery{Limit: 10000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestApplyMovesTenantsAndAudits(t *testing.T) {
 	}
 	_, moves, _ := e.Plan(ctx, rec.ID)
 	for _, m := range moves {
-		p, _ := st.Placement(ctx, "aggregate", m.Tenant)
+		p, _ := st.Placements("aggregate").Get(ctx, m.Tenant)
 		if m.State != MoveDone || p.Shard != "s-2" || p.Epoch != 2 || p.Phase != schema.PhaseActive || p.Move != "" {
 			t.Errorf("%s: move %s, placement %+v", m.Tenant, m.State, p)
 		}
@@ -178,7 +178,7 @@ func TestApplyMovesTenantsAndAudits(t *testing.T) {
 			t.Errorf("%s: no handoff pause recorded", m.Tenant)
 		}
 	}
-	evs, err := st.ReadAudit(ctx, schema.AuditQuery{Tenant: "t0"})
+	evs, err := st.Audit().Read(ctx, schema.AuditQuery{Tenant: "t0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +219,7 @@ func TestRebalancerCommitsWhenTheTargetCannot(t *testing.T) {
 	if rec, err = e.Apply(ctx, rec.ID); err != nil || rec.Status != PlanDone {
 		t.Fatalf("apply: %v (%+v)", err, rec)
 	}
-	evs, err := st.ReadAudit(ctx, schema.AuditQuery{Tenant: "acme"})
+	evs, err := st.Audit().Read(ctx, schema.AuditQuery{Tenant: "acme"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +268,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 				t.Fatalf("resume after a crash at %s: %v", step, err)
 			}
 			_, moves, _ := restarted.Plan(ctx, rec.ID)
-			got, _ := st.Placement(ctx, "aggregate", p.Tenant)
+			got, _ := st.Placements("aggregate").Get(ctx, p.Tenant)
 			if moves[0].State != MoveDone || got.Shard != "s-2" || got.Epoch != 2 || got.Phase != schema.PhaseActive {
 				t.Fatalf("after resume: move %s (%s), placement %s@%d %s", moves[0].State, moves[0].Reason, got.Shard, got.Epoch, got.Phase)
 			}
@@ -299,7 +299,7 @@ func TestSecondRebalancerRefuses(t *testing.T) {
 	if _, err := b.Rollback(ctx, rec.ID); !errors.Is(err, schema.ErrLeaseHeld) {
 		t.Fatalf("second rebalancer rollback: %v, want ErrLeaseHeld", err)
 	}
-	if got, _ := st.Placement(ctx, "aggregate", "acme"); got.Phase != schema.PhaseActive || got.Shard != "s-1" {
+	if got, _ := st.Placements("aggregate").Get(ctx, "acme"); got.Phase != schema.PhaseActive || got.Shard != "s-1" {
 		t.Fatalf("placement touched: %+v", got)
 	}
 }
@@ -325,7 +325,7 @@ func TestRollbackRestoresPlacement(t *testing.T) {
 		t.Fatalf("rollback plan %+v: moves %+v", rb, ms)
 	}
 	for _, p := range ps {
-		got, _ := st.Placement(ctx, "aggregate", p.Tenant)
+		got, _ := st.Placements("aggregate").Get(ctx, p.Tenant)
 		if got.Shard != p.Shard || got.Phase != schema.PhaseActive || got.Epoch != 3 {
 			t.Errorf("%s after rollback: %s@%d %s, want %s@3 active", p.Tenant, got.Shard, got.Epoch, got.Phase, p.Shard)
 		}
@@ -345,7 +345,7 @@ func TestMoveSkippedWhenTenantChanged(t *testing.T) {
 	// An operator pins the tenant after the plan was made: the move must not happen.
 	np := p
 	np.Pinned = true
-	if _, err := st.UpdatePlacement(ctx, p, np); err != nil {
+	if _, err := st.Placements(np.Kind).Update(ctx, p, np); err != nil {
 		t.Fatal(err)
 	}
 	rec, err := e.Apply(ctx, rec.ID)
@@ -369,7 +369,7 @@ func TestWarmTimeoutAborts(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, moves, _ := e.Plan(ctx, rec.ID)
-	got, _ := st.Placement(ctx, "aggregate", "acme")
+	got, _ := st.Placements("aggregate").Get(ctx, "acme")
 	if moves[0].State != MoveAborted || got.Shard != "s-1" || got.Phase != schema.PhaseActive || got.Epoch != 1 {
 		t.Fatalf("move %s (%s), placement %+v", moves[0].State, moves[0].Reason, got)
 	}
@@ -392,7 +392,7 @@ func TestMoveOffDeadShard(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, moves, _ := e.Plan(ctx, rec.ID)
-	got, _ := st.LatestPlacement(ctx, "aggregate", "orphan")
+	got, _ := st.Placements("aggregate").Latest(ctx, "orphan")
 	if moves[0].State != MoveAborted || got.Shard != "s-1" || got.Phase != schema.PhaseActive || got.Epoch != 1 {
 		t.Fatalf("without presence: move %s (%s), placement %s@%d %s", moves[0].State, moves[0].Reason, got.Shard, got.Epoch, got.Phase)
 	}
@@ -403,7 +403,7 @@ func TestMoveOffDeadShard(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, moves, _ = e.Plan(ctx, rec.ID)
-	got, _ = st.LatestPlacement(ctx, "aggregate", "orphan")
+	got, _ = st.Placements("aggregate").Latest(ctx, "orphan")
 	if m := moves[0]; m.State != MoveDone || !m.Takeover || !strings.Contains(m.Fenced, "gone") || got.Shard != "s-2" || got.Epoch != 2 || got.Phase != schema.PhaseActive {
 		t.Fatalf("with presence: move %s takeover=%v fenced %q (%s), placement %s@%d %s", m.State, m.Takeover, m.Fenced, m.Reason, got.Shard, got.Epoch, got.Phase)
 	}
@@ -476,7 +476,7 @@ func scriptShards(t *testing.T, st *schema.Store, ctx context.Context, onHandoff
 			case schema.PhaseWarming:
 				sc.signal(sc.dst, schema.SignalReady, c.New.Epoch)
 			case schema.PhaseHandoff:
-				cur, err := st.LatestPlacement(wctx, "aggregate", "acme")
+				cur, err := st.Placements("aggregate").Latest(wctx, "acme")
 				if err != nil {
 					t.Error(err)
 					return
@@ -489,7 +489,7 @@ func scriptShards(t *testing.T, st *schema.Store, ctx context.Context, onHandoff
 }
 
 func (sc *scripted) signal(id schema.InstanceID, phase schema.SignalPhase, epoch uint64) {
-	if _, err := sc.st.PutSignal(sc.ctx, schema.TenantSignal{Kind: id.Kind, Tenant: "acme", Shard: id.Shard, Instance: id.Instance,
+	if _, err := sc.st.Signals().Put(sc.ctx, schema.TenantSignal{Kind: id.Kind, Tenant: "acme", Shard: id.Shard, Instance: id.Instance,
 		Phase: phase, Epoch: epoch}); err != nil {
 		sc.t.Error(err)
 	}
@@ -507,7 +507,7 @@ func TestHandoffSeesACommitThatOutranTheFence(t *testing.T) {
 	scriptShards(t, st, ctx, func(sc *scripted, cur schema.Placement) {
 		next := schema.Placement{Kind: cur.Kind, Tenant: cur.Tenant, Shard: cur.Target, Epoch: cur.Epoch + 1,
 			Phase: schema.PhaseDraining, Source: cur.Shard, Move: cur.Move, UpdatedBy: "shard/" + sc.dst.Key()}
-		if _, err := st.UpdatePlacement(ctx, cur, next); err != nil {
+		if _, err := st.Placements(next.Kind).Update(ctx, cur, next); err != nil {
 			t.Error(err)
 			return
 		}
@@ -550,7 +550,7 @@ func TestStaleReleasedSignalDoesNotCommit(t *testing.T) {
 	if err != nil || moves[0].State != MoveAborted {
 		t.Fatalf("move: %+v, %v; want aborted at the handoff timeout", moves, err)
 	}
-	got, err := st.LatestPlacement(ctx, "aggregate", "acme")
+	got, err := st.Placements("aggregate").Latest(ctx, "acme")
 	if err != nil || got.Shard != "s-1" || got.Epoch != p.Epoch {
 		t.Fatalf("placement %+v, %v; want s-1 at epoch %d", got, err, p.Epoch)
 	}
@@ -615,7 +615,7 @@ func TestTakeoverCrashAtEveryStep(t *testing.T) {
 				t.Fatalf("resume after a crash at %s: %v", step, err)
 			}
 			_, moves, _ := restarted.Plan(ctx, rec.ID)
-			got, _ := st.LatestPlacement(ctx, "aggregate", ps[i].Tenant)
+			got, _ := st.Placements("aggregate").Latest(ctx, ps[i].Tenant)
 			if m := moves[0]; m.State != MoveDone || !m.Takeover || got.Shard != "s-2" || got.Epoch != 2 || got.Phase != schema.PhaseActive {
 				t.Fatalf("after resume: move %s takeover=%v (%s), placement %s@%d %s", m.State, m.Takeover, m.Reason, got.Shard, got.Epoch, got.Phase)
 			}
@@ -632,7 +632,7 @@ func TestTakeoverWaitsOutTheLease(t *testing.T) {
 	st, _ := kittest.Store(t)
 	kc := schema.DefaultKindConfig("aggregate")
 	kc.Lease = schema.Duration(time.Second)
-	if _, err := st.PutKind(context.Background(), kc); err != nil {
+	if _, err := st.Kinds().Put(context.Background(), kc); err != nil {
 		t.Fatal(err)
 	}
 	startShard(t, st, "s-2")
@@ -652,7 +652,7 @@ func TestTakeoverWaitsOutTheLease(t *testing.T) {
 	}
 	took := time.Since(start)
 	_, moves, _ := e.Plan(ctx, rec.ID)
-	got, _ := st.LatestPlacement(ctx, "aggregate", p.Tenant)
+	got, _ := st.Placements("aggregate").Latest(ctx, p.Tenant)
 	if m := moves[0]; m.State != MoveDone || !strings.Contains(m.Fenced, "lease (3s) ran out") || got.Shard != "s-2" || got.Epoch != 2 {
 		t.Fatalf("move %s fenced %q (%s), placement %s@%d", m.State, m.Fenced, m.Reason, got.Shard, got.Epoch)
 	}

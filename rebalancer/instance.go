@@ -97,11 +97,11 @@ func Detail(ctx context.Context, st *schema.Store, key string, h Health, src Det
 }
 
 func shardTenants(ctx context.Context, st *schema.Store, id schema.InstanceID) ([]DetailTenant, int, error) {
-	kc, err := st.Kind(ctx, id.Kind)
+	kc, err := st.Kinds().Get(ctx, id.Kind)
 	if err != nil {
 		return nil, 0, err
 	}
-	pls, _, err := st.Placements(ctx, id.Kind)
+	pls, _, err := st.Placements(id.Kind).List(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -221,6 +221,6 @@ func SetDegraded(ctx context.Context, st *schema.Store, key string, on bool, rea
 	if err != nil {
 		return schema.Instance{}, fmt.Errorf("instance %s: %w", key, err)
 	}
-	_ = st.Audit(ctx, schema.AuditEvent{Actor: actor, Action: action, Kind: id.Kind, After: f, Detail: "instance " + key + ": " + reason})
+	_ = st.Audit().Append(ctx, schema.AuditEvent{Actor: actor, Action: action, Kind: id.Kind, After: f, Detail: "instance " + key + ": " + reason})
 	return inst, nil
 }

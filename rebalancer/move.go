@@ -41,7 +41,7 @@ func (e *Engine) drive(ctx context.Context, m *MoveRecord, committed func(), ctl
 			m.State, m.Reason, m.Finished = MoveSkipped, "cancelled by "+ctl.by(), time.Now().UTC()
 			return e.saveMove(ctx, m)
 		}
-		p, err := e.st.LatestPlacement(ctx, m.Kind, m.Tenant)
+		p, err := e.st.Placements(m.Kind).Latest(ctx, m.Tenant)
 		if errors.Is(err, schema.ErrNotFound) {
 			m.State, m.Reason = MoveSkipped, "the tenant is no longer placed"
 			if err := e.saveMove(ctx, m); err != nil {
@@ -291,7 +291,7 @@ func (e *Engine) handoff(ctx context.Context, m *MoveRecord, p schema.Placement,
 		// otherwise, the drive loop reads it again; unchanged, the signal was not about this
 		// handoff, and the wait goes on for the fence without it (the rebalancer must not
 		// commit on it).
-		cur, err := e.st.LatestPlacement(ctx, m.Kind, m.Tenant)
+		cur, err := e.st.Placements(m.Kind).Latest(ctx, m.Tenant)
 		if err != nil {
 			return err
 		}
@@ -336,7 +336,7 @@ func (e *Engine) awaitTargetCommit(ctx context.Context, m *MoveRecord, p schema.
 		if werr != nil && !errors.Is(werr, errTimeout) {
 			return false, werr
 		}
-		cur, err := e.st.LatestPlacement(ctx, m.Kind, m.Tenant)
+		cur, err := e.st.Placements(m.Kind).Latest(ctx, m.Tenant)
 		if err != nil {
 			return false, err
 		}
@@ -393,7 +393,7 @@ func (e *Engine) abort(ctx context.Context, m *MoveRecord, p schema.Placement, r
 // transition writes the placement by CAS and audits it.
 func (e *Engine) transition(ctx context.Context, m *MoveRecord, action string, prev, next schema.Placement) (schema.Placement, error) {
 	next.UpdatedBy = "rebalancer/" + e.cfg.Holder
-	got, err := e.st.UpdatePlacement(ctx, prev, next)
+	got, err := e.st.Placements(next.Kind).Update(ctx, prev, next)
 	if err != nil {
 		return got, err
 	}
@@ -410,7 +410,7 @@ func (e *Engine) audit(ctx context.Context, m *MoveRecord, action string, prev, 
 	if action == "move.commit" {
 		ev.ID = "move.commit." + m.Plan + "." + m.ID
 	}
-	if err := e.st.Audit(ctx, ev); err != nil {
+	if err := e.st.Audit().Append(ctx, ev); err != nil {
 		e.cfg.Logger.Warn("audit failed", "action", action, "err", err)
 	}
 	e.cfg.Logger.Info(action, "move", m.Key(), "kind", m.Kind, "tenant", m.Tenant, "from", m.From, "to", m.To, "epoch", got.Epoch, "by", got.UpdatedBy)

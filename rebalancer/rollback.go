@@ -37,7 +37,7 @@ func (e *Engine) Rollback(ctx context.Context, id string) (PlanRecord, error) {
 		if m.State != MoveDone {
 			continue
 		}
-		p, err := e.st.LatestPlacement(lctx, m.Kind, m.Tenant)
+		p, err := e.st.Placements(m.Kind).Latest(lctx, m.Tenant)
 		if err != nil {
 			return rec, err
 		}
@@ -70,7 +70,7 @@ func (e *Engine) stopMove(ctx context.Context, m *MoveRecord, why string, abortH
 	w := e.newSignalWatch(m)
 	defer w.stop()
 	for !m.State.Terminal() {
-		p, err := e.st.LatestPlacement(ctx, m.Kind, m.Tenant)
+		p, err := e.st.Placements(m.Kind).Latest(ctx, m.Tenant)
 		if err != nil && !errors.Is(err, schema.ErrNotFound) {
 			return err
 		}

@@ -154,7 +154,7 @@ func (e *Engine) takeover(ctx context.Context, m *MoveRecord, p schema.Placement
 // was shortened).
 func (e *Engine) sourceLease(ctx context.Context, kind, shard string) time.Duration {
 	lease := schema.DefaultLease
-	if kc, err := e.st.Kind(ctx, kind); err == nil {
+	if kc, err := e.st.Kinds().Get(ctx, kind); err == nil {
 		lease = kc.Lease.D()
 	} else {
 		e.cfg.Logger.Warn("reading the kind's lease for a takeover; waiting out the default or longer", "kind", kind, "err", err)

@@ -63,7 +63,7 @@ func TestMoveToADeadTargetAborts(t *testing.T) {
 				t.Fatal("the move to a dead target did not end within 30s")
 			}
 			_, moves, _ := e.Plan(ctx, rec.ID)
-			got, _ := st.LatestPlacement(ctx, "aggregate", "acme")
+			got, _ := st.Placements("aggregate").Latest(ctx, "acme")
 			if m := moves[0]; m.State != MoveAborted || !strings.Contains(m.Reason, "no live instance") ||
 				got.Shard != "s-1" || got.Phase != schema.PhaseActive || got.Epoch != 1 {
 				t.Fatalf("move %s (%s), placement %s@%d %s; want aborted for the dead target, s-1@1 active", m.State, m.Reason, got.Shard, got.Epoch, got.Phase)
@@ -77,7 +77,7 @@ func waitPlacement(t *testing.T, st *schema.Store, tenant string, ok func(schema
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		p, err := st.LatestPlacement(context.Background(), "aggregate", tenant)
+		p, err := st.Placements("aggregate").Latest(context.Background(), tenant)
 		if err == nil && ok(p) {
 			return
 		}

@@ -92,7 +92,7 @@ func VerifyMove(ctx context.Context, st *schema.Store, m MoveRecord) (MoveVerdic
 		v.Result, v.Detail = VerifyNotMoved, "the move did not commit ("+string(m.State)+")"
 		return v, nil
 	}
-	recs, err := st.DigestRecords(ctx, m.Kind, m.Tenant, m.Epoch)
+	recs, err := st.Digests().List(ctx, m.Kind, m.Tenant, m.Epoch)
 	if errors.Is(err, schema.ErrNotFound) {
 		recs, err = nil, nil // nothing provisioned, nothing recorded
 	}

@@ -101,7 +101,7 @@ func Summarize(r PlanRecord, moves []MoveRecord) PlanSummary {
 // Lease reads the leader lease (ok false when nobody holds it or it expired).
 func Lease(ctx context.Context, st *schema.Store, now time.Time) (jsx.Lease, bool, error) {
 	var l jsx.Lease
-	rev, err := st.Rebalance().Get(ctx, schema.LeaderLease, &l)
+	rev, err := st.Rebalance().Latest(ctx, schema.LeaderLease, &l)
 	if err != nil {
 		if errors.Is(err, schema.ErrNotFound) {
 			return jsx.Lease{}, false, nil

@@ -181,13 +181,13 @@ func BuildWorld(ctx context.Context, st *schema.Store, kind string, opts WorldOp
 	if err != nil {
 		return planner.World{}, fmt.Errorf("rebalancer: read the directory of %s: %w", kind, err)
 	}
-	pls, _, err := st.Placements(ctx, kind)
+	pls, _, err := st.Placements(kind).List(ctx)
 	if err != nil {
 		return planner.World{}, fmt.Errorf("rebalancer: read placements of %s: %w", kind, err)
 	}
 	reports := opts.Telemetry.Reports(kind, opts.Now(), opts.MaxReportAge)
 	w := assembleWorld(kind, insts, pls, reports, opts)
-	kc, err := st.Kind(ctx, kind)
+	kc, err := st.Kinds().Get(ctx, kind)
 	if err != nil && !errors.Is(err, schema.ErrUnknownKind) {
 		return planner.World{}, fmt.Errorf("rebalancer: read the config of %s: %w", kind, err)
 	}
@@ -329,7 +329,7 @@ func assembleWorld(kind string, insts []schema.Instance, pls []schema.Placement,
 // at least one shard or tenant.
 func BuildWorlds(ctx context.Context, st *schema.Store, kinds []string, opts WorldOptions) ([]planner.World, error) {
 	if len(kinds) == 0 {
-		kcs, err := st.Kinds(ctx)
+		kcs, err := st.Kinds().List(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -356,7 +356,7 @@ func BuildWorlds(ctx context.Context, st *schema.Store, kinds []string, opts Wor
 func MakePlan(ctx context.Context, st *schema.Store, req planner.Request, opts WorldOptions) (*planner.Plan, error) {
 	var kinds []string
 	if req.Kind != "" && req.Strategy != planner.StrategyMoveTenant {
-		if _, err := st.Kind(ctx, req.Kind); err != nil {
+		if _, err := st.Kinds().Get(ctx, req.Kind); err != nil {
 			return nil, err
 		}
 		kinds = []string{req.Kind}

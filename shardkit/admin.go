@@ -240,7 +240,7 @@ func (a *adminAPI) handleReload(w http.ResponseWriter, r *http.Request) {
 // Reload re-reads the kind's config, re-registers the instance and its routes (repairing them
 // if a sweeper removed them) and calls the Reload hook.
 func (s *Shard) Reload(ctx context.Context) error {
-	kc, err := s.st.Kind(ctx, s.kind)
+	kc, err := s.st.Kinds().Get(ctx, s.kind)
 	if err != nil {
 		return err
 	}

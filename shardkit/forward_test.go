@@ -99,7 +99,7 @@ func TestForwardTimeoutsFromKind(t *testing.T) {
 	kc := schema.DefaultKindConfig("aggregate")
 	kc.Load = schema.KindConfig{Kind: "aggregate", Policy: schema.PolicyLoad}.WithDefaults().Load
 	kc.Load.ForwardTimeout, kc.Load.ConnectTimeout = schema.Duration(800*time.Millisecond), schema.Duration(150*time.Millisecond)
-	if _, err := st.PutKind(ctx, kc); err != nil {
+	if _, err := st.Kinds().Put(ctx, kc); err != nil {
 		t.Fatal(err)
 	}
 	rev := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"}).Revision

@@ -176,15 +176,15 @@ func place(t testing.TB, st *schema.Store, p schema.Placement) schema.Placement 
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	prev, err := st.Placement(ctx, p.Kind, p.Tenant)
+	prev, err := st.Placements(p.Kind).Get(ctx, p.Tenant)
 	if err != nil {
-		got, err := st.CreatePlacement(ctx, p)
+		got, err := st.Placements(p.Kind).Create(ctx, p)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return got
 	}
-	got, err := st.UpdatePlacement(ctx, prev, p)
+	got, err := st.Placements(p.Kind).Update(ctx, prev, p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +209,7 @@ func awaitPlacement(t testing.TB, st *schema.Store, kind, tenant string, ok func
 	var p schema.Placement
 	tmtest.WaitFor(t, 10*time.Second, func() error {
 		var err error
-		if p, err = st.LatestPlacement(context.Background(), kind, tenant); err != nil {
+		if p, err = st.Placements(kind).Latest(context.Background(), tenant); err != nil {
 			return err
 		}
 		if !ok(p) {

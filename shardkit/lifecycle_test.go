@@ -128,21 +128,21 @@ func TestSignalNotes(t *testing.T) {
 	defer cancel()
 
 	// A signal noted for another shard: nothing.
-	other, err := st.PutSignal(ctx, schema.TenantSignal{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1", Instance: "y",
+	other, err := st.Signals().Put(ctx, schema.TenantSignal{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1", Instance: "y",
 		Phase: schema.SignalDrained, Epoch: 1, Fence: 7})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.NoteSignal("aggregate-3", other); err != nil {
+	if err := st.Signals().Note("aggregate-3", other); err != nil {
 		t.Fatal(err)
 	}
 	// Then a real signal noted for B's shard: B's view has it, with what was written.
-	sig, err := st.PutSignal(ctx, schema.TenantSignal{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1", Instance: "a",
+	sig, err := st.Signals().Put(ctx, schema.TenantSignal{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1", Instance: "a",
 		Phase: schema.SignalDrained, Epoch: 1, Fence: 42})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.NoteSignal("aggregate-2", sig); err != nil {
+	if err := st.Signals().Note("aggregate-2", sig); err != nil {
 		t.Fatal(err)
 	}
 	for {
@@ -470,12 +470,12 @@ func TestAdminReloadReregistersAndCallsTheHook(t *testing.T) {
 	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), AdminToken: testToken, Routes: []schema.Route{route},
 		Heartbeat: time.Hour, DirectoryRefresh: time.Hour, // nothing but the reload rewrites the entry and routes here
 		Hooks: shardkit.Hooks{Reload: func(context.Context) error { reloads.Add(1); return nil }}})
-	kc, err := st.Kind(ctx, "aggregate")
+	kc, err := st.Kinds().Get(ctx, "aggregate")
 	if err != nil {
 		t.Fatal(err)
 	}
 	kc.Capacity = 77
-	if _, err := st.PutKind(ctx, kc); err != nil {
+	if _, err := st.Kinds().Put(ctx, kc); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.Directory().Unregister(ctx, a.ID()); err != nil {

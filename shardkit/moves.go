@@ -261,7 +261,7 @@ func (mv *mover) commitPlacement(ctx context.Context, tenant string, e placement
 		// The early read failed (NATS electing a leader then, say), or a replica answered
 		// older than what the watcher saw: the stream leader, now.
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		p, err = mv.s.st.LatestPlacement(rctx, mv.s.kind, tenant)
+		p, err = mv.s.st.Placements(mv.s.kind).Latest(rctx, tenant)
 		cancel()
 	}
 	if err != nil {
@@ -280,7 +280,7 @@ func (mv *mover) commitPlacement(ctx context.Context, tenant string, e placement
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	sent <- time.Now()
-	got, err := mv.s.st.UpdatePlacement(wctx, p, next)
+	got, err := mv.s.st.Placements(next.Kind).Update(wctx, p, next)
 	if err != nil {
 		if !errors.As(err, new(*schema.ConflictError)) {
 			mv.s.cfg.Logger.Warn("committing the move; the rebalancer will", "tenant", tenant, "err", err)
@@ -300,7 +300,7 @@ func (mv *mover) readPlacement(ctx context.Context, tenant string) (get func() (
 		defer close(done)
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		p, err = mv.s.st.Placement(rctx, mv.s.kind, tenant)
+		p, err = mv.s.st.Placements(mv.s.kind).Get(rctx, tenant)
 	}()
 	return func() (schema.Placement, error) { <-done; return p, err }, func() { <-done }
 }
@@ -519,7 +519,7 @@ func (mv *mover) putSignal(ctx context.Context, ts *tenantState, sig schema.Tena
 		attempt++
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		got, err := mv.s.st.PutSignal(ctx, sig)
+		got, err := mv.s.st.Signals().Put(ctx, sig)
 		if err == nil {
 			mv.noteSignal(got)
 		}
@@ -551,7 +551,7 @@ func (mv *mover) noteSignal(sig schema.TenantSignal) {
 	if to == "" {
 		return
 	}
-	if err := mv.s.st.NoteSignal(to, sig); err != nil {
+	if err := mv.s.st.Signals().Note(to, sig); err != nil {
 		mv.s.cfg.Logger.Debug("noting tenant signal", "tenant", sig.Tenant, "err", err)
 	}
 }
@@ -567,7 +567,7 @@ func (mv *mover) clearSignal(ctx context.Context, ts *tenantState) {
 	}
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := mv.s.st.DeleteSignal(dctx, mv.s.kind, ts.tenant, mv.s.cfg.ID); err != nil {
+	if err := mv.s.st.Signals().Delete(dctx, mv.s.kind, ts.tenant, mv.s.cfg.ID); err != nil {
 		mv.s.cfg.Logger.Warn("removing tenant signal", "tenant", ts.tenant, "err", err)
 	}
 }
@@ -640,7 +640,7 @@ func (s *Shard) Release(ctx context.Context, tenant string) error {
 }
 
 func (mv *mover) releaseOnce(ctx context.Context, tenant string) error {
-	p, err := mv.s.st.Placement(ctx, mv.s.kind, tenant)
+	p, err := mv.s.st.Placements(mv.s.kind).Get(ctx, tenant)
 	if errors.Is(err, schema.ErrNotFound) {
 		return nil
 	}
@@ -654,11 +654,11 @@ func (mv *mover) releaseOnce(ctx context.Context, tenant string) error {
 	case len(owners) == len(p.Owners) && (len(p.Owners) > 0 || p.Shard != mv.s.cfg.ID.Shard):
 		return nil // not ours
 	case len(owners) == 0:
-		return mv.s.st.DeletePlacement(ctx, mv.s.kind, tenant, p.Revision)
+		return mv.s.st.Placements(mv.s.kind).Delete(ctx, tenant, p.Revision)
 	}
 	next := p
 	next.Owners = owners
 	next.UpdatedBy = mv.s.self
-	_, err = mv.s.st.UpdatePlacement(ctx, p, next)
+	_, err = mv.s.st.Placements(next.Kind).Update(ctx, p, next)
 	return err
 }

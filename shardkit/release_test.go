@@ -22,7 +22,7 @@ func TestReleaseAffinityTenant(t *testing.T) {
 	st := kittest.StoreAt(t, srv.URL())
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if _, err := st.PutKind(ctx, schema.KindConfig{Kind: "prerender", Policy: schema.PolicyAffinity}); err != nil {
+	if _, err := st.Kinds().Put(ctx, schema.KindConfig{Kind: "prerender", Policy: schema.PolicyAffinity}); err != nil {
 		t.Fatal(err)
 	}
 	me := schema.InstanceID{Kind: "prerender", Shard: "prerender-1", Instance: "a"}
@@ -37,7 +37,7 @@ func TestReleaseAffinityTenant(t *testing.T) {
 	if err := a.Release(ctx, "realm1"); err != nil {
 		t.Fatal(err)
 	}
-	p, err := st.Placement(ctx, "prerender", "realm1")
+	p, err := st.Placements("prerender").Get(ctx, "realm1")
 	if err != nil || !slices.Equal(p.Owners, []string{"prerender.prerender-2.b"}) || p.Epoch != 1 {
 		t.Fatalf("realm1 after release: %+v %v", p, err)
 	}
@@ -47,7 +47,7 @@ func TestReleaseAffinityTenant(t *testing.T) {
 	if err := a.Release(ctx, "realm2"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.Placement(ctx, "prerender", "realm2"); !errors.Is(err, schema.ErrNotFound) {
+	if _, err := st.Placements("prerender").Get(ctx, "realm2"); !errors.Is(err, schema.ErrNotFound) {
 		t.Fatalf("realm2 after its last owner released it: %v", err)
 	}
 	if err := a.Release(ctx, "never-placed"); err != nil {

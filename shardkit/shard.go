@@ -241,7 +241,7 @@ func (s *Shard) start(ctx context.Context) error {
 	if err := s.peers.waitReady(wctx); err != nil {
 		return err
 	}
-	kc, err := s.st.Kind(wctx, s.kind)
+	kc, err := s.st.Kinds().Get(wctx, s.kind)
 	if err != nil {
 		return fmt.Errorf("shardkit: read kind %s: %w", s.kind, err)
 	}
@@ -423,7 +423,7 @@ func (s *Shard) shutdown(ctx context.Context) error {
 		had := ts.phase != ""
 		ts.mu.Unlock()
 		if had {
-			if err := s.st.DeleteSignal(ctx, s.kind, ts.tenant, s.cfg.ID); err != nil {
+			if err := s.st.Signals().Delete(ctx, s.kind, ts.tenant, s.cfg.ID); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -496,9 +496,9 @@ func (s *Shard) changes() <-chan struct{} {
 }
 
 // WaitPlacement waits until the local placement snapshot has applied revision rev of the
-// kind's placement bucket (for example the revision an UpdatePlacement returned). It wakes on
-// routing changes (owner, epoch, phase, target, source, owners): wait for revisions that made
-// one, as every step of a move does.
+// kind's placement bucket (for example the revision a Placements(kind).Update returned). It
+// wakes on routing changes (owner, epoch, phase, target, source, owners): wait for revisions
+// that made one, as every step of a move does.
 func (s *Shard) WaitPlacement(ctx context.Context, rev uint64) error {
 	for {
 		ch := s.changes()

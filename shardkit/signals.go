@@ -43,7 +43,7 @@ func newSignalView(s *Shard) *signalView {
 
 // start subscribes to the shard's notes until ctx ends.
 func (v *signalView) start(ctx context.Context, wg *sync.WaitGroup) error {
-	sub, err := v.s.st.SubscribeSignalNotes(v.s.kind, v.s.cfg.ID.Shard, v.apply)
+	sub, err := v.s.st.Signals().SubscribeNotes(v.s.kind, v.s.cfg.ID.Shard, v.apply)
 	if err != nil {
 		return fmt.Errorf("shardkit: %w", err)
 	}
@@ -59,7 +59,7 @@ func (v *signalView) start(ctx context.Context, wg *sync.WaitGroup) error {
 func (v *signalView) fetch(ctx context.Context, tenant string, id schema.InstanceID) {
 	fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if sig, ok, err := v.s.st.Signal(fctx, v.s.kind, tenant, id); err == nil && ok {
+	if sig, ok, err := v.s.st.Signals().Get(fctx, v.s.kind, tenant, id); err == nil && ok {
 		v.apply(sig)
 	}
 }

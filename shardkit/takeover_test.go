@@ -20,7 +20,7 @@ func setLease(t testing.TB, st *schema.Store, d time.Duration) {
 	t.Helper()
 	kc := schema.DefaultKindConfig("aggregate")
 	kc.Lease = schema.Duration(d)
-	if _, err := st.PutKind(context.Background(), kc); err != nil {
+	if _, err := st.Kinds().Put(context.Background(), kc); err != nil {
 		t.Fatal(err)
 	}
 }

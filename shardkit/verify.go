@@ -184,7 +184,7 @@ func (v *verifier) digest(ctx context.Context, tenant, role string, epoch, fence
 }
 
 func (v *verifier) put(ctx context.Context, rec schema.DigestRecord) {
-	err := v.s.st.PutDigestRecord(ctx, rec)
+	err := v.s.st.Digests().Put(ctx, rec)
 	if errors.Is(err, schema.ErrNotFound) {
 		v.s.cfg.Logger.Debug("move verification is not provisioned; digest not recorded", "tenant", rec.Tenant)
 		return
@@ -236,7 +236,7 @@ func (v *verifier) mayRelease(ctx context.Context, tenant string) bool {
 func (v *verifier) verifies(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if kc, err := v.s.st.Kind(ctx, v.s.kind); err == nil {
+	if kc, err := v.s.st.Kinds().Get(ctx, v.s.kind); err == nil {
 		return kc.Verify
 	}
 	kc := v.s.kindCfg.Load()
@@ -252,7 +252,7 @@ func (v *verifier) awaitVerdict(ctx context.Context, tenant string, sd *sourceDi
 	pauses := backoff.Policy{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}.Pauses()
 	var vd schema.Verdict
 	for {
-		recs, err := s.st.DigestRecords(ctx, s.kind, tenant, sd.epoch)
+		recs, err := s.st.Digests().List(ctx, s.kind, tenant, sd.epoch)
 		if err == nil {
 			if !slices.ContainsFunc(recs, func(r schema.DigestRecord) bool {
 				return r.Role == sd.rec.Role && r.Shard == sd.rec.Shard && r.Instance == sd.rec.Instance

@@ -474,7 +474,7 @@ func TestChaosUnderLoad(t *testing.T) {
 		moveN++
 		targets := map[string]string{}
 		for _, kind := range []string{"aggregate", "projection", "runner"} {
-			p, err := store.Placement(ctx, kind, tenant)
+			p, err := store.Placements(kind).Get(ctx, tenant)
 			if err != nil {
 				t.Fatalf("placement of %s/%s: %v", kind, tenant, err)
 			}
@@ -625,7 +625,7 @@ func TestChaosUnderLoad(t *testing.T) {
 		history.AwaitView(t, call, tenant, tot.Balances)
 		// One owner per placement: active, no move target or source left over.
 		for _, kind := range []string{"aggregate", "projection", "runner"} {
-			p, err := store.Placement(ctx, kind, tenant)
+			p, err := store.Placements(kind).Get(ctx, tenant)
 			if err != nil {
 				t.Fatalf("placement of %s/%s: %v", kind, tenant, err)
 			}

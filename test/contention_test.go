@@ -223,12 +223,12 @@ func setSingleWriter(t testing.TB, s *stack, on bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kc, err := st.Kind(ctx, "aggregate")
+	kc, err := st.Kinds().Get(ctx, "aggregate")
 	if err != nil {
 		t.Fatal(err)
 	}
 	kc.SingleWriter = on
-	if _, err := st.PutKind(ctx, kc); err != nil {
+	if _, err := st.Kinds().Put(ctx, kc); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Second) // the gateway has no endpoint showing kind config; a watch delivers in ms

@@ -321,7 +321,7 @@ func moveAcrossKinds(t testing.TB, st *schema.Store, base, tenant string) []move
 	t.Helper()
 	targets := map[string]string{}
 	for _, kind := range []string{"aggregate", "projection", "runner"} {
-		p, err := st.Placement(context.Background(), kind, tenant)
+		p, err := st.Placements(kind).Get(context.Background(), tenant)
 		if err != nil {
 			t.Fatalf("placement of %s/%s: %v", kind, tenant, err)
 		}

@@ -188,7 +188,7 @@ func TestFailoverUnderLoad(t *testing.T) {
 		for _, kind := range failoverKinds {
 			by := map[string][]string{}
 			for _, tenant := range tenants {
-				p, err := store.LatestPlacement(ctx, kind, tenant)
+				p, err := store.Placements(kind).Latest(ctx, tenant)
 				if err != nil {
 					t.Fatalf("placement of %s/%s: %v", kind, tenant, err)
 				}
@@ -281,7 +281,7 @@ func TestFailoverUnderLoad(t *testing.T) {
 	shards, affected := victims()
 	epochs := map[string]uint64{} // what a gateway routing by its snapshot of before the freeze would send
 	for _, tenant := range affected["aggregate"] {
-		p, err := store.Placement(ctx, "aggregate", tenant)
+		p, err := store.Placements("aggregate").Get(ctx, tenant)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -349,7 +349,7 @@ func TestFailoverUnderLoad(t *testing.T) {
 		}
 		history.AwaitView(t, l.call, tenant, tot.Balances)
 		for _, kind := range failoverKinds {
-			p, err := store.LatestPlacement(ctx, kind, tenant)
+			p, err := store.Placements(kind).Latest(ctx, tenant)
 			if err != nil || p.Phase != schema.PhaseActive || p.Target != "" || p.Source != "" {
 				t.Errorf("placement %s/%s not settled with one owner: %+v %v", kind, tenant, p, err)
 			}

@@ -577,7 +577,7 @@ func moveTargets(ctx context.Context, admin natsconn.Options, shards int) string
 	for _, kind := range []string{"aggregate", "projection", "runner"} {
 		to := kind + "-2"
 		if err == nil {
-			if p, perr := st.Placement(octx, kind, "acme"); perr == nil {
+			if p, perr := st.Placements(kind).Get(octx, "acme"); perr == nil {
 				n, _ := strconv.Atoi(strings.TrimPrefix(p.Shard, kind+"-"))
 				to = fmt.Sprintf("%s-%d", kind, n%max(shards, 1)+1)
 			}

@@ -311,7 +311,7 @@ func (a *Autopilot) decide(ctx context.Context, d Decision) {
 		action = "autopilot.plan"
 	}
 	kind, _, _ := strings.Cut(d.Subject, "/")
-	if err := a.d.Store.Audit(ctx, schema.AuditEvent{Actor: a.cfg.Actor, Action: action, Kind: kind, Plan: d.Plan,
+	if err := a.d.Store.Audit().Append(ctx, schema.AuditEvent{Actor: a.cfg.Actor, Action: action, Kind: kind, Plan: d.Plan,
 		Detail: fmt.Sprintf("%s %s: %s%s", d.Detector, d.Subject, d.Detail, guard(d.Guardrail))}); err != nil && ctx.Err() == nil {
 		a.cfg.Logger.Warn("audit failed", "action", action, "err", err)
 	}
@@ -336,7 +336,7 @@ func (a *Autopilot) lookForDeadShards(ctx context.Context, warm bool) {
 	if !a.d.Presence.Ready() {
 		return
 	}
-	kcs, err := a.d.Store.Kinds(ctx)
+	kcs, err := a.d.Store.Kinds().List(ctx)
 	if err != nil {
 		return
 	}
@@ -375,7 +375,7 @@ func (a *Autopilot) shardTenants(ctx context.Context, kind string) map[string]in
 			return c
 		}
 	}
-	pls, _, err := a.d.Store.Placements(ctx, kind)
+	pls, _, err := a.d.Store.Placements(kind).List(ctx)
 	if err != nil {
 		return nil
 	}

@@ -49,7 +49,7 @@ func (a *Autopilot) rearrange(ctx context.Context) {
 	now := time.Now()
 	moves, bytes := st.usage(now, a.cfg.Window)
 	a.m.used(moves, bytes)
-	kcs, err := a.d.Store.Kinds(ctx)
+	kcs, err := a.d.Store.Kinds().List(ctx)
 	if err != nil {
 		return
 	}
@@ -375,7 +375,7 @@ func (a *Autopilot) Status(ctx context.Context) (Status, error) {
 		s.Decisions = append(s.Decisions, a.decisions[i])
 	}
 	a.mu.Unlock()
-	if kcs, err := a.d.Store.Kinds(ctx); err == nil {
+	if kcs, err := a.d.Store.Kinds().List(ctx); err == nil {
 		for _, kc := range kcs {
 			counts := a.shardTenants(ctx, kc.Kind)
 			for _, shard := range slices.Sorted(maps.Keys(counts)) {

@@ -55,7 +55,7 @@ type Moved struct {
 // ReadState reads the autopilot's state (empty if none was written).
 func ReadState(ctx context.Context, st *schema.Store) (State, error) {
 	var s State
-	rev, err := st.Rebalance().Get(ctx, schema.AutopilotState, &s)
+	rev, err := st.Rebalance().Latest(ctx, schema.AutopilotState, &s)
 	if errors.Is(err, schema.ErrNotFound) {
 		return State{}, nil
 	}

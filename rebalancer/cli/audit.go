@@ -58,7 +58,7 @@ func (c *AuditCommand) Run(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeFn()
-	evs, err := st.ReadAudit(ctx, q)
+	evs, err := st.Audit().Read(ctx, q)
 	if err != nil {
 		return err
 	}

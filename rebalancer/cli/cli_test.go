@@ -52,7 +52,7 @@ func (e *env) startShard(t *testing.T, shard string) {
 
 func (e *env) place(t *testing.T, tenant, shard string) schema.Placement {
 	t.Helper()
-	p, err := e.st.CreatePlacement(context.Background(), schema.Placement{Kind: "aggregate", Tenant: tenant, Shard: shard})
+	p, err := e.st.Placements("aggregate").Create(context.Background(), schema.Placement{Tenant: tenant, Shard: shard})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func TestPlanApplyStatusRollback(t *testing.T) {
 		t.Fatalf("rollback result %+v", rb.Plan)
 	}
 	for i := range 6 {
-		p, _ := e.st.Placement(context.Background(), "aggregate", fmt.Sprintf("t%d", i))
+		p, _ := e.st.Placements("aggregate").Get(context.Background(), fmt.Sprintf("t%d", i))
 		if p.Shard != "s-1" || p.Phase != schema.PhaseActive {
 			t.Errorf("t%d after rollback: %s %s", i, p.Shard, p.Phase)
 		}
@@ -206,7 +206,7 @@ func TestApplyPartialExitCode(t *testing.T) {
 	}
 	np := p
 	np.Pinned = true
-	if _, err := e.st.UpdatePlacement(ctx, p, np); err != nil {
+	if _, err := e.st.Placements(np.Kind).Update(ctx, p, np); err != nil {
 		t.Fatal(err)
 	}
 	r = e.run(t, "", "apply", file, "--yes")
@@ -356,7 +356,7 @@ func TestApplyOnTerminal(t *testing.T) {
 	if r.code != 1 || !strings.Contains(r.stderr, "[y/N]") || !strings.Contains(r.stderr, "not applied") {
 		t.Fatalf("answer n: %d %q", r.code, r.stderr)
 	}
-	if p, _ := e.st.Placement(context.Background(), "aggregate", po.Plan.Moves[0].Tenant); p.Shard != "s-1" {
+	if p, _ := e.st.Placements("aggregate").Get(context.Background(), po.Plan.Moves[0].Tenant); p.Shard != "s-1" {
 		t.Fatalf("moved without confirmation: %+v", p)
 	}
 	r = tty("y\n", "apply", po.ID)
@@ -421,7 +421,7 @@ func TestServeCommand(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "1 done") {
 		t.Fatalf("apply through the service: %d\n%s\n%s", r.code, r.stdout, r.stderr)
 	}
-	if p, _ := e.st.Placement(context.Background(), "aggregate", "acme"); p.Shard != "s-2" {
+	if p, _ := e.st.Placements("aggregate").Get(context.Background(), "acme"); p.Shard != "s-2" {
 		t.Fatalf("acme on %s after the apply", p.Shard)
 	}
 	cancel()
@@ -583,7 +583,7 @@ func TestInstancePageAndFlag(t *testing.T) {
 	e := newEnv(t)
 	e.startShard(t, "s-1")
 	key := "aggregate.s-1.i1"
-	if _, err := e.st.CreatePlacement(t.Context(), schema.Placement{Kind: "aggregate", Tenant: "acme", Shard: "s-1"}); err != nil {
+	if _, err := e.st.Placements("aggregate").Create(t.Context(), schema.Placement{Tenant: "acme", Shard: "s-1"}); err != nil {
 		t.Fatal(err)
 	}
 	d := decode[rebalancer.InstanceDetail](t, e.run(t, "", "instances", key, "--listen", "0", "--output", "json").stdout)

@@ -80,7 +80,7 @@ func (c *KindsCommand) Run(ctx context.Context, args []string) error {
 	}
 	defer closeFn()
 	if len(pos) == 0 {
-		kcs, err := st.Kinds(ctx)
+		kcs, err := st.Kinds().List(ctx)
 		if err != nil {
 			return err
 		}
@@ -97,7 +97,7 @@ func (c *KindsCommand) Run(ctx context.Context, args []string) error {
 }
 
 func (c *KindsCommand) set(ctx context.Context, st *schema.Store, kind string, set map[string]bool) (schema.KindConfig, error) {
-	before, err := st.Kind(ctx, kind)
+	before, err := st.Kinds().Get(ctx, kind)
 	if errors.Is(err, schema.ErrUnknownKind) {
 		before, err = schema.KindConfig{Kind: kind}, nil
 	}
@@ -170,11 +170,11 @@ func (c *KindsCommand) set(ctx context.Context, st *schema.Store, kind string, s
 		}
 		kc.RateLimit = &schema.RateLimit{PerSecond: c.rateLimit, Burst: burst}
 	}
-	kc, err = st.PutKind(ctx, kc)
+	kc, err = st.Kinds().Put(ctx, kc)
 	if err != nil {
 		return schema.KindConfig{}, err
 	}
-	if err := st.Audit(ctx, schema.AuditEvent{Actor: actor(), Action: "kind.set", Kind: kind, Before: before, After: kc}); err != nil {
+	if err := st.Audit().Append(ctx, schema.AuditEvent{Actor: actor(), Action: "kind.set", Kind: kind, Before: before, After: kc}); err != nil {
 		return kc, err
 	}
 	return kc, nil

@@ -94,7 +94,7 @@ func TestDashboardShowsInstancesAndMoveProgress(t *testing.T) {
 		return nil
 	}})
 	for _, tenant := range []string{"acme", "globex", "initech"} {
-		if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: tenant, Shard: "s-1"}); err != nil {
+		if _, err := st.Placements("aggregate").Create(ctx, schema.Placement{Tenant: tenant, Shard: "s-1"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -203,7 +203,7 @@ func TestDashboardInstancePage(t *testing.T) {
 	ctx := context.Background()
 	st := kittest.StoreAt(t, srv.URL())
 	startShard(t, st, "s-1", shardkit.Hooks{})
-	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "acme", Shard: "s-1"}); err != nil {
+	if _, err := st.Placements("aggregate").Create(ctx, schema.Placement{Tenant: "acme", Shard: "s-1"}); err != nil {
 		t.Fatal(err)
 	}
 	rs, err := server.New(server.Config{Store: st, Holder: "dash-test", NoCompact: true, AdminToken: adminToken,
@@ -282,7 +282,7 @@ func TestDashboardPlanControlAndAutopilot(t *testing.T) {
 		return nil
 	}})
 	for _, tenant := range []string{"acme", "globex"} {
-		if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: tenant, Shard: "s-1"}); err != nil {
+		if _, err := st.Placements("aggregate").Create(ctx, schema.Placement{Tenant: tenant, Shard: "s-1"}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -62,7 +62,7 @@ func placeOn(t *testing.T, st *schema.Store, prefix, shard string, n int) []stri
 	var out []string
 	for i := range n {
 		tenant := fmt.Sprintf("%s%d", prefix, i)
-		if _, err := st.CreatePlacement(context.Background(), schema.Placement{Kind: "aggregate", Tenant: tenant, Shard: shard}); err != nil {
+		if _, err := st.Placements("aggregate").Create(context.Background(), schema.Placement{Tenant: tenant, Shard: shard}); err != nil {
 			t.Fatal(err)
 		}
 		out = append(out, tenant)
@@ -109,7 +109,7 @@ func TestAutopilotFailsOverADeadShard(t *testing.T) {
 	killed := time.Now()
 	for _, tenant := range tenants {
 		tmtest.WaitFor(t, 20*time.Second, tmtest.Until(tenant+" taken over by aggregate-2", func() bool {
-			p, err := st.LatestPlacement(context.Background(), "aggregate", tenant)
+			p, err := st.Placements("aggregate").Latest(context.Background(), tenant)
 			return err == nil && p.Shard == "aggregate-2" && p.Epoch == 2 && p.Phase == schema.PhaseActive
 		}))
 	}
@@ -130,7 +130,7 @@ func TestAutopilotFailsOverADeadShard(t *testing.T) {
 			t.Fatalf("move %+v", m)
 		}
 	}
-	evs, err := st.ReadAudit(context.Background(), schema.AuditQuery{Limit: 1000})
+	evs, err := st.Audit().Read(context.Background(), schema.AuditQuery{Limit: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +168,7 @@ func TestAutopilotDryRunProposes(t *testing.T) {
 		t.Fatal("the tenants without a live shard are not counted")
 	}
 	for _, tenant := range tenants {
-		if p, _ := st.LatestPlacement(context.Background(), "aggregate", tenant); p.Shard != "aggregate-1" {
+		if p, _ := st.Placements("aggregate").Latest(context.Background(), tenant); p.Shard != "aggregate-1" {
 			t.Fatalf("%s moved in dry-run: %+v", tenant, p)
 		}
 	}
@@ -177,7 +177,7 @@ func TestAutopilotDryRunProposes(t *testing.T) {
 	}
 	for _, tenant := range tenants {
 		tmtest.WaitFor(t, 20*time.Second, tmtest.Until(tenant+" on aggregate-2", func() bool {
-			p, err := st.LatestPlacement(context.Background(), "aggregate", tenant)
+			p, err := st.Placements("aggregate").Latest(context.Background(), tenant)
 			return err == nil && p.Shard == "aggregate-2" && p.Phase == schema.PhaseActive
 		}))
 	}
@@ -227,7 +227,7 @@ func TestAutopilotFillUnderGuardrails(t *testing.T) {
 
 func countOn(t *testing.T, st *schema.Store, shard string) int {
 	t.Helper()
-	pls, _, err := st.Placements(context.Background(), "aggregate")
+	pls, _, err := st.Placements("aggregate").List(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -321,7 +321,7 @@ func TestPlanPauseResumeCancel(t *testing.T) {
 		t.Fatalf("cancelled plan's moves: %s %s %s", moves[0].State, moves[1].State, moves[2].State)
 	}
 	for _, tenant := range tenants[3:] {
-		if p, _ := st.LatestPlacement(context.Background(), "aggregate", tenant); p.Shard != "aggregate-1" || p.Phase != schema.PhaseActive {
+		if p, _ := st.Placements("aggregate").Latest(context.Background(), tenant); p.Shard != "aggregate-1" || p.Phase != schema.PhaseActive {
 			t.Fatalf("%s after the cancel: %+v", tenant, p)
 		}
 	}

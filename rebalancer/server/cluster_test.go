@@ -46,7 +46,7 @@ func TestAPIOnClusterLosingNodes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "acme", Shard: "s-1"}); err != nil {
+	if _, err := st.Placements("aggregate").Create(ctx, schema.Placement{Tenant: "acme", Shard: "s-1"}); err != nil {
 		t.Fatal(err)
 	}
 	s, err := New(Config{Store: st, Holder: "r1", AdminToken: testToken, Health: rebalancer.Health{Thresholds: schema.Thresholds{OfflineAfter: time.Hour}}})

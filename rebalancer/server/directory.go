@@ -75,7 +75,7 @@ func (s *Server) handleAudit(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	evs, err := s.st.ReadAudit(r.Context(), aq)
+	evs, err := s.st.Audit().Read(r.Context(), aq)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -103,7 +103,7 @@ func kindParam(r *http.Request) (string, error) {
 }
 
 func (s *Server) handleKinds(w http.ResponseWriter, r *http.Request) {
-	kcs, err := s.st.Kinds(r.Context())
+	kcs, err := s.st.Kinds().List(r.Context())
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -125,12 +125,12 @@ func (s *Server) handlePutKind(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	kc.Kind = kind
-	before, err := s.st.Kind(r.Context(), kind)
+	before, err := s.st.Kinds().Get(r.Context(), kind)
 	if err != nil && !errors.Is(err, schema.ErrUnknownKind) {
 		s.fail(w, r, err)
 		return
 	}
-	kc, err = s.st.PutKind(r.Context(), kc)
+	kc, err = s.st.Kinds().Put(r.Context(), kc)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -139,7 +139,7 @@ func (s *Server) handlePutKind(w http.ResponseWriter, r *http.Request) {
 	if before.Kind != "" {
 		ev.Before = before
 	}
-	if err := s.st.Audit(r.Context(), ev); err != nil {
+	if err := s.st.Audit().Append(r.Context(), ev); err != nil {
 		s.log.Warn("audit failed", "action", ev.Action, "err", err)
 	}
 	tmhttp.WriteJSON(w, http.StatusOK, kc)

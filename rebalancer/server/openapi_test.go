@@ -98,7 +98,7 @@ func TestOpenAPI(t *testing.T) {
 	c.Do("GET", "/api/instances/{key}", "/api/instances/aggregate.aggregate-9.i1", nil, nil)
 	c.Do("GET", "/api/instances/{key}", "/api/instances/nodots", nil, nil)
 	for _, tenant := range []string{"acme", "globex", "initech"} {
-		if _, err := st.CreatePlacement(t.Context(), schema.Placement{Kind: "aggregate", Tenant: tenant, Shard: "aggregate-1"}); err != nil {
+		if _, err := st.Placements("aggregate").Create(t.Context(), schema.Placement{Tenant: tenant, Shard: "aggregate-1"}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -386,7 +386,7 @@ func (s *Server) resumeApplying(ctx context.Context) {
 // shards cold-start from a snapshot; it restarts the watcher when the set of kinds changes.
 func (s *Server) compact(ctx context.Context) {
 	for ctx.Err() == nil {
-		kcs, err := s.st.Kinds(ctx)
+		kcs, err := s.st.Kinds().List(ctx)
 		if err != nil || len(kcs) == 0 {
 			ctxtime.Sleep(ctx, 5*time.Second)
 			continue
@@ -408,7 +408,7 @@ func (s *Server) compact(ctx context.Context) {
 		s.placements.Store(w)
 		for wctx.Err() == nil {
 			ctxtime.Sleep(wctx, 30*time.Second)
-			if now, err := s.st.Kinds(wctx); err == nil && len(now) != len(kinds) {
+			if now, err := s.st.Kinds().List(wctx); err == nil && len(now) != len(kinds) {
 				cancel()
 			}
 		}

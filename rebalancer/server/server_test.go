@@ -139,7 +139,7 @@ func TestAPIPlanApplyAndFollower(t *testing.T) {
 	startShard(t, st1, "s-1")
 	startShard(t, st1, "s-2")
 	for i := range 4 {
-		if _, err := st1.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: fmt.Sprintf("t%d", i), Shard: "s-1"}); err != nil {
+		if _, err := st1.Placements("aggregate").Create(ctx, schema.Placement{Tenant: fmt.Sprintf("t%d", i), Shard: "s-1"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -368,7 +368,7 @@ func TestLeaderCompacts(t *testing.T) {
 	}
 	defer func() { stop(); s.Wait() }()
 	for i := range 3 {
-		if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "projection", Tenant: fmt.Sprintf("t%d", i), Shard: "projection-1"}); err != nil {
+		if _, err := st.Placements("projection").Create(ctx, schema.Placement{Tenant: fmt.Sprintf("t%d", i), Shard: "projection-1"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -391,7 +391,7 @@ func TestLeaderResumesApplyingPlans(t *testing.T) {
 	startShard(t, st, "s-1")
 	startShard(t, st, "s-2")
 	ctx := context.Background()
-	p, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "acme", Shard: "s-1"})
+	p, err := st.Placements("aggregate").Create(ctx, schema.Placement{Tenant: "acme", Shard: "s-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -414,7 +414,7 @@ func TestLeaderResumesApplyingPlans(t *testing.T) {
 		var got rebalancer.PlanRecord
 		return ev.Type == "plan" && json.Unmarshal(ev.Data, &got) == nil && got.ID == rec.ID && got.Status == rebalancer.PlanDone
 	})
-	if got, _ := st.Placement(ctx, "aggregate", "acme"); got.Shard != "s-2" {
+	if got, _ := st.Placements("aggregate").Get(ctx, "acme"); got.Shard != "s-2" {
 		t.Fatalf("acme on %s after the resumed plan", got.Shard)
 	}
 }

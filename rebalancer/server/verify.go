@@ -102,7 +102,7 @@ func (a *autoVerifier) verify(ctx context.Context, m rebalancer.MoveRecord) {
 	s := a.s
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	kc, err := s.st.Kind(ctx, m.Kind)
+	kc, err := s.st.Kinds().Get(ctx, m.Kind)
 	if err != nil || !kc.Verify {
 		return
 	}
@@ -131,7 +131,7 @@ func (a *autoVerifier) verify(ctx context.Context, m rebalancer.MoveRecord) {
 	a.total.WithLabelValues(m.Kind, v.Result).Inc()
 	ev := schema.AuditEvent{Actor: "rebalancer/" + s.cfg.Holder, Action: "move.verify", Kind: m.Kind, Tenant: m.Tenant,
 		Plan: m.Plan, Move: m.ID, After: v, Detail: v.Result + ": " + v.Detail, ID: "move.verify." + m.Plan + "." + m.ID}
-	if err := s.st.Audit(ctx, ev); err != nil {
+	if err := s.st.Audit().Append(ctx, ev); err != nil {
 		s.log.Warn("audit failed", "action", ev.Action, "err", err)
 	}
 	s.hub.publish("verify", v)

@@ -298,11 +298,11 @@ func (s *Sweeper) forget(ctx context.Context, id schema.InstanceID) (routes, own
 // affinity policy. A placement left without owners is deleted, so the gateway assigns the
 // tenant afresh on its next request.
 func (s *Sweeper) removeOwner(ctx context.Context, id schema.InstanceID) (int, error) {
-	kc, err := s.cfg.Store.Kind(ctx, id.Kind)
+	kc, err := s.cfg.Store.Kinds().Get(ctx, id.Kind)
 	if err != nil || kc.Policy != schema.PolicyAffinity {
 		return 0, nil
 	}
-	pls, _, err := s.cfg.Store.Placements(ctx, id.Kind)
+	pls, _, err := s.cfg.Store.Placements(id.Kind).List(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -316,9 +316,9 @@ func (s *Sweeper) removeOwner(ctx context.Context, id schema.InstanceID) (int, e
 		next.UpdatedBy = s.cfg.Actor
 		var after any
 		if len(next.Owners) == 0 {
-			err = s.cfg.Store.DeletePlacement(ctx, p.Kind, p.Tenant, p.Revision)
+			err = s.cfg.Store.Placements(p.Kind).Delete(ctx, p.Tenant, p.Revision)
 		} else {
-			after, err = s.cfg.Store.UpdatePlacement(ctx, p, next)
+			after, err = s.cfg.Store.Placements(next.Kind).Update(ctx, p, next)
 		}
 		if errors.Is(err, schema.ErrConflict) {
 			continue // changed meanwhile; the next sweep looks again
@@ -327,7 +327,7 @@ func (s *Sweeper) removeOwner(ctx context.Context, id schema.InstanceID) (int, e
 			return n, fmt.Errorf("remove %s from the owners of %s: %w", id.Key(), p.Tenant, err)
 		}
 		n++
-		_ = s.cfg.Store.Audit(ctx, schema.AuditEvent{Actor: s.cfg.Actor, Action: "placement.owner-removed", Kind: p.Kind, Tenant: p.Tenant,
+		_ = s.cfg.Store.Audit().Append(ctx, schema.AuditEvent{Actor: s.cfg.Actor, Action: "placement.owner-removed", Kind: p.Kind, Tenant: p.Tenant,
 			Before: p, After: after, Detail: "owner " + id.Key() + " is offline"})
 	}
 	return n, nil
@@ -373,7 +373,7 @@ func (s *Sweeper) CleanupRoutes(ctx context.Context) (int, error) {
 }
 
 func (s *Sweeper) audit(ctx context.Context, i schema.Instance, action, detail string) {
-	if err := s.cfg.Store.Audit(ctx, schema.AuditEvent{Actor: s.cfg.Actor, Action: action, Kind: i.Kind, Detail: i.Key() + ": " + detail}); err != nil {
+	if err := s.cfg.Store.Audit().Append(ctx, schema.AuditEvent{Actor: s.cfg.Actor, Action: action, Kind: i.Kind, Detail: i.Key() + ": " + detail}); err != nil {
 		s.cfg.Logger.Warn("audit failed", "action", action, "err", err)
 	}
 }

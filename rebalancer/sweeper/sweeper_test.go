@@ -82,7 +82,7 @@ func (h *webhook) got() ([]Alert, int) {
 func TestSweepMarksOfflineAlertsOnceAndCleansUp(t *testing.T) {
 	st := openStore(t)
 	ctx := context.Background()
-	if _, err := st.PutKind(ctx, schema.KindConfig{Kind: "render", Policy: schema.PolicyAffinity}); err != nil {
+	if _, err := st.Kinds().Put(ctx, schema.KindConfig{Kind: "render", Policy: schema.PolicyAffinity}); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()
@@ -90,11 +90,11 @@ func TestSweepMarksOfflineAlertsOnceAndCleansUp(t *testing.T) {
 	live := putInstance(t, st, "render", "render-1", "live", now)
 	shared := addRoute(t, st, "/render", dead, live)
 	only := addRoute(t, st, "/legacy", dead)
-	both, err := st.CreatePlacement(ctx, schema.Placement{Kind: "render", Tenant: "acme", Shard: "render-1", Owners: []string{dead.Key(), live.Key()}})
+	both, err := st.Placements("render").Create(ctx, schema.Placement{Tenant: "acme", Shard: "render-1", Owners: []string{dead.Key(), live.Key()}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "render", Tenant: "solo", Shard: "render-1", Owners: []string{dead.Key()}}); err != nil {
+	if _, err := st.Placements("render").Create(ctx, schema.Placement{Tenant: "solo", Shard: "render-1", Owners: []string{dead.Key()}}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -139,10 +139,10 @@ func TestSweepMarksOfflineAlertsOnceAndCleansUp(t *testing.T) {
 	if _, err := st.Routes().Get(ctx, only.Kind, only.Method, only.Prefix); !errors.Is(err, schema.ErrNotFound) {
 		t.Fatalf("a route left without instances must be deleted: %v", err)
 	}
-	if p, err := st.Placement(ctx, "render", "acme"); err != nil || len(p.Owners) != 1 || p.Owners[0] != live.Key() || p.Epoch != both.Epoch {
+	if p, err := st.Placements("render").Get(ctx, "acme"); err != nil || len(p.Owners) != 1 || p.Owners[0] != live.Key() || p.Epoch != both.Epoch {
 		t.Fatalf("acme owners: %+v, %v", p, err)
 	}
-	if _, err := st.Placement(ctx, "render", "solo"); !errors.Is(err, schema.ErrNotFound) {
+	if _, err := st.Placements("render").Get(ctx, "solo"); !errors.Is(err, schema.ErrNotFound) {
 		t.Fatalf("a placement left without owners must be deleted: %v", err)
 	}
 	alerts, calls := hook.got()

@@ -83,7 +83,7 @@ func (c *client) send(t *testing.T, tenant string, cmd Command, amount int64) {
 		c.mu.Lock()
 		c.tries++
 		c.mu.Unlock()
-		p, err := c.st.Placement(context.Background(), "aggregate", tenant)
+		p, err := c.st.Placements("aggregate").Get(context.Background(), tenant)
 		if err != nil {
 			t.Errorf("placement: %v", err)
 			return
@@ -120,7 +120,7 @@ func waitSignals(t *testing.T, st *schema.Store, tenant, shard string, ok func([
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		sigs, err := st.Signals(context.Background(), "aggregate", tenant, shard)
+		sigs, err := st.Signals().List(context.Background(), "aggregate", tenant, shard)
 		if err == nil && ok(sigs) {
 			return sigs
 		}
@@ -139,11 +139,11 @@ func phaseIs(p schema.SignalPhase, epoch uint64) func([]schema.TenantSignal) boo
 
 func update(t *testing.T, st *schema.Store, next func(p schema.Placement) schema.Placement) schema.Placement {
 	t.Helper()
-	p, err := st.Placement(context.Background(), "aggregate", "acme")
+	p, err := st.Placements("aggregate").Get(context.Background(), "acme")
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := st.UpdatePlacement(context.Background(), p, next(p))
+	n, err := st.Placements(p.Kind).Update(context.Background(), p, next(p))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestMoveDuringCommandStream(t *testing.T) {
 	}
 	st := openStore(t)
 	ctx := context.Background()
-	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "acme", Shard: "aggregate-1"}); err != nil {
+	if _, err := st.Placements("aggregate").Create(ctx, schema.Placement{Tenant: "acme", Shard: "aggregate-1"}); err != nil {
 		t.Fatal(err)
 	}
 	a := startInstance(t, st, "aggregate-1")

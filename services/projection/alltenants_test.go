@@ -20,7 +20,7 @@ func TestMultiTenantShardConsumesEveryTenant(t *testing.T) {
 	st := openStore(t)
 	a := newAggregate(t, st)
 	old := do(t, a, "early", command("acc0", aggregate.CmdOpen, 0)) // before the shard started
-	if _, err := st.CreatePlacement(context.Background(), schema.Placement{Kind: Kind, Tenant: "elsewhere", Shard: "projection-9"}); err != nil {
+	if _, err := st.Placements(Kind).Create(context.Background(), schema.Placement{Tenant: "elsewhere", Shard: "projection-9"}); err != nil {
 		t.Fatal(err)
 	}
 	s, _ := newService(t, st, Config{Shard: "projection-all", AllTenants: true})

@@ -206,7 +206,7 @@ func TestFollowsPlacement(t *testing.T) {
 		do(t, a, tenant, command("acc1", aggregate.CmdOpen, 0))
 	}
 	place := func(tenant, shard string) schema.Placement {
-		p, err := st.CreatePlacement(ctx, schema.Placement{Kind: Kind, Tenant: tenant, Shard: shard, Epoch: 1})
+		p, err := st.Placements(Kind).Create(ctx, schema.Placement{Tenant: tenant, Shard: shard, Epoch: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -215,7 +215,7 @@ func TestFollowsPlacement(t *testing.T) {
 	step := func(prev schema.Placement, edit func(*schema.Placement)) schema.Placement {
 		next := prev
 		edit(&next)
-		p, err := st.UpdatePlacement(ctx, prev, next)
+		p, err := st.Placements(next.Kind).Update(ctx, prev, next)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -100,7 +100,7 @@ func signal(t *testing.T, st *schema.Store, in *instance, tenant, what string, o
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		sigs, err := st.Signals(context.Background(), Kind, tenant, in.sk.ID().Shard)
+		sigs, err := st.Signals().List(context.Background(), Kind, tenant, in.sk.ID().Shard)
 		if err == nil {
 			for _, s := range sigs {
 				if ok(s) {
@@ -123,7 +123,7 @@ func TestShardkitMove(t *testing.T) {
 	st := openStore(t)
 	a := newAggregate(t, st)
 	ctx := context.Background()
-	p, err := st.CreatePlacement(ctx, schema.Placement{Kind: Kind, Tenant: "acme", Shard: "projection-1", Epoch: 1})
+	p, err := st.Placements(Kind).Create(ctx, schema.Placement{Tenant: "acme", Shard: "projection-1", Epoch: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +143,7 @@ func TestShardkitMove(t *testing.T) {
 		t.Helper()
 		next := p
 		edit(&next)
-		if p, err = st.UpdatePlacement(ctx, p, next); err != nil {
+		if p, err = st.Placements(next.Kind).Update(ctx, p, next); err != nil {
 			t.Fatal(err)
 		}
 		synced()

@@ -17,7 +17,7 @@ func TestViewBytesInTelemetryAndAdmin(t *testing.T) {
 	st := openStore(t)
 	a := newAggregate(t, st)
 	ctx := context.Background()
-	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: Kind, Tenant: "acme", Shard: "projection-1", Epoch: 1}); err != nil {
+	if _, err := st.Placements(Kind).Create(ctx, schema.Placement{Tenant: "acme", Shard: "projection-1", Epoch: 1}); err != nil {
 		t.Fatal(err)
 	}
 	in := startInstance(t, st, "projection-1")

@@ -46,7 +46,7 @@ func BenchmarkRun(b *testing.B) {
 	for i, p := range ps {
 		next := p
 		next.Shard, next.Epoch = "runner-1", p.Epoch+1
-		if _, err := st.UpdatePlacement(context.Background(), p, next); err != nil {
+		if _, err := st.Placements(next.Kind).Update(context.Background(), p, next); err != nil {
 			b.Fatal(err)
 		}
 		_ = i

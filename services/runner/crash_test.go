@@ -41,7 +41,7 @@ func TestCrashRecovery(t *testing.T) {
 	}
 	next := p
 	next.Shard, next.Epoch = "runner-1", p.Epoch+1
-	if _, err := st.UpdatePlacement(ctx, p, next); err != nil {
+	if _, err := st.Placements(next.Kind).Update(ctx, p, next); err != nil {
 		t.Fatal(err)
 	}
 	runs := waitDone(t, s, tenant, ids, 10*time.Second)

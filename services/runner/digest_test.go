@@ -14,7 +14,7 @@ func BenchmarkQueueDigest(b *testing.B) {
 	st := openStore(b)
 	kc := schema.DefaultKindConfig(Kind)
 	kc.Verify = true
-	if _, err := st.PutKind(context.Background(), kc); err != nil {
+	if _, err := st.Kinds().Put(context.Background(), kc); err != nil {
 		b.Fatal(err)
 	}
 	s := startService(b, st, "runner-1", "i1", Config{})

@@ -98,7 +98,7 @@ func createJob(t *testing.T, url, tenant, body, key string) (int, Run) {
 func awaitSignal(t *testing.T, st *schema.Store, tenant, shard string, phase schema.SignalPhase, epoch uint64) {
 	t.Helper()
 	waitUntil(t, 20*time.Second, fmt.Sprintf("%s %s at epoch %d or later", shard, phase, epoch), func() bool {
-		sigs, err := st.Signals(context.Background(), Kind, tenant, shard)
+		sigs, err := st.Signals().List(context.Background(), Kind, tenant, shard)
 		if err != nil || len(sigs) == 0 {
 			return false
 		}

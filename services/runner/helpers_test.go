@@ -60,7 +60,7 @@ func startStoppable(t testing.TB, st *schema.Store, shard, instance string, cfg 
 
 func place(t testing.TB, st *schema.Store, tenant, shard string) schema.Placement {
 	t.Helper()
-	p, err := st.CreatePlacement(context.Background(), schema.Placement{Kind: Kind, Tenant: tenant, Shard: shard})
+	p, err := st.Placements(Kind).Create(context.Background(), schema.Placement{Tenant: tenant, Shard: shard})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -388,8 +388,8 @@ func (s *Service) List(ctx context.Context, tenant string, status Status, limit 
 	if status != "" && !status.valid() {
 		return nil, fmt.Errorf("%w: status %q is not one of pending, running, succeeded, failed", ErrBadJob, status)
 	}
-	// Not KeyValue.ListKeys: under load it can end the list early (see jsx.Client.Keys).
-	keys, err := s.st.JS().Keys(ctx, s.store.runs, tenant+".*")
+	// Not KeyValue.ListKeys: under load it can end the list early (see jsx.Records.Keys).
+	keys, err := s.st.JS().Records(s.store.runs).Keys(ctx, tenant+".*")
 	if err != nil {
 		return nil, fmt.Errorf("runner: list jobs: %w", err)
 	}

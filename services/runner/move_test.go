@@ -19,7 +19,7 @@ func step(t *testing.T, st *schema.Store, prev schema.Placement, edit func(*sche
 	t.Helper()
 	next := prev
 	edit(&next)
-	got, err := st.UpdatePlacement(context.Background(), prev, next)
+	got, err := st.Placements(next.Kind).Update(context.Background(), prev, next)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -233,7 +233,7 @@ func TestRateLimits(t *testing.T) {
 			for _, tn := range []string{"r1", "r2"} {
 				next := ps[tn]
 				next.Shard, next.Epoch = "runner-1", next.Epoch+1
-				if _, err := st.UpdatePlacement(context.Background(), ps[tn], next); err != nil {
+				if _, err := st.Placements(next.Kind).Update(context.Background(), ps[tn], next); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -321,7 +321,7 @@ func TestFairness(t *testing.T) {
 	for _, tn := range []string{"flood", "small"} {
 		next := ps[tn]
 		next.Shard, next.Epoch = "runner-1", next.Epoch+1
-		if _, err := st.UpdatePlacement(context.Background(), ps[tn], next); err != nil {
+		if _, err := st.Placements(next.Kind).Update(context.Background(), ps[tn], next); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -480,7 +480,7 @@ func TestTenantRateSplitOverInstances(t *testing.T) {
 	next := p
 	next.Shard, next.Epoch = "runner-1", p.Epoch+1
 	t0 := time.Now() // no start before this: the tenant is not the shard's yet
-	if _, err := st.UpdatePlacement(context.Background(), p, next); err != nil {
+	if _, err := st.Placements(next.Kind).Update(context.Background(), p, next); err != nil {
 		t.Fatal(err)
 	}
 	runs := waitDone(t, a, "r1", ids, 30*time.Second)

@@ -31,7 +31,7 @@ func TestTenThousandTenants(t *testing.T) {
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			if _, err := st.CreatePlacement(context.Background(), schema.Placement{Kind: Kind, Tenant: tenants[i], Shard: "runner-1"}); err != nil {
+			if _, err := st.Placements(Kind).Create(context.Background(), schema.Placement{Tenant: tenants[i], Shard: "runner-1"}); err != nil {
 				t.Error(err)
 			}
 		})

@@ -175,7 +175,7 @@ func decodeSchedule(id string, b []byte, rev uint64) (Schedule, error) {
 
 // keys lists the ids of tenant's schedules, sorted.
 func (sc *Scheduler) keys(ctx context.Context, tenant string) ([]string, error) {
-	keys, err := sc.s.st.JS().Keys(ctx, sc.kv, tenant+".*")
+	keys, err := sc.s.st.JS().Records(sc.kv).Keys(ctx, tenant+".*")
 	if err != nil {
 		return nil, fmt.Errorf("runner: list schedules of %s: %w", tenant, err)
 	}

@@ -168,7 +168,7 @@ func (sc *Scheduler) sync(ctx context.Context, full bool) {
 func (sc *Scheduler) reconcileAll(ctx context.Context, owned map[string]bool) {
 	lctx, cancel := context.WithTimeout(ctx, 4*sc.s.cfg.OpTimeout)
 	defer cancel()
-	keys, err := sc.s.st.JS().Keys(lctx, sc.kv, ">")
+	keys, err := sc.s.st.JS().Records(sc.kv).Keys(lctx, ">")
 	if err != nil {
 		if ctx.Err() == nil {
 			sc.s.cfg.Logger.Warn("listing schedules", "err", err)

@@ -89,7 +89,7 @@ func (b *statusBoard) write(ctx context.Context) {
 func (b *statusBoard) countSiblings(ctx context.Context) int {
 	n := 0
 	fresh := time.Now().Add(-3*b.s.cfg.StatusEvery - time.Second)
-	_, err := jsx.ListJSON(ctx, b.s.st.JS(), b.status, b.s.cfg.ID.Kind+"."+b.s.cfg.ID.Shard+".*", func(_ string, _ uint64, st InstanceStatus) {
+	_, err := jsx.ListJSON(ctx, b.s.st.JS().Records(b.status), b.s.cfg.ID.Kind+"."+b.s.cfg.ID.Shard+".*", func(_ string, _ uint64, st InstanceStatus) {
 		if st.At.After(fresh) {
 			n++
 		}
@@ -153,7 +153,7 @@ func (s *Service) Instances(ctx context.Context) ([]InstanceView, error) {
 		return nil, err
 	}
 	statuses := map[string]*InstanceStatus{}
-	if _, err := jsx.ListJSON(ctx, s.st.JS(), s.board.status, ">", func(k string, _ uint64, st InstanceStatus) {
+	if _, err := jsx.ListJSON(ctx, s.st.JS().Records(s.board.status), ">", func(k string, _ uint64, st InstanceStatus) {
 		statuses[k] = &st
 	}); err != nil {
 		return nil, err

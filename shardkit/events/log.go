@@ -448,7 +448,7 @@ func (l *Log[S]) Hooks() shardkit.Hooks {
 func (l *Log[S]) Warm(ctx context.Context, tenant string, fence uint64) error {
 	strategy := l.cfg.Strategy
 	if l.loaded(tenant) == nil { // the strategy only matters for a load
-		if p, err := l.cfg.Store.Placement(ctx, l.cfg.Kind, tenant); err == nil && p.Strategy != "" {
+		if p, err := l.cfg.Store.Placements(l.cfg.Kind).Get(ctx, tenant); err == nil && p.Strategy != "" {
 			strategy = Strategy(p.Strategy)
 		}
 	}

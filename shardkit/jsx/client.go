@@ -2,7 +2,7 @@
 // buckets and object stores created idempotently on a cluster that may still be forming; reads
 // bounded and retried while NATS is briefly unavailable; compare-and-set writes whose lost
 // answers are recognised; reads answered by a stream's leader; one-off ordered reads that leave
-// no consumer behind; and JSON records with leases in one bucket.
+// no consumer behind; and one bucket's JSON records (Client.Records), with leases.
 //
 // It names no bucket or subject of its own: shardkit/schema does.
 package jsx

@@ -32,7 +32,7 @@ func TestListSeesKeysRewrittenWhileListed(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, k := range []string{"notes.notes-1.a", "notes.notes-2.a"} {
-			if _, err := c.PutJSON(ctx, kv, k, value{}); err != nil {
+			if _, err := c.Records(kv).Put(ctx, k, value{}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -40,7 +40,7 @@ func TestListSeesKeysRewrittenWhileListed(t *testing.T) {
 		done := make(chan error, 1)
 		go func() {
 			for n := 0; wctx.Err() == nil; n++ {
-				if _, err := c.PutJSON(wctx, kv, "notes.notes-1.a", value{n}); err != nil && wctx.Err() == nil {
+				if _, err := c.Records(kv).Put(wctx, "notes.notes-1.a", value{n}); err != nil && wctx.Err() == nil {
 					done <- err
 					return
 				}
@@ -48,7 +48,7 @@ func TestListSeesKeysRewrittenWhileListed(t *testing.T) {
 			done <- nil
 		}()
 		got := map[string]bool{}
-		_, err = jsx.ListJSON(ctx, c, kv, "notes.>", func(k string, _ uint64, _ value) { got[k] = true })
+		_, err = jsx.ListJSON(ctx, c.Records(kv), "notes.>", func(k string, _ uint64, _ value) { got[k] = true })
 		stop()
 		if werr := <-done; werr != nil {
 			t.Fatal(werr)

@@ -10,8 +10,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Records are JSON values in one bucket, written by compare-and-set and read from the bucket's
-// stream leader, and leases kept the same way. The rebalancer's plans and moves are records.
+// Records are the JSON values of one bucket: read with a direct get or from the bucket's
+// stream leader, written unconditionally or by compare-and-set, listed in full, and leases kept
+// the same way. The store's buckets (placements, kinds, the directory, routes, signals) and
+// the rebalancer's plans and moves are records.
 type Records struct {
 	c  *Client
 	kv jetstream.KeyValue
@@ -20,35 +22,26 @@ type Records struct {
 // Records are kv's values as JSON records.
 func (c *Client) Records(kv jetstream.KeyValue) *Records { return &Records{c: c, kv: kv} }
 
-// Get reads the record at key into v and returns its revision. It reads from the bucket's
-// stream leader, so a record whose write was acknowledged (a plan just created, by this process
-// or another) is always found: a direct get may be answered by a replica that has not applied
-// it yet. While the stream has no leader it fails with ErrUnavailable.
-func (r *Records) Get(ctx context.Context, key string, v any) (uint64, error) {
-	return r.c.LeaderGetJSON(ctx, r.kv, key, v)
-}
+// KV is the bucket the records are in.
+func (r *Records) KV() jetstream.KeyValue { return r.kv }
 
-// Create writes v under key only if the key is absent.
+// Create writes v under key only if the key is absent (CompareAndSet at revision 0).
 func (r *Records) Create(ctx context.Context, key string, v any) (uint64, error) {
-	return r.c.UpdateJSON(ctx, r.kv, key, 0, v)
+	return r.CompareAndSet(ctx, key, 0, v)
 }
 
-// Update replaces the record at key if its revision is still rev.
+// Update replaces the record at key if its revision is still rev. Unlike CompareAndSet it
+// refuses revision 0: an update of a record not read is a mistake (Create makes a record).
 func (r *Records) Update(ctx context.Context, key string, rev uint64, v any) (uint64, error) {
 	if rev == 0 {
 		return 0, fmt.Errorf("%s/%s: an update needs the revision read (Create makes a record)", r.kv.Bucket(), key)
 	}
-	return r.c.UpdateJSON(ctx, r.kv, key, rev, v)
-}
-
-// Delete removes the record at key (rev 0: unconditionally).
-func (r *Records) Delete(ctx context.Context, key string, rev uint64) error {
-	return r.c.DeleteKey(ctx, r.kv, key, rev)
+	return r.CompareAndSet(ctx, key, rev, v)
 }
 
 // List calls fn with the raw JSON of every record under filter (for example "plan.*").
 func (r *Records) List(ctx context.Context, filter string, fn func(key string, rev uint64, raw json.RawMessage)) error {
-	_, err := ListJSON(ctx, r.c, r.kv, filter, fn)
+	_, err := ListJSON(ctx, r, filter, fn)
 	return err
 }
 
@@ -71,7 +64,7 @@ func (r *Records) AcquireLease(ctx context.Context, name, holder string, ttl tim
 	now := time.Now().UTC()
 	l := Lease{Name: name, Holder: holder, Acquired: now, Expires: now.Add(ttl)}
 	var cur Lease
-	rev, err := r.c.LeaderGetJSON(ctx, r.kv, name, &cur)
+	rev, err := r.Latest(ctx, name, &cur)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		rev = 0
@@ -87,7 +80,7 @@ func (r *Records) AcquireLease(ctx context.Context, name, holder string, ttl tim
 			l.Acquired = cur.Acquired
 		}
 	}
-	nrev, err := r.c.UpdateJSON(ctx, r.kv, name, rev, l)
+	nrev, err := r.CompareAndSet(ctx, name, rev, l)
 	if err != nil {
 		if errors.Is(err, ErrConflict) {
 			return Lease{}, fmt.Errorf("%w: %s was taken by another holder just now", ErrLeaseHeld, name)
@@ -102,7 +95,7 @@ func (r *Records) AcquireLease(ctx context.Context, name, holder string, ttl tim
 // ErrLeaseHeld and the caller must stop acting as holder.
 func (r *Records) RenewLease(ctx context.Context, l Lease, ttl time.Duration) (Lease, error) {
 	l.Expires = time.Now().UTC().Add(ttl)
-	rev, err := r.c.UpdateJSON(ctx, r.kv, l.Name, l.Revision, l)
+	rev, err := r.CompareAndSet(ctx, l.Name, l.Revision, l)
 	if err != nil {
 		if errors.Is(err, ErrConflict) {
 			return Lease{}, fmt.Errorf("%w: %s was lost", ErrLeaseHeld, l.Name)
@@ -115,7 +108,7 @@ func (r *Records) RenewLease(ctx context.Context, l Lease, ttl time.Duration) (L
 
 // ReleaseLease gives the lease up if it is still held as l.
 func (r *Records) ReleaseLease(ctx context.Context, l Lease) error {
-	err := r.c.DeleteKey(ctx, r.kv, l.Name, l.Revision)
+	err := r.Delete(ctx, l.Name, l.Revision)
 	if errors.Is(err, ErrConflict) {
 		return nil // already someone else's
 	}

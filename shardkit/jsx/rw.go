@@ -55,11 +55,12 @@ func (c *Client) PublishOnce(ctx context.Context, subject string, data []byte, m
 // attempt that timed out is simply made again.
 const readAttempt = 400 * time.Millisecond
 
-// GetJSON reads key into v and returns its revision. It reads with a direct get, which any
-// replica of the bucket may answer, so on a cluster it can miss a write acknowledged just
-// before (a replica that is behind): use LeaderGetJSON where the caller must see its own or
-// another process's acknowledged writes.
-func (c *Client) GetJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
+// Get reads key into v and returns its revision. It reads with a direct get, which any replica
+// of the bucket may answer, so on a cluster it can miss a write acknowledged just before (a
+// replica that is behind): use Latest where the caller must see its own or another process's
+// acknowledged writes.
+func (r *Records) Get(ctx context.Context, key string, v any) (uint64, error) {
+	c, kv := r.c, r.kv
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
 	var e jetstream.KeyValueEntry
@@ -83,10 +84,12 @@ func (c *Client) GetJSON(ctx context.Context, kv jetstream.KeyValue, key string,
 	return e.Revision(), nil
 }
 
-// LeaderGetJSON is GetJSON answered by the bucket's stream leader (JetStream's STREAM.MSG.GET
-// rather than a direct get): it sees every write acknowledged before it was sent, by this
-// process or any other. While the stream has no leader it fails with ErrUnavailable.
-func (c *Client) LeaderGetJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
+// Latest is Get answered by the bucket's stream leader (JetStream's STREAM.MSG.GET rather than
+// a direct get): it sees every write acknowledged before it was sent, by this process or any
+// other (a plan just created is always found). While the stream has no leader it fails with
+// ErrUnavailable.
+func (r *Records) Latest(ctx context.Context, key string, v any) (uint64, error) {
+	c, kv := r.c, r.kv
 	data, rev, err := c.LeaderGet(ctx, kv.Bucket(), key)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -223,15 +226,16 @@ func (c *Client) ReadTries(ctx context.Context, op func(context.Context) error) 
 	return retry(ctx, transient, readAttempt, op)
 }
 
-// UpdateJSON writes v to key if its revision is still rev (0: only if absent) and returns the
-// new revision. A lost race is a *ConflictError.
+// CompareAndSet writes v to key if its revision is still rev (0: only if absent) and returns
+// the new revision. A lost race is a *ConflictError.
 //
 // Each attempt is bounded to WriteTry, and an attempt that went unanswered is made again: after
 // a stream leader dies, the next leader answers in about two seconds, and waiting out the
 // store's whole timeout would hold a move's handoff that long. An unanswered attempt may have
 // been stored, so a conflict after one is checked against the key's newest value: if it is
 // what this call wrote, the write was ours and succeeded.
-func (c *Client) UpdateJSON(ctx context.Context, kv jetstream.KeyValue, key string, rev uint64, v any) (uint64, error) {
+func (r *Records) CompareAndSet(ctx context.Context, key string, rev uint64, v any) (uint64, error) {
+	c, kv := r.c, r.kv
 	b, err := Marshal(v)
 	if err != nil {
 		return 0, fmt.Errorf("encode %s/%s: %w", kv.Bucket(), key, err)
@@ -263,7 +267,7 @@ func (c *Client) UpdateJSON(ctx context.Context, kv jetstream.KeyValue, key stri
 	return newRev, nil
 }
 
-// WriteTry bounds the first attempt of a write (see UpdateJSON). A healthy write takes
+// WriteTry bounds the first attempt of a write (see Records.CompareAndSet). A healthy write takes
 // milliseconds, under load tens of them; an answer lost with a stream leader that stopped is
 // waited for this long before the next attempt reaches the new leader.
 const WriteTry = 500 * time.Millisecond
@@ -301,9 +305,10 @@ func (c *Client) recognise(ctx context.Context, bucket, key string, b []byte) (u
 	return rev, err == nil && bytes.Equal(data, b)
 }
 
-// PutJSON writes v to key unconditionally. An unanswered attempt is simply made again (see
-// UpdateJSON): writing the same value twice leaves the same value.
-func (c *Client) PutJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
+// Put writes v to key unconditionally. An unanswered attempt is simply made again (see
+// CompareAndSet): writing the same value twice leaves the same value.
+func (r *Records) Put(ctx context.Context, key string, v any) (uint64, error) {
+	c, kv := r.c, r.kv
 	b, err := Marshal(v)
 	if err != nil {
 		return 0, fmt.Errorf("encode %s/%s: %w", kv.Bucket(), key, err)
@@ -322,9 +327,10 @@ func (c *Client) PutJSON(ctx context.Context, kv jetstream.KeyValue, key string,
 	return rev, nil
 }
 
-// DeleteKey deletes key; with rev > 0 only if its revision is still rev. An unanswered
-// attempt is made again; a conflict after one, with the key gone, was our delete.
-func (c *Client) DeleteKey(ctx context.Context, kv jetstream.KeyValue, key string, rev uint64) error {
+// Delete deletes key; with rev > 0 only if its revision is still rev (0: unconditionally). An
+// unanswered attempt is made again; a conflict after one, with the key gone, was our delete.
+func (r *Records) Delete(ctx context.Context, key string, rev uint64) error {
+	c, kv := r.c, r.kv
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
 	var opts []jetstream.KVDeleteOpt
@@ -355,7 +361,7 @@ func (c *Client) DeleteKey(ctx context.Context, kv jetstream.KeyValue, key strin
 	return nil
 }
 
-// ListJSON decodes every live value under filter, calling fn once per key (in key order) with
+// ListJSON decodes every live value of r under filter, calling fn once per key (in key order) with
 // its newest value. Corrupt values are logged and skipped; their count is returned.
 //
 // It reads the bucket's stream with an ordered consumer delivering the last message per key,
@@ -366,12 +372,15 @@ func (c *Client) DeleteKey(ctx context.Context, kv jetstream.KeyValue, key strin
 // On a cluster, making the consumer or fetching from it can fail for a moment (no responders
 // while a leader is elected or before the new consumer's interest reached this server): such
 // a read is started again, with a new consumer, within the store's timeout.
-func ListJSON[T any](ctx context.Context, c *Client, kv jetstream.KeyValue, filter string, fn func(key string, rev uint64, v T)) (corrupt int, err error) {
+//
+// (A function, not a method of Records: a method cannot have type parameters.)
+func ListJSON[T any](ctx context.Context, r *Records, filter string, fn func(key string, rev uint64, v T)) (corrupt int, err error) {
+	c, kv := r.c, r.kv
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
 	var latest map[string]listItem
 	err = retry(ctx, transient, 0, func(ctx context.Context) (err error) {
-		latest, err = c.listLatest(ctx, kv, filter, false)
+		latest, err = r.listLatest(ctx, filter, false)
 		return err
 	})
 
@@ -414,15 +423,16 @@ type listItem struct {
 	del  bool
 }
 
-// Keys lists the live keys of kv under filter (a KV key filter such as "acme.*"), sorted. Unlike
+// Keys lists the live keys under filter (a KV key filter such as "acme.*"), sorted. Unlike
 // jetstream.KeyValue.ListKeys, it reads until the server reports nothing pending, so a list made
 // under load is never cut short (see ListJSON); it reads headers only.
-func (c *Client) Keys(ctx context.Context, kv jetstream.KeyValue, filter string) ([]string, error) {
+func (r *Records) Keys(ctx context.Context, filter string) ([]string, error) {
+	c, kv := r.c, r.kv
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
 	var latest map[string]listItem
 	err := retry(ctx, transient, 0, func(ctx context.Context) (err error) {
-		latest, err = c.listLatest(ctx, kv, filter, true)
+		latest, err = r.listLatest(ctx, filter, true)
 		return err
 	})
 
@@ -441,7 +451,8 @@ func (c *Client) Keys(ctx context.Context, kv jetstream.KeyValue, filter string)
 
 // listLatest is one attempt of ListJSON (or Keys, headersOnly): the newest message of every key
 // under filter.
-func (c *Client) listLatest(ctx context.Context, kv jetstream.KeyValue, filter string, headersOnly bool) (map[string]listItem, error) {
+func (rs *Records) listLatest(ctx context.Context, filter string, headersOnly bool) (map[string]listItem, error) {
+	c, kv := rs.c, rs.kv
 	prefix := KVSubject(kv.Bucket(), "")
 	stream := KVStream(kv.Bucket())
 	r, err := Read(ctx, c.js, stream, ReadConfig{

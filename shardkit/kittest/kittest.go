@@ -95,14 +95,14 @@ func Commit(t testing.TB, st *schema.Store, prev schema.Placement, to string) sc
 	defer cancel()
 	next := schema.Placement{Kind: prev.Kind, Tenant: prev.Tenant, Shard: to, Epoch: prev.Epoch + 1,
 		Phase: schema.PhaseDraining, Source: prev.Shard, Move: prev.Move, Pinned: prev.Pinned}
-	got, err := st.UpdatePlacement(ctx, prev, next)
+	got, err := st.Placements(next.Kind).Update(ctx, prev, next)
 	if err == nil {
 		return got
 	}
 	if !errors.As(err, new(*schema.ConflictError)) {
 		t.Fatal(err)
 	}
-	got, err = st.LatestPlacement(ctx, prev.Kind, prev.Tenant)
+	got, err = st.Placements(prev.Kind).Latest(ctx, prev.Tenant)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func AwaitPlacement(t testing.TB, st *schema.Store, kind, tenant string, within 
 // (each change is an event: no polling), and returns it; when ctx ends first, the error names
 // the placement last seen.
 func WaitPlacement(ctx context.Context, st *schema.Store, kind, tenant string, ok func(schema.Placement) bool) (schema.Placement, error) {
-	kv, err := st.PlacementKV(ctx, kind)
+	kv, err := st.Placements(kind).KV(ctx)
 	if err != nil {
 		return schema.Placement{}, err
 	}

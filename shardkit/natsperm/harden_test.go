@@ -40,7 +40,7 @@ func TestAttackRoutesOfAnotherKind(t *testing.T) {
 	pr.refused(t, "$KV.tm_routes.POST.L2NvbW1hbmRz")
 	rt, err := admin.Routes().Get(ctx, "aggregate", "POST", "/commands")
 	ok(t, "read the route", err)
-	if err := pr.st.JS().DeleteKey(short(t), pr.st.KV(schema.BucketRoutes), rt.Key(), rt.Revision); err == nil {
+	if err := pr.st.JS().Records(pr.st.KV(schema.BucketRoutes)).Delete(short(t), rt.Key(), rt.Revision); err == nil {
 		t.Error("a projection shard deleted the aggregate's route")
 	}
 	if got, err := admin.Routes().Get(ctx, "aggregate", "POST", "/commands"); err != nil || got.Kind != "aggregate" || len(got.Instances) != 1 || got.Instances[0] != owner.Key() {
@@ -68,8 +68,8 @@ func TestAttackRoutesOfAnotherKind(t *testing.T) {
 func TestAttackNarrowRoles(t *testing.T) {
 	url, _ := setup(t)
 	gw := open(t, url, natsperm.Gateway([]string{"aggregate"}, nil))
-	ok(t, "audit of its own kind", gw.st.Audit(context.Background(), schema.AuditEvent{Actor: "gateway/x", Action: "placement.assign", Kind: "aggregate", Tenant: "t1"}))
-	if err := gw.st.Audit(short(t), schema.AuditEvent{Actor: "rebalancer/leader", Action: "move.commit", Kind: "projection", Tenant: "t1"}); err == nil {
+	ok(t, "audit of its own kind", gw.st.Audit().Append(context.Background(), schema.AuditEvent{Actor: "gateway/x", Action: "placement.assign", Kind: "aggregate", Tenant: "t1"}))
+	if err := gw.st.Audit().Append(short(t), schema.AuditEvent{Actor: "rebalancer/leader", Action: "move.commit", Kind: "projection", Tenant: "t1"}); err == nil {
 		t.Error("a gateway for aggregate journaled a projection event as the rebalancer")
 	}
 	gw.refused(t, "tm.audit.projection.t1")

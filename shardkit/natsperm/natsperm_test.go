@@ -79,11 +79,11 @@ func setup(t *testing.T) (string, *schema.Store) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ok(t, "provision", admin.Provision(ctx))
-	_, err := admin.PutKind(ctx, schema.KindConfig{Kind: "render", Policy: schema.PolicyAffinity})
+	_, err := admin.Kinds().Put(ctx, schema.KindConfig{Kind: "render", Policy: schema.PolicyAffinity})
 	ok(t, "render kind", err)
 	for _, tenant := range []string{"t1", "t2"} {
 		for _, kind := range []string{"aggregate", "projection"} {
-			_, err := admin.CreatePlacement(ctx, schema.Placement{Kind: kind, Tenant: tenant, Shard: kind + "-1", Epoch: 1, Phase: schema.PhaseActive})
+			_, err := admin.Placements(kind).Create(ctx, schema.Placement{Tenant: tenant, Shard: kind + "-1", Epoch: 1, Phase: schema.PhaseActive})
 			ok(t, "placement", err)
 		}
 	}
@@ -103,17 +103,17 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 	ok(t, "register own instance", err)
 	_, err = sh.st.Directory().Heartbeat(ctx, schema.Instance{InstanceID: me, URL: "http://127.0.0.1:9"})
 	ok(t, "heartbeat", err)
-	_, err = sh.st.PutSignal(ctx, schema.TenantSignal{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1", Instance: "a", Phase: schema.SignalWarming, Epoch: 1})
+	_, err = sh.st.Signals().Put(ctx, schema.TenantSignal{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1", Instance: "a", Phase: schema.SignalWarming, Epoch: 1})
 	ok(t, "own signal", err)
 	_, err = sh.st.Routes().AddInstance(ctx, schema.Route{Method: "*", Prefix: "/commands", Kind: "aggregate"}, me)
 	ok(t, "route", err)
-	p, err := sh.st.Placement(ctx, "aggregate", "t1")
+	p, err := sh.st.Placements("aggregate").Get(ctx, "t1")
 	ok(t, "read placement", err)
 	next := p
 	next.UpdatedBy = "aggregate-1"
-	_, err = sh.st.UpdatePlacement(ctx, p, next)
+	_, err = sh.st.Placements(next.Kind).Update(ctx, p, next)
 	ok(t, "update own kind's placement", err)
-	_, err = sh.st.Kinds(ctx)
+	_, err = sh.st.Kinds().List(ctx)
 	ok(t, "read kinds", err)
 	_, err = sh.st.Directory().Instances(ctx, "")
 	ok(t, "read directory", err)
@@ -124,8 +124,8 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 	_, err = sh.st.JS().ObjectStore(ctx, schema.ServiceBucket("aggregate", "snapshots"), "snapshots")
 	ok(t, "own object store", err)
 	digest := schema.DigestRecord{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1", Instance: "a", Role: schema.RoleSource, Epoch: 1}
-	ok(t, "own digest record", sh.st.PutDigestRecord(ctx, digest))
-	if recs, err := sh.st.DigestRecords(ctx, "aggregate", "t1", 1); err != nil || len(recs) != 1 {
+	ok(t, "own digest record", sh.st.Digests().Put(ctx, digest))
+	if recs, err := sh.st.Digests().List(ctx, "aggregate", "t1", 1); err != nil || len(recs) != 1 {
 		t.Errorf("read digest records: %v %+v", err, recs)
 	}
 
@@ -136,11 +136,11 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 		t.Error("a shard registered another shard's instance")
 	}
 	sh.refused(t, "$KV.tm_instances.aggregate.aggregate-2.a")
-	pp, err := admin.Placement(ctx, "projection", "t1")
+	pp, err := admin.Placements("projection").Get(ctx, "t1")
 	ok(t, "admin read", err)
 	steal := pp
 	steal.UpdatedBy = "aggregate-1"
-	if _, err := sh.st.UpdatePlacement(short(t), pp, steal); err == nil {
+	if _, err := sh.st.Placements(steal.Kind).Update(short(t), pp, steal); err == nil {
 		t.Error("a shard rewrote another kind's placement")
 	} else {
 		t.Logf("refused: %v", err)
@@ -150,11 +150,11 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 		t.Error("a shard wrote tm_rebalance")
 	}
 	sh.refused(t, "$KV.tm_rebalance.x")
-	if _, err := sh.st.PutKind(short(t), schema.KindConfig{Kind: "aggregate"}); err == nil {
+	if _, err := sh.st.Kinds().Put(short(t), schema.KindConfig{Kind: "aggregate"}); err == nil {
 		t.Error("a shard changed kind config")
 	}
 	sh.refused(t, "$KV.tm_kinds.aggregate")
-	if _, err := sh.st.PutSignal(short(t), schema.TenantSignal{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-2", Instance: "a", Phase: schema.SignalWarming, Epoch: 1}); err == nil {
+	if _, err := sh.st.Signals().Put(short(t), schema.TenantSignal{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-2", Instance: "a", Phase: schema.SignalWarming, Epoch: 1}); err == nil {
 		t.Error("a shard wrote another shard's signal")
 	}
 	sh.refused(t, "$KV.tm_tenant_state.aggregate.t1.aggregate-2.a")
@@ -163,7 +163,7 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 	}
 	sh.refused(t, "jobs.t1.any")
 	digest.Shard = "aggregate-2"
-	if err := sh.st.PutDigestRecord(short(t), digest); err == nil {
+	if err := sh.st.Digests().Put(short(t), digest); err == nil {
 		t.Error("a shard recorded another shard's digest")
 	}
 	sh.refused(t, "$KV.tm_verify.aggregate.t1.1.source.aggregate-2.a")
@@ -173,7 +173,7 @@ func TestShardDoesItsJobAndNoMore(t *testing.T) {
 	sh.refused(t, "tm.job.created.aggregate.t1")
 
 	// Admin saw none of the refused writes land.
-	if got, err := admin.Placement(ctx, "projection", "t1"); err != nil || got.Shard != "projection-1" {
+	if got, err := admin.Placements("projection").Get(ctx, "t1"); err != nil || got.Shard != "projection-1" {
 		t.Errorf("projection placement after the refused rewrite: %+v, %v", got, err)
 	}
 	if _, err := admin.Directory().Instance(ctx, other); err == nil {
@@ -203,14 +203,14 @@ func TestGatewayPlacesButCannotRebalance(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	gw := open(t, url, natsperm.DefaultGateway())
-	_, err := gw.st.Placement(ctx, "aggregate", "t1")
+	_, err := gw.st.Placements("aggregate").Get(ctx, "t1")
 	ok(t, "read placement", err)
-	_, err = gw.st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "new", Shard: "aggregate-1", Epoch: 1, Phase: schema.PhaseActive})
+	_, err = gw.st.Placements("aggregate").Create(ctx, schema.Placement{Tenant: "new", Shard: "aggregate-1", Epoch: 1, Phase: schema.PhaseActive})
 	ok(t, "place an unplaced tenant", err)
 	render := schema.InstanceID{Kind: "render", Shard: "r1", Instance: "i1"}
 	_, err = gw.st.Directory().Register(ctx, schema.Instance{InstanceID: render, URL: "http://127.0.0.1:9"})
 	ok(t, "register an affinity server", err)
-	ok(t, "audit", gw.st.Audit(ctx, schema.AuditEvent{Actor: "gateway/test", Action: "placement.assign", Kind: "aggregate", Tenant: "new"}))
+	ok(t, "audit", gw.st.Audit().Append(ctx, schema.AuditEvent{Actor: "gateway/test", Action: "placement.assign", Kind: "aggregate", Tenant: "new"}))
 
 	if _, err := gw.st.Rebalance().Create(short(t), "plan-x", map[string]int{"a": 1}); err == nil {
 		t.Error("the gateway wrote tm_rebalance")

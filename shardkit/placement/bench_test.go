@@ -99,7 +99,7 @@ func BenchmarkPutToApplied(b *testing.B) {
 	if err := w.WaitReady(ctx); err != nil {
 		b.Fatal(err)
 	}
-	kv, _ := st.PlacementKV(ctx, "aggregate")
+	kv, _ := st.Placements("aggregate").KV(ctx)
 	var lat []time.Duration
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
@@ -180,7 +180,7 @@ func BenchmarkColdStart(b *testing.B) {
 	}
 	natsWatch := func() time.Duration {
 		t0 := time.Now()
-		kv, _ := st.PlacementKV(ctx, "aggregate")
+		kv, _ := st.Placements("aggregate").KV(ctx)
 		wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 		defer cancel()
 		kw, err := kv.WatchAll(wctx)

@@ -20,10 +20,10 @@ func TestNewerFormatRefused(t *testing.T) {
 	srv := natstest.Server(t)
 	st := kittest.StoreAt(t, srv.URL())
 	ctx := context.Background()
-	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"}); err != nil {
+	if _, err := st.Placements("aggregate").Create(ctx, schema.Placement{Tenant: "t1", Shard: "aggregate-1"}); err != nil {
 		t.Fatal(err)
 	}
-	kv, err := st.PlacementKV(ctx, "aggregate")
+	kv, err := st.Placements("aggregate").KV(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +40,7 @@ func TestNewerFormatRefused(t *testing.T) {
 	if e, ok := w.Lookup("aggregate", "old"); !ok || e.Shard != "aggregate-2" || e.Epoch != 3 {
 		t.Fatalf("a record of before formats: %+v %v", e, ok)
 	}
-	if p, err := st.Placement(ctx, "aggregate", "old"); err != nil || p.Epoch != 3 {
+	if p, err := st.Placements("aggregate").Get(ctx, "old"); err != nil || p.Epoch != 3 {
 		t.Fatalf("a record of before formats: %+v %v", p, err)
 	}
 
@@ -53,9 +53,9 @@ func TestNewerFormatRefused(t *testing.T) {
 		t.Fatalf("the watcher kept routing t1 by a record it cannot read: %+v", e)
 	}
 	for name, read := range map[string]func() error{
-		"Placement":       func() error { _, err := st.Placement(ctx, "aggregate", "t1"); return err },
-		"LatestPlacement": func() error { _, err := st.LatestPlacement(ctx, "aggregate", "t1"); return err },
-		"Placements":      func() error { _, _, err := st.Placements(ctx, "aggregate"); return err },
+		"Get":    func() error { _, err := st.Placements("aggregate").Get(ctx, "t1"); return err },
+		"Latest": func() error { _, err := st.Placements("aggregate").Latest(ctx, "t1"); return err },
+		"List":   func() error { _, _, err := st.Placements("aggregate").List(ctx); return err },
 	} {
 		err := read()
 		if !errors.Is(err, schema.ErrNewerFormat) || !strings.Contains(err.Error(), "format 2") || !strings.Contains(err.Error(), "upgrade") {
@@ -63,8 +63,7 @@ func TestNewerFormatRefused(t *testing.T) {
 		}
 	}
 	// Nor does an update write over it on a guess: the compare-and-set needs a read first.
-	if _, err := st.UpdatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1", Epoch: 1, Phase: schema.PhaseActive, Revision: 1},
-		schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-2", Epoch: 2, Phase: schema.PhaseActive}); err == nil {
+	if _, err := st.Placements("aggregate").Update(ctx, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1", Epoch: 1, Phase: schema.PhaseActive, Revision: 1}, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-2", Epoch: 2, Phase: schema.PhaseActive}); err == nil {
 		t.Error("an update over a format-2 record at a stale revision succeeded")
 	}
 }

@@ -102,7 +102,7 @@ func TestWatcherSurvivesServerRestart(t *testing.T) {
 	srv := natstest.Server(t)
 	st := kittest.StoreAt(t, srv.URL())
 	ctx := context.Background()
-	kv, err := st.PlacementKV(ctx, "aggregate")
+	kv, err := st.Placements("aggregate").KV(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +151,7 @@ func TestWatcherSurvivesClusterNodeLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kv, err := st.PlacementKV(ctx, "aggregate")
+	kv, err := st.Placements("aggregate").KV(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -57,7 +57,7 @@ func TestWatcherFollowsPlacement(t *testing.T) {
 	srv := natstest.Server(t)
 	st := kittest.StoreAt(t, srv.URL())
 	ctx := context.Background()
-	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"}); err != nil {
+	if _, err := st.Placements("aggregate").Create(ctx, schema.Placement{Tenant: "t1", Shard: "aggregate-1"}); err != nil {
 		t.Fatal(err)
 	}
 	ch, onChange := changes(16)
@@ -66,20 +66,20 @@ func TestWatcherFollowsPlacement(t *testing.T) {
 	if !ok || e.Shard != "aggregate-1" || e.Epoch != 1 || e.Phase != schema.PhaseActive {
 		t.Fatalf("lookup after ready = %+v, %v", e, ok)
 	}
-	p, err := st.Placement(ctx, "aggregate", "t1")
+	p, err := st.Placements("aggregate").Get(ctx, "t1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	next := p
 	next.Phase, next.Target = schema.PhaseWarming, "aggregate-2"
-	if _, err := st.UpdatePlacement(ctx, p, next); err != nil {
+	if _, err := st.Placements(next.Kind).Update(ctx, p, next); err != nil {
 		t.Fatal(err)
 	}
 	c := waitChange(t, ch, "t1", func(c placement.Change) bool { return c.New.Phase != schema.PhaseActive })
 	if !c.NewOK || c.New.Phase != schema.PhaseWarming || c.New.Target != "aggregate-2" || c.Old.Phase != schema.PhaseActive {
 		t.Fatalf("change = %+v", c)
 	}
-	if err := st.DeletePlacement(ctx, "aggregate", "t1", 0); err != nil {
+	if err := st.Placements("aggregate").Delete(ctx, "t1", 0); err != nil {
 		t.Fatal(err)
 	}
 	waitChange(t, ch, "t1", func(c placement.Change) bool { return !c.NewOK && c.OldOK })
@@ -95,7 +95,7 @@ func TestWatcherSkipsCorrupt(t *testing.T) {
 	srv := natstest.Server(t)
 	st := kittest.StoreAt(t, srv.URL())
 	ctx := context.Background()
-	kv, err := st.PlacementKV(ctx, "aggregate")
+	kv, err := st.Placements("aggregate").KV(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestWatcherSkipsCorrupt(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "good", Shard: "aggregate-1"}); err != nil {
+	if _, err := st.Placements("aggregate").Create(ctx, schema.Placement{Tenant: "good", Shard: "aggregate-1"}); err != nil {
 		t.Fatal(err)
 	}
 	w := startWatcher(t, placement.Config{Store: st, Kinds: []string{"aggregate"}})
@@ -131,7 +131,7 @@ func TestSnapshotStartIsEquivalent(t *testing.T) {
 	ctx := context.Background()
 	for i := range 300 {
 		p := schema.Placement{Kind: "runner", Tenant: fmt.Sprintf("t%03d", i), Shard: fmt.Sprintf("runner-%d", i%3)}
-		if _, err := st.CreatePlacement(ctx, p); err != nil {
+		if _, err := st.Placements(p.Kind).Create(ctx, p); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -140,16 +140,16 @@ func TestSnapshotStartIsEquivalent(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Changes after the snapshot: a delete, an update and a create.
-	if err := st.DeletePlacement(ctx, "runner", "t000", 0); err != nil {
+	if err := st.Placements("runner").Delete(ctx, "t000", 0); err != nil {
 		t.Fatal(err)
 	}
-	p, _ := st.Placement(ctx, "runner", "t001")
+	p, _ := st.Placements("runner").Get(ctx, "t001")
 	np := p
 	np.Shard, np.Epoch = "runner-9", p.Epoch+1
-	if _, err := st.UpdatePlacement(ctx, p, np); err != nil {
+	if _, err := st.Placements(np.Kind).Update(ctx, p, np); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "runner", Tenant: "fresh", Shard: "runner-1"}); err != nil {
+	if _, err := st.Placements("runner").Create(ctx, schema.Placement{Tenant: "fresh", Shard: "runner-1"}); err != nil {
 		t.Fatal(err)
 	}
 	w2 := startWatcher(t, placement.Config{Store: st, Kinds: []string{"runner"}})

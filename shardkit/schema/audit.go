@@ -33,8 +33,15 @@ type AuditEvent struct {
 	Seq uint64 `json:"-"`
 }
 
-// Audit appends ev to the journal and waits for JetStream's acknowledgement.
-func (s *Store) Audit(ctx context.Context, ev AuditEvent) error {
+// AuditLog is the handle on the audit journal, the stream TM_AUDIT:
+// store.Audit().Append(ctx, ev).
+type AuditLog struct{ s *Store }
+
+// Audit is the handle on the audit journal.
+func (s *Store) Audit() AuditLog { return AuditLog{s} }
+
+// Append appends ev to the journal and waits for JetStream's acknowledgement.
+func (a AuditLog) Append(ctx context.Context, ev AuditEvent) error {
 	if ev.Time.IsZero() {
 		ev.Time = time.Now().UTC()
 	}
@@ -56,7 +63,7 @@ func (s *Store) Audit(ctx context.Context, ev AuditEvent) error {
 	if id == "" {
 		id = nuid.Next()
 	}
-	if err := s.js.PublishOnce(ctx, AuditSubject(ev.Kind, ev.Tenant), b, id); err != nil {
+	if err := a.s.js.PublishOnce(ctx, AuditSubject(ev.Kind, ev.Tenant), b, id); err != nil {
 		return fmt.Errorf("schema: publish audit %s: %w", ev.Action, err)
 	}
 	return nil
@@ -69,18 +76,18 @@ type AuditQuery struct {
 	Limit        int       // newest entries returned, at most; default 100, max 10000
 }
 
-// ReadAudit returns the newest entries matching q, oldest first. A read that fails transiently
-// (see ErrUnavailable) is started again within the store's timeout.
-func (s *Store) ReadAudit(ctx context.Context, q AuditQuery) ([]AuditEvent, error) {
+// Read returns the newest entries matching q, oldest first. A read that fails transiently (see
+// ErrUnavailable) is started again within the store's timeout.
+func (a AuditLog) Read(ctx context.Context, q AuditQuery) ([]AuditEvent, error) {
 	var out []AuditEvent
-	err := s.js.Read(ctx, func(ctx context.Context) (err error) {
-		out, err = s.readAudit(ctx, q)
+	err := a.s.js.Read(ctx, func(ctx context.Context) (err error) {
+		out, err = a.read(ctx, q)
 		return err
 	})
 	return out, err
 }
 
-func (s *Store) readAudit(ctx context.Context, q AuditQuery) ([]AuditEvent, error) {
+func (a AuditLog) read(ctx context.Context, q AuditQuery) ([]AuditEvent, error) {
 	// Names, not wildcards: they become the consumer's subject filter.
 	if q.Kind != "" {
 		if err := CheckName("kind", q.Kind); err != nil {
@@ -105,7 +112,7 @@ func (s *Store) readAudit(ctx context.Context, q AuditQuery) ([]AuditEvent, erro
 	if !q.Since.IsZero() {
 		cfg.Since = q.Since
 	} else if q.Kind == "" && q.Tenant == "" {
-		info, err := s.js.JetStream().Stream(ctx, StreamAudit)
+		info, err := a.s.js.JetStream().Stream(ctx, StreamAudit)
 		if err != nil {
 			return nil, fmt.Errorf("schema: audit stream: %w", err)
 		}
@@ -119,7 +126,7 @@ func (s *Store) readAudit(ctx context.Context, q AuditQuery) ([]AuditEvent, erro
 		}
 		cfg.Start = start
 	}
-	r, err := jsx.Read(ctx, s.js.JetStream(), StreamAudit, cfg)
+	r, err := jsx.Read(ctx, a.s.js.JetStream(), StreamAudit, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("schema: read audit: %w", err)
 	}
@@ -138,7 +145,7 @@ func (s *Store) readAudit(ctx context.Context, q AuditQuery) ([]AuditEvent, erro
 		pending = md.NumPending
 		var ev AuditEvent
 		if err := json.Unmarshal(m.Data(), &ev); err != nil {
-			s.opts.Logger.Warn("skipping corrupt audit event", "seq", md.Sequence.Stream, "err", err)
+			a.s.opts.Logger.Warn("skipping corrupt audit event", "seq", md.Sequence.Stream, "err", err)
 			continue
 		}
 		ev.Seq = md.Sequence.Stream

@@ -152,11 +152,11 @@ func (d Directory) Register(ctx context.Context, i Instance) (Instance, error) {
 	}
 	if i.Flag == nil {
 		var prev Instance
-		if _, err := d.s.js.GetJSON(ctx, d.s.instances, i.Key(), &prev); err == nil {
+		if _, err := d.s.js.Records(d.s.instances).Get(ctx, i.Key(), &prev); err == nil {
 			i.Flag = prev.Flag
 		}
 	}
-	rev, err := d.s.js.PutJSON(ctx, d.s.instances, i.Key(), i)
+	rev, err := d.s.js.Records(d.s.instances).Put(ctx, i.Key(), i)
 	if err != nil {
 		return Instance{}, err
 	}
@@ -179,7 +179,7 @@ func (d Directory) Heartbeat(ctx context.Context, i Instance) (Instance, error) 
 		return Instance{}, err
 	}
 	if i.Revision != 0 {
-		rev, err := d.s.js.UpdateJSON(ctx, d.s.instances, i.Key(), i.Revision, i)
+		rev, err := d.s.js.Records(d.s.instances).CompareAndSet(ctx, i.Key(), i.Revision, i)
 		if err == nil {
 			i.Revision = rev
 			return i, nil
@@ -188,11 +188,11 @@ func (d Directory) Heartbeat(ctx context.Context, i Instance) (Instance, error) 
 			return Instance{}, err
 		}
 		var cur Instance
-		if _, err := d.s.js.GetJSON(ctx, d.s.instances, i.Key(), &cur); err == nil {
+		if _, err := d.s.js.Records(d.s.instances).Get(ctx, i.Key(), &cur); err == nil {
 			i.Flag = cur.Flag
 		}
 	}
-	rev, err := d.s.js.PutJSON(ctx, d.s.instances, i.Key(), i)
+	rev, err := d.s.js.Records(d.s.instances).Put(ctx, i.Key(), i)
 	if err != nil {
 		return Instance{}, err
 	}
@@ -205,10 +205,10 @@ func (d Directory) Unregister(ctx context.Context, id InstanceID) error {
 	if err := id.Check(); err != nil {
 		return err
 	}
-	if err := d.s.js.DeleteKey(ctx, d.s.instances, id.Key(), 0); err != nil {
+	if err := d.s.js.Records(d.s.instances).Delete(ctx, id.Key(), 0); err != nil {
 		return err
 	}
-	return d.s.js.DeleteKey(ctx, d.s.members, id.Key(), 0)
+	return d.s.js.Records(d.s.members).Delete(ctx, id.Key(), 0)
 }
 
 // Instance reads one entry.
@@ -217,7 +217,7 @@ func (d Directory) Instance(ctx context.Context, id InstanceID) (Instance, error
 		return Instance{}, err
 	}
 	var i Instance
-	rev, err := d.s.js.GetJSON(ctx, d.s.instances, id.Key(), &i)
+	rev, err := d.s.js.Records(d.s.instances).Get(ctx, id.Key(), &i)
 	if err != nil {
 		return Instance{}, err
 	}
@@ -235,7 +235,7 @@ func (d Directory) Instances(ctx context.Context, kind string) ([]Instance, erro
 		filter = kind + ".>"
 	}
 	var out []Instance
-	_, err := jsx.ListJSON(ctx, d.s.js, d.s.instances, filter, func(_ string, rev uint64, i Instance) {
+	_, err := jsx.ListJSON(ctx, d.s.js.Records(d.s.instances), filter, func(_ string, rev uint64, i Instance) {
 		i.Revision = rev
 		out = append(out, i)
 	})
@@ -248,7 +248,7 @@ func (d Directory) Instances(ctx context.Context, kind string) ([]Instance, erro
 // that is alive after all sees its own membership turn offline and writes it back.
 func (d Directory) MarkOffline(ctx context.Context, i Instance) error {
 	i.Reported = StatusOffline
-	if _, err := d.s.js.UpdateJSON(ctx, d.s.instances, i.Key(), i.Revision, i); err != nil {
+	if _, err := d.s.js.Records(d.s.instances).CompareAndSet(ctx, i.Key(), i.Revision, i); err != nil {
 		return err
 	}
 	_, err := d.PutMember(ctx, i)
@@ -258,14 +258,14 @@ func (d Directory) MarkOffline(ctx context.Context, i Instance) error {
 // RemoveInstance deletes an entry if it is unchanged since it was read (sweeper), and its
 // membership entry.
 func (d Directory) RemoveInstance(ctx context.Context, i Instance) error {
-	err := d.s.js.DeleteKey(ctx, d.s.instances, i.Key(), i.Revision)
+	err := d.s.js.Records(d.s.instances).Delete(ctx, i.Key(), i.Revision)
 	if errors.Is(err, ErrNotFound) {
 		err = nil
 	}
 	if err != nil {
 		return err
 	}
-	err = d.s.js.DeleteKey(ctx, d.s.members, i.Key(), 0)
+	err = d.s.js.Records(d.s.members).Delete(ctx, i.Key(), 0)
 	if errors.Is(err, ErrNotFound) {
 		return nil
 	}
@@ -301,7 +301,7 @@ func (d Directory) PutMember(ctx context.Context, i Instance) (uint64, error) {
 	if err := i.Validate(); err != nil {
 		return 0, err
 	}
-	return d.s.js.PutJSON(ctx, d.s.members, i.Key(), i)
+	return d.s.js.Records(d.s.members).Put(ctx, i.Key(), i)
 }
 
 // Members lists the membership entries, optionally only one kind ("" for all).
@@ -314,7 +314,7 @@ func (d Directory) Members(ctx context.Context, kind string) ([]Instance, error)
 		filter = kind + ".>"
 	}
 	var out []Instance
-	_, err := jsx.ListJSON(ctx, d.s.js, d.s.members, filter, func(_ string, rev uint64, i Instance) {
+	_, err := jsx.ListJSON(ctx, d.s.js.Records(d.s.members), filter, func(_ string, rev uint64, i Instance) {
 		i.Revision = rev
 		out = append(out, i)
 	})

@@ -33,7 +33,7 @@ func (d Directory) InstanceHistory(ctx context.Context, id InstanceID) (StatusHi
 		return StatusHistory{}, 0, err
 	}
 	h := StatusHistory{Instance: id.Key()}
-	rev, err := d.s.js.GetJSON(ctx, d.s.rebalance, HistoryKey(id), &h)
+	rev, err := d.s.js.Records(d.s.rebalance).Get(ctx, HistoryKey(id), &h)
 	if errors.Is(err, ErrNotFound) {
 		return StatusHistory{Instance: id.Key()}, 0, nil
 	}
@@ -55,7 +55,7 @@ func (d Directory) AppendStatus(ctx context.Context, id InstanceID, c StatusChan
 		if n := len(h.Changes); n > MaxStatusHistory {
 			h.Changes = h.Changes[n-MaxStatusHistory:]
 		}
-		_, err = d.s.js.UpdateJSON(ctx, d.s.rebalance, HistoryKey(id), rev, h)
+		_, err = d.s.js.Records(d.s.rebalance).CompareAndSet(ctx, HistoryKey(id), rev, h)
 		if err == nil || !IsConflict(err) || try == 4 {
 			return err
 		}
@@ -64,7 +64,7 @@ func (d Directory) AppendStatus(ctx context.Context, id InstanceID, c StatusChan
 
 // DeleteHistory removes an instance's status history (when the instance leaves the directory).
 func (d Directory) DeleteHistory(ctx context.Context, id InstanceID) error {
-	err := d.s.js.DeleteKey(ctx, d.s.rebalance, HistoryKey(id), 0)
+	err := d.s.js.Records(d.s.rebalance).Delete(ctx, HistoryKey(id), 0)
 	if errors.Is(err, ErrNotFound) {
 		return nil
 	}

@@ -42,12 +42,12 @@ func (d Directory) SetInstanceFlag(ctx context.Context, id InstanceID, f *Instan
 	}
 	for try := 0; ; try++ {
 		var i Instance
-		rev, err := d.s.js.GetJSON(ctx, d.s.instances, id.Key(), &i)
+		rev, err := d.s.js.Records(d.s.instances).Get(ctx, id.Key(), &i)
 		if err != nil {
 			return Instance{}, err
 		}
 		i.Flag = f
-		nrev, err := d.s.js.UpdateJSON(ctx, d.s.instances, id.Key(), rev, i)
+		nrev, err := d.s.js.Records(d.s.instances).CompareAndSet(ctx, id.Key(), rev, i)
 		if err == nil {
 			i.Revision = nrev
 			return i, nil

@@ -308,13 +308,19 @@ func (c KindConfig) Validate() error {
 	return nil
 }
 
-// Kind reads one kind's config; an unregistered kind is ErrUnknownKind.
-func (s *Store) Kind(ctx context.Context, kind string) (KindConfig, error) {
+// Kinds is the handle on the kinds' configs, the bucket tm_kinds: store.Kinds().Get(ctx, kind).
+type Kinds struct{ s *Store }
+
+// Kinds is the handle on the kinds' configs.
+func (s *Store) Kinds() Kinds { return Kinds{s} }
+
+// Get reads one kind's config; an unregistered kind is ErrUnknownKind.
+func (ks Kinds) Get(ctx context.Context, kind string) (KindConfig, error) {
 	if err := CheckName("kind", kind); err != nil {
 		return KindConfig{}, err
 	}
 	var c KindConfig
-	if _, err := s.js.GetJSON(ctx, s.kinds, kind, &c); err != nil {
+	if _, err := ks.s.js.Records(ks.s.kinds).Get(ctx, kind, &c); err != nil {
 		if errors.Is(err, ErrNotFound) {
 			return KindConfig{}, fmt.Errorf("%w: %q is not registered in %s ; register the kind first", ErrUnknownKind, kind, BucketKinds)
 		}
@@ -323,64 +329,46 @@ func (s *Store) Kind(ctx context.Context, kind string) (KindConfig, error) {
 	return c.WithDefaults(), nil
 }
 
-// Kinds lists every registered kind's config.
-func (s *Store) Kinds(ctx context.Context) ([]KindConfig, error) {
+// List lists every registered kind's config.
+func (ks Kinds) List(ctx context.Context) ([]KindConfig, error) {
 	var out []KindConfig
-	_, err := jsx.ListJSON(ctx, s.js, s.kinds, ">", func(_ string, _ uint64, c KindConfig) {
+	_, err := jsx.ListJSON(ctx, ks.s.js.Records(ks.s.kinds), ">", func(_ string, _ uint64, c KindConfig) {
 		out = append(out, c.WithDefaults())
 	})
 	return out, err
 }
 
-// PutKind registers or replaces a kind's config and creates its placement bucket.
-func (s *Store) PutKind(ctx context.Context, c KindConfig) (KindConfig, error) {
+// Put registers or replaces a kind's config and creates its placement bucket.
+func (ks Kinds) Put(ctx context.Context, c KindConfig) (KindConfig, error) {
 	c = c.WithDefaults()
 	if err := c.Validate(); err != nil {
 		return KindConfig{}, err
 	}
-	if _, err := s.placementKVCreate(ctx, c.Kind); err != nil {
+	if _, err := ks.s.placementKVCreate(ctx, c.Kind); err != nil {
 		return KindConfig{}, err
 	}
-	if _, err := s.js.PutJSON(ctx, s.kinds, c.Kind, c); err != nil {
+	if _, err := ks.s.js.Records(ks.s.kinds).Put(ctx, c.Kind, c); err != nil {
 		return KindConfig{}, err
 	}
 	return c, nil
 }
 
-// EnsureKind registers c if its kind is absent and returns the stored config either way.
-func (s *Store) EnsureKind(ctx context.Context, c KindConfig) (KindConfig, error) {
+// Ensure registers c if its kind is absent and returns the stored config either way.
+func (ks Kinds) Ensure(ctx context.Context, c KindConfig) (KindConfig, error) {
 	c = c.WithDefaults()
 	if err := c.Validate(); err != nil {
 		return KindConfig{}, err
 	}
-	if _, err := s.placementKVCreate(ctx, c.Kind); err != nil {
+	if _, err := ks.s.placementKVCreate(ctx, c.Kind); err != nil {
 		return KindConfig{}, err
 	}
-	if _, err := s.js.UpdateJSON(ctx, s.kinds, c.Kind, 0, c); err != nil {
+	if _, err := ks.s.js.Records(ks.s.kinds).Create(ctx, c.Kind, c); err != nil {
 		if errors.Is(err, ErrConflict) {
-			return s.Kind(ctx, c.Kind)
+			return ks.Get(ctx, c.Kind)
 		}
 		return KindConfig{}, err
 	}
 	return c, nil
-}
-
-// PlacementKV opens kind's placement bucket, for writers and watchers. It exists only for
-// registered kinds: others are ErrUnknownKind.
-func (s *Store) PlacementKV(ctx context.Context, kind string) (jetstream.KeyValue, error) {
-	if err := CheckName("kind", kind); err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	kv, ok := s.placements[kind]
-	s.mu.Unlock()
-	if ok {
-		return kv, nil
-	}
-	if _, err := s.Kind(ctx, kind); err != nil {
-		return nil, err
-	}
-	return s.placementKVCreate(ctx, kind)
 }
 
 func (s *Store) placementKVCreate(ctx context.Context, kind string) (jetstream.KeyValue, error) {

@@ -110,12 +110,12 @@ func TestLostWriteAnswersRecognised(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Open the placement bucket before answers get lost.
-	if _, err := st.Placement(ctx, "aggregate", "acme"); !errors.Is(err, ErrNotFound) {
+	if _, err := st.Placements("aggregate").Get(ctx, "acme"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("reading an absent placement: %v", err)
 	}
 
 	loseAnswers(r)
-	p, err := st.CreatePlacement(ctx, Placement{Kind: "aggregate", Tenant: "acme", Shard: "s-1"})
+	p, err := st.Placements("aggregate").Create(ctx, Placement{Tenant: "acme", Shard: "s-1"})
 	if err != nil {
 		t.Fatalf("create whose answer was lost: %v", err)
 	}
@@ -123,31 +123,31 @@ func TestLostWriteAnswersRecognised(t *testing.T) {
 	loseAnswers(r)
 	next := p
 	next.Phase, next.Target, next.Move = PhaseWarming, "s-2", "plan/1"
-	got, err := st.UpdatePlacement(ctx, p, next)
+	got, err := st.Placements(next.Kind).Update(ctx, p, next)
 	if err != nil {
 		t.Fatalf("compare-and-set whose answer was lost: %v", err)
 	}
-	if read, err := st.Placement(ctx, "aggregate", "acme"); err != nil || read.Revision != got.Revision || read.Phase != PhaseWarming {
+	if read, err := st.Placements("aggregate").Get(ctx, "acme"); err != nil || read.Revision != got.Revision || read.Phase != PhaseWarming {
 		t.Fatalf("after the write: %+v (%v), want revision %d warming", read, err, got.Revision)
 	}
 
 	// Someone else's write is still a conflict.
 	other := p
 	other.Phase, other.Target, other.Move = PhaseWarming, "s-3", "plan/2"
-	if _, err := st.UpdatePlacement(ctx, p, other); !errors.As(err, new(*ConflictError)) {
+	if _, err := st.Placements(other.Kind).Update(ctx, p, other); !errors.As(err, new(*ConflictError)) {
 		t.Fatalf("stale compare-and-set: %v, want a conflict", err)
 	}
 
 	loseAnswers(r)
-	if err := st.DeletePlacement(ctx, "aggregate", "acme", got.Revision); err != nil {
+	if err := st.Placements("aggregate").Delete(ctx, "acme", got.Revision); err != nil {
 		t.Fatalf("delete whose answer was lost: %v", err)
 	}
 
 	loseAnswers(r)
-	if err := st.Audit(ctx, AuditEvent{Actor: "test", Action: "test.lost", Kind: "aggregate", Tenant: "acme"}); err != nil {
+	if err := st.Audit().Append(ctx, AuditEvent{Actor: "test", Action: "test.lost", Kind: "aggregate", Tenant: "acme"}); err != nil {
 		t.Fatalf("audit whose answer was lost: %v", err)
 	}
-	evs, err := st.ReadAudit(ctx, AuditQuery{Tenant: "acme"})
+	evs, err := st.Audit().Read(ctx, AuditQuery{Tenant: "acme"})
 	if err != nil {
 		t.Fatal(err)
 	}

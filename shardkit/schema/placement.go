@@ -194,29 +194,43 @@ func CheckTransition(prev, next Placement) error {
 	return bad("not a step of the move state machine")
 }
 
-// Placement reads tenant's placement for kind. Absent: ErrNotFound.
-func (s *Store) Placement(ctx context.Context, kind, tenant string) (Placement, error) {
-	return s.readPlacement(ctx, kind, tenant, s.js.GetJSON)
+// Placements is the handle on one kind's placements, the bucket tm_placement_<kind>:
+// store.Placements(kind).Latest(ctx, tenant). It is a small value, made for each use; the kind
+// is checked, and its bucket opened (once per store), by the calls that need it.
+type Placements struct {
+	s    *Store
+	kind string
 }
 
-// LatestPlacement is Placement answered by the bucket's stream leader, so it sees every write
-// acknowledged before the call (Placement may be answered by a replica that is behind): for a
-// writer about to compare-and-set on what it read.
-func (s *Store) LatestPlacement(ctx context.Context, kind, tenant string) (Placement, error) {
-	return s.readPlacement(ctx, kind, tenant, s.js.LeaderGetJSON)
+// Placements is the handle on kind's placements.
+func (s *Store) Placements(kind string) Placements { return Placements{s: s, kind: kind} }
+
+// Kind is the kind whose placements the handle reaches.
+func (ps Placements) Kind() string { return ps.kind }
+
+// Get reads tenant's placement. Absent: ErrNotFound.
+func (ps Placements) Get(ctx context.Context, tenant string) (Placement, error) {
+	return ps.read(ctx, tenant, (*jsx.Records).Get)
 }
 
-func (s *Store) readPlacement(ctx context.Context, kind, tenant string,
-	get func(context.Context, jetstream.KeyValue, string, any) (uint64, error)) (Placement, error) {
+// Latest is Get answered by the bucket's stream leader, so it sees every write acknowledged
+// before the call (Get may be answered by a replica that is behind): for a writer about to
+// compare-and-set on what it read.
+func (ps Placements) Latest(ctx context.Context, tenant string) (Placement, error) {
+	return ps.read(ctx, tenant, (*jsx.Records).Latest)
+}
+
+func (ps Placements) read(ctx context.Context, tenant string,
+	get func(*jsx.Records, context.Context, string, any) (uint64, error)) (Placement, error) {
 	if err := CheckTenant(tenant); err != nil {
 		return Placement{}, err
 	}
-	kv, err := s.PlacementKV(ctx, kind)
+	kv, err := ps.KV(ctx)
 	if err != nil {
 		return Placement{}, err
 	}
 	var p Placement
-	rev, err := get(ctx, kv, tenant, &p)
+	rev, err := get(ps.s.js.Records(kv), ctx, tenant, &p)
 	if err != nil {
 		return Placement{}, err
 	}
@@ -224,9 +238,23 @@ func (s *Store) readPlacement(ctx context.Context, kind, tenant string,
 	return p, nil
 }
 
-// CreatePlacement writes p only if the tenant has no placement. It returns p with its revision;
-// if the tenant is already placed, a *ConflictError.
-func (s *Store) CreatePlacement(ctx context.Context, p Placement) (Placement, error) {
+// own gives p the handle's kind if it has none; a placement of another kind is ErrInvalid.
+func (ps Placements) own(p *Placement) error {
+	if p.Kind == "" {
+		p.Kind = ps.kind
+	}
+	if p.Kind != ps.kind {
+		return fmt.Errorf("%w: %s/%s: not a placement of kind %s", ErrInvalid, p.Kind, p.Tenant, ps.kind)
+	}
+	return nil
+}
+
+// Create writes p only if the tenant has no placement. It returns p with its revision; if the
+// tenant is already placed, a *ConflictError. p's kind is the handle's (an empty Kind takes it).
+func (ps Placements) Create(ctx context.Context, p Placement) (Placement, error) {
+	if err := ps.own(&p); err != nil {
+		return Placement{}, err
+	}
 	if p.Phase == "" {
 		p.Phase = PhaseActive
 	}
@@ -239,11 +267,11 @@ func (s *Store) CreatePlacement(ctx context.Context, p Placement) (Placement, er
 	if err := p.Validate(); err != nil {
 		return Placement{}, err
 	}
-	kv, err := s.PlacementKV(ctx, p.Kind)
+	kv, err := ps.KV(ctx)
 	if err != nil {
 		return Placement{}, err
 	}
-	rev, err := s.js.UpdateJSON(ctx, kv, p.Tenant, 0, p)
+	rev, err := ps.s.js.Records(kv).Create(ctx, p.Tenant, p)
 	if err != nil {
 		return Placement{}, err
 	}
@@ -251,24 +279,28 @@ func (s *Store) CreatePlacement(ctx context.Context, p Placement) (Placement, er
 	return p, nil
 }
 
-// EnsurePlacement creates p if the tenant is unplaced, else returns the placement that won.
-// Every caller racing on the same tenant gets the same answer.
-func (s *Store) EnsurePlacement(ctx context.Context, p Placement) (_ Placement, created bool, _ error) {
-	got, err := s.CreatePlacement(ctx, p)
+// Ensure creates p if the tenant is unplaced, else returns the placement that won. Every
+// caller racing on the same tenant gets the same answer.
+func (ps Placements) Ensure(ctx context.Context, p Placement) (_ Placement, created bool, _ error) {
+	got, err := ps.Create(ctx, p)
 	if err == nil {
 		return got, true, nil
 	}
 	if !errors.Is(err, ErrConflict) {
 		return Placement{}, false, err
 	}
-	got, err = s.Placement(ctx, p.Kind, p.Tenant)
+	got, err = ps.Get(ctx, p.Tenant)
 	return got, false, err
 }
 
-// UpdatePlacement replaces prev (as read, with its Revision) by next, by compare-and-set on
+// Update replaces prev (as read, with its Revision) by next, by compare-and-set on
 // prev.Revision, after checking the transition. It returns next with its new revision. If the
-// key changed since prev was read, the error is a *ConflictError.
-func (s *Store) UpdatePlacement(ctx context.Context, prev, next Placement) (Placement, error) {
+// key changed since prev was read, the error is a *ConflictError. next's kind is the handle's
+// (an empty Kind takes it).
+func (ps Placements) Update(ctx context.Context, prev, next Placement) (Placement, error) {
+	if err := ps.own(&next); err != nil {
+		return Placement{}, err
+	}
 	next.UpdatedAt = time.Now().UTC()
 	if err := next.Validate(); err != nil {
 		return Placement{}, err
@@ -279,11 +311,11 @@ func (s *Store) UpdatePlacement(ctx context.Context, prev, next Placement) (Plac
 	if prev.Revision == 0 {
 		return Placement{}, fmt.Errorf("%w: %s/%s: prev has no revision; pass the placement as read", ErrInvalid, prev.Kind, prev.Tenant)
 	}
-	kv, err := s.PlacementKV(ctx, next.Kind)
+	kv, err := ps.KV(ctx)
 	if err != nil {
 		return Placement{}, err
 	}
-	rev, err := s.js.UpdateJSON(ctx, kv, next.Tenant, prev.Revision, next)
+	rev, err := ps.s.js.Records(kv).CompareAndSet(ctx, next.Tenant, prev.Revision, next)
 	if err != nil {
 		return Placement{}, err
 	}
@@ -291,28 +323,48 @@ func (s *Store) UpdatePlacement(ctx context.Context, prev, next Placement) (Plac
 	return next, nil
 }
 
-// DeletePlacement removes the tenant's placement if its revision is still rev (0: any).
-func (s *Store) DeletePlacement(ctx context.Context, kind, tenant string, rev uint64) error {
+// Delete removes the tenant's placement if its revision is still rev (0: any).
+func (ps Placements) Delete(ctx context.Context, tenant string, rev uint64) error {
 	if err := CheckTenant(tenant); err != nil {
 		return err
 	}
-	kv, err := s.PlacementKV(ctx, kind)
+	kv, err := ps.KV(ctx)
 	if err != nil {
 		return err
 	}
-	return s.js.DeleteKey(ctx, kv, tenant, rev)
+	return ps.s.js.Records(kv).Delete(ctx, tenant, rev)
 }
 
-// Placements lists every placement of kind (for planners and tools; routers use the watcher).
-func (s *Store) Placements(ctx context.Context, kind string) ([]Placement, int, error) {
-	kv, err := s.PlacementKV(ctx, kind)
+// List lists every placement of the kind (for planners and tools; routers use the watcher),
+// with the number of entries that could not be decoded.
+func (ps Placements) List(ctx context.Context) ([]Placement, int, error) {
+	kv, err := ps.KV(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
 	var out []Placement
-	corrupt, err := jsx.ListJSON(ctx, s.js, kv, ">", func(_ string, rev uint64, p Placement) {
+	corrupt, err := jsx.ListJSON(ctx, ps.s.js.Records(kv), ">", func(_ string, rev uint64, p Placement) {
 		p.Revision = rev
 		out = append(out, p)
 	})
 	return out, corrupt, err
+}
+
+// KV opens the kind's placement bucket, for writers and watchers. It exists only for
+// registered kinds: others are ErrUnknownKind.
+func (ps Placements) KV(ctx context.Context) (jetstream.KeyValue, error) {
+	s, kind := ps.s, ps.kind
+	if err := CheckName("kind", kind); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	kv, ok := s.placements[kind]
+	s.mu.Unlock()
+	if ok {
+		return kv, nil
+	}
+	if _, err := s.Kinds().Get(ctx, kind); err != nil {
+		return nil, err
+	}
+	return s.placementKVCreate(ctx, kind)
 }

@@ -143,7 +143,7 @@ func (rr RouteRegistry) edit(ctx context.Context, r Route, edit func(*Route) boo
 func (rr RouteRegistry) editOnce(ctx context.Context, r Route, edit func(*Route) bool) (Route, error) {
 	key := r.Key()
 	var cur Route
-	rev, err := rr.s.js.GetJSON(ctx, rr.s.routes, key, &cur)
+	rev, err := rr.s.js.Records(rr.s.routes).Get(ctx, key, &cur)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		cur = Route{Method: r.Method, Prefix: r.Prefix, Kind: r.Kind}
@@ -161,13 +161,13 @@ func (rr RouteRegistry) editOnce(ctx context.Context, r Route, edit func(*Route)
 		if rev == 0 {
 			return cur, nil
 		}
-		if err := rr.s.js.DeleteKey(ctx, rr.s.routes, key, rev); err != nil {
+		if err := rr.s.js.Records(rr.s.routes).Delete(ctx, key, rev); err != nil {
 			return Route{}, err
 		}
 		cur.Revision = 0
 		return cur, nil
 	}
-	nrev, err := rr.s.js.UpdateJSON(ctx, rr.s.routes, key, rev, cur)
+	nrev, err := rr.s.js.Records(rr.s.routes).CompareAndSet(ctx, key, rev, cur)
 	if err != nil {
 		return Route{}, err
 	}
@@ -179,7 +179,7 @@ func (rr RouteRegistry) editOnce(ctx context.Context, r Route, edit func(*Route)
 func (rr RouteRegistry) Get(ctx context.Context, kind, method, prefix string) (Route, error) {
 	var r Route
 	key := routeKey(kind, method, prefix)
-	rev, err := rr.s.js.GetJSON(ctx, rr.s.routes, key, &r)
+	rev, err := rr.s.js.Records(rr.s.routes).Get(ctx, key, &r)
 	if err != nil {
 		return Route{}, err
 	}
@@ -190,7 +190,7 @@ func (rr RouteRegistry) Get(ctx context.Context, kind, method, prefix string) (R
 // List lists the registry.
 func (rr RouteRegistry) List(ctx context.Context) ([]Route, error) {
 	var out []Route
-	_, err := jsx.ListJSON(ctx, rr.s.js, rr.s.routes, ">", func(key string, rev uint64, r Route) {
+	_, err := jsx.ListJSON(ctx, rr.s.js.Records(rr.s.routes), ">", func(key string, rev uint64, r Route) {
 		r.Revision, r.key = rev, key
 		out = append(out, r)
 	})

@@ -62,7 +62,7 @@ func FuzzCheckTenant(f *testing.F) {
 func TestPlacementCAS(t *testing.T) {
 	st := kittest.StoreAt(t, natstest.Server(t).URL())
 	ctx := context.Background()
-	p, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "acme", Shard: "aggregate-1"})
+	p, err := st.Placements("aggregate").Create(ctx, schema.Placement{Tenant: "acme", Shard: "aggregate-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,19 +70,19 @@ func TestPlacementCAS(t *testing.T) {
 		t.Fatalf("created %+v", p)
 	}
 	// A second create loses with the typed conflict.
-	_, err = st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "acme", Shard: "aggregate-2"})
+	_, err = st.Placements("aggregate").Create(ctx, schema.Placement{Tenant: "acme", Shard: "aggregate-2"})
 	var ce *schema.ConflictError
 	if !errors.As(err, &ce) || !errors.Is(err, schema.ErrConflict) || ce.Expected != 0 {
 		t.Fatalf("second create: %v", err)
 	}
-	// EnsurePlacement returns the winner.
-	got, created, err := st.EnsurePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "acme", Shard: "aggregate-2"})
+	// Ensure returns the winner.
+	got, created, err := st.Placements("aggregate").Ensure(ctx, schema.Placement{Tenant: "acme", Shard: "aggregate-2"})
 	if err != nil || created || got.Shard != "aggregate-1" {
 		t.Fatalf("ensure = %+v, %v, %v", got, created, err)
 	}
 	warming := p
 	warming.Phase, warming.Target = schema.PhaseWarming, "aggregate-2"
-	w1, err := st.UpdatePlacement(ctx, p, warming)
+	w1, err := st.Placements(warming.Kind).Update(ctx, p, warming)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestPlacementCAS(t *testing.T) {
 		t.Fatalf("new revision %d not after %d", w1.Revision, p.Revision)
 	}
 	// An update from the stale revision is the typed conflict, naming the revision.
-	_, err = st.UpdatePlacement(ctx, p, warming)
+	_, err = st.Placements(warming.Kind).Update(ctx, p, warming)
 	if !errors.As(err, &ce) || ce.Expected != p.Revision || ce.Key != "acme" {
 		t.Fatalf("stale update: %v", err)
 	}
@@ -98,57 +98,68 @@ func TestPlacementCAS(t *testing.T) {
 		t.Fatalf("conflict error does not say what to do: %v", err)
 	}
 	// The stored value is the winner's.
-	cur, err := st.Placement(ctx, "aggregate", "acme")
+	cur, err := st.Placements("aggregate").Get(ctx, "acme")
 	if err != nil || cur.Phase != schema.PhaseWarming || cur.Revision != w1.Revision {
 		t.Fatalf("stored %+v, %v", cur, err)
 	}
 	// Delete by stale revision conflicts; by the current one succeeds.
-	if err := st.DeletePlacement(ctx, "aggregate", "acme", p.Revision); !errors.Is(err, schema.ErrConflict) {
+	if err := st.Placements("aggregate").Delete(ctx, "acme", p.Revision); !errors.Is(err, schema.ErrConflict) {
 		t.Fatalf("stale delete: %v", err)
 	}
-	if err := st.DeletePlacement(ctx, "aggregate", "acme", cur.Revision); err != nil {
+	if err := st.Placements("aggregate").Delete(ctx, "acme", cur.Revision); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.Placement(ctx, "aggregate", "acme"); !errors.Is(err, schema.ErrNotFound) {
+	if _, err := st.Placements("aggregate").Get(ctx, "acme"); !errors.Is(err, schema.ErrNotFound) {
 		t.Fatalf("after delete: %v", err)
 	}
 	// A deleted tenant can be placed again.
-	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: "acme", Shard: "aggregate-3"}); err != nil {
+	if _, err := st.Placements("aggregate").Create(ctx, schema.Placement{Tenant: "acme", Shard: "aggregate-3"}); err != nil {
 		t.Fatalf("re-create after delete: %v", err)
+	}
+	// The handle's kind is the placement's: an empty Kind takes it (above), another is refused.
+	if p.Kind != "aggregate" {
+		t.Fatalf("created placement has kind %q, want the handle's", p.Kind)
+	}
+	other := schema.Placement{Kind: "projection", Tenant: "acme", Shard: "projection-1"}
+	if _, err := st.Placements("aggregate").Create(ctx, other); !errors.Is(err, schema.ErrInvalid) {
+		t.Fatalf("create of another kind's placement: %v, want ErrInvalid", err)
+	}
+	if _, err := st.Placements("aggregate").Update(ctx, p, other); !errors.Is(err, schema.ErrInvalid) {
+		t.Fatalf("update to another kind's placement: %v, want ErrInvalid", err)
 	}
 }
 
 func TestPlacementTypedErrors(t *testing.T) {
 	st := kittest.StoreAt(t, natstest.Server(t).URL())
 	ctx := context.Background()
-	_, err := st.Placement(ctx, "nosuchkind", "acme")
+	_, err := st.Placements("nosuchkind").Get(ctx, "acme")
 	if !errors.Is(err, schema.ErrUnknownKind) {
 		t.Fatalf("unknown kind: %v", err)
 	}
-	_, err = st.CreatePlacement(ctx, schema.Placement{Kind: "nosuchkind", Tenant: "acme", Shard: "s-1"})
+	_, err = st.Placements("nosuchkind").Create(ctx, schema.Placement{Tenant: "acme", Shard: "s-1"})
 	if !errors.Is(err, schema.ErrUnknownKind) {
 		t.Fatalf("create in unknown kind: %v", err)
 	}
-	_, err = st.Placement(ctx, "aggregate", "bad.tenant")
+	_, err = st.Placements("aggregate").Get(ctx, "bad.tenant")
 	if !errors.Is(err, schema.ErrInvalidTenant) {
 		t.Fatalf("invalid tenant: %v", err)
 	}
-	_, err = st.Placement(ctx, "bad.kind", "acme")
+	_, err = st.Placements("bad.kind").Get(ctx, "acme")
 	if !errors.Is(err, schema.ErrInvalidName) {
 		t.Fatalf("invalid kind name: %v", err)
 	}
 	// A kind registered later works.
-	if _, err := st.PutKind(ctx, schema.KindConfig{Kind: "render", Policy: schema.PolicyAffinity}); err != nil {
+	if _, err := st.Kinds().Put(ctx, schema.KindConfig{Kind: "render", Policy: schema.PolicyAffinity}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "render", Tenant: "acme", Shard: "render-1"}); err != nil {
+	if _, err := st.Placements("render").Create(ctx, schema.Placement{Tenant: "acme", Shard: "render-1"}); err != nil {
 		t.Fatal(err)
 	}
-	k, err := st.Kind(ctx, "render")
+	k, err := st.Kinds().Get(ctx, "render")
 	if err != nil || k.Affinity == nil || k.Affinity.Multiplex != 1 || k.Capacity != 4 {
 		t.Fatalf("render kind = %+v, %v", k, err)
 	}
-	if _, err := st.PutKind(ctx, schema.KindConfig{Kind: "x", Policy: "random"}); !errors.Is(err, schema.ErrInvalid) {
+	if _, err := st.Kinds().Put(ctx, schema.KindConfig{Kind: "x", Policy: "random"}); !errors.Is(err, schema.ErrInvalid) {
 		t.Fatalf("bad policy: %v", err)
 	}
 }
@@ -333,23 +344,23 @@ func TestAuditAndSignals(t *testing.T) {
 	ctx := context.Background()
 	for i, tenant := range []string{"a", "b", "a"} {
 		ev := schema.AuditEvent{Actor: "test", Action: "placement.assign", Kind: "aggregate", Tenant: tenant, Revision: uint64(i + 1)}
-		if err := st.Audit(ctx, ev); err != nil {
+		if err := st.Audit().Append(ctx, ev); err != nil {
 			t.Fatal(err)
 		}
 	}
-	all, err := st.ReadAudit(ctx, schema.AuditQuery{})
+	all, err := st.Audit().Read(ctx, schema.AuditQuery{})
 	if err != nil || len(all) != 3 {
 		t.Fatalf("audit = %d, %v", len(all), err)
 	}
-	onlyA, err := st.ReadAudit(ctx, schema.AuditQuery{Tenant: "a", Limit: 1})
+	onlyA, err := st.Audit().Read(ctx, schema.AuditQuery{Tenant: "a", Limit: 1})
 	if err != nil || len(onlyA) != 1 || onlyA[0].Revision != 3 {
 		t.Fatalf("audit for a, newest 1 = %+v, %v", onlyA, err)
 	}
 	id := schema.InstanceID{Kind: "aggregate", Shard: "aggregate-2", Instance: "x"}
-	if _, err := st.PutSignal(ctx, schema.TenantSignal{Kind: "aggregate", Tenant: "a", Shard: id.Shard, Instance: id.Instance, Phase: schema.SignalReady, Applied: 10, Fence: 10}); err != nil {
+	if _, err := st.Signals().Put(ctx, schema.TenantSignal{Kind: "aggregate", Tenant: "a", Shard: id.Shard, Instance: id.Instance, Phase: schema.SignalReady, Applied: 10, Fence: 10}); err != nil {
 		t.Fatal(err)
 	}
-	sigs, err := st.Signals(ctx, "aggregate", "a", "aggregate-2")
+	sigs, err := st.Signals().List(ctx, "aggregate", "a", "aggregate-2")
 	if err != nil || len(sigs) != 1 || sigs[0].Phase != schema.SignalReady {
 		t.Fatalf("signals = %+v, %v", sigs, err)
 	}
@@ -364,7 +375,7 @@ func TestRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got rec
-	if r, err := st.Rebalance().Get(ctx, schema.PlanKey("p1"), &got); err != nil || r != rev || got.N != 1 {
+	if r, err := st.Rebalance().Latest(ctx, schema.PlanKey("p1"), &got); err != nil || r != rev || got.N != 1 {
 		t.Fatalf("GetRecord = %d %+v %v, want %d {1}", r, got, err, rev)
 	}
 	if _, err := st.Rebalance().Create(ctx, schema.PlanKey("p1"), rec{2}); !errors.Is(err, schema.ErrConflict) {
@@ -373,10 +384,10 @@ func TestRecords(t *testing.T) {
 	if err := st.Rebalance().Delete(ctx, schema.PlanKey("p1"), 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.Rebalance().Get(ctx, schema.PlanKey("p1"), &got); !errors.Is(err, schema.ErrNotFound) {
+	if _, err := st.Rebalance().Latest(ctx, schema.PlanKey("p1"), &got); !errors.Is(err, schema.ErrNotFound) {
 		t.Fatalf("deleted record: %v, want ErrNotFound", err)
 	}
-	if _, err := st.Rebalance().Get(ctx, schema.PlanKey("never"), &got); !errors.Is(err, schema.ErrNotFound) {
+	if _, err := st.Rebalance().Latest(ctx, schema.PlanKey("never"), &got); !errors.Is(err, schema.ErrNotFound) {
 		t.Fatalf("absent record: %v, want ErrNotFound", err)
 	}
 }
@@ -394,11 +405,11 @@ func TestUnavailable(t *testing.T) {
 	srv.Stop()
 	var v struct{}
 	for name, call := range map[string]func() error{
-		"get record": func() error { _, err := st.Rebalance().Get(ctx, schema.PlanKey("p1"), &v); return err },
-		"kind":       func() error { _, err := st.Kind(ctx, "aggregate"); return err },
-		"kinds":      func() error { _, err := st.Kinds(ctx); return err },
+		"get record": func() error { _, err := st.Rebalance().Latest(ctx, schema.PlanKey("p1"), &v); return err },
+		"kind":       func() error { _, err := st.Kinds().Get(ctx, "aggregate"); return err },
+		"kinds":      func() error { _, err := st.Kinds().List(ctx); return err },
 		"create":     func() error { _, err := st.Rebalance().Create(ctx, schema.PlanKey("p2"), v); return err },
-		"audit":      func() error { _, err := st.ReadAudit(ctx, schema.AuditQuery{}); return err },
+		"audit":      func() error { _, err := st.Audit().Read(ctx, schema.AuditQuery{}); return err },
 	} {
 		start := time.Now()
 		err := call()

@@ -111,8 +111,16 @@ func (t TenantSignal) id() InstanceID {
 	return InstanceID{Kind: t.Kind, Shard: t.Shard, Instance: t.Instance}
 }
 
-// PutSignal writes an instance's signal for a tenant.
-func (s *Store) PutSignal(ctx context.Context, sig TenantSignal) (TenantSignal, error) {
+// Signals is the handle on the tenants' signals, the bucket tm_tenant_state (each instance's
+// warming, ready, draining and drained reports of the tenants it hosts) and their notes on core
+// NATS: store.Signals().Put(ctx, sig).
+type Signals struct{ s *Store }
+
+// Signals is the handle on the tenants' signals.
+func (s *Store) Signals() Signals { return Signals{s} }
+
+// Put writes an instance's signal for a tenant.
+func (ss Signals) Put(ctx context.Context, sig TenantSignal) (TenantSignal, error) {
 	if err := CheckTenant(sig.Tenant); err != nil {
 		return TenantSignal{}, err
 	}
@@ -120,7 +128,7 @@ func (s *Store) PutSignal(ctx context.Context, sig TenantSignal) (TenantSignal, 
 		return TenantSignal{}, err
 	}
 	sig.Updated = time.Now().UTC()
-	rev, err := s.js.PutJSON(ctx, s.signals, signalKey(sig.Kind, sig.Tenant, sig.id()), sig)
+	rev, err := ss.s.js.Records(ss.s.signals).Put(ctx, signalKey(sig.Kind, sig.Tenant, sig.id()), sig)
 	if err != nil {
 		return TenantSignal{}, err
 	}
@@ -128,17 +136,17 @@ func (s *Store) PutSignal(ctx context.Context, sig TenantSignal) (TenantSignal, 
 	return sig, nil
 }
 
-// DeleteSignal removes an instance's signal for a tenant (it no longer hosts it).
-func (s *Store) DeleteSignal(ctx context.Context, kind, tenant string, id InstanceID) error {
+// Delete removes an instance's signal for a tenant (it no longer hosts it).
+func (ss Signals) Delete(ctx context.Context, kind, tenant string, id InstanceID) error {
 	if err := CheckTenant(tenant); err != nil {
 		return err
 	}
-	return s.js.DeleteKey(ctx, s.signals, signalKey(kind, tenant, id), 0)
+	return ss.s.js.Records(ss.s.signals).Delete(ctx, signalKey(kind, tenant, id), 0)
 }
 
-// Signals lists the signals of a tenant on one shard (every instance), or on every shard when
+// List lists the signals of a tenant on one shard (every instance), or on every shard when
 // shard is "".
-func (s *Store) Signals(ctx context.Context, kind, tenant, shard string) ([]TenantSignal, error) {
+func (ss Signals) List(ctx context.Context, kind, tenant, shard string) ([]TenantSignal, error) {
 	if err := CheckTenant(tenant); err != nil {
 		return nil, err
 	}
@@ -153,20 +161,20 @@ func (s *Store) Signals(ctx context.Context, kind, tenant, shard string) ([]Tena
 		filter = SignalFilter(kind, tenant, shard)
 	}
 	var out []TenantSignal
-	_, err := jsx.ListJSON(ctx, s.js, s.signals, filter, func(_ string, rev uint64, t TenantSignal) {
+	_, err := jsx.ListJSON(ctx, ss.s.js.Records(ss.s.signals), filter, func(_ string, rev uint64, t TenantSignal) {
 		t.Revision = rev
 		out = append(out, t)
 	})
 	return out, err
 }
 
-// Signal reads one instance's signal for a tenant (a direct get, which any replica may answer).
+// Get reads one instance's signal for a tenant (a direct get, which any replica may answer).
 // ok is false when there is none.
-func (s *Store) Signal(ctx context.Context, kind, tenant string, id InstanceID) (sig TenantSignal, ok bool, err error) {
+func (ss Signals) Get(ctx context.Context, kind, tenant string, id InstanceID) (sig TenantSignal, ok bool, err error) {
 	if err := CheckTenant(tenant); err != nil {
 		return TenantSignal{}, false, err
 	}
-	rev, err := s.js.GetJSON(ctx, s.signals, signalKey(kind, tenant, id), &sig)
+	rev, err := ss.s.js.Records(ss.s.signals).Get(ctx, signalKey(kind, tenant, id), &sig)
 	if errors.Is(err, ErrNotFound) {
 		return TenantSignal{}, false, nil
 	}
@@ -177,11 +185,11 @@ func (s *Store) Signal(ctx context.Context, kind, tenant string, id InstanceID) 
 	return sig, true, nil
 }
 
-// NoteSignal tells shard's instances (core NATS, no acknowledgement) that sig was written: the
+// Note tells shard's instances (core NATS, no acknowledgement) that sig was written: the
 // signal as stored, with its revision. Only shards of sig's kind may publish notes for its
 // shards, and their credentials can already write the kind's placements, so a note is trusted
 // as far as they are; a lost note is covered by the reader's direct reads of tm_tenant_state.
-func (s *Store) NoteSignal(shard string, sig TenantSignal) error {
+func (ss Signals) Note(shard string, sig TenantSignal) error {
 	if err := CheckName("shard", shard); err != nil {
 		return err
 	}
@@ -189,7 +197,7 @@ func (s *Store) NoteSignal(shard string, sig TenantSignal) error {
 	if err != nil {
 		return fmt.Errorf("schema: encode signal note: %w", err)
 	}
-	return s.js.Conn().Publish(SignalNoteSubject(sig.Kind, shard), b)
+	return ss.s.js.Conn().Publish(SignalNoteSubject(sig.Kind, shard), b)
 }
 
 // signalNote is a TenantSignal with its revision on the wire.
@@ -200,14 +208,14 @@ type signalNote struct {
 
 func noteOf(sig TenantSignal) signalNote { return signalNote{TenantSignal: sig, Rev: sig.Revision} }
 
-// SubscribeSignalNotes calls fn with each signal noted for shard of kind. fn runs on the
+// SubscribeNotes calls fn with each signal noted for shard of kind. fn runs on the
 // subscription's goroutine and must not block. Malformed notes are dropped.
-func (s *Store) SubscribeSignalNotes(kind, shard string, fn func(TenantSignal)) (*nats.Subscription, error) {
+func (ss Signals) SubscribeNotes(kind, shard string, fn func(TenantSignal)) (*nats.Subscription, error) {
 	if err := CheckName("shard", shard); err != nil {
 		return nil, err
 	}
 	subj := SignalNoteSubject(kind, shard)
-	sub, err := s.js.Conn().Subscribe(subj, func(m *nats.Msg) {
+	sub, err := ss.s.js.Conn().Subscribe(subj, func(m *nats.Msg) {
 		var n signalNote
 		if json.Unmarshal(m.Data, &n) != nil || n.Kind != kind || CheckTenant(n.Tenant) != nil || n.id().Check() != nil {
 			return
@@ -226,7 +234,7 @@ func SignalFilter(kind, tenant, shard string) string { return kind + "." + tenan
 
 // KV is one of the shared buckets the store opened, for watchers: BucketKinds, BucketInstances,
 // BucketRoutes, BucketTenantState (the rebalancer awaits ready and drained there) or
-// BucketRebalance. Any other name is nil; a kind's placements are PlacementKV.
+// BucketRebalance. Any other name is nil; a kind's placements are Placements(kind).KV.
 func (s *Store) KV(bucket string) jetstream.KeyValue {
 	switch bucket {
 	case BucketKinds:

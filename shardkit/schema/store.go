@@ -67,7 +67,9 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// Store reads and writes tenantmesh's state in NATS. It is safe for concurrent use.
+// Store reads and writes tenantmesh's state in NATS. It is safe for concurrent use. Each
+// resource has its handle, a small value made per use: Placements(kind), Kinds(), Directory(),
+// Routes(), Signals(), Audit(), Digests() and Rebalance().
 type Store struct {
 	js   *jsx.Client
 	opts Options
@@ -80,7 +82,7 @@ type Store struct {
 	snapMu sync.Mutex // one opening at a time; the handle is kept
 	snaps  jetstream.ObjectStore
 
-	verifyMu sync.Mutex // VerifyKV: one opening at a time; the handle is kept
+	verifyMu sync.Mutex // Digests().KV: one opening at a time; the handle is kept
 	verify   jetstream.KeyValue
 }
 
@@ -127,7 +129,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts Options) (*Store, error) {
 		return s, nil
 	}
 	for _, k := range s.opts.DefaultKinds {
-		if _, err := s.EnsureKind(ctx, DefaultKindConfig(k)); err != nil {
+		if _, err := s.Kinds().Ensure(ctx, DefaultKindConfig(k)); err != nil {
 			return nil, err
 		}
 	}
@@ -147,7 +149,7 @@ func (s *Store) Provision(ctx context.Context) error {
 	if err := s.EnsureJobsStream(ctx); err != nil {
 		return err
 	}
-	if _, err := s.VerifyKV(ctx); err != nil {
+	if _, err := s.Digests().KV(ctx); err != nil {
 		return err
 	}
 	_, err := s.Snapshots(ctx)

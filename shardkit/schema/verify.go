@@ -171,10 +171,18 @@ func DigestFilter(kind, tenant string, epoch uint64) string {
 	return kind + "." + tenant + "." + strconv.FormatUint(epoch, 10) + ".>"
 }
 
-// VerifyKV opens tm_verify, creating it unless the store attaches. A store that attaches and
-// finds no bucket (a rebalancer older than move verification) gets ErrNotFound at once: digests
-// are then simply not recorded.
-func (s *Store) VerifyKV(ctx context.Context) (jetstream.KeyValue, error) {
+// Digests is the handle on the moves' state digests, the bucket tm_verify:
+// store.Digests().Put(ctx, rec).
+type Digests struct{ s *Store }
+
+// Digests is the handle on the moves' state digests.
+func (s *Store) Digests() Digests { return Digests{s} }
+
+// KV opens tm_verify, creating it unless the store attaches. A store that attaches and finds no
+// bucket (a rebalancer older than move verification) gets ErrNotFound at once: digests are then
+// simply not recorded.
+func (ds Digests) KV(ctx context.Context) (jetstream.KeyValue, error) {
+	s := ds.s
 	s.verifyMu.Lock()
 	defer s.verifyMu.Unlock()
 	if s.verify != nil {
@@ -199,9 +207,10 @@ func (s *Store) VerifyKV(ctx context.Context) (jetstream.KeyValue, error) {
 	return kv, nil
 }
 
-// PutDigestRecord writes rec (overwriting an earlier record of the same instance at the same
-// epoch: an aborted move's), to be removed DigestTTL later.
-func (s *Store) PutDigestRecord(ctx context.Context, rec DigestRecord) error {
+// Put writes rec (overwriting an earlier record of the same instance at the same epoch: an
+// aborted move's), to be removed DigestTTL later.
+func (ds Digests) Put(ctx context.Context, rec DigestRecord) error {
+	s := ds.s
 	if err := CheckTenant(rec.Tenant); err != nil {
 		return err
 	}
@@ -212,7 +221,7 @@ func (s *Store) PutDigestRecord(ctx context.Context, rec DigestRecord) error {
 	if rec.Role != RoleSource && rec.Role != RoleTarget {
 		return fmt.Errorf("%w: digest record role %q is not %s or %s", ErrInvalid, rec.Role, RoleSource, RoleTarget)
 	}
-	kv, err := s.VerifyKV(ctx)
+	kv, err := ds.KV(ctx)
 	if err != nil {
 		return err
 	}
@@ -237,21 +246,21 @@ func (s *Store) PutDigestRecord(ctx context.Context, rec DigestRecord) error {
 // every record carries a format).
 var ErrNewerFormat = jsx.ErrNewerFormat
 
-// DigestRecords lists the records of one handoff of kind's tenant at epoch.
-func (s *Store) DigestRecords(ctx context.Context, kind, tenant string, epoch uint64) ([]DigestRecord, error) {
+// List lists the records of one handoff of kind's tenant at epoch.
+func (ds Digests) List(ctx context.Context, kind, tenant string, epoch uint64) ([]DigestRecord, error) {
 	if err := CheckTenant(tenant); err != nil {
 		return nil, err
 	}
 	if err := CheckName("kind", kind); err != nil {
 		return nil, err
 	}
-	kv, err := s.VerifyKV(ctx)
+	kv, err := ds.KV(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var out []DigestRecord
 	var newer error
-	_, err = jsx.ListJSON(ctx, s.js, kv, DigestFilter(kind, tenant, epoch), func(key string, _ uint64, r DigestRecord) {
+	_, err = jsx.ListJSON(ctx, ds.s.js.Records(kv), DigestFilter(kind, tenant, epoch), func(key string, _ uint64, r DigestRecord) {
 		if r.Format > digestFormat {
 			newer = fmt.Errorf("schema: %s/%s format %d: %w", BucketVerify, key, r.Format, ErrNewerFormat)
 			return

@@ -68,11 +68,11 @@ func TestRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	st := kittest.StoreAt(t, srv.URL())
-	if _, err := st.EnsureKind(ctx, schema.KindConfig{Kind: "echo"}); err != nil {
+	if _, err := st.Kinds().Ensure(ctx, schema.KindConfig{Kind: "echo"}); err != nil {
 		t.Fatal(err)
 	}
 	for tenant, shard := range map[string]string{"acme": "echo-1", "globex": "echo-2"} {
-		if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "echo", Tenant: tenant, Shard: shard, Epoch: 1, Phase: schema.PhaseActive}); err != nil {
+		if _, err := st.Placements("echo").Create(ctx, schema.Placement{Tenant: tenant, Shard: shard, Epoch: 1, Phase: schema.PhaseActive}); err != nil {
 			t.Fatal(err)
 		}
 	}

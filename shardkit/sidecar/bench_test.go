@@ -51,10 +51,10 @@ func startEmbedded(b *testing.B, natsURL string) string {
 func BenchmarkSidecarLatency(b *testing.B) {
 	st, natsURL := openStore(b)
 	ctx := context.Background()
-	if _, err := st.EnsureKind(ctx, schema.KindConfig{Kind: "bench"}); err != nil {
+	if _, err := st.Kinds().Ensure(ctx, schema.KindConfig{Kind: "bench"}); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "bench", Tenant: "acme", Shard: "bench-1"}); err != nil {
+	if _, err := st.Placements("bench").Create(ctx, schema.Placement{Tenant: "acme", Shard: "bench-1"}); err != nil {
 		b.Fatal(err)
 	}
 	upstream := httptest.NewServer(ok)

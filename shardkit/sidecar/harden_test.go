@@ -49,10 +49,10 @@ func TestAttackSidecarHooks(t *testing.T) {
 	st, natsURL := openStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := st.PutKind(ctx, schema.KindConfig{Kind: "notes"}); err != nil {
+	if _, err := st.Kinds().Put(ctx, schema.KindConfig{Kind: "notes"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "notes", Tenant: "acme", Shard: "notes-1"}); err != nil {
+	if _, err := st.Placements("notes").Create(ctx, schema.Placement{Tenant: "acme", Shard: "notes-1"}); err != nil {
 		t.Fatal(err)
 	}
 	url := sidecartest.Start(t, natsURL, "notes", "notes-1", "a", up.URL, "release")

@@ -126,14 +126,14 @@ func TestWarmupStrategyBySize(t *testing.T) {
 	ctx := context.Background()
 	kc := schema.DefaultKindConfig("aggregate")
 	kc.Warmup = &schema.WarmupConfig{SnapshotAboveBytes: 100 << 10, SLO: schema.Duration(time.Hour)}
-	if _, err := st.PutKind(ctx, kc); err != nil {
+	if _, err := st.Kinds().Put(ctx, kc); err != nil {
 		t.Fatal(err)
 	}
 	src := startAggregate(t, st, "aggregate-1", aggregate.Config{SnapshotEvery: 100})
 	dst := startAggregate(t, st, "aggregate-2", aggregate.Config{SnapshotEvery: 100})
 	events := map[string]int{"big": 1500, "small": 150} // ~375 KB and ~37 KB of events
 	for tenant, n := range events {
-		if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: tenant, Shard: "aggregate-1"}); err != nil {
+		if _, err := st.Placements("aggregate").Create(ctx, schema.Placement{Tenant: tenant, Shard: "aggregate-1"}); err != nil {
 			t.Fatal(err)
 		}
 		command(t, src.svc, tenant, "acc", aggregate.CmdOpen, 0, "open")

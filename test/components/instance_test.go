@@ -58,16 +58,16 @@ func TestInstancePage(t *testing.T) {
 	srv := natstest.Server(t)
 	st := kittest.StoreAt(t, srv.URL())
 	ctx := t.Context()
-	kc, err := st.Kind(ctx, "runner")
+	kc, err := st.Kinds().Get(ctx, "runner")
 	if err != nil {
 		t.Fatal(err)
 	}
 	kc.DegradedErrorRate = 0.8
-	if _, err := st.PutKind(ctx, kc); err != nil {
+	if _, err := st.Kinds().Put(ctx, kc); err != nil {
 		t.Fatal(err)
 	}
 	for tenant, shard := range map[string]string{"acme": "runner-1", "globex": "runner-1", "initech": "runner-2"} {
-		if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "runner", Tenant: tenant, Shard: shard}); err != nil {
+		if _, err := st.Placements("runner").Create(ctx, schema.Placement{Tenant: tenant, Shard: shard}); err != nil {
 			t.Fatal(err)
 		}
 	}

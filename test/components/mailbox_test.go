@@ -67,7 +67,7 @@ func send(t *testing.T, method, url, body string) (*http.Response, string) {
 func TestProducerFindsTheWaitingConsumer(t *testing.T) {
 	srv := natstest.Server(t)
 	st := kittest.StoreAt(t, srv.URL())
-	if _, err := st.PutKind(t.Context(), mailbox.KindConfig()); err != nil {
+	if _, err := st.Kinds().Put(t.Context(), mailbox.KindConfig()); err != nil {
 		t.Fatal(err)
 	}
 	a, aURL := startMailbox(t, st, "a")

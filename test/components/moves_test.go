@@ -59,7 +59,7 @@ func moveWithEngine(t testing.TB, st *schema.Store, kind, tenant, to, warmup str
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	p, err := st.Placement(ctx, kind, tenant)
+	p, err := st.Placements(kind).Get(ctx, tenant)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,11 +89,11 @@ func verifiedKind(t testing.TB, st *schema.Store, kind, shard string, tenants ..
 	ctx := context.Background()
 	kc := schema.DefaultKindConfig(kind)
 	kc.Verify = true
-	if _, err := st.PutKind(ctx, kc); err != nil {
+	if _, err := st.Kinds().Put(ctx, kc); err != nil {
 		t.Fatal(err)
 	}
 	for _, tenant := range tenants {
-		if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: kind, Tenant: tenant, Shard: shard}); err != nil {
+		if _, err := st.Placements(kind).Create(ctx, schema.Placement{Tenant: tenant, Shard: shard}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -47,7 +47,7 @@ func TestPolicyLoadRun(t *testing.T) {
 	)
 	run := func(t *testing.T, policy schema.Policy) runResult {
 		st, _ := kittest.Store(t)
-		if _, err := st.PutKind(context.Background(), schema.KindConfig{Kind: render.Kind, Policy: policy, Capacity: capacity}); err != nil {
+		if _, err := st.Kinds().Put(context.Background(), schema.KindConfig{Kind: render.Kind, Policy: policy, Capacity: capacity}); err != nil {
 			t.Fatal(err)
 		}
 		for i := range instances {

@@ -70,7 +70,7 @@ func TestRenderAffinityEndToEnd(t *testing.T) {
 	}
 	st := kittest.StoreAt(t, natstest.Server(t).URL())
 	ctx := context.Background()
-	if _, err := st.PutKind(ctx, render.KindConfig()); err != nil {
+	if _, err := st.Kinds().Put(ctx, render.KindConfig()); err != nil {
 		t.Fatal(err)
 	}
 	a := startRender(t, st, "render-a", "a", 2, render.Config{Capacity: 2, LoadTime: 2 * time.Millisecond, RenderTime: time.Microsecond})
@@ -99,7 +99,7 @@ func TestRenderAffinityEndToEnd(t *testing.T) {
 		t.Fatalf("tenants per instance %v", per)
 	}
 	// t1 is the least recently used: pressure sends t5 to t1's owner, which disposes t1.
-	p1, err := st.Placement(ctx, render.Kind, "t1")
+	p1, err := st.Placements(render.Kind).Get(ctx, "t1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,10 +108,10 @@ func TestRenderAffinityEndToEnd(t *testing.T) {
 		t.Fatalf("pressure: %d on %s, want t1's owner %s", code, tgt, p1.Owners[0])
 	}
 	eventually(t, "t1 released after disposal", func() bool {
-		_, err := st.Placement(ctx, render.Kind, "t1")
+		_, err := st.Placements(render.Kind).Get(ctx, "t1")
 		return errors.Is(err, schema.ErrNotFound)
 	})
-	p5, err := st.Placement(ctx, render.Kind, "t5")
+	p5, err := st.Placements(render.Kind).Get(ctx, "t5")
 	if err != nil || !slices.Equal(p5.Owners, []string{tgt}) {
 		t.Fatalf("t5 placement %+v %v", p5, err)
 	}

@@ -111,12 +111,12 @@ func TestVerifyQueueAtTheFence(t *testing.T) {
 	hooks := dst.Hooks()
 	warm := hooks.Warm
 	hooks.Warm = func(ctx context.Context, tenant string, fence uint64) error {
-		if p, err := st.LatestPlacement(ctx, runner.Kind, tenant); err == nil && p.Phase == schema.PhaseHandoff && tenant == "lossy" {
+		if p, err := st.Placements(runner.Kind).Latest(ctx, tenant); err == nil && p.Phase == schema.PhaseHandoff && tenant == "lossy" {
 			once.Do(func() {
 				// The source reads its digest beside the handoff: lose the job once it has
 				// recorded what it saw at the fence, as a target that lost it would.
 				tmtest.WaitFor(t, 10*time.Second, tmtest.Until("the source's digest recorded", func() bool {
-					recs, err := st.DigestRecords(ctx, runner.Kind, tenant, p.Epoch)
+					recs, err := st.Digests().List(ctx, runner.Kind, tenant, p.Epoch)
 					return err == nil && slices.ContainsFunc(recs, func(r schema.DigestRecord) bool { return r.Role == schema.RoleSource })
 				}))
 				if err := dropQueueEntry(ctx, st, tenant, lost); err != nil {
@@ -129,7 +129,7 @@ func TestVerifyQueueAtTheFence(t *testing.T) {
 	kittest.Shard(t, shardkit.Config{Store: st, ID: schema.InstanceID{Kind: runner.Kind, Shard: "runner-2", Instance: "i1"}, Hooks: hooks})
 
 	for _, tenant := range []string{"steady", "lossy"} {
-		if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: runner.Kind, Tenant: tenant, Shard: "runner-1"}); err != nil {
+		if _, err := st.Placements(runner.Kind).Create(ctx, schema.Placement{Tenant: tenant, Shard: "runner-1"}); err != nil {
 			t.Fatal(err)
 		}
 		owning(t, src, tenant, true)
@@ -237,7 +237,7 @@ func dues(runs []runner.Run) []string {
 func TestScheduleAcrossEngineMove(t *testing.T) {
 	st, _ := kittest.Store(t)
 	const tenant = "acme"
-	p, err := st.CreatePlacement(context.Background(), schema.Placement{Kind: runner.Kind, Tenant: tenant, Shard: "runner-1"})
+	p, err := st.Placements(runner.Kind).Create(context.Background(), schema.Placement{Tenant: tenant, Shard: "runner-1"})
 	if err != nil {
 		t.Fatal(err)
 	}

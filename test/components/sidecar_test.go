@@ -114,13 +114,13 @@ func TestPythonServiceMovesLive(t *testing.T) {
 	srv := natstest.Server(t)
 	st, natsURL := kittest.StoreAt(t, srv.URL()), srv.URL()
 	ctx := context.Background()
-	if _, err := st.EnsureKind(ctx, schema.KindConfig{Kind: "notes"}); err != nil {
+	if _, err := st.Kinds().Ensure(ctx, schema.KindConfig{Kind: "notes"}); err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
 	sidecartest.Start(t, natsURL, "notes", "notes-1", "a", python(t, dir), "warm,applied,fence,release")
 	sidecartest.Start(t, natsURL, "notes", "notes-2", "a", python(t, dir), "warm,applied,fence,release")
-	p, err := st.CreatePlacement(ctx, schema.Placement{Kind: "notes", Tenant: "alice", Shard: "notes-1"})
+	p, err := st.Placements("notes").Create(ctx, schema.Placement{Tenant: "alice", Shard: "notes-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,10 +227,10 @@ func TestGRPCServiceBehindSidecar(t *testing.T) {
 	st, natsURL := kittest.StoreAt(t, srv.URL()), srv.URL()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := st.EnsureKind(ctx, schema.KindConfig{Kind: "hc"}); err != nil {
+	if _, err := st.Kinds().Ensure(ctx, schema.KindConfig{Kind: "hc"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "hc", Tenant: "acme", Shard: "hc-1", Epoch: 1, Phase: schema.PhaseActive}); err != nil {
+	if _, err := st.Placements("hc").Create(ctx, schema.Placement{Tenant: "acme", Shard: "hc-1", Epoch: 1, Phase: schema.PhaseActive}); err != nil {
 		t.Fatal(err)
 	}
 	gs := grpc.NewServer()
@@ -297,7 +297,7 @@ func TestGRPCServiceBehindSidecar(t *testing.T) {
 		t.Fatalf("the stream at the tenant's drain: %v, want UNAVAILABLE (Tenant moved)", err)
 	}
 	// Straight to the sidecar, for a tenant of another shard: the gate's status.
-	if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "hc", Tenant: "globex", Shard: "hc-2", Epoch: 1, Phase: schema.PhaseActive}); err != nil {
+	if _, err := st.Placements("hc").Create(ctx, schema.Placement{Tenant: "globex", Shard: "hc-2", Epoch: 1, Phase: schema.PhaseActive}); err != nil {
 		t.Fatal(err)
 	}
 	var tr metadata.MD

@@ -97,7 +97,7 @@ func TestVerifyHoldsTheSourceOnMismatch(t *testing.T) {
 	var stream sync.Map
 	for _, tenant := range []string{"good", "bad"} {
 		stream.Store(tenant, []string{tenant + "-1", tenant + "-2", tenant + "-3"})
-		if _, err := st.CreatePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: tenant, Shard: "aggregate-1"}); err != nil {
+		if _, err := st.Placements("aggregate").Create(ctx, schema.Placement{Tenant: tenant, Shard: "aggregate-1"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -148,7 +148,7 @@ func TestVerifyHoldsTheSourceOnMismatch(t *testing.T) {
 		t.Fatalf("after the operator's release: released %d, held %+v", src.released("bad"), a.HeldTenants())
 	}
 	var recs []schema.DigestRecord
-	if recs, err = st.DigestRecords(ctx, "aggregate", "bad", bad.Epoch); err != nil || len(recs) != 2 {
+	if recs, err = st.Digests().List(ctx, "aggregate", "bad", bad.Epoch); err != nil || len(recs) != 2 {
 		t.Fatalf("records: %v %+v", err, recs)
 	}
 	b, _ := json.Marshal(recs)

@@ -110,7 +110,7 @@ func (fa *fault) victims(t *testing.T, tenants []string) (shard map[string]strin
 	for _, kind := range netfault.Kinds {
 		by := map[string]map[string]uint64{}
 		for _, tenant := range tenants {
-			p, err := fa.st.LatestPlacement(ctx, kind, tenant)
+			p, err := fa.st.Placements(kind).Latest(ctx, tenant)
 			if err != nil {
 				t.Fatalf("placement of %s/%s: %v", kind, tenant, err)
 			}
@@ -363,7 +363,7 @@ func (fa *fault) gatewayCut(t *testing.T) {
 		mover := tenants[run%len(tenants)]
 		targets := map[string]string{}
 		for _, kind := range netfault.Kinds {
-			p, err := fa.st.LatestPlacement(ctx, kind, mover)
+			p, err := fa.st.Placements(kind).Latest(ctx, mover)
 			if err != nil {
 				t.Fatal(err)
 			}

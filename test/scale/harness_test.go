@@ -103,7 +103,7 @@ func (h *harness) start() {
 		h.t.Fatal(err)
 	}
 	for _, k := range kinds {
-		if _, err := h.admin.PlacementKV(ctx, k); err != nil {
+		if _, err := h.admin.Placements(k).KV(ctx); err != nil {
 			h.t.Fatal(err)
 		}
 	}

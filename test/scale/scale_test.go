@@ -329,7 +329,7 @@ func (h *harness) apply(p *planner.Plan, limits *[]int) []rebalancer.MoveRecord 
 		// the progress line and at the end: listing them twice a second was about a seventh of
 		// the rebalancer connection's messages and much of the process's garbage.
 		var pr rebalancer.PlanRecord
-		_, err := h.admin.Rebalance().Get(h.ctx, schema.PlanKey(rec.ID), &pr)
+		_, err := h.admin.Rebalance().Latest(h.ctx, schema.PlanKey(rec.ID), &pr)
 		if err == nil && pr.Status != rebalancer.PlanApplying && pr.Status != rebalancer.PlanPlanned {
 			_, moves, err := eng.Plan(h.ctx, rec.ID)
 			if err != nil {

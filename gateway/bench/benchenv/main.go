@@ -121,7 +121,7 @@ func run(backends, grpcBackends []string, tenants, port int, dir string) error {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem }()
-			_, _, err := st.EnsurePlacement(ctx, schema.Placement{Kind: "aggregate", Tenant: tenant, Shard: fmt.Sprintf("aggregate-%d", shard+1)})
+			_, _, err := st.Placements("aggregate").Ensure(ctx, schema.Placement{Tenant: tenant, Shard: fmt.Sprintf("aggregate-%d", shard+1)})
 			errs <- err
 		}()
 	}

@@ -95,7 +95,7 @@ func TestUpgrade(t *testing.T) {
 		tenant := w.Tenants[moves%len(w.Tenants)]
 		targets := map[string]string{}
 		for _, kind := range netfault.Kinds {
-			p, err := st.LatestPlacement(context.Background(), kind, tenant)
+			p, err := st.Placements(kind).Latest(context.Background(), tenant)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -13,7 +13,7 @@ import (
 func main() {
 	shardmain.Exit(render.Kind, func(m *shardmain.Main) (shardmain.Builder, error) {
 		return func(ctx context.Context, env shardmain.Env) (shardmain.App, error) {
-			if _, err := env.Store.EnsureKind(ctx, render.KindConfig()); err != nil {
+			if _, err := env.Store.Kinds().Ensure(ctx, render.KindConfig()); err != nil {
 				return nil, err
 			}
 			return render.New(render.Config{Capacity: m.Capacity, Logger: env.Logger}), nil
