@@ -19,7 +19,9 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/tmhttp"
 )
@@ -443,6 +445,43 @@ func TestAttackPlacementByAnyone(t *testing.T) {
 			t.Fatalf("requests without a token placed %d tenants", n-1)
 		}
 	})
+}
+
+// A client's burst of requests for one new tenant is one assignment: the requests that arrive
+// while it is under way wait for it and take none of the client's budget (16 concurrent
+// requests for a new tenant used to take 16 of a 50-tenant burst, and a page's parallel calls
+// could be refused 429 for a single tenant).
+func TestConcurrentRequestsForANewTenantAssignOnce(t *testing.T) {
+	e, _ := slowEnv(t, Config{Assign: AssignLimits{PerClient: 0.001, PerClientBurst: 2, PerKind: -1}}, nil)
+	// An assignment of "burst" under way, finished by the test once the requests wait on it.
+	c := &assignCall{done: make(chan struct{})}
+	k := holdKey{"aggregate", "burst"}
+	e.gw.assignMu.Lock()
+	e.gw.assigning[k] = c
+	e.gw.assignMu.Unlock()
+	codes := make(chan int, 5)
+	for range 5 {
+		go func() { codes <- getFrom(t, e, "127.0.0.1", "/agg/x", "burst") }()
+	}
+	eventually(t, 10*time.Second, "five requests waiting on the assignment", func() bool {
+		return testutil.ToFloat64(e.gw.metrics.assignJoined.WithLabelValues("aggregate")) >= 5
+	})
+	c.entry = placement.Entry{Shard: "aggregate-1", Epoch: 1}
+	e.gw.assignMu.Lock()
+	delete(e.gw.assigning, k)
+	e.gw.assignMu.Unlock()
+	close(c.done)
+	for range 5 {
+		if code := <-codes; code != http.StatusOK {
+			t.Fatalf("a request waiting on the tenant's assignment: status %d", code)
+		}
+	}
+	// The client's burst of two is whole: two more new tenants are placed, the third refused.
+	for i, want := range []int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests} {
+		if code := getFrom(t, e, "127.0.0.1", "/agg/x", fmt.Sprintf("new-%d", i)); code != want {
+			t.Fatalf("new tenant %d: status %d, want %d", i, code, want)
+		}
+	}
 }
 
 // lastRequest is the last request the backend received (nil if none).

@@ -20,6 +20,7 @@ type gwMetrics struct {
 	holdQueued    prometheus.Gauge
 	retries       *prometheus.CounterVec // kind, reason
 	assigned      *prometheus.CounterVec // kind
+	assignJoined  *prometheus.CounterVec // kind: requests that waited on an assignment under way
 	loadDecisions *prometheus.CounterVec // kind, decision (load policy)
 	producer      *prometheus.CounterVec // kind, decision (producer routes)
 	affinity      *prometheus.CounterVec // kind, result (affinity policy: affinitymetrics.go)
@@ -83,6 +84,9 @@ func newMetrics(g *Gateway, reg prometheus.Registerer) *gwMetrics {
 	m.assignRefused = promreg.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tm_gateway_assignments_refused_total", Help: "Unplaced tenants not assigned: the client (reason client) or the kind (kind) was over its assignment rate, or the kind holds its cap of placements (cap).",
 	}, []string{"kind", "reason"}))
+	m.assignJoined = promreg.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tm_gateway_assignments_joined_total", Help: "Requests for an unplaced tenant that waited on its assignment already under way on this gateway (and took none of the assignment budget).",
+	}, []string{"kind"}))
 	m.routeConflicts = promreg.Register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "tm_gateway_route_conflicts_total", Help: "Routing snapshots built while two kinds publish the same method and prefix (neither is routed); nonzero means a misconfiguration or a shard publishing another kind's route.",
 	}))

@@ -31,7 +31,16 @@ func (g *Gateway) place(x *exchange) error {
 		if ctx == nil {
 			ctx = g.reqCtx
 		}
-		if err := g.assigns.allow(g.metrics, x.ke.name, x.remoteIP, x.start); err != nil {
+		if c := g.assignUnderWay(x.ke.name, x.tenant); c != nil {
+			// Another request is assigning this tenant: this one waits for that assignment
+			// and takes none of the client's or the kind's budget (a client's first burst for
+			// a new tenant is one assignment, not one per request).
+			g.metrics.assignJoined.WithLabelValues(x.ke.name).Inc()
+			var err error
+			if entry, err = c.wait(ctx); err != nil {
+				return err
+			}
+		} else if err := g.assigns.allow(g.metrics, x.ke.name, x.remoteIP, x.start); err != nil {
 			// Not an assignment if the tenant is placed where this gateway's view cannot see
 			// yet: behind, or cut off from the bucket's stream while its server catches up
 			// (the netfault harness's 2|1 split, after the heal). Refused only if it is not.
@@ -85,6 +94,23 @@ type assignCall struct {
 	err   error
 }
 
+// assignUnderWay returns the assignment of tenant of kind in progress on this gateway, or nil.
+func (g *Gateway) assignUnderWay(kind, tenant string) *assignCall {
+	g.assignMu.Lock()
+	defer g.assignMu.Unlock()
+	return g.assigning[holdKey{kind, tenant}]
+}
+
+// wait returns c's placement once its assignment is done, or ctx's error first.
+func (c *assignCall) wait(ctx context.Context) (placement.Entry, error) {
+	select {
+	case <-c.done:
+		return c.entry, c.err
+	case <-ctx.Done():
+		return placement.Entry{}, ctx.Err()
+	}
+}
+
 // assign places an unplaced tenant on the least-loaded shard of its kind that has room, by KV
 // create: every gateway racing on the tenant ends up with the placement that won. Concurrent
 // requests for the same tenant share one assignment.
@@ -93,12 +119,7 @@ func (g *Gateway) assign(ctx context.Context, snap *snapshot, ke *kindEntry, ten
 	g.assignMu.Lock()
 	if c := g.assigning[k]; c != nil {
 		g.assignMu.Unlock()
-		select {
-		case <-c.done:
-			return c.entry, c.err
-		case <-ctx.Done():
-			return placement.Entry{}, ctx.Err()
-		}
+		return c.wait(ctx)
 	}
 	c := &assignCall{done: make(chan struct{})}
 	g.assigning[k] = c

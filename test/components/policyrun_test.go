@@ -63,7 +63,8 @@ func TestPolicyLoadRun(t *testing.T) {
 			}
 			startRender(t, st, shard, fmt.Sprintf("i%d", i), reg, render.Config{Capacity: capacity, LoadTime: 3 * time.Millisecond, RenderTime: 200 * time.Microsecond})
 		}
-		gwURL := startGateway(t, st, gateway.Config{})
+		// The load run's client names 48 new tenants at once: no assignment limit.
+		gwURL := startGateway(t, st, gateway.Config{Assign: gateway.AssignLimits{PerClient: -1, PerKind: -1}})
 		tmtest.WaitFor(t, 10*time.Second, tmtest.Until("the gateway routing to every instance", func() bool {
 			var r gateway.Readiness
 			code, _ := call(t, "GET", gwURL+"/readyz", nil, &r)
