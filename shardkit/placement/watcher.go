@@ -99,7 +99,7 @@ type kindState struct {
 	w    *Watcher
 	kind string
 	t    atomic.Pointer[table]
-	f    *kvwatch.Follower
+	f    atomic.Pointer[kvwatch.Follower] // set by Run's start; nil before
 
 	mu        sync.Mutex // held by the writer while applying; by snapshots while encoding
 	rev       uint64     // last revision applied (under mu)
@@ -107,7 +107,7 @@ type kindState struct {
 	corrupt   atomic.Uint64
 	synced    chan struct{}
 	syncOnce  sync.Once
-	snapRev   uint64
+	snapRev   atomic.Uint64 // the revision of the snapshot loaded at start (0: none)
 	startedAt time.Time
 	// confirmed is when (monoNow) the newest confirmation that held was asked; 0: never.
 	confirmed atomic.Int64
@@ -248,9 +248,9 @@ func (w *Watcher) Stats(kind string) (KindStats, bool) {
 	if ks == nil {
 		return KindStats{}, false
 	}
-	st := KindStats{Kind: kind, Corrupt: ks.corrupt.Load(), SnapshotRevision: ks.snapRev}
-	if ks.f != nil {
-		fs := ks.f.Stats()
+	st := KindStats{Kind: kind, Corrupt: ks.corrupt.Load(), SnapshotRevision: ks.snapRev.Load()}
+	if f := ks.f.Load(); f != nil {
+		fs := f.Stats()
 		st.Revision, st.Resumes, st.Gaps, st.Synced = fs.Revision, fs.Resumes, fs.Gaps, fs.Synced
 	}
 	ks.mu.Lock()
@@ -282,10 +282,11 @@ func (w *Watcher) ShardCounts(kind string) map[string]int {
 func (w *Watcher) Staleness() time.Duration {
 	since := w.discSince.Load()
 	for _, ks := range w.kinds {
-		if ks.f == nil {
+		f := ks.f.Load()
+		if f == nil {
 			continue
 		}
-		if ds := ks.f.Stats().DownSince; !ds.IsZero() && (since == 0 || ds.UnixNano() < since) {
+		if ds := f.Stats().DownSince; !ds.IsZero() && (since == 0 || ds.UnixNano() < since) {
 			since = ds.UnixNano()
 		}
 	}
@@ -308,7 +309,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 		if err := ks.start(ctx); err != nil {
 			return err
 		}
-		wg.Go(func() { _ = ks.f.Run(ctx) })
+		wg.Go(func() { _ = ks.f.Load().Run(ctx) })
 		if w.cfg.Confirm > 0 {
 			wg.Go(func() { ks.confirmLoop(ctx) })
 		}
@@ -344,7 +345,10 @@ func (ks *kindState) start(ctx context.Context) error {
 		case t != nil:
 			ks.t.Store(t)
 			ks.applied.Add(1)
-			ks.rev, ks.snapRev, after = rev, rev, rev
+			ks.mu.Lock()
+			ks.rev, after = rev, rev
+			ks.mu.Unlock()
+			ks.snapRev.Store(rev)
 			w.cfg.Logger.Info("loaded placement snapshot", "kind", ks.kind, "revision", rev, "placements", t.len(), "took", time.Since(ks.startedAt).Round(time.Millisecond))
 		}
 	}
@@ -358,7 +362,7 @@ func (ks *kindState) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ks.f = f
+	ks.f.Store(f)
 	return nil
 }
 
