@@ -15,6 +15,16 @@ import (
 // startWatcher runs a watcher until the test ends and waits until it is ready.
 func startWatcher(t testing.TB, cfg placement.Config) *placement.Watcher {
 	t.Helper()
+	w, ready := runWatcher(t, cfg)
+	if err := <-ready; err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// runWatcher runs a watcher until the test ends; ready has WaitReady's result (30 s bound).
+func runWatcher(t testing.TB, cfg placement.Config) (*placement.Watcher, <-chan error) {
+	t.Helper()
 	w, err := placement.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -23,12 +33,13 @@ func startWatcher(t testing.TB, cfg placement.Config) *placement.Watcher {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = w.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
-	defer rcancel()
-	if err := w.WaitReady(rctx); err != nil {
-		t.Fatal(err)
-	}
-	return w
+	ready := make(chan error, 1)
+	go func() {
+		rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
+		defer rcancel()
+		ready <- w.WaitReady(rctx)
+	}()
+	return w, ready
 }
 
 // changes collects OnChange events on a channel.
@@ -97,18 +108,7 @@ func TestWatcherFollowsPlacement(t *testing.T) {
 func TestWatcherFiguresWhileStarting(t *testing.T) {
 	srv := natstest.Server(t)
 	st := kittest.StoreAt(t, srv.URL())
-	w, err := placement.New(placement.Config{Store: st, Kinds: []string{"aggregate", "runner"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = w.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
-	defer rcancel()
-	ready := make(chan error, 1)
-	go func() { ready <- w.WaitReady(rctx) }()
+	w, ready := runWatcher(t, placement.Config{Store: st, Kinds: []string{"aggregate", "runner"}})
 	for n := 0; ; n++ {
 		_ = w.Staleness()
 		_, _ = w.Stats("aggregate")
