@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -133,16 +132,15 @@ func TestVerifyHoldsTheSourceOnMismatch(t *testing.T) {
 	if len(held) != 1 || held[0].Tenant != "bad" || held[0].Target != "aggregate-2" {
 		t.Fatalf("held: %+v", held)
 	}
-	code, body := admin(t, "GET", aURL+"/admin/verify")
 	var listed struct{ Held []shardkit.HeldTenant }
-	if code != http.StatusOK || json.Unmarshal([]byte(body), &listed) != nil || len(listed.Held) != 1 || listed.Held[0].Tenant != "bad" {
-		t.Fatalf("GET /admin/verify: %d %s", code, body)
+	if code, _ := tmtest.CallJSON(t, adminToken, "GET", aURL+"/admin/verify", nil, &listed); code != http.StatusOK || len(listed.Held) != 1 || listed.Held[0].Tenant != "bad" {
+		t.Fatalf("GET /admin/verify: %d %+v", code, listed)
 	}
-	if code, body = admin(t, "POST", aURL+"/admin/verify/release?tenant_id=good"); code != http.StatusNotFound {
-		t.Fatalf("releasing a tenant not held: %d %s", code, body)
+	if code, _ := tmtest.CallJSON(t, adminToken, "POST", aURL+"/admin/verify/release?tenant_id=good", nil, nil); code != http.StatusNotFound {
+		t.Fatalf("releasing a tenant not held: %d", code)
 	}
-	if code, body = admin(t, "POST", aURL+"/admin/verify/release?tenant_id=bad"); code != http.StatusNoContent {
-		t.Fatalf("releasing the held tenant: %d %s", code, body)
+	if code, _ := tmtest.CallJSON(t, adminToken, "POST", aURL+"/admin/verify/release?tenant_id=bad", nil, nil); code != http.StatusNoContent {
+		t.Fatalf("releasing the held tenant: %d", code)
 	}
 	if src.released("bad") != 1 || len(a.HeldTenants()) != 0 {
 		t.Fatalf("after the operator's release: released %d, held %+v", src.released("bad"), a.HeldTenants())
@@ -169,21 +167,4 @@ func mustCounter(t *testing.T, reg *prometheus.Registry, name string) prometheus
 	}
 	t.Fatalf("no metric %s", name)
 	return nil
-}
-
-// admin sends an admin request with adminToken and returns its status and body.
-func admin(t testing.TB, method, url string) (int, string) {
-	t.Helper()
-	req, err := http.NewRequest(method, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+adminToken)
-	resp, err := tmtest.HTTP.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
 }
