@@ -583,6 +583,7 @@ func (g *Gateway) housekeeping() {
 					ke.lt.Sweep() // expired load-policy affinities
 				}
 				g.assigns.sweep(now)
+				g.sweepAssigned(g.reg.snap.Load(), now)
 				if g.tokenFails != nil {
 					g.tokenFails.sweep(now, time.Minute)
 				}

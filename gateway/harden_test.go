@@ -484,6 +484,42 @@ func TestConcurrentRequestsForANewTenantAssignOnce(t *testing.T) {
 	}
 }
 
+// TestAssignmentStandsUntilTheViewHasIt: an assignment that ended answers for its tenant until
+// the gateway's view applies the placement, so requests in that gap join it instead of
+// spending the client's budget on a second one; the sweep forgets it once the view has the
+// tenant, and a finished assignment older than assignedKeep no longer stands.
+func TestAssignmentStandsUntilTheViewHasIt(t *testing.T) {
+	e, _ := slowEnv(t, Config{Assign: AssignLimits{PerClient: 0.001, PerClientBurst: 2, PerKind: -1}}, nil)
+	if code := getFrom(t, e, "127.0.0.1", "/agg/x", "fresh"); code != http.StatusOK {
+		t.Fatalf("a new tenant's first request: status %d", code)
+	}
+	c := e.gw.assignUnderWay("aggregate", "fresh")
+	if c == nil {
+		t.Fatal("the ended assignment was forgotten before the view applied it")
+	}
+	if c.err != nil || c.entry.Shard != "aggregate-1" {
+		t.Fatalf("the assignment kept: %+v, %v", c.entry, c.err)
+	}
+	eventually(t, 10*time.Second, "the view to apply the assignment", func() bool {
+		_, ok := e.gw.reg.snap.Load().kinds["aggregate"].lookup("fresh")
+		return ok
+	})
+	e.gw.sweepAssigned(e.gw.reg.snap.Load(), time.Now())
+	if e.gw.assignUnderWay("aggregate", "fresh") != nil {
+		t.Fatal("the sweep kept an assignment the view has")
+	}
+	// One that ended longer ago than assignedKeep stands for nothing, swept or not.
+	old := &assignCall{done: make(chan struct{}), entry: placement.Entry{Shard: "aggregate-1", Epoch: 1},
+		ended: time.Now().Add(-assignedKeep - time.Second)}
+	close(old.done)
+	e.gw.assignMu.Lock()
+	e.gw.assigning[holdKey{"aggregate", "gone"}] = old
+	e.gw.assignMu.Unlock()
+	if e.gw.assignUnderWay("aggregate", "gone") != nil {
+		t.Fatal("an assignment older than assignedKeep still stands")
+	}
+}
+
 // lastRequest is the last request the backend received (nil if none).
 func lastRequest(b *backend) *http.Request {
 	reqs, _ := b.requests()

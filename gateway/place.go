@@ -92,13 +92,32 @@ type assignCall struct {
 	done  chan struct{}
 	entry placement.Entry
 	err   error
+	ended time.Time // set with done; the sweep forgets the call after assignedKeep
 }
 
-// assignUnderWay returns the assignment of tenant of kind in progress on this gateway, or nil.
+// assignedKeep is how long a finished assignment answers for its tenant while the view has yet
+// to apply it (the view follows in milliseconds; this bounds the entry, not the wait).
+const assignedKeep = 5 * time.Second
+
+// assignUnderWay returns the assignment of tenant of kind in progress on this gateway, or one
+// that ended well and that the view has not applied yet, or nil.
 func (g *Gateway) assignUnderWay(kind, tenant string) *assignCall {
 	g.assignMu.Lock()
 	defer g.assignMu.Unlock()
-	return g.assigning[holdKey{kind, tenant}]
+	k := holdKey{kind, tenant}
+	c := g.assigning[k]
+	if c == nil {
+		return nil
+	}
+	select {
+	case <-c.done:
+		if time.Since(c.ended) > assignedKeep {
+			delete(g.assigning, k) // too old to stand for the view: the next sweep's work, done now
+			return nil
+		}
+	default:
+	}
+	return c
 }
 
 // wait returns c's placement once its assignment is done, or ctx's error first.
@@ -113,7 +132,8 @@ func (c *assignCall) wait(ctx context.Context) (placement.Entry, error) {
 
 // assign places an unplaced tenant on the least-loaded shard of its kind that has room, by KV
 // create: every gateway racing on the tenant ends up with the placement that won. Concurrent
-// requests for the same tenant share one assignment.
+// requests for the same tenant share one assignment, and so do those that come after it ended
+// and before the view applied it (sweepAssigned forgets it then): neither spends the budget.
 func (g *Gateway) assign(ctx context.Context, snap *snapshot, ke *kindEntry, tenant string) (placement.Entry, error) {
 	k := holdKey{ke.name, tenant}
 	g.assignMu.Lock()
@@ -126,11 +146,34 @@ func (g *Gateway) assign(ctx context.Context, snap *snapshot, ke *kindEntry, ten
 	g.assignMu.Unlock()
 
 	c.entry, c.err = g.doAssign(snap, ke, tenant)
+	c.ended = time.Now()
 	g.assignMu.Lock()
-	delete(g.assigning, k)
+	if c.err != nil {
+		delete(g.assigning, k) // the next request tries again, within its budget
+	}
 	g.assignMu.Unlock()
 	close(c.done)
 	return c.entry, c.err
+}
+
+// sweepAssigned forgets the assignments that ended before now-assignedKeep or that the view of
+// their kind has applied.
+func (g *Gateway) sweepAssigned(snap *snapshot, now time.Time) {
+	g.assignMu.Lock()
+	defer g.assignMu.Unlock()
+	for k, c := range g.assigning {
+		select {
+		case <-c.done:
+		default:
+			continue // under way
+		}
+		ke := snap.kinds[k.kind]
+		if now.Sub(c.ended) > assignedKeep || ke == nil {
+			delete(g.assigning, k)
+		} else if _, seen := ke.lookup(k.tenant); seen {
+			delete(g.assigning, k)
+		}
+	}
 }
 
 func (g *Gateway) doAssign(snap *snapshot, ke *kindEntry, tenant string) (placement.Entry, error) {
