@@ -286,21 +286,10 @@ func TestMovesUnderLoad(t *testing.T) {
 		moves, elapsed.Round(time.Millisecond), l.requests.Load(), l.commandsN.Load(), len(l.jobs), len(l.failures),
 		pct(pauses, 0.5), pct(pauses, 0.99), pct(pauses, 1),
 		pct(in, 0.5), pct(in, 0.99), len(in), pct(out, 0.5), pct(out, 0.99), len(out))
-	t.Logf("handoff pause by quarter of the run (does it grow as the run goes on?): %s", byQuarter(pauses))
+	t.Logf("handoff pause by quarter of the run (does it grow as the run goes on?):%s", probe.byQuarter(timed))
 	t.Logf("where the pause goes (each step from the one before, by the shards' stamps):%s", pauseReport(t, timed, rtts, s.gateway+"/metrics"))
 	t.Logf("state digests at the fence (move verification): %s", digestSummary())
 	s.stop(t)
-}
-
-// byQuarter gives p50/p99/max of each quarter of d, in order.
-func byQuarter(d []time.Duration) string {
-	var parts []string
-	for q := range 4 {
-		part := d[q*len(d)/4 : (q+1)*len(d)/4]
-		parts = append(parts, fmt.Sprintf("%s/%s/%s", pct(part, 0.5).Round(10*time.Microsecond),
-			pct(part, 0.99).Round(10*time.Microsecond), pct(part, 1).Round(10*time.Microsecond)))
-	}
-	return strings.Join(parts, ", ")
 }
 
 func first(s []string, n int) []string { return s[:min(n, len(s))] }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -84,9 +85,16 @@ func timelineTable(moves []movePause) string {
 // placements are) every interval until stop, on st's connection: the yardstick the pause's
 // sequential steps are measured against.
 type kvProbe struct {
-	mu   sync.Mutex
-	rtts []time.Duration
-	done chan struct{}
+	mu    sync.Mutex
+	rtts  []probeSample
+	loads []probeSample // the machine's 1-minute load average, once a second (d holds it x1e6)
+	done  chan struct{}
+}
+
+// probeSample is one probe's figure and when it was taken.
+type probeSample struct {
+	at time.Time
+	d  time.Duration
 }
 
 func startKVProbe(t testing.TB, st *schema.Store, interval time.Duration, stop <-chan struct{}) *kvProbe {
@@ -118,11 +126,14 @@ func startKVProbe(t testing.TB, st *schema.Store, interval time.Duration, stop <
 			_, err := kv.Put(pctx, "probe", []byte(strconv.Itoa(i)))
 			rtt := time.Since(start)
 			cancel()
+			p.mu.Lock()
 			if err == nil {
-				p.mu.Lock()
-				p.rtts = append(p.rtts, rtt)
-				p.mu.Unlock()
+				p.rtts = append(p.rtts, probeSample{start, rtt})
 			}
+			if l, ok := loadAverage(); ok && (len(p.loads) == 0 || start.Sub(p.loads[len(p.loads)-1].at) >= time.Second) {
+				p.loads = append(p.loads, probeSample{start, time.Duration(l * 1e6)})
+			}
+			p.mu.Unlock()
 		}
 	}()
 	return p
@@ -131,9 +142,77 @@ func startKVProbe(t testing.TB, st *schema.Store, interval time.Duration, stop <
 // wait waits for the probe to stop (its stop channel closed) and returns its round trips.
 func (p *kvProbe) wait() []time.Duration {
 	<-p.done
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return slices.Clone(p.rtts)
+	return durations(p.rtts, time.Time{}, time.Time{})
+}
+
+// durations are the figures of samples taken in [from, to] (zero times: no bound).
+func durations(samples []probeSample, from, to time.Time) []time.Duration {
+	var out []time.Duration
+	for _, s := range samples {
+		if (from.IsZero() || !s.at.Before(from)) && (to.IsZero() || !s.at.After(to)) {
+			out = append(out, s.d)
+		}
+	}
+	return out
+}
+
+// loadAverage is the machine's 1-minute load average (Linux), the other work the run shares
+// the cores with.
+func loadAverage() (float64, bool) {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0, false
+	}
+	f, _, _ := strings.Cut(string(b), " ")
+	l, err := strconv.ParseFloat(f, 64)
+	return l, err == nil
+}
+
+// byQuarter gives, for each quarter of moves in order, the pause's p50/p99/max beside the KV
+// round trip's p99 and the machine's mean load average over the same minutes: a pause that
+// grows while its yardstick does not is the platform's; one that grows with it, the machine's.
+func (p *kvProbe) byQuarter(moves []movePause) string {
+	<-p.done
+	var b strings.Builder
+	b.WriteString("\n| quarter | pause p50 | p99 | max | KV p99 | pause p99 / KV p99 | load average |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 1, 64) + " ms" }
+	for q := range 4 {
+		part := moves[q*len(moves)/4 : (q+1)*len(moves)/4]
+		if len(part) == 0 {
+			continue
+		}
+		var pauses []time.Duration
+		from, to := part[0].handoff, part[0].commit
+		for _, m := range part {
+			pauses = append(pauses, m.pause)
+			from, to = minTime(from, m.handoff), maxTime(to, m.commit)
+		}
+		kv := durations(p.rtts, from, to)
+		load := 0.0
+		if ls := durations(p.loads, from, to); len(ls) > 0 {
+			for _, l := range ls {
+				load += float64(l) / 1e6
+			}
+			load /= float64(len(ls))
+		}
+		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %.1fx | %.1f |\n", q+1, ms(pct(pauses, 0.5)), ms(pct(pauses, 0.99)), ms(pct(pauses, 1)),
+			ms(pct(kv, 0.99)), float64(pct(pauses, 0.99))/float64(max(pct(kv, 0.99), 1)), load)
+	}
+	return b.String()
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // changeDelays scrapes tm_placement_change_delay_seconds from a process's /metrics and returns
