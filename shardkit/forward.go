@@ -190,6 +190,11 @@ type forwardPlan struct {
 	// exhausted is set by the transport when every target was tried and each failure was
 	// safe to repeat.
 	exhausted bool
+	// refused is the gate's refusal mark, taken off the answer while the request is forwarded:
+	// the owner's answer is not a refusal, and a gateway that read one would send it again.
+	// It goes back on only if no attempt reached an instance (reached unset).
+	refused []string
+	reached bool
 }
 
 type planKey struct{}
@@ -265,6 +270,8 @@ func (fw *forwarder) forward(next http.Handler, w http.ResponseWriter, r *http.R
 	if next != nil && plan.retry {
 		plan.fallback, plan.in = next, r
 	}
+	plan.refused = w.Header()[tmhttp.HeaderRefused]
+	delete(w.Header(), tmhttp.HeaderRefused)
 	ctx, cancel := context.WithTimeout(r.Context(), fw.forwardTimeout())
 	defer cancel()
 	fw.s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, planKey{}, plan)))
@@ -318,6 +325,9 @@ func (fw *forwarder) newProxy() http.Handler {
 			}
 			fw.s.metrics.forwards.WithLabelValues(typ).Inc()
 			fw.s.cfg.Logger.Warn("forward failed", "tenant", tenant, "err", err)
+			if plan != nil && !plan.reached && plan.refused != nil {
+				w.Header()[tmhttp.HeaderRefused] = plan.refused // no instance saw it: safe to send again
+			}
 			tmhttp.WriteProblem(w, r, fw.s.problem(status, typ, title, tenant, "forwarding to the owner failed: "+err.Error()))
 		},
 	}
@@ -351,6 +361,9 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err == nil {
 			return resp, nil
 		}
+		if !isDial(err) {
+			plan.reached = true // it may have: the connection was made
+		}
 		errs = append(errs, fmt.Errorf("%s: %w", target.Host, err))
 		if !plan.retry || !retriable(req, err) || req.Context().Err() != nil {
 			break
@@ -366,8 +379,7 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // retriable reports whether a failed attempt may be repeated on another instance.
 func retriable(req *http.Request, err error) bool {
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
+	if isDial(err) {
 		return true // the request never left
 	}
 	switch req.Method {
@@ -375,6 +387,12 @@ func retriable(req *http.Request, err error) bool {
 		return !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
 	}
 	return false
+}
+
+// isDial reports whether err is a failure to make the connection: the request never left.
+func isDial(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // Forward timeouts when neither the Config nor the kind's load config names them: the Queen

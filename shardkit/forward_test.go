@@ -37,9 +37,14 @@ func TestForwardReachesOwnerWithoutLoops(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"})
+	place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t3", Shard: "aggregate-3"})
 	rev := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t2", Shard: "aggregate-2"}).Revision
 	// A registered instance of the owner that refuses connections: forwards must retry past it.
 	if _, err := st.Directory().Register(ctx, schema.Instance{InstanceID: id("aggregate-1", "dead"), URL: deadURL(t), Capacity: 10}); err != nil {
+		t.Fatal(err)
+	}
+	// aggregate-3's only instance is dead: its tenant's forward reaches no one.
+	if _, err := st.Directory().Register(ctx, schema.Instance{InstanceID: id("aggregate-3", "dead"), URL: deadURL(t), Capacity: 10}); err != nil {
 		t.Fatal(err)
 	}
 	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), Forward: true})
@@ -54,6 +59,10 @@ func TestForwardReachesOwnerWithoutLoops(t *testing.T) {
 		if got := h.Get(tmhttp.HeaderForwardedBy); got != "aggregate.aggregate-2.b" {
 			t.Fatalf("response x-forwarded-by %q", got)
 		}
+		// The owner ran it: a gateway reading a refusal mark here would send it again.
+		if got := h.Values(tmhttp.HeaderRefused); len(got) != 0 {
+			t.Fatalf("the owner's answer, forwarded, is marked refused: %q", got)
+		}
 		if got := a.app.forwarded.Load(); got != "aggregate.aggregate-2.b" {
 			t.Fatalf("owner saw x-forwarded-by %q", got)
 		}
@@ -65,9 +74,15 @@ func TestForwardReachesOwnerWithoutLoops(t *testing.T) {
 		t.Fatal("no forward was retried past the dead instance")
 	}
 
+	// A forward that reached no instance keeps the refusal mark: sending it again is safe.
+	code, h, body := call(t, "POST", b.URL+"/t/x", "t3", nil, "payload")
+	if code != http.StatusBadGateway || h.Get(tmhttp.HeaderRefused) != "not_owner" {
+		t.Fatalf("a forward to no live instance: %d, refusal mark %q: %s", code, h.Get(tmhttp.HeaderRefused), body)
+	}
+
 	// Already forwarded once: answered here, never forwarded again.
 	before := a.app.calls.Load()
-	code, h, body := call(t, "GET", b.URL+"/t/x", "t1", map[string]string{tmhttp.HeaderForwardedBy: "aggregate.aggregate-9.z"}, "")
+	code, h, body = call(t, "GET", b.URL+"/t/x", "t1", map[string]string{tmhttp.HeaderForwardedBy: "aggregate.aggregate-9.z"}, "")
 	if p := problemOf(t, h, body); code != http.StatusMisdirectedRequest || p.Owner != "aggregate-1" {
 		t.Fatalf("second hop: %d %+v", code, p)
 	}
