@@ -59,11 +59,12 @@ func (g *Gateway) serveGRPC(x *exchange) {
 	g.answerGRPC(x, a)
 }
 
-// sendGRPC is the send stage for a gRPC call: attempts until one is delivered, with the
-// managed policy's rules (managedPolicy.judge): a refused connection or stream, or a call to a kind
-// that only reads or with an idempotency key to an idempotent kind, goes again while its
-// request stream is kept whole; a gate refusal (x-tm-refused, 421) refreshes the placement and
-// goes to the owner, holding when the tenant moves.
+// sendGRPC is the send stage for a gRPC call: attempts until one is delivered, each judged as
+// an HTTP request's attempt is (judgeAttempt, the managed judgement): a refused connection or
+// stream, or a call to a kind that only reads or with an idempotency key to an idempotent kind,
+// goes again while its request stream is kept whole; a gate refusal (x-tm-refused, 421)
+// refreshes the placement and goes to the owner, holding when the tenant moves. What is gRPC's
+// own: how an answer shows a refusal (grpcRefusal) and the error given up with (grpcFailure).
 func (g *Gateway) sendGRPC(x *exchange) (*grpcAttempt, error) {
 	for n := 0; ; n++ {
 		if err := g.holdIfMoving(x); err != nil {
@@ -75,64 +76,28 @@ func (g *Gateway) sendGRPC(x *exchange) (*grpcAttempt, error) {
 		}
 		a, err := g.attemptGRPC(x, in)
 		x.replayable = x.rbody.replayable()
-		if err != nil {
-			if errors.Is(x.ctx.Err(), context.Canceled) {
-				return nil, err
-			}
-			if x.ctx.Err() != nil {
-				return nil, context.DeadlineExceeded
-			}
-			x.lastErr = &upstreamError{inst: in.key, err: err}
-			reason, ok := retryable(x, err)
-			if !ok || n >= g.cfg.Retries {
-				return nil, x.lastErr
-			}
-			x.ke.metrics.retry(reason)
-			switch {
-			case errors.Is(err, errAbandoned):
-				if e, ok := x.ke.lookup(x.tenant); ok {
-					x.entry = e
-				}
-				x.tried = x.tried[:0]
-			case errors.Is(err, errStreamRefused):
-				// The instance is fine (its connection was going away, or it was busy):
-				// it may take the call again, on another connection.
-			default:
-				x.tried = append(x.tried, in)
-			}
-			continue
+		var ref *refusal
+		if err == nil {
+			ref = grpcRefusal(x, a)
 		}
-		status := a.s.status
-		refused := hpackGet(a.s.head, tmhttp.HeaderRefused)
-		if refused == "" && status != http.StatusMisdirectedRequest {
-			x.inst, x.code = in, status
+		switch v, err := judgeAttempt(&g.pe, x, in, err, ref, n); v {
+		case deliver:
+			x.inst, x.code = in, a.s.status
 			return a, nil
+		case fail:
+			return nil, grpcFailure(x, err)
 		}
-		prob := refusalOf(x, a)
-		a.done() // a.s is another call's from here
-		if !x.replayable || n >= g.cfg.Retries {
-			if status == http.StatusMisdirectedRequest || refused == "not_owner" || refused == "unplaced" || refused == "stale_epoch" {
-				return nil, errMisdirected(x)
-			}
-			return nil, &tmhttp.Error{Status: http.StatusServiceUnavailable, Type: "shard-refused", Title: "Shard refused the call",
-				Detail: "the tenant's shard refused the call (" + refused + "); it did not reach the service: call again", RetryAfter: time.Second}
-		}
-		switch refused {
-		case "closing", "unconfirmed": // this instance cannot serve now; another of the shard may
-			if refused == "closing" {
-				x.ke.metrics.retry("instance_stopping")
-			} else {
-				x.ke.metrics.retry("instance_unconfirmed")
-			}
-			x.tried = append(x.tried, in)
-			continue
-		}
-		x.ke.metrics.retry("misdirected")
-		if err := g.refresh(x, prob); err != nil {
-			return nil, err
-		}
-		x.tried = x.tried[:0]
 	}
+}
+
+// grpcFailure is the error a gRPC call gives up with, which answerError turns into its status:
+// past the call's deadline (grpc-timeout) DEADLINE_EXCEEDED, whatever the attempt's failure was
+// (a connect the deadline cut short too), as gRPC has it; else the judgement's error.
+func grpcFailure(x *exchange, err error) error {
+	if errors.Is(x.ctx.Err(), context.DeadlineExceeded) {
+		return context.DeadlineExceeded
+	}
+	return err
 }
 
 // hpackGet is the value of the field named name (any case; HTTP/2's are lower case) in
@@ -146,17 +111,23 @@ func hpackGet(fields []hpack.HeaderField, name string) string {
 	return ""
 }
 
-// refusalOf reads the owner a gate refusal names: x-tm-owner and x-tm-epoch of a gRPC status,
-// or a 421's problem body.
-func refusalOf(x *exchange, a *grpcAttempt) tmhttp.Problem {
-	var p tmhttp.Problem
+// grpcRefusal is a delivered attempt's gate refusal, nil if the answer is the service's. The
+// gate refuses a gRPC call with a gRPC status (UNAVAILABLE, the answer's HTTP status 200):
+// x-tm-refused, the owner in x-tm-owner and x-tm-epoch, grpc-retry-pushback-ms; an instance
+// may also answer 421 with a problem body. A refused attempt is ended (a.s is another call's
+// from here); its problem, should the gateway give up, is a 503 saying the call did not reach
+// the service.
+func grpcRefusal(x *exchange, a *grpcAttempt) *refusal {
 	s := a.s
-	if o := hpackGet(s.head, "x-tm-owner"); o != "" {
-		p.Owner = o
-		p.Epoch, _ = strconv.ParseUint(hpackGet(s.head, "x-tm-epoch"), 10, 64)
-		return p
+	reason := hpackGet(s.head, tmhttp.HeaderRefused)
+	if reason == "" && s.status != http.StatusMisdirectedRequest {
+		return nil
 	}
-	if s.status == http.StatusMisdirectedRequest {
+	r := &refusal{reason: reason, status: s.status}
+	if o := hpackGet(s.head, "x-tm-owner"); o != "" {
+		r.prob.Owner = o
+		r.prob.Epoch, _ = strconv.ParseUint(hpackGet(s.head, "x-tm-epoch"), 10, 64)
+	} else if s.status == http.StatusMisdirectedRequest {
 		var b []byte
 		for len(b) < 16<<10 {
 			chunk, eof, err := s.next(x.ctx, true)
@@ -165,9 +136,17 @@ func refusalOf(x *exchange, a *grpcAttempt) tmhttp.Problem {
 				break
 			}
 		}
-		_ = json.Unmarshal(b, &p)
+		_ = json.Unmarshal(b, &r.prob)
 	}
-	return p
+	ms, _ := strconv.Atoi(hpackGet(s.head, tmhttp.HeaderPushback))
+	a.done()
+	if r.status != http.StatusMisdirectedRequest {
+		r.status = http.StatusServiceUnavailable
+		r.prob.Type, r.prob.Title = "shard-refused", "Shard refused the call"
+		r.prob.Detail = "the tenant's shard refused the call (" + reason + "); it did not reach the service: call again"
+		r.prob.RetryAfter = (ms + 999) / 1000
+	}
+	return r
 }
 
 // grpcAttempt is a delivered attempt: its stream, and its place among the instance's calls

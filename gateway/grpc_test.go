@@ -291,6 +291,40 @@ func TestGRPCRefusalGoesToTheOwner(t *testing.T) {
 	}
 }
 
+// A gate refusal the gateway gives up on (here its retry budget is none) is judged as an HTTP
+// request's is (judgeAttempt): the owner unknown for a shard that is not the owner, else the
+// shard's refusal, UNAVAILABLE with the pushback the shard asked for.
+func TestGRPCRefusalGivenUp(t *testing.T) {
+	e, bs := grpcEnv(t, Config{Retries: -1}, schema.KindConfig{Kind: "aggregate"}, 1, "t1")
+	a := bs[0]
+	c := e.grpcClient()
+	for _, tc := range []struct {
+		reason, msg, pushback string
+		prob                  tmhttp.Problem
+	}{
+		{"handoff", "Shard refused the call", "3000", tmhttp.Problem{Status: http.StatusServiceUnavailable, Title: "Tenant in handoff", RetryAfter: 3}},
+		{"not_owner", "Tenant owner unknown", "1000", tmhttp.Problem{Status: http.StatusMisdirectedRequest, Title: "Not the owner"}},
+	} {
+		a.mu.Lock()
+		a.refuse = func(w http.ResponseWriter, r *http.Request) bool {
+			w.Header()[tmhttp.HeaderRefused] = []string{tc.reason}
+			tmhttp.WriteProblem(w, r, tc.prob)
+			return true
+		}
+		a.mu.Unlock()
+		ctx, cancel := tenantCtx("t1")
+		var tr metadata.MD
+		_, err := c.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Trailer(&tr))
+		cancel()
+		if status.Code(err) != codes.Unavailable || !strings.Contains(status.Convert(err).Message(), tc.msg) {
+			t.Errorf("%s: %v, want UNAVAILABLE %q", tc.reason, err, tc.msg)
+		}
+		if got := tr.Get(tmhttp.HeaderPushback); len(got) != 1 || got[0] != tc.pushback {
+			t.Errorf("%s: pushback %q, want %s", tc.reason, got, tc.pushback)
+		}
+	}
+}
+
 func TestGRPCHoldAndStream(t *testing.T) {
 	e, bs := grpcEnv(t, Config{}, schema.KindConfig{Kind: "aggregate", HoldBudget: schema.Duration(20 * time.Second)}, 2, "t1")
 	a, b := bs[0], bs[1]

@@ -63,49 +63,51 @@ func pickInShard(env *policyEnv, x *exchange, n int, choose func(x *exchange, in
 		Detail: "shard " + x.entry.Shard + " has no live instance serving this route (or all its circuits are open)", RetryAfter: time.Second}
 }
 
-// judge is the managed and load policies' judgement: a transport failure is tried again
-// on another instance of the shard when it is safe (retryable); a gate refusal (421, or
-// x-tm-refused) is tried again on the owner after a placement refresh, or on another instance
-// when the instance is stopping; anything else is the answer.
+// judge is the managed and load policies' judgement of an HTTP attempt: the answer is
+// delivered unless it is a gate refusal (x-tm-refused, or 421), which judgeAttempt weighs with
+// its problem body, as it does a failure.
 func (managedPolicy) judge(env *policyEnv, x *exchange, in *instance, up *upConn, err error, n int) (verdict, error) {
 	if err != nil {
-		if errors.Is(x.ctx.Err(), context.Canceled) {
-			return fail, err
-		}
-		x.lastErr = &upstreamError{inst: in.key, err: err}
-		reason, ok := retryable(x, err)
-		if !ok || n >= env.retries {
-			return fail, x.lastErr
-		}
-		x.ke.metrics.retry(reason)
-		if errors.Is(err, errAbandoned) {
-			// The tenant's shard is being taken over: the next attempt waits in the hold for
-			// the new owner, as a request arriving now would.
-			if e, ok := x.ke.lookup(x.tenant); ok {
-				x.entry = e
-			}
-			x.tried = x.tried[:0]
-			return again, nil
-		}
-		x.tried = append(x.tried, in)
-		return again, nil
+		return judgeAttempt(env, x, in, err, nil, n)
 	}
 	refused, _ := h1.Get(up.resp.Fields, tmhttp.HeaderRefused)
 	if refused == nil && up.resp.Status != http.StatusMisdirectedRequest {
 		return deliver, nil
 	}
-	// The shard's gate refused before its service saw the request (421, or 503 in a handoff,
-	// while stopping, or behind on placement): sending it again is safe.
-	status := up.resp.Status
-	prob := readProblem(up)
+	return judgeAttempt(env, x, in, nil, &refusal{reason: string(refused), status: up.resp.Status, prob: readProblem(up)}, n)
+}
+
+// refusal is a shard gate's refusal of an attempt as either protocol carries it: the
+// x-tm-refused reason ("" for a bare 421), the answer's status, and its problem (the owner it
+// names; what the client is told if the gateway gives up).
+type refusal struct {
+	reason string
+	status int
+	prob   tmhttp.Problem
+}
+
+// judgeAttempt is the managed judgement of one attempt's outcome, the one both send loops
+// (HTTP's through managedPolicy.judge, gRPC's sendGRPC) use: err, the attempt's failure, is
+// tried again on another instance of the shard when it is safe (retryable); a refusal (the
+// gate refused before the service saw the request, so sending it again is safe) goes to the
+// owner after a placement refresh, or to another instance when the instance is stopping or
+// unconfirmed; with neither, the answer is delivered.
+func judgeAttempt(env *policyEnv, x *exchange, in *instance, err error, ref *refusal, n int) (verdict, error) {
+	if err != nil {
+		return judgeFailure(env, x, in, err, n)
+	}
+	if ref == nil {
+		return deliver, nil
+	}
 	if !x.replayable || n >= env.retries {
-		if status == http.StatusMisdirectedRequest {
+		if ref.misdirected() {
 			return fail, errMisdirected(x)
 		}
-		return fail, &tmhttp.Error{Status: status, Type: strings.TrimPrefix(prob.Type, tmhttp.TypeBase), Title: prob.Title,
-			Detail: prob.Detail, RetryAfter: time.Duration(max(prob.RetryAfter, 1)) * time.Second}
+		p := ref.prob
+		return fail, &tmhttp.Error{Status: ref.status, Type: strings.TrimPrefix(p.Type, tmhttp.TypeBase), Title: p.Title,
+			Detail: p.Detail, RetryAfter: time.Duration(max(p.RetryAfter, 1)) * time.Second}
 	}
-	switch string(refused) {
+	switch ref.reason {
 	case "closing":
 		x.ke.metrics.retry("instance_stopping")
 		x.tried = append(x.tried, in) // another instance of the same shard
@@ -118,10 +120,50 @@ func (managedPolicy) judge(env *policyEnv, x *exchange, in *instance, up *upConn
 		return again, nil
 	}
 	x.ke.metrics.retry("misdirected")
-	if err := env.refresh(x, prob); err != nil {
+	if err := env.refresh(x, ref.prob); err != nil {
 		return fail, err
 	}
 	x.tried = x.tried[:0]
+	return again, nil
+}
+
+// misdirected: the shard is not the tenant's owner (a 421, or over gRPC, where the gate's
+// refusals are all UNAVAILABLE, its reason). Given up on, it is errMisdirected: the client never
+// sees 421.
+func (r *refusal) misdirected() bool {
+	switch r.reason {
+	case "not_owner", "unplaced", "stale_epoch":
+		return true
+	}
+	return r.status == http.StatusMisdirectedRequest
+}
+
+// judgeFailure is judgeAttempt's judgement of a failed attempt: sent again when retryable,
+// to another instance of the shard, or after a takeover to the new owner; a refused stream to
+// the same instance too (it is not at fault: its connection was going away, or it was busy).
+func judgeFailure(env *policyEnv, x *exchange, in *instance, err error, n int) (verdict, error) {
+	if errors.Is(x.ctx.Err(), context.Canceled) {
+		return fail, err
+	}
+	x.lastErr = &upstreamError{inst: in.key, err: err}
+	reason, ok := retryable(x, err)
+	if !ok || n >= env.retries {
+		return fail, x.lastErr
+	}
+	x.ke.metrics.retry(reason)
+	switch {
+	case errors.Is(err, errAbandoned):
+		// The tenant's shard is being taken over: the next attempt waits in the hold for
+		// the new owner, as a request arriving now would.
+		if e, ok := x.ke.lookup(x.tenant); ok {
+			x.entry = e
+		}
+		x.tried = x.tried[:0]
+	case errors.Is(err, errStreamRefused):
+		// The instance may take the call again, on another connection.
+	default:
+		x.tried = append(x.tried, in)
+	}
 	return again, nil
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tenantmesh/tenantmesh/services/aggregate"
+	"github.com/tenantmesh/tenantmesh/services/aggregate/ledgertest"
 	"github.com/tenantmesh/tenantmesh/shardkit/events"
 	"github.com/tenantmesh/tenantmesh/shardkit/jsx"
 	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
@@ -33,53 +33,6 @@ func snapshotOf(t *testing.T, s *Service, tenant string) string {
 	return string(b)
 }
 
-// writer issues ledger commands on tenant until stop is closed; progress receives the count of
-// commands done after each one (dropped when nobody listens).
-func writer(t *testing.T, a *aggregate.Service, tenant string, stop <-chan struct{}, progress chan<- int) <-chan struct{} {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for i := range 8 {
-			do(t, a, tenant, command(fmt.Sprintf("acc%d", i), aggregate.CmdOpen, 0))
-		}
-		for n := 1; ; n++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			c := command(fmt.Sprintf("acc%d", n%8), aggregate.CmdDeposit, int64(n%97+1))
-			if n%4 == 0 {
-				c = command(fmt.Sprintf("acc%d", (n+1)%8), aggregate.CmdWithdraw, int64(n%13+1))
-			}
-			if _, err := a.Handle(context.Background(), tenant, c); err != nil && c.Command == aggregate.CmdDeposit {
-				t.Errorf("deposit: %v", err)
-				return
-			}
-			select {
-			case progress <- n:
-			default:
-			}
-		}
-	}()
-	return done
-}
-
-func waitProgress(t *testing.T, progress <-chan int, atLeast int) {
-	t.Helper()
-	deadline := time.After(20 * time.Second)
-	for {
-		select {
-		case n := <-progress:
-			if n >= atLeast {
-				return
-			}
-		case <-deadline:
-			t.Fatalf("the writer did not reach %d commands in 20s", atLeast)
-		}
-	}
-}
-
 // TestMoveMidStream moves a tenant between two instances the way shardkit drives the hooks,
 // while commands keep arriving: the target warms (fence 0) during the writes; at handoff the
 // source's applied sequence is the fence and the target warms to it; at cutover the target's
@@ -93,10 +46,10 @@ func TestMoveMidStream(t *testing.T) {
 	warm(t, src, "acme", 0)
 
 	stop, progress := make(chan struct{}), make(chan int)
-	done := writer(t, a, "acme", stop, progress)
-	waitProgress(t, progress, 150)
+	done := ledgertest.Writer(t, a, "acme", stop, progress)
+	ledgertest.WaitProgress(t, progress, 150)
 	warm(t, tgt, "acme", 0) // warming: the source still serves; both consume
-	waitProgress(t, progress, 300)
+	ledgertest.WaitProgress(t, progress, 300)
 	// Handoff. Reads may overlap during a projection move, so nothing is held; the test stops
 	// the writes here only so that "the same view" is well defined at cutover.
 	close(stop)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/services/aggregate"
+	"github.com/tenantmesh/tenantmesh/services/aggregate/ledgertest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -149,8 +150,8 @@ func TestShardkitMove(t *testing.T) {
 		synced()
 	}
 	stop, progress := make(chan struct{}), make(chan int)
-	done := writer(t, a, "acme", stop, progress)
-	waitProgress(t, progress, 100)
+	done := ledgertest.Writer(t, a, "acme", stop, progress)
+	ledgertest.WaitProgress(t, progress, 100)
 	if code, body := src.queryHTTP(t, "acme", "accounts", 1); code != http.StatusOK {
 		t.Fatalf("source before the move: %d %s", code, body)
 	}
@@ -159,7 +160,7 @@ func TestShardkitMove(t *testing.T) {
 	signal(t, st, dst, "acme", "target ready while warming", func(s schema.TenantSignal) bool {
 		return s.Phase == schema.SignalReady && s.Epoch == 1
 	})
-	waitProgress(t, progress, 200)
+	ledgertest.WaitProgress(t, progress, 200)
 	close(stop)
 	<-done
 	if t.Failed() {

@@ -18,6 +18,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
 	"github.com/tenantmesh/tenantmesh/services/aggregate"
+	"github.com/tenantmesh/tenantmesh/services/aggregate/ledgertest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -68,20 +69,11 @@ func (in *aggregateInstance) rehydrations(t *testing.T) map[string]uint64 {
 	return out
 }
 
-// ledgerCommand is one ledger command on account (amount 0: none in its payload).
-func ledgerCommand(account, name string, amount int64, key string) aggregate.Command {
-	c := aggregate.Command{AggregateType: aggregate.AccountType, AggregateID: account, Command: name, IdempotencyKey: key}
-	if amount > 0 {
-		c.Payload, _ = json.Marshal(map[string]int64{"amount": amount})
-	}
-	return c
-}
-
 // command runs one ledger command on svc directly (not through the gate: the tests place the
 // tenant on svc's shard first) and fails the test on error.
 func command(t testing.TB, svc *aggregate.Service, tenant, account, name string, amount int64, key string) aggregate.Result {
 	t.Helper()
-	r, err := svc.Handle(context.Background(), tenant, ledgerCommand(account, name, amount, key))
+	r, err := svc.Handle(context.Background(), tenant, ledgertest.Command(account, name, amount, key))
 	if err != nil {
 		t.Fatal(err)
 	}

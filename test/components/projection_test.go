@@ -15,6 +15,7 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/services/aggregate"
+	"github.com/tenantmesh/tenantmesh/services/aggregate/ledgertest"
 	"github.com/tenantmesh/tenantmesh/services/projection"
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
@@ -62,57 +63,6 @@ func (in *projectionInstance) passes(t testing.TB) float64 {
 	}
 	t.Fatal("no tm_projection_placement_passes_total")
 	return 0
-}
-
-// ledgerWriter runs ledger commands for tenant on a (8 accounts opened, then deposits and
-// withdrawals) until stop closes; it reports its count on progress when someone listens.
-func ledgerWriter(t *testing.T, a *aggregate.Service, tenant string, stop <-chan struct{}, progress chan<- int) <-chan struct{} {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for i := range 8 {
-			if _, err := a.Handle(context.Background(), tenant, ledgerCommand(fmt.Sprintf("acc%d", i), aggregate.CmdOpen, 0, fmt.Sprintf("%s-open-%d", tenant, i))); err != nil {
-				t.Errorf("open: %v", err)
-				return
-			}
-		}
-		for n := 1; ; n++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			c := ledgerCommand(fmt.Sprintf("acc%d", n%8), aggregate.CmdDeposit, int64(n%97+1), fmt.Sprintf("%s-%d", tenant, n))
-			if n%4 == 0 {
-				c = ledgerCommand(fmt.Sprintf("acc%d", (n+1)%8), aggregate.CmdWithdraw, int64(n%13+1), fmt.Sprintf("%s-%d", tenant, n))
-			}
-			if _, err := a.Handle(context.Background(), tenant, c); err != nil && c.Command == aggregate.CmdDeposit {
-				t.Errorf("deposit: %v", err)
-				return
-			}
-			select {
-			case progress <- n:
-			default:
-			}
-		}
-	}()
-	return done
-}
-
-// waitProgress waits (up to 20 s) until the writer reports at least atLeast commands.
-func waitProgress(t *testing.T, progress <-chan int, atLeast int) {
-	t.Helper()
-	deadline := time.After(20 * time.Second)
-	for {
-		select {
-		case n := <-progress:
-			if n >= atLeast {
-				return
-			}
-		case <-deadline:
-			t.Fatalf("the writer did not reach %d commands in 20s", atLeast)
-		}
-	}
 }
 
 // damageViews waits until the stored views of tenant cover sequence seq, then stores them
@@ -177,10 +127,10 @@ func TestVerifyViewsAtTheFence(t *testing.T) {
 	startProjection(t, st, "projection-2", projection.Config{})
 
 	stop, progress := make(chan struct{}), make(chan int)
-	done := ledgerWriter(t, a, "busy", stop, progress)
-	waitProgress(t, progress, 50)
+	done := ledgertest.Writer(t, a, "busy", stop, progress)
+	ledgertest.WaitProgress(t, progress, 50)
 	m := moveWithEngine(t, st, "projection", "busy", "projection-2", "")
-	waitProgress(t, progress, 20) // the ledger goes on after the move
+	ledgertest.WaitProgress(t, progress, 20) // the ledger goes on after the move
 	close(stop)
 	<-done
 	v, err := rebalancer.VerifyMove(ctx, st, m)
