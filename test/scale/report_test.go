@@ -93,13 +93,31 @@ func report(w io.Writer, p params, loaded time.Duration, colds []coldStart, rs [
 		add(phase+": placement watchers receive (all: one per kind in each shard group)", "msgs/s", func(x fleetResult) float64 { return get(x)[roleWatcher].RecvMsgs })
 	}
 	// What the processes used, summed by role: cores over the window, resident memory at its
-	// end (RSS) and the peak since each process started (VmHWM).
-	procRows := func(phase string, get func(fleetResult) []procUse) {
-		roles := []struct{ role, what string }{{procNATS, "NATS nodes"}, {procShards, "shard groups"}, {roleGateway, "gateways"},
-			{roleRebalancer, "rebalancer"}, {roleHarness, "harness (test process: clients, plans)"}}
-		cores := func(u procUse) float64 { return u.Cores }
+	// end (RSS) and, after the moves, the peak since each process started (VmHWM).
+	roles := []struct{ role, what string }{{procNATS, "NATS nodes (all 3)"}, {procShards, "shard groups (all)"},
+		{roleGateway, "gateways (all)"}, {roleRebalancer, "rebalancer"}, {roleHarness, "harness (the test process: clients, plans)"}}
+	cores := func(u procUse) float64 { return u.Cores }
+	memRows := func(phase, name string, f func(procUse) float64, get func(fleetResult) []procUse) {
 		for _, r := range roles {
-			add(fmt.Sprintf("%s: CPU, %s (all)", phase, r.what), "cores", func(x fleetResult) float64 { s, _ := byRole(get(x), r.role, cores); return s })
+			add(fmt.Sprintf("%s: %s, %s", phase, name, r.what), "MiB", func(x fleetResult) float64 { s, _ := byRole(get(x), r.role, f); return s })
+		}
+		add(fmt.Sprintf("%s: %s, largest shard group", phase, name), "MiB", func(x fleetResult) float64 {
+			top := 0.0
+			for _, u := range get(x) {
+				if u.Role == procShards {
+					top = max(top, f(u))
+				}
+			}
+			return top
+		})
+		add(fmt.Sprintf("%s: %s, per shard instance", phase, name), "MiB", func(x fleetResult) float64 {
+			s, _ := byRole(get(x), procShards, f)
+			return s / float64(max(x.Instances, 1))
+		})
+	}
+	procRows := func(phase string, get func(fleetResult) []procUse) {
+		for _, r := range roles {
+			add(fmt.Sprintf("%s: CPU, %s", phase, r.what), "cores", func(x fleetResult) float64 { s, _ := byRole(get(x), r.role, cores); return s })
 		}
 		add(phase+": CPU, each NATS node (mean)", "cores", func(x fleetResult) float64 { return mean(byRole(get(x), procNATS, cores)) })
 		add(phase+": CPU, each gateway (mean)", "cores", func(x fleetResult) float64 { return mean(byRole(get(x), roleGateway, cores)) })
@@ -114,27 +132,7 @@ func report(w io.Writer, p params, loaded time.Duration, colds []coldStart, rs [
 			}
 			return s
 		})
-		for _, m := range []struct {
-			name string
-			f    func(procUse) float64
-		}{{"RSS", func(u procUse) float64 { return mib(u.RSS) }}, {"peak RSS", func(u procUse) float64 { return mib(u.HWM) }}} {
-			for _, r := range roles {
-				add(fmt.Sprintf("%s: %s, %s (all)", phase, m.name, r.what), "MiB", func(x fleetResult) float64 { s, _ := byRole(get(x), r.role, m.f); return s })
-			}
-			add(fmt.Sprintf("%s: %s, largest shard group", phase, m.name), "MiB", func(x fleetResult) float64 {
-				top := 0.0
-				for _, u := range get(x) {
-					if u.Role == procShards {
-						top = max(top, m.f(u))
-					}
-				}
-				return top
-			})
-			add(fmt.Sprintf("%s: %s, per shard instance", phase, m.name), "MiB", func(x fleetResult) float64 {
-				s, _ := byRole(get(x), procShards, m.f)
-				return s / float64(max(x.Instances, 1))
-			})
-		}
+		memRows(phase, "RSS", func(u procUse) float64 { return mib(u.RSS) }, get)
 	}
 	add("instances", "", func(x fleetResult) float64 { return float64(x.Instances) })
 	add("shard group processes", "", func(x fleetResult) float64 { return float64(x.Groups) })
@@ -143,6 +141,7 @@ func report(w io.Writer, p params, loaded time.Duration, colds []coldStart, rs [
 	procRows("steady", func(x fleetResult) []procUse { return x.SteadyProcs })
 	roleRows("moves", func(x fleetResult) map[string]rates { return x.Moves })
 	procRows("moves", func(x fleetResult) []procUse { return x.MovesProcs })
+	memRows("moves", "peak RSS (since start)", func(u procUse) float64 { return mib(u.HWM) }, func(x fleetResult) []procUse { return x.MovesProcs })
 	add("moves done", "", func(x fleetResult) float64 { return float64(x.Applied) })
 	add("moves aborted (handoff over its time limit; the tenant stays)", "", func(x fleetResult) float64 { return float64(x.Aborted) })
 	add("plan apply", "moves/s", func(x fleetResult) float64 { return float64(x.Applied) / x.Apply.Seconds() })
