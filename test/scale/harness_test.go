@@ -388,8 +388,8 @@ func (h *harness) startGateway(i int) coldStart {
 }
 
 // growFleet starts shard groups until the fleet has n instances: shards
-// 0..shardsPerKind(n)-1 of every kind, PerShard instances each, p.Group instances per group,
-// two groups starting at a time.
+// 0..shardsPerKind(n)-1 of every kind, PerShard instances each, at most p.Group instances per
+// group, two groups starting at a time.
 func (h *harness) growFleet(n int) int {
 	shards := h.p.shardsPerKind(n)
 	var todo []string
@@ -408,8 +408,13 @@ func (h *harness) growFleet(n int) int {
 		h.credsFor(natsperm.Shard(k, "watcher", natsperm.Assets{}))
 	}
 	var groups []*member
+	size := 0 // the added instances in as few groups of at most p.Group as hold them, of even sizes
+	if len(todo) > 0 {
+		n := (len(todo) + h.p.Group - 1) / h.p.Group
+		size = (len(todo) + n - 1) / n
+	}
 	for len(todo) > 0 {
-		part := todo[:min(h.p.Group, len(todo))]
+		part := todo[:min(size, len(todo))]
 		todo = todo[len(part):]
 		name := fmt.Sprintf("shards%d", len(h.groupsRunning())+1) // h.proc counts it from here on
 		groups = append(groups, h.proc(procShards, name, "", "shardgroup", "--name", name, "--nats-url", h.natsURLs,
