@@ -253,10 +253,14 @@ func (h *harness) apply(p *planner.Plan, limits *[]int) []rebalancer.MoveRecord 
 		if rec, err = h.eng.CreatePlan(h.ctx, p, "scale"); err == nil {
 			break
 		}
-		if attempt == 3 || h.ctx.Err() != nil {
+		if attempt == 5 || h.ctx.Err() != nil {
 			h.t.Fatal(err)
 		}
 		h.t.Logf("storing the plan failed (trying again): %v", err)
+		select {
+		case <-h.ctx.Done():
+		case <-time.After(2 * time.Second): // a starved cluster's writes time out in doubt: give it a moment
+		}
 	}
 	for {
 		code, body := h.call(http.MethodPost, h.rebURL+"/api/plans/"+rec.ID+"/apply")
