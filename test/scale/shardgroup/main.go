@@ -166,9 +166,9 @@ func (g *group) connect(role natsperm.Role, name string) (*schema.Store, *nats.C
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect as %s: %w", name, err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // a busy cluster (a thousand instances starting)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // a busy cluster (a thousand instances starting): tried again until then
 	defer cancel()
-	st, err := schema.Open(ctx, nc, schema.Options{Replicas: g.cfg.replicas, Attach: true})
+	st, err := schema.OpenRetry(ctx, nc, schema.Options{Replicas: g.cfg.replicas, Attach: true})
 	if err != nil {
 		nc.Close()
 		return nil, nil, fmt.Errorf("open the store as %s: %w", name, err)
