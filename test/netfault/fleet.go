@@ -82,11 +82,11 @@ type Fleet struct {
 	tokens map[string]string
 }
 
-// Proc is one process of the fleet in its namespace; it can be stopped, frozen and started
-// again, always with the same arguments.
+// Proc is one process of the fleet in its namespace (or, made by HostProc, on the host); it
+// can be stopped, frozen and started again, always with the same arguments.
 type Proc struct {
 	Name string
-	Node *Node
+	Node *Node  // nil: the process runs in the host's namespace
 	URL  string // base URL of its HTTP listener (none for a NATS node)
 	args []string
 	log  string
@@ -97,13 +97,19 @@ type Proc struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
-	f    *Fleet
+	t    testing.TB
 }
 
+// FleetPackages are the packages of the fleet's binaries (Build).
+var FleetPackages = []string{"./gateway/cmd/gateway", "./rebalancer/cmd/rebalance", "./services/aggregate/cmd/aggregate",
+	"./services/projection/cmd/projection", "./services/runner/cmd/runner", "./test/netfault/natsnode"}
+
 // Build builds the fleet's binaries from the repository at root into dir.
-func Build(root, dir string) error {
-	pkgs := []string{"./gateway/cmd/gateway", "./rebalancer/cmd/rebalance", "./services/aggregate/cmd/aggregate",
-		"./services/projection/cmd/projection", "./services/runner/cmd/runner", "./test/netfault/natsnode"}
+func Build(root, dir string) error { return BuildPackages(root, dir, FleetPackages...) }
+
+// BuildPackages builds the main packages pkgs (paths relative to root, "./...") of the
+// repository at root into dir, each binary named after its directory.
+func BuildPackages(root, dir string, pkgs ...string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "go", append([]string{"build", "-o", dir + string(os.PathSeparator)}, pkgs...)...)
@@ -210,7 +216,7 @@ func Start(t testing.TB, o Options) *Fleet {
 	var wg sync.WaitGroup
 	errs := make(chan error, len(f.NATS))
 	for _, p := range f.NATS {
-		wg.Go(func() { errs <- p.startAwaitLine("ready", 45*time.Second) })
+		wg.Go(func() { errs <- p.StartAwaitLine("ready", 45*time.Second) })
 	}
 	wg.Wait()
 	close(errs)
@@ -289,7 +295,15 @@ func (f *Fleet) shardList() []*Proc { return f.Instances }
 
 func (f *Fleet) proc(node *Node, url, bin string, args ...string) *Proc {
 	return &Proc{Name: node.Name, Node: node, URL: url, args: append([]string{bin}, args...),
-		log: filepath.Join(f.dir, "logs", node.Name+".log"), f: f}
+		log: filepath.Join(f.dir, "logs", node.Name+".log"), t: f.t}
+}
+
+// HostProc is a process named name that runs bin with args in the host's namespace (no Net,
+// no root needed), logging to logDir/<name>.log; url is its HTTP listener's base URL, if it
+// has one. Start it with Start or StartAwaitLine; it dies with the test process, and the
+// caller stops it (Stop).
+func HostProc(t testing.TB, name, url, logDir, bin string, args ...string) *Proc {
+	return &Proc{Name: name, URL: url, args: append([]string{bin}, args...), log: filepath.Join(logDir, name+".log"), t: t}
 }
 
 // NATSURLs is the client URL list of the NATS nodes.
@@ -385,7 +399,7 @@ func (p *Proc) start() (io.Reader, error) {
 	p.mu.Lock()
 	args := slices.Clone(p.args)
 	p.mu.Unlock()
-	cmd := p.Node.Command(args[0], args[1:]...)
+	cmd := p.command(args)
 	cmd.Env = append(append(os.Environ(), "TM_LOG_FORMAT=text"), p.env...)
 	cmd.Stderr = logf
 	out, err := cmd.StdoutPipe()
@@ -430,8 +444,18 @@ func (d *drainer) release() {
 	d.once.Do(func() { go func() { _, _ = io.Copy(io.Discard, d.r) }() })
 }
 
-// startAwaitLine starts the process and waits until it prints line on stdout.
-func (p *Proc) startAwaitLine(line string, within time.Duration) error {
+// command is the process's command: in its node's namespace, or on the host.
+func (p *Proc) command(args []string) *exec.Cmd {
+	if p.Node != nil {
+		return p.Node.Command(args[0], args[1:]...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.SysProcAttr = childAttr()
+	return cmd
+}
+
+// StartAwaitLine starts the process and waits until it prints line on stdout.
+func (p *Proc) StartAwaitLine(line string, within time.Duration) error {
 	r, err := p.start()
 	if err != nil {
 		return err
@@ -491,6 +515,20 @@ func (p *Proc) current() (*exec.Cmd, chan struct{}) {
 	return p.cmd, p.done
 }
 
+// Exited reports whether the process was started and has exited since.
+func (p *Proc) Exited() bool {
+	_, done := p.current()
+	if done == nil {
+		return false
+	}
+	select {
+	case <-done:
+		return true
+	default:
+		return false
+	}
+}
+
 // PID is the running process's id (0 if it never started).
 func (p *Proc) PID() int {
 	cmd, _ := p.current()
@@ -530,7 +568,7 @@ func (p *Proc) Bin() string {
 func (p *Proc) Restart(within time.Duration) error {
 	p.Stop(5 * time.Second)
 	if p.store != "" {
-		return p.startAwaitLine("ready", within)
+		return p.StartAwaitLine("ready", within)
 	}
 	if err := p.Start(); err != nil {
 		return err
@@ -569,7 +607,7 @@ func (p *Proc) Stop(grace time.Duration) {
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
-		p.f.t.Logf("netfault: %s (pid %d) did not exit 10 s after SIGKILL", p.Name, cmd.Process.Pid)
+		p.t.Logf("netfault: %s (pid %d) did not exit 10 s after SIGKILL", p.Name, cmd.Process.Pid)
 	}
 }
 

@@ -24,33 +24,57 @@ func Tenants(scenario string, n int) []string {
 	return out
 }
 
-var (
-	buildOnce sync.Once
-	binDir    string
-	buildErr  error
-)
+// builds are the binaries built in this test process, by package list.
+var builds = struct {
+	sync.Mutex
+	dirs map[string]*build
+}{dirs: map[string]*build{}}
 
-// Binaries builds the fleet's binaries from the working tree once per test process and
-// returns their directory; RemoveBinaries (in TestMain) removes it.
-func Binaries(t testing.TB) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		binDir, buildErr = os.MkdirTemp("", "netfault-bin-")
-		if buildErr == nil {
-			root, _ := filepath.Abs(RepoRoot())
-			buildErr = Build(root, binDir)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binDir
+type build struct {
+	once sync.Once
+	dir  string
+	err  error
 }
 
-// RemoveBinaries removes what Binaries built.
+// Binaries builds the fleet's binaries (FleetPackages) from the working tree once per test
+// process and returns their directory; RemoveBinaries (in TestMain) removes it.
+func Binaries(t testing.TB) string {
+	t.Helper()
+	return BinariesOf(t, FleetPackages...)
+}
+
+// BinariesOf is Binaries for the main packages pkgs (paths from the repository's root,
+// "./..."): each list is built once per test process.
+func BinariesOf(t testing.TB, pkgs ...string) string {
+	t.Helper()
+	builds.Lock()
+	b := builds.dirs[strings.Join(pkgs, " ")]
+	if b == nil {
+		b = &build{}
+		builds.dirs[strings.Join(pkgs, " ")] = b
+	}
+	builds.Unlock()
+	b.once.Do(func() {
+		b.dir, b.err = os.MkdirTemp("", "netfault-bin-")
+		if b.err == nil {
+			root, _ := filepath.Abs(RepoRoot())
+			b.err = BuildPackages(root, b.dir, pkgs...)
+		}
+	})
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return b.dir
+}
+
+// RemoveBinaries removes what Binaries and BinariesOf built.
 func RemoveBinaries() {
-	if binDir != "" {
-		_ = os.RemoveAll(binDir)
+	builds.Lock()
+	defer builds.Unlock()
+	for _, b := range builds.dirs {
+		if b.dir != "" {
+			_ = os.RemoveAll(b.dir)
+		}
 	}
 }
 

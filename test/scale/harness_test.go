@@ -3,102 +3,212 @@ package scale
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
-	"log/slog"
+	"io"
 	"maps"
-	"net"
 	"net/http"
-	"os"
-	"runtime"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/go-chi/chi/v5"
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
-	"github.com/tenantmesh/tenantmesh/gateway"
-	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
+	"github.com/tenantmesh/tenantmesh/internal/embednats"
 	"github.com/tenantmesh/tenantmesh/internal/natsauth"
-	"github.com/tenantmesh/tenantmesh/rebalancer/server"
-	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
+	"github.com/tenantmesh/tenantmesh/rebalancer"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsconn"
 	"github.com/tenantmesh/tenantmesh/shardkit/natsperm"
 	"github.com/tenantmesh/tenantmesh/shardkit/placement"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/test/netfault"
 )
 
-// Connection names say the role: "<role>:<name>". The NATS servers' per-connection counters
-// are summed by role.
+// Roles. NATS connections are named "<role>:<name>" (the gateway's and the rebalancer's by
+// their binaries: roleOf), and the NATS servers' per-connection counters are summed by role.
+// Processes have roles too: procNATS, procShards, roleGateway, roleRebalancer, roleHarness.
 const (
 	roleShard      = "shard"
 	roleGateway    = "gateway"
 	roleRebalancer = "rebalancer"
-	roleWatcher    = "placement-watcher" // the harness's one placement watcher per kind, shared by its instances
+	roleWatcher    = "placement-watcher" // a shard group's placement watcher per kind, shared by its instances
 	roleHarness    = "harness"
+
+	procNATS   = "nats"
+	procShards = "shard group"
 )
+
+// roleOf is the role of a NATS connection by its name: the gateway binary names its
+// connection tm-gateway, the rebalancer's rebalancer-<holder>; the rest are "<role>:<name>".
+func roleOf(name string) string {
+	switch {
+	case name == "tm-gateway":
+		return roleGateway
+	case strings.HasPrefix(name, "rebalancer-"):
+		return roleRebalancer
+	}
+	role, _, _ := strings.Cut(name, ":")
+	return cmp.Or(role, "other")
+}
 
 const adminToken = "scale-admin-token"
 
-// harness owns everything a run starts; t.Cleanup stops it in reverse order.
-type harness struct {
-	t       *testing.T
-	p       params
-	ctx     context.Context
-	cluster *natstest.Cluster
-	admin   *schema.Store
+// packages are the binaries a run starts.
+var packages = []string{"./gateway/cmd/gateway", "./rebalancer/cmd/rebalance", "./test/netfault/natsnode", "./test/scale/shardgroup"}
 
-	watchers map[string]*placement.Watcher // kind -> the watcher the kind's instances share
-	rebURL   string
-	reb      *server.Server
-	gateways []string // base URLs
+// harness owns everything a run starts; t.Cleanup stops it.
+type harness struct {
+	t   *testing.T
+	p   params
+	ctx context.Context
+	bin string // the built binaries
+	dir string // trust chain, credentials, NATS stores, logs
+
+	chain    *natsauth.Chain
+	creds    map[string]string // role name -> credentials file
+	natsURLs string
+	connz    []string // each NATS node's /connz URL
+	admin    *schema.Store
+
+	placements *placement.Watcher // the harness's own, every kind: where each tenant is, for plans
+	eng        *rebalancer.Engine // stores plans and reads their moves in the shared KV; the rebalancer process applies them
+	rebURL     string
+	gateways   []string // base URLs
 
 	mu    sync.Mutex
-	fleet map[string]*instance // instance key -> running instance
+	procs []*member       // every process started, in order
+	fleet map[string]bool // instance keys running
 }
 
-// instance is one shard instance: shardkit's own code on its own NATS connection and listener.
-type instance struct {
-	sk   *shardkit.Shard
-	stop func()
+// member is one process of the platform and its role.
+type member struct {
+	role string
+	*netfault.Proc
 }
 
 func newHarness(t *testing.T, p params, ctx context.Context) *harness {
-	return &harness{t: t, p: p, ctx: ctx, watchers: map[string]*placement.Watcher{}, fleet: map[string]*instance{}}
+	return &harness{t: t, p: p, ctx: ctx, bin: netfault.BinariesOf(t, packages...), dir: t.TempDir(),
+		creds: map[string]string{}, fleet: map[string]bool{}}
 }
 
-// connect opens a NATS connection as role, named for the role statistics.
-func (h *harness) connect(role natsauth.Role, name string) *nats.Conn {
-	return natstest.ConnectAs(h.t, h.cluster.URLs(), role, nats.Name(name))
-}
-
-func (h *harness) open(nc *nats.Conn, attach bool) *schema.Store {
-	st, err := h.openErr(nc, attach)
+// credsFor writes role's credentials once and returns the file.
+func (h *harness) credsFor(role natsperm.Role) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if path, ok := h.creds[role.Name]; ok {
+		return path
+	}
+	path, err := h.chain.WriteCreds(filepath.Join(h.dir, "creds"), role)
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	return st
+	h.creds[role.Name] = path
+	return path
 }
 
-// openErr opens a store on nc; a busy cluster (a thousand instances starting) may take a while.
-func (h *harness) openErr(nc *nats.Conn, attach bool) (*schema.Store, error) {
-	ctx, cancel := context.WithTimeout(h.ctx, 3*time.Minute)
-	defer cancel()
-	st, err := schema.Open(ctx, nc, schema.Options{Replicas: h.p.Replicas, Attach: attach})
+// connect opens a NATS connection of the test's own as role, named for the role statistics.
+func (h *harness) connect(role natsperm.Role, name string) *nats.Conn {
+	nc, err := natsconn.Connect(natsconn.Options{URL: h.natsURLs, Creds: h.credsFor(role)}, name, nil)
 	if err != nil {
-		return nil, fmt.Errorf("open store as %s: %w", nc.Opts.Name, err)
+		h.t.Fatal(err)
 	}
-	return st, nil
+	h.t.Cleanup(nc.Close)
+	return nc
 }
 
-// start brings up the cluster and provisions tenantmesh's buckets.
+// proc makes a process of role that runs binary name with args, logging into the run's logs.
+func (h *harness) proc(role, name, url, binary string, args ...string) *member {
+	m := &member{role: role, Proc: netfault.HostProc(h.t, name, url, filepath.Join(h.dir, "logs"), filepath.Join(h.bin, binary), args...)}
+	h.mu.Lock()
+	h.procs = append(h.procs, m)
+	h.mu.Unlock()
+	return m
+}
+
+// members are the processes started so far.
+func (h *harness) members() []*member {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.procs)
+}
+
+// stopAll stops every process (NATS last) and, if the test failed, logs the tail of each one's log.
+func (h *harness) stopAll() {
+	all := h.members()
+	var wg sync.WaitGroup
+	for _, m := range all {
+		if m.role != procNATS {
+			wg.Go(func() { m.Stop(10 * time.Second) })
+		}
+	}
+	wg.Wait()
+	for _, m := range all {
+		if m.role == procNATS {
+			wg.Go(func() { m.Stop(10 * time.Second) })
+		}
+	}
+	wg.Wait()
+	if h.t.Failed() {
+		for _, m := range all {
+			h.t.Logf("--- %s log (last 3 KiB) ---\n%s", m.Name, m.Tail(3<<10))
+		}
+	}
+}
+
+// start brings up the NATS nodes as processes and provisions tenantmesh's buckets.
 func (h *harness) start() {
-	withRole("nats", func() { h.cluster = natstest.NewCluster(h.t) })
-	h.admin = h.open(h.connect(natsperm.Rebalancer(), roleHarness+":admin"), false)
-	ctx, cancel := context.WithTimeout(h.ctx, time.Minute)
+	var err error
+	if h.chain, err = natsauth.LoadOrCreate(filepath.Join(h.dir, "auth")); err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(h.stopAll)
+	ports, err := embednats.FreePorts("", 9)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var urls []string
+	for i := range 3 {
+		urls = append(urls, "nats://127.0.0.1:"+strconv.Itoa(ports[i]))
+		h.connz = append(h.connz, fmt.Sprintf("http://127.0.0.1:%d/connz", ports[6+i]))
+	}
+	h.natsURLs = strings.Join(urls, ",")
+	var nodes []*member
+	for i := range 3 {
+		var routes []string
+		for j := range 3 {
+			if j != i {
+				routes = append(routes, "nats://127.0.0.1:"+strconv.Itoa(ports[3+j]))
+			}
+		}
+		name := fmt.Sprintf("nats%d", i+1)
+		nodes = append(nodes, h.proc(procNATS, name, "", "natsnode", "--name", name, "--host", "127.0.0.1", "--cluster", "scale",
+			"--port", strconv.Itoa(ports[i]), "--cluster-port", strconv.Itoa(ports[3+i]), "--routes", strings.Join(routes, ","),
+			"--http-port", strconv.Itoa(ports[6+i]), "--store", filepath.Join(h.dir, "nats", name), "--auth", filepath.Join(h.dir, "auth")))
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, len(nodes))
+	for _, n := range nodes {
+		wg.Go(func() { errs <- n.StartAwaitLine("ready", time.Minute) })
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(h.ctx, 2*time.Minute) // a new cluster elects its JetStream meta leader first
 	defer cancel()
+	nc := h.connect(natsperm.Rebalancer(), roleHarness+":admin")
+	if h.admin, err = schema.OpenRetry(ctx, nc, schema.Options{Replicas: h.p.Replicas}); err != nil {
+		h.t.Fatalf("open the store: %v", err)
+	}
 	if err := h.admin.Provision(ctx); err != nil {
 		h.t.Fatal(err)
 	}
@@ -106,6 +216,9 @@ func (h *harness) start() {
 		if _, err := h.admin.Placements(k).KV(ctx); err != nil {
 			h.t.Fatal(err)
 		}
+	}
+	if h.eng, err = rebalancer.New(rebalancer.Config{Store: h.admin, Holder: "scale-harness"}); err != nil {
+		h.t.Fatal(err)
 	}
 }
 
@@ -140,48 +253,24 @@ func (h *harness) awaitPublishes(js interface{ PublishAsyncComplete() <-chan str
 	}
 }
 
-// startWatchers starts one placement watcher per kind for the kind's instances to share (from
-// the snapshots).
-func (h *harness) startWatchers() {
-	withRole(roleWatcher, func() {
-		for _, k := range kinds {
-			st := h.open(h.connect(natsperm.Shard(k, "watcher", natsperm.Assets{}), roleWatcher+":"+k), true)
-			w, err := placement.New(placement.Config{Store: st, Kinds: []string{k}, Confirm: time.Second})
-			if err != nil {
-				h.t.Fatal(err)
-			}
-			h.watchers[k] = w
-			h.goRun("watcher "+k, w.Run)
-		}
-	})
-	for _, k := range kinds {
-		ctx, cancel := context.WithTimeout(h.ctx, 5*time.Minute)
-		if err := h.watchers[k].WaitReady(ctx); err != nil {
-			cancel()
-			h.t.Fatal(err)
-		}
-		cancel()
-	}
-}
-
-// writeSnapshots writes each kind's compacted snapshot, as the rebalancer leader does every
-// CompactEvery changes, from a full read, for the cold starts that follow.
-func (h *harness) writeSnapshots() {
+// startPlacements starts the harness's placement watcher of every kind from a full read and
+// writes each kind's compacted snapshot from it, as the rebalancer leader does every
+// CompactEvery changes, for the cold starts that follow. The watcher stays: plans read where
+// each tenant is from it.
+func (h *harness) startPlacements() {
 	w, err := placement.New(placement.Config{Store: h.admin, Kinds: kinds, NoSnapshot: true})
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(h.ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = w.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	wctx, wcancel := context.WithTimeout(h.ctx, 5*time.Minute)
-	defer wcancel()
-	if err := w.WaitReady(wctx); err != nil {
+	h.placements = w
+	h.goRun("placement watcher", w.Run)
+	ctx, cancel := context.WithTimeout(h.ctx, 5*time.Minute)
+	defer cancel()
+	if err := w.WaitReady(ctx); err != nil {
 		h.t.Fatal(err)
 	}
 	for _, k := range kinds {
-		if err := w.WriteSnapshot(wctx, k); err != nil {
+		if err := w.WriteSnapshot(ctx, k); err != nil {
 			h.t.Fatalf("snapshot of %s: %v", k, err)
 		}
 	}
@@ -207,179 +296,204 @@ func (h *harness) goRun(what string, fn func(context.Context) error) {
 	})
 }
 
-func listen(t *testing.T) net.Listener {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ln
-}
-
-// startRebalancer runs `rebalancer serve` in process: leader lease, sweeper, compaction, API.
-func (h *harness) startRebalancer() {
-	var st *schema.Store
-	withRole(roleRebalancer, func() { st = h.open(h.connect(natsperm.Rebalancer(), roleRebalancer+":r1"), false) })
-	s, err := server.New(server.Config{Store: st, Holder: "r1", AdminToken: adminToken, PauseBudget: h.p.PauseBudget,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+// freePort is a free port on 127.0.0.1 for a process to listen on.
+func (h *harness) freePort() int {
+	ports, err := embednats.FreePorts("", 1)
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	ln := listen(h.t)
-	h.reb, h.rebURL = s, "http://"+ln.Addr().String()
-	withRole(roleRebalancer, func() {
-		h.goRun("rebalancer", func(ctx context.Context) error { return s.Serve(ctx, ln) })
-	})
+	return ports[0]
+}
+
+// natsFlags are the NATS flags of a gateway or the rebalancer, connecting as role.
+func (h *harness) natsFlags(role natsperm.Role) []string {
+	return []string{"--nats-url", h.natsURLs, "--nats-creds", h.credsFor(role), "--replicas", strconv.Itoa(h.p.Replicas),
+		"--log-level", "warn", "--log-format", "text"}
+}
+
+// startRebalancer runs `rebalance serve` (leader lease, sweeper, compaction, API; autopilot
+// off) and waits until it leads.
+func (h *harness) startRebalancer() {
+	addr := "127.0.0.1:" + strconv.Itoa(h.freePort())
+	h.rebURL = "http://" + addr
+	args := []string{"serve", "--addr", addr, "--holder", "r1", "--admin-token", adminToken, "--autopilot", "off"}
+	switch {
+	case h.p.PauseBudget < 0:
+		args = append(args, "--pause-budget", "0") // the plan's concurrency throughout
+	case h.p.PauseBudget > 0:
+		args = append(args, "--pause-budget", h.p.PauseBudget.String())
+	}
+	m := h.proc(roleRebalancer, "rebalancer", h.rebURL, "rebalance", append(args, h.natsFlags(natsperm.Rebalancer())...)...)
+	if err := m.Start(); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := m.AwaitReady(2 * time.Minute); err != nil {
+		h.t.Fatal(err)
+	}
 	deadline := time.Now().Add(time.Minute)
-	for !s.IsLeader() {
+	for !h.rebalancerLeads() {
 		if time.Now().After(deadline) {
-			h.t.Fatal("the rebalancer did not take the lease within a minute")
+			h.t.Fatalf("the rebalancer did not take the lease within a minute:\n%s", m.Tail(3<<10))
 		}
-		time.Sleep(50 * time.Millisecond) // polling the lease; the server offers no event for it
+		time.Sleep(100 * time.Millisecond) // polling the lease; the API offers no event for it
 	}
 }
 
-// coldStart is one gateway's start: time to ready and the heap it keeps.
-type coldStart struct {
-	Ready     time.Duration
-	HeapBytes int64
+// rebalancerLeads asks the rebalancer's /readyz whether it holds the leader lease.
+func (h *harness) rebalancerLeads() bool {
+	var ready struct{ Leader bool }
+	code, body := h.call(http.MethodGet, h.rebURL+"/readyz")
+	return code == http.StatusOK && json.Unmarshal(body, &ready) == nil && ready.Leader
 }
 
-// startGateway runs a gateway in process and measures its cold start; the heap it adds is
-// measured with the rest of the process quiet (before the fleet starts).
+// coldStart is one gateway's start: time until its /readyz answers 200, and its resident
+// memory then.
+type coldStart struct {
+	Ready time.Duration
+	RSS   int64
+}
+
+// startGateway runs a gateway process and measures its cold start.
 func (h *harness) startGateway(i int) coldStart {
-	before := heapInUse()
+	addr := "127.0.0.1:" + strconv.Itoa(h.freePort())
+	url := "http://" + addr
+	m := h.proc(roleGateway, fmt.Sprintf("gateway%d", i+1), url, "gateway", append([]string{"--addr", addr,
+		"--gateway-id", fmt.Sprintf("gw%d", i), "--admin-token", adminToken, "--trust-tenant-header", "--shutdown-timeout", "5s"},
+		h.natsFlags(natsperm.DefaultGateway())...)...)
 	t0 := time.Now()
-	var g *gateway.Gateway
-	ln := listen(h.t)
-	withRole(roleGateway, func() {
-		st := h.open(h.connect(natsperm.DefaultGateway(), fmt.Sprintf("%s:gw%d", roleGateway, i)), true)
-		var err error
-		g, err = gateway.New(gateway.Config{Store: st, Listener: ln, ID: fmt.Sprintf("gw%d", i), ShutdownTimeout: 5 * time.Second,
-			AdminToken: adminToken})
-		if err != nil {
-			h.t.Fatal(err)
+	if err := m.Start(); err != nil {
+		h.t.Fatal(err)
+	}
+	hc := &http.Client{Timeout: time.Second}
+	for {
+		if resp, err := hc.Get(url + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
 		}
-		h.goRun(fmt.Sprintf("gateway %d", i), g.Run)
-	})
-	select {
-	case <-g.Ready():
-	case <-time.After(5 * time.Minute):
-		h.t.Fatalf("gateway %d not ready within 5 minutes", i)
+		if m.Exited() || time.Since(t0) > 5*time.Minute {
+			h.t.Fatalf("gateway %d not ready within 5 minutes:\n%s", i+1, m.Tail(3<<10))
+		}
+		time.Sleep(10 * time.Millisecond) // polling another process's readiness, finely: this is the figure
 	}
 	cs := coldStart{Ready: time.Since(t0)}
-	cs.HeapBytes = heapInUse() - before
-	h.gateways = append(h.gateways, "http://"+ln.Addr().String())
+	u, err := readUsage(m.PID())
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	cs.RSS = u.RSS
+	h.gateways = append(h.gateways, url)
 	return cs
 }
 
-func heapInUse() int64 {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return int64(m.HeapAlloc)
-}
-
-// growFleet starts instances until the fleet has n: shards 0..shardsPerKind(n)-1 of every
-// kind, PerShard instances each, a few at a time.
+// growFleet starts shard groups until the fleet has n instances: shards
+// 0..shardsPerKind(n)-1 of every kind, PerShard instances each, at most p.Group instances per
+// group, two groups starting at a time.
 func (h *harness) growFleet(n int) int {
 	shards := h.p.shardsPerKind(n)
-	type want struct {
-		kind  string
-		shard int
-		inst  int
-	}
-	var todo []want
+	var todo []string
 	for s := range shards {
 		for _, k := range kinds {
+			h.credsFor(natsperm.Shard(k, shardName(k, s), natsperm.Assets{}))
 			for i := range h.p.PerShard {
-				if h.fleet[schema.InstanceID{Kind: k, Shard: shardName(k, s), Instance: fmt.Sprintf("i%d", i)}.Key()] == nil {
-					todo = append(todo, want{k, s, i})
+				key := schema.InstanceID{Kind: k, Shard: shardName(k, s), Instance: fmt.Sprintf("i%d", i)}.Key()
+				if !h.fleet[key] {
+					todo = append(todo, key)
 				}
 			}
 		}
 	}
-	sem := make(chan struct{}, 8)
-	var wg sync.WaitGroup
-	errs := make(chan error, len(todo))
-	started := time.Now()
-	for i, w := range todo {
-		if i > 0 && i%100 == 0 {
-			h.t.Logf("starting instances: %d of %d after %s", i, len(todo), time.Since(started).Round(time.Millisecond))
+	for _, k := range kinds {
+		h.credsFor(natsperm.Shard(k, "watcher", natsperm.Assets{}))
+	}
+	var groups []*member
+	size := 0 // the added instances in as few groups of at most p.Group as hold them, of even sizes
+	if len(todo) > 0 {
+		n := (len(todo) + h.p.Group - 1) / h.p.Group
+		size = (len(todo) + n - 1) / n
+	}
+	for len(todo) > 0 {
+		part := todo[:min(size, len(todo))]
+		todo = todo[len(part):]
+		name := fmt.Sprintf("shards%d", len(h.groupsRunning())+1) // h.proc counts it from here on
+		groups = append(groups, h.proc(procShards, name, "", "shardgroup", "--name", name, "--nats-url", h.natsURLs,
+			"--creds-dir", filepath.Join(h.dir, "creds"), "--instances", strings.Join(part, ","),
+			"--heartbeat", h.p.Heartbeat.String(), "--replicas", strconv.Itoa(h.p.Replicas), "--parallel", "4",
+			"--admin-token", adminToken))
+		for _, key := range part {
+			h.fleet[key] = true
 		}
+	}
+	sem := make(chan struct{}, 2)
+	errs := make(chan error, len(groups))
+	var wg sync.WaitGroup
+	started := time.Now()
+	for _, g := range groups {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			var err error
-			withRole(roleShard, func() { err = h.startInstance(w.kind, shardName(w.kind, w.shard), fmt.Sprintf("i%d", w.inst)) })
-			if err != nil {
-				errs <- err
+			err := g.StartAwaitLine("ready", 10*time.Minute)
+			if err == nil {
+				h.t.Logf("%s ready after %s", g.Name, time.Since(started).Round(time.Millisecond))
 			}
+			errs <- err
 		})
 	}
 	wg.Wait()
 	close(errs)
-	if len(todo) > 0 {
-		h.t.Logf("started %d instances", len(todo))
-	}
 	for err := range errs {
-		h.t.Fatal(err)
+		if err != nil {
+			h.t.Fatal(err)
+		}
 	}
 	return len(h.fleet)
 }
 
-// routeOf is the path prefix each kind serves.
-func routeOf(kind string) string { return "/" + kind + "/" }
-
-// startInstance runs one shard instance: shardkit registers, heartbeats, publishes telemetry
-// and answers the move protocol; its handler answers 200 for the tenants its gate lets in.
-func (h *harness) startInstance(kind, shard, name string) error {
-	id := schema.InstanceID{Kind: kind, Shard: shard, Instance: name}
-	nc := h.connect(natsperm.Shard(kind, shard, natsperm.Assets{}), roleShard+":"+id.Key())
-	st, err := h.openErr(nc, true)
-	if err != nil {
-		return err
-	}
-	ln := listen(h.t)
-	sk, err := shardkit.New(shardkit.Config{Store: st, ID: id, URL: "http://" + ln.Addr().String(), Watcher: h.watchers[kind],
-		Heartbeat: h.p.Heartbeat, AdminToken: adminToken, DrainTimeout: 5 * time.Second,
-		Routes: []schema.Route{{Method: "*", Prefix: routeOf(kind)}}})
-	if err != nil {
-		return err
-	}
-	r := chi.NewRouter()
-	sk.Mount(r)
-	r.With(sk.Gate).Handle(routeOf(kind)+"*", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = w.Write([]byte("ok"))
-	}))
-	srv := &http.Server{Handler: r, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	var runErr error
-	go func() { defer close(done); runErr = sk.Run(ctx) }()
-	stop := func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(time.Minute):
+// groupsRunning are the shard groups started so far.
+func (h *harness) groupsRunning() []*member {
+	var out []*member
+	for _, m := range h.members() {
+		if m.role == procShards {
+			out = append(out, m)
 		}
-		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_ = srv.Shutdown(sctx)
-		scancel()
 	}
-	h.t.Cleanup(stop)
-	select {
-	case <-sk.Running():
-	case <-done:
-		return fmt.Errorf("instance %s stopped at start: %w", id.Key(), runErr)
-	case <-time.After(2 * time.Minute):
-		return fmt.Errorf("instance %s not running within 2 minutes", id.Key())
+	return out
+}
+
+// call sends a request to a process's API with the admin token and returns the answer.
+func (h *harness) call(method, url string) (int, []byte) {
+	req, _ := http.NewRequestWithContext(h.ctx, method, url, nil)
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := tmtest.HTTP.Do(req)
+	if err != nil {
+		return 0, []byte(err.Error())
 	}
-	h.mu.Lock()
-	h.fleet[id.Key()] = &instance{sk: sk, stop: stop}
-	h.mu.Unlock()
-	return nil
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return resp.StatusCode, body
+}
+
+// connzOf reads one NATS node's connections (with subscriptions' details if subs).
+func (h *harness) connzOf(url string, subs bool) *natsserver.Connz {
+	q := "?limit=1000000"
+	if subs {
+		q += "&subs=detail"
+	}
+	req, _ := http.NewRequestWithContext(h.ctx, http.MethodGet, url+q, nil)
+	resp, err := tmtest.HTTP.Do(req)
+	if err != nil {
+		h.t.Fatalf("read %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	var cz natsserver.Connz
+	if resp.StatusCode != http.StatusOK {
+		h.t.Fatalf("read %s: %s", url, resp.Status)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&cz); err != nil {
+		h.t.Fatalf("read %s: %v", url, err)
+	}
+	return &cz
 }
 
 // roleStats are one role's NATS counters, summed over its connections on every server.
@@ -389,19 +503,12 @@ type roleStats struct {
 	InBytes, OutBytes int64
 }
 
-// natsStats sums every server's per-connection counters by role (the connection name's prefix).
+// natsStats sums every server's per-connection counters by role (roleOf the connection's name).
 func (h *harness) natsStats() map[string]roleStats {
 	out := map[string]roleStats{}
-	for _, s := range h.cluster.Servers {
-		cz, err := s.Connz(&natsserver.ConnzOptions{Limit: 1 << 20})
-		if err != nil {
-			h.t.Fatal(err)
-		}
-		for _, c := range cz.Conns {
-			role, _, _ := strings.Cut(c.Name, ":")
-			if role == "" {
-				role = "other"
-			}
+	for _, url := range h.connz {
+		for _, c := range h.connzOf(url, false).Conns {
+			role := roleOf(c.Name)
 			r := out[role]
 			r.Conns++
 			r.InMsgs += c.InMsgs
@@ -419,14 +526,9 @@ func (h *harness) natsStats() map[string]roleStats {
 // what it asked for.
 func (h *harness) logTopSubs(role string) {
 	bySubject := map[string]uint64{}
-	for _, s := range h.cluster.Servers {
-		cz, err := s.Connz(&natsserver.ConnzOptions{Limit: 1 << 20, SubscriptionsDetail: true})
-		if err != nil {
-			h.t.Error(err)
-			return
-		}
-		for _, c := range cz.Conns {
-			if r, _, _ := strings.Cut(c.Name, ":"); r != role {
+	for _, url := range h.connz {
+		for _, c := range h.connzOf(url, true).Conns {
+			if roleOf(c.Name) != role {
 				continue
 			}
 			for _, sd := range c.SubsDetail {

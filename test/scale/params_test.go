@@ -1,8 +1,14 @@
-// Package scale is the scale harness (`make scale`): a 3-node embedded NATS cluster, placements
-// per kind, a fleet of shard instances at several sizes, 3 gateways and the rebalancer, with
-// traffic through the gateways while a plan of many moves runs. It prints what each role costs
-// and how each figure grows with the fleet. Without TM_SCALE=1 it runs a smoke version with
-// tiny numbers in seconds, so `make test` keeps it working.
+// Package scale is the scale harness (`make scale`): a 3-node NATS cluster, placements per
+// kind, a fleet of shard instances at several sizes, 3 gateways and the rebalancer, with
+// traffic through the gateways while a plan of many moves runs. Every part is a process of its
+// own, so that no one garbage collector is the wall: each NATS node (test/netfault/natsnode),
+// the shard instances in groups of TM_SCALE_GROUP per process (test/scale/shardgroup: shardkit's
+// own code, each instance on its own NATS connection and listener), each gateway and the
+// rebalancer (their binaries); the test process keeps only its own work (loading placements,
+// making plans, the traffic's clients). It prints what each role's NATS connections carry,
+// what each process used (CPU from /proc/PID/stat, resident memory from /proc/PID/status, and
+// summed by role) and how each figure grows with the fleet. Without TM_SCALE=1 it runs a smoke
+// version with tiny numbers, so `make test` keeps it working.
 package scale
 
 import (
@@ -19,6 +25,7 @@ type params struct {
 	Tenants     int           // placements per kind (TM_SCALE_TENANTS)
 	Fleets      []int         // fleet sizes, instances over the three kinds (TM_SCALE_FLEETS, "100,1000")
 	PerShard    int           // instances per shard (TM_SCALE_PER_SHARD)
+	Group       int           // instances per shard group process (TM_SCALE_GROUP)
 	Moves       int           // moves in each fleet's plan (TM_SCALE_MOVES)
 	Concurrency int           // the plan's concurrency (TM_SCALE_CONCURRENCY)
 	Live        int           // tenants with traffic through the gateways (TM_SCALE_LIVE)
@@ -33,11 +40,11 @@ type params struct {
 }
 
 // smoke is what `make test` runs: every part, tiny.
-var smoke = params{Tenants: 300, Fleets: []int{12, 18}, PerShard: 2, Moves: 20, Concurrency: 5, Live: 6, Clients: 2, Rate: 100,
+var smoke = params{Tenants: 300, Fleets: []int{12, 18}, PerShard: 2, Group: 8, Moves: 20, Concurrency: 5, Live: 6, Clients: 2, Rate: 100,
 	Steady: 2 * time.Second, Replicas: 3, Gateways: 3, Heartbeat: time.Second, Deadline: 4 * time.Minute}
 
 // full is `make scale`'s default; TM_SCALE_* override each field.
-var full = params{Tenants: 1_000_000, Fleets: []int{100, 1000}, PerShard: 2, Moves: 10_000, Concurrency: 50, Live: 60,
+var full = params{Tenants: 1_000_000, Fleets: []int{100, 1000}, PerShard: 2, Group: 100, Moves: 10_000, Concurrency: 50, Live: 60,
 	Clients: 8, Rate: 600, Steady: 10 * time.Second, Replicas: 3, Gateways: 3, Heartbeat: time.Second, Deadline: 14 * time.Minute}
 
 func paramsFromEnv() (params, bool, error) {
@@ -45,7 +52,7 @@ func paramsFromEnv() (params, bool, error) {
 		return smoke, false, nil
 	}
 	p := full
-	ints := map[string]*int{"TENANTS": &p.Tenants, "PER_SHARD": &p.PerShard, "MOVES": &p.Moves,
+	ints := map[string]*int{"TENANTS": &p.Tenants, "PER_SHARD": &p.PerShard, "GROUP": &p.Group, "MOVES": &p.Moves,
 		"CONCURRENCY": &p.Concurrency, "LIVE": &p.Live, "CLIENTS": &p.Clients, "REPLICAS": &p.Replicas, "GATEWAYS": &p.Gateways}
 	for name, dst := range ints {
 		if v := os.Getenv("TM_SCALE_" + name); v != "" {

@@ -37,7 +37,7 @@ func pct(d []time.Duration, p float64) time.Duration {
 }
 
 // report prints the run's table in Markdown.
-func report(w io.Writer, p params, loaded time.Duration, colds []coldStart, gwHeap int64, rs []fleetResult, total time.Duration) {
+func report(w io.Writer, p params, loaded time.Duration, colds []coldStart, rs []fleetResult, total time.Duration) {
 	budget := "off"
 	if p.PauseBudget >= 0 {
 		budget = cmp.Or(p.PauseBudget, rebalancer.DefaultPauseBudget).String()
@@ -51,12 +51,16 @@ func report(w io.Writer, p params, loaded time.Duration, colds []coldStart, gwHe
 	fmt.Fprintf(w, "placements loaded in %s (%.0f/s)\n\n", loaded.Round(time.Millisecond),
 		float64(p.Tenants*len(kinds))/loaded.Seconds())
 	placements := float64(p.Tenants * len(kinds))
-	fmt.Fprintf(w, "| gateway cold start at %.0f placements (from snapshots) | ready | heap | B/placement |\n|---|---:|---:|---:|\n", placements)
+	fmt.Fprintf(w, "| gateway cold start at %.0f placements (from snapshots; a process each) | ready (/readyz 200) | RSS then | B/placement |\n|---|---:|---:|---:|\n", placements)
+	var rss int64
 	for i, c := range colds {
-		fmt.Fprintf(w, "| gateway %d | %s | %.1f MiB | %.1f |\n", i, c.Ready.Round(time.Millisecond),
-			float64(c.HeapBytes)/(1<<20), float64(c.HeapBytes)/placements)
+		fmt.Fprintf(w, "| gateway %d | %s | %.1f MiB | %.1f |\n", i+1, c.Ready.Round(time.Millisecond), mib(c.RSS), float64(c.RSS)/placements)
+		rss += c.RSS
 	}
-	fmt.Fprintf(w, "| the %d gateways' heap, per gateway | | %.1f MiB | %.1f |\n\n", len(colds), float64(gwHeap)/(1<<20), float64(gwHeap)/placements)
+	if len(colds) > 0 {
+		rss /= int64(len(colds))
+	}
+	fmt.Fprintf(w, "| the %d gateways' mean | | %.1f MiB | %.1f |\n\n", len(colds), mib(rss), float64(rss)/placements)
 
 	var rows []row
 	add := func(name, unit string, f func(fleetResult) float64) {
@@ -86,33 +90,58 @@ func report(w io.Writer, p params, loaded time.Duration, colds []coldStart, gwHe
 		add(phase+": rebalancer receives", "msgs/s", func(x fleetResult) float64 { return get(x)[roleRebalancer].RecvMsgs })
 		add(phase+": rebalancer receives", "B/s", func(x fleetResult) float64 { return get(x)[roleRebalancer].RecvBytes })
 		add(phase+": rebalancer sends", "msgs/s", func(x fleetResult) float64 { return get(x)[roleRebalancer].SentMsgs })
-		add(phase+": shared placement watchers receive (all 3)", "msgs/s", func(x fleetResult) float64 { return get(x)[roleWatcher].RecvMsgs })
+		add(phase+": placement watchers receive (all: one per kind in each shard group)", "msgs/s", func(x fleetResult) float64 { return get(x)[roleWatcher].RecvMsgs })
 	}
-	cpuRows := func(phase string, get func(fleetResult) map[string]float64) {
-		for _, role := range []string{"nats", roleShard, roleGateway, roleRebalancer, roleWatcher, "client", "runtime"} {
-			div, what := 1.0, "all"
-			switch role {
-			case roleGateway:
-				div, what = float64(p.Gateways), "each"
-			case "nats":
-				div, what = 3, "each node"
-			}
-			add(fmt.Sprintf("%s: CPU %s (%s, from a CPU profile)", phase, role, what), "cores", func(x fleetResult) float64 { return get(x)[role] / div })
-			if role == roleShard {
-				add(fmt.Sprintf("%s: CPU %s (each)", phase, role), "cores", func(x fleetResult) float64 {
-					return get(x)[role] / float64(max(x.Instances, 1))
-				})
-			}
+	// What the processes used, summed by role: cores over the window, resident memory at its
+	// end (RSS) and, after the moves, the peak since each process started (VmHWM).
+	roles := []struct{ role, what string }{{procNATS, "NATS nodes (all 3)"}, {procShards, "shard groups (all)"},
+		{roleGateway, "gateways (all)"}, {roleRebalancer, "rebalancer"}, {roleHarness, "harness (the test process: clients, plans)"}}
+	cores := func(u procUse) float64 { return u.Cores }
+	memRows := func(phase, name string, f func(procUse) float64, get func(fleetResult) []procUse) {
+		for _, r := range roles {
+			add(fmt.Sprintf("%s: %s, %s", phase, name, r.what), "MiB", func(x fleetResult) float64 { s, _ := byRole(get(x), r.role, f); return s })
 		}
+		add(fmt.Sprintf("%s: %s, largest shard group", phase, name), "MiB", func(x fleetResult) float64 {
+			top := 0.0
+			for _, u := range get(x) {
+				if u.Role == procShards {
+					top = max(top, f(u))
+				}
+			}
+			return top
+		})
+		add(fmt.Sprintf("%s: %s, per shard instance", phase, name), "MiB", func(x fleetResult) float64 {
+			s, _ := byRole(get(x), procShards, f)
+			return s / float64(max(x.Instances, 1))
+		})
+	}
+	procRows := func(phase string, get func(fleetResult) []procUse) {
+		for _, r := range roles {
+			add(fmt.Sprintf("%s: CPU, %s", phase, r.what), "cores", func(x fleetResult) float64 { s, _ := byRole(get(x), r.role, cores); return s })
+		}
+		add(phase+": CPU, each NATS node (mean)", "cores", func(x fleetResult) float64 { return mean(byRole(get(x), procNATS, cores)) })
+		add(phase+": CPU, each gateway (mean)", "cores", func(x fleetResult) float64 { return mean(byRole(get(x), roleGateway, cores)) })
+		add(phase+": CPU, per shard instance", "cores", func(x fleetResult) float64 {
+			s, _ := byRole(get(x), procShards, cores)
+			return s / float64(max(x.Instances, 1))
+		})
+		add(phase+": CPU, every process", "cores", func(x fleetResult) float64 {
+			s := 0.0
+			for _, u := range get(x) {
+				s += u.Cores
+			}
+			return s
+		})
+		memRows(phase, "RSS", func(u procUse) float64 { return mib(u.RSS) }, get)
 	}
 	add("instances", "", func(x fleetResult) float64 { return float64(x.Instances) })
+	add("shard group processes", "", func(x fleetResult) float64 { return float64(x.Groups) })
 	add("time to start the added instances", "s", func(x fleetResult) float64 { return x.Start.Seconds() })
 	roleRows("steady", func(x fleetResult) map[string]rates { return x.Steady })
-	add("steady: CPU, whole process (3 NATS nodes + all roles)", "cores", func(x fleetResult) float64 { return x.SteadyCPU })
-	cpuRows("steady", func(x fleetResult) map[string]float64 { return x.SteadyRoleCPU })
+	procRows("steady", func(x fleetResult) []procUse { return x.SteadyProcs })
 	roleRows("moves", func(x fleetResult) map[string]rates { return x.Moves })
-	add("moves: CPU, whole process", "cores", func(x fleetResult) float64 { return x.MovesCPU })
-	cpuRows("moves", func(x fleetResult) map[string]float64 { return x.MovesRoleCPU })
+	procRows("moves", func(x fleetResult) []procUse { return x.MovesProcs })
+	memRows("moves", "peak RSS (since start)", func(u procUse) float64 { return mib(u.HWM) }, func(x fleetResult) []procUse { return x.MovesProcs })
 	add("moves done", "", func(x fleetResult) float64 { return float64(x.Applied) })
 	add("moves aborted (handoff over its time limit; the tenant stays)", "", func(x fleetResult) float64 { return float64(x.Aborted) })
 	add("plan apply", "moves/s", func(x fleetResult) float64 { return float64(x.Applied) / x.Apply.Seconds() })
@@ -147,7 +176,6 @@ func report(w io.Writer, p params, loaded time.Duration, colds []coldStart, gwHe
 		return float64(x.Requests) / x.Apply.Seconds()
 	})
 	add("failed requests", "", func(x fleetResult) float64 { return float64(x.Failed) })
-	add("process RSS after the plan", "MiB", func(x fleetResult) float64 { return float64(x.RSS) / (1 << 20) })
 
 	var hdr strings.Builder
 	hdr.WriteString("| figure | unit |")
@@ -177,6 +205,32 @@ func report(w io.Writer, p params, loaded time.Duration, colds []coldStart, gwHe
 		fmt.Fprintln(w)
 	}
 	fmt.Fprintln(w)
+	for _, x := range rs {
+		processTable(w, x)
+	}
+}
+
+// processTable prints what each process used at one fleet size.
+func processTable(w io.Writer, x fleetResult) {
+	fmt.Fprintf(w, "| process (%d instances) | role | steady: cores | moves: cores | RSS after the moves | peak RSS |\n|---|---|---:|---:|---:|---:|\n", x.Instances)
+	steady := map[string]procUse{}
+	for _, u := range x.SteadyProcs {
+		steady[u.Name] = u
+	}
+	for _, u := range x.MovesProcs {
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %.0f MiB | %.0f MiB |\n", u.Name, u.Role, num(steady[u.Name].Cores), num(u.Cores), mib(u.RSS), mib(u.HWM))
+	}
+	fmt.Fprintln(w)
+}
+
+func mib(b int64) float64 { return float64(b) / (1 << 20) }
+
+// mean is sum / n (0 for none).
+func mean(sum float64, n int) float64 {
+	if n == 0 {
+		return 0
+	}
+	return sum / float64(n)
 }
 
 func num(v float64) string {

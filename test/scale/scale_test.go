@@ -4,52 +4,52 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
-	_ "net/http/pprof" // TM_SCALE_PPROF=1
 	"os"
-	"path/filepath"
-	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/rebalancer"
 	"github.com/tenantmesh/tenantmesh/rebalancer/planner"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
+	"github.com/tenantmesh/tenantmesh/test/netfault"
 )
 
 // fleetResult is what one fleet size measured.
 type fleetResult struct {
-	Instances     int
-	Start         time.Duration // to start the instances added for this size
-	Steady        map[string]rates
-	SteadyCPU     float64            // cores, the whole process (NATS servers included)
-	SteadyRoleCPU map[string]float64 // cores by role
-	Moves         map[string]rates
-	MovesCPU      float64
-	MovesRoleCPU  map[string]float64
-	Applied       int
-	Skipped       int
-	Aborted       int
-	Failures      int // moves that ended failed
-	Apply         time.Duration
-	Pauses        []time.Duration
-	Warm          []time.Duration   // started -> handoff
-	Finish        []time.Duration   // commit -> finished
-	Steps         [][]time.Duration // each step of the pause (schema.HandoffStepNames), moves with a full timeline
-	Limits        []int             // the rebalancer's moves-at-once limit, sampled while the plan ran
-	Requests      int64
-	Failed        int64
-	RSS           int64
+	Instances   int
+	Start       time.Duration // to start the instances added for this size
+	Groups      int           // shard group processes
+	Steady      map[string]rates
+	SteadyProcs []procUse // each process over the steady window
+	Moves       map[string]rates
+	MovesProcs  []procUse // each process over the plan's apply
+	Applied     int
+	Skipped     int
+	Aborted     int
+	Failures    int // moves that ended failed
+	Apply       time.Duration
+	Pauses      []time.Duration
+	Warm        []time.Duration   // started -> handoff
+	Finish      []time.Duration   // commit -> finished
+	Steps       [][]time.Duration // each step of the pause (schema.HandoffStepNames), moves with a full timeline
+	Limits      []int             // the rebalancer's moves-at-once limit (its /metrics), sampled while the plan ran
+	Requests    int64
+	Failed      int64
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	netfault.RemoveBinaries()
+	os.Exit(code)
 }
 
 // TestScale is the scale harness (see the package comment). Correctness is asserted (every
@@ -60,32 +60,22 @@ func TestScale(t *testing.T) {
 		t.Fatal(err)
 	}
 	if testing.Short() && !isFull {
-		t.Skip("the smoke run starts a 3-node cluster")
+		t.Skip("the smoke run starts a 3-node cluster and the platform's processes")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), p.Deadline)
 	defer cancel()
-	h := newHarness(t, p, ctx)
-	if os.Getenv("TM_SCALE_PPROF") == "1" { // a look inside a long run: go tool pprof http://<addr>/debug/pprof/profile
-		ln := listen(t)
-		srv := &http.Server{Handler: http.DefaultServeMux, ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = srv.Serve(ln) }()
-		t.Cleanup(func() { _ = srv.Close() })
-		t.Logf("pprof on http://%s/debug/pprof/", ln.Addr())
-	}
 	t0 := time.Now()
+	h := newHarness(t, p, ctx)
+	t.Logf("binaries built in %s", time.Since(t0).Round(time.Millisecond))
 	h.start()
 	loaded := h.load()
 	t.Logf("placed %d tenants x %d kinds in %s", p.Tenants, len(kinds), loaded.Round(time.Millisecond))
-	h.writeSnapshots()
-	// The gateways start first, on a quiet process, so the heap each adds is its own.
+	h.startPlacements()
 	var colds []coldStart
-	before := heapInUse()
 	for i := range p.Gateways {
 		colds = append(colds, h.startGateway(i))
 	}
-	gwHeap := (heapInUse() - before) / int64(p.Gateways)
 	t.Logf("gateways ready: %+v", colds)
-	h.startWatchers()
 	h.startRebalancer()
 
 	var results []fleetResult
@@ -96,10 +86,10 @@ func TestScale(t *testing.T) {
 		}
 		results = append(results, h.runFleet(n, live))
 		if len(results) < len(p.Fleets) { // the figures so far, in case a larger fleet does not fit the deadline
-			report(os.Stdout, p, loaded, colds, gwHeap, results, time.Since(t0))
+			report(os.Stdout, p, loaded, colds, results, time.Since(t0))
 		}
 	}
-	report(os.Stdout, p, loaded, colds, gwHeap, results, time.Since(t0))
+	report(os.Stdout, p, loaded, colds, results, time.Since(t0))
 	for _, r := range results {
 		if r.Failed != 0 {
 			t.Errorf("fleet %d: %d of %d requests failed", r.Instances, r.Failed, r.Requests)
@@ -136,27 +126,22 @@ func (h *harness) runFleet(n int, live []liveTenant) fleetResult {
 	t0 := time.Now()
 	r.Instances = h.growFleet(n)
 	r.Start = time.Since(t0)
-	t.Logf("fleet of %d instances running after %s", r.Instances, r.Start.Round(time.Millisecond))
+	r.Groups = len(h.groupsRunning())
+	t.Logf("fleet of %d instances in %d groups running after %s", r.Instances, r.Groups, r.Start.Round(time.Millisecond))
 	// Let registrations, route publications and first heartbeats settle before measuring.
 	time.Sleep(3 * h.p.Heartbeat) // a settling period, not a wait for an event
 
-	prof := h.profile(fmt.Sprintf("steady-%d", n))
-	a, c0, w0 := h.natsStats(), cpuTime(), time.Now()
+	a, u0, w0 := h.natsStats(), h.sample(), time.Now()
 	time.Sleep(h.p.Steady) // the measuring window
 	d := time.Since(w0)
-	r.Steady, r.SteadyCPU = diffStats(a, h.natsStats(), d), (cpuTime()-c0).Seconds()/d.Seconds()
-	r.SteadyRoleCPU = prof(d)
+	r.Steady, r.SteadyProcs = diffStats(a, h.natsStats(), d), h.usageOver(u0, h.sample(), d)
 
 	plan := h.plan(n, live)
-	var stop func()
-	var load *load
-	withRole("client", func() { stop, load = h.traffic(live) })
-	prof = h.profile(fmt.Sprintf("moves-%d", n))
-	a, c0, w0 = h.natsStats(), cpuTime(), time.Now()
+	stop, load := h.traffic(live)
+	a, u0, w0 = h.natsStats(), h.sample(), time.Now()
 	recs := h.apply(plan, &r.Limits)
 	d = time.Since(w0)
-	r.Moves, r.MovesCPU = diffStats(a, h.natsStats(), d), (cpuTime()-c0).Seconds()/d.Seconds()
-	r.MovesRoleCPU = prof(d)
+	r.Moves, r.MovesProcs = diffStats(a, h.natsStats(), d), h.usageOver(u0, h.sample(), d)
 	r.Apply = d
 	stop()
 	r.Requests, r.Failed = load.requests.Load(), load.failed.Load()
@@ -197,16 +182,6 @@ func (h *harness) runFleet(n int, live []liveTenant) fleetResult {
 		}
 		return m.Finished.Sub(m.Commit)
 	})
-	r.RSS = rss()
-	if dir := os.Getenv("TM_SCALE_PROFILES"); dir != "" { // what holds the heap: go tool pprof -sample_index=inuse_space
-		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("heap-%d.pprof", n)))
-		if err == nil {
-			err = errors.Join(pprof.Lookup("heap").WriteTo(f, 0), f.Close())
-		}
-		if err != nil {
-			t.Errorf("heap profile: %v", err)
-		}
-	}
 	return r
 }
 
@@ -225,30 +200,6 @@ func logSlowest(t *testing.T, what string, recs []rebalancer.MoveRecord, d func(
 	}
 }
 
-// profile starts a CPU profile; the function it returns stops it and gives the cores each role
-// used over d. With TM_SCALE_PROFILES=dir the profile is kept as dir/<name>.pprof (each role's
-// samples: go tool pprof -tagfocus role=gateway).
-func (h *harness) profile(name string) func(d time.Duration) map[string]float64 {
-	keep := ""
-	if dir := os.Getenv("TM_SCALE_PROFILES"); dir != "" {
-		keep = filepath.Join(dir, name+".pprof")
-	}
-	stop, err := cpuProfile(keep)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	return func(d time.Duration) map[string]float64 {
-		secs, err := stop()
-		if err != nil {
-			h.t.Fatal(err)
-		}
-		for k, v := range secs {
-			secs[k] = v / d.Seconds()
-		}
-		return secs
-	}
-}
-
 // plan makes p.Moves moves among the fleet's shards: every live tenant once, then random
 // tenants, each from where it is to another shard the fleet runs, spread over the kinds.
 func (h *harness) plan(n int, live []liveTenant) *planner.Plan {
@@ -260,7 +211,7 @@ func (h *harness) plan(n int, live []liveTenant) *planner.Plan {
 		if seen[kind+"/"+tenant] {
 			return
 		}
-		e, ok := h.watchers[kind].Lookup(kind, tenant)
+		e, ok := h.placements.Lookup(kind, tenant)
 		if !ok {
 			return
 		}
@@ -289,25 +240,30 @@ func (h *harness) plan(n int, live []liveTenant) *planner.Plan {
 	return p
 }
 
-// apply stores the plan, applies it through the rebalancer's API and waits for it to end. On
-// a loaded machine the leader lease can lapse and a plan's store can fail in doubt: both are
+// apply stores the plan (the harness's own engine writes its records to the shared KV, as
+// the rebalancer's API would: the API makes plans from a planner.Request, not from a plan
+// made elsewhere), applies it through the rebalancer's API and waits for it to end. On a
+// loaded machine the leader lease can lapse and a plan's store can fail in doubt: both are
 // logged and tried again (a new plan; the apply until the leader takes it), within the run's
 // deadline.
 func (h *harness) apply(p *planner.Plan, limits *[]int) []rebalancer.MoveRecord {
-	eng := h.reb.Engine()
 	var rec rebalancer.PlanRecord
 	for attempt := 1; ; attempt++ {
 		var err error
-		if rec, err = eng.CreatePlan(h.ctx, p, "scale"); err == nil {
+		if rec, err = h.eng.CreatePlan(h.ctx, p, "scale"); err == nil {
 			break
 		}
-		if attempt == 3 || h.ctx.Err() != nil {
+		if attempt == 5 || h.ctx.Err() != nil {
 			h.t.Fatal(err)
 		}
 		h.t.Logf("storing the plan failed (trying again): %v", err)
+		select {
+		case <-h.ctx.Done():
+		case <-time.After(2 * time.Second): // a starved cluster's writes time out in doubt: give it a moment
+		}
 	}
 	for {
-		code, body := h.post(h.rebURL + "/api/plans/" + rec.ID + "/apply")
+		code, body := h.call(http.MethodPost, h.rebURL+"/api/plans/"+rec.ID+"/apply")
 		if code == http.StatusAccepted {
 			break
 		}
@@ -322,7 +278,7 @@ func (h *harness) apply(p *planner.Plan, limits *[]int) []rebalancer.MoveRecord 
 	}
 	lastLog := time.Now()
 	for {
-		if l := eng.MoveLimit(); l > 0 {
+		if l := h.moveLimit(); l > 0 {
 			*limits = append(*limits, l)
 		}
 		// The plan's own record says when it ends; its moves (10,000 records) are read only for
@@ -331,14 +287,14 @@ func (h *harness) apply(p *planner.Plan, limits *[]int) []rebalancer.MoveRecord 
 		var pr rebalancer.PlanRecord
 		_, err := h.admin.Rebalance().Latest(h.ctx, schema.PlanKey(rec.ID), &pr)
 		if err == nil && pr.Status != rebalancer.PlanApplying && pr.Status != rebalancer.PlanPlanned {
-			_, moves, err := eng.Plan(h.ctx, rec.ID)
+			_, moves, err := h.eng.Plan(h.ctx, rec.ID)
 			if err != nil {
 				h.t.Fatalf("reading plan %s's moves: %v", rec.ID, err)
 			}
 			return moves
 		}
 		if time.Since(lastLog) >= 15*time.Second {
-			if _, moves, err := eng.Plan(h.ctx, rec.ID); err == nil {
+			if _, moves, err := h.eng.Plan(h.ctx, rec.ID); err == nil {
 				states := map[rebalancer.MoveState]int{}
 				for _, m := range moves {
 					states[m.State]++
@@ -355,17 +311,19 @@ func (h *harness) apply(p *planner.Plan, limits *[]int) []rebalancer.MoveRecord 
 	}
 }
 
-// post POSTs to the rebalancer's API with the admin token.
-func (h *harness) post(url string) (int, []byte) {
-	req, _ := http.NewRequestWithContext(h.ctx, http.MethodPost, url, nil)
-	req.Header.Set("Authorization", "Bearer "+adminToken)
-	resp, err := tmtest.HTTP.Do(req)
-	if err != nil {
-		h.t.Fatal(err)
+// moveLimit is the rebalancer's tm_rebalancer_move_limit from its /metrics (0 if unread).
+func (h *harness) moveLimit() int {
+	code, body := h.call(http.MethodGet, h.rebURL+"/metrics")
+	if code != http.StatusOK {
+		return 0
 	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	return resp.StatusCode, body
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, "tm_rebalancer_move_limit "); ok {
+			f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return int(f)
+		}
+	}
+	return 0
 }
 
 // load counts the traffic's requests and keeps the first failures.
@@ -440,28 +398,5 @@ func (h *harness) traffic(live []liveTenant) (stop func(), l *load) {
 	return func() { cancel(); wg.Wait(); client.CloseIdleConnections() }, l
 }
 
-// cpuTime is the process's user and system CPU time.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// rss is the process's resident memory in bytes (Linux), 0 where unknown.
-func rss() int64 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			var kb int64
-			if _, err := fmt.Sscanf(strings.TrimSpace(v), "%d kB", &kb); err == nil {
-				return kb << 10
-			}
-		}
-	}
-	return 0
-}
+// routeOf is the path prefix each kind serves (as the shard groups' instances route it).
+func routeOf(kind string) string { return "/" + kind + "/" }
