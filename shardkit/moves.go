@@ -217,12 +217,12 @@ func (mv *mover) awaitSiblings(ctx context.Context, tenant string, ready schema.
 	tick := time.NewTicker(time.Second) // heartbeats age without a change to wake on
 	defer tick.Stop()
 	read := true // the siblings' signals, from the bucket: at the start and every tick
-	var reads sync.WaitGroup
-	defer reads.Wait()
+	reads, rctx := readsBeside(ctx)
+	defer reads.stop()
 	for {
 		live, dirChanged := mv.s.peers.liveNames(mv.s.cfg.ID.Shard)
 		if read {
-			reads.Go(func() { mv.s.signals.refresh(ctx, tenant, mv.s.cfg.ID.Shard, live) })
+			reads.Go(func() { mv.s.signals.refresh(rctx, tenant, mv.s.cfg.ID.Shard, live) })
 			read = false
 		}
 		sigs, sigChanged := mv.s.signals.shard(tenant, mv.s.cfg.ID.Shard)
@@ -331,12 +331,12 @@ func (mv *mover) watchFence(ctx context.Context, tenant, source string, epoch ui
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	read := true // the source's signals, from the bucket: at the start and every tick
-	var reads sync.WaitGroup
-	defer reads.Wait()
+	reads, rctx := readsBeside(ctx)
+	defer reads.stop()
 	for {
 		live, dirChanged := mv.s.peers.liveNames(source)
 		if read {
-			reads.Go(func() { mv.s.signals.refresh(ctx, tenant, source, live) })
+			reads.Go(func() { mv.s.signals.refresh(rctx, tenant, source, live) })
 			read = false
 		}
 		sigs, sigChanged := mv.s.signals.shard(tenant, source)
@@ -352,6 +352,26 @@ func (mv *mover) watchFence(ctx context.Context, tenant, source string, epoch ui
 		case <-sigChanged:
 		}
 	}
+}
+
+// besideReads are the bucket reads a wait for signals runs beside it (a note may never come).
+type besideReads struct {
+	sync.WaitGroup
+	cancel context.CancelFunc
+}
+
+// readsBeside returns the reads' group and the context to run them with.
+func readsBeside(ctx context.Context) (*besideReads, context.Context) {
+	rctx, cancel := context.WithCancel(ctx)
+	return &besideReads{cancel: cancel}, rctx
+}
+
+// stop ends the reads still in flight and waits for them: a wait that is over (a note brought
+// what it waited for) does not wait out a slow read, up to its 2 s bound (a direct get a busy
+// replica is slow to answer).
+func (r *besideReads) stop() {
+	r.cancel()
+	r.Wait()
 }
 
 // fenceOf decides whether the source is drained: every live instance reported drained at epoch
