@@ -87,14 +87,20 @@ func timelineTable(moves []movePause) string {
 type kvProbe struct {
 	mu    sync.Mutex
 	rtts  []probeSample
-	loads []probeSample // the machine's 1-minute load average, once a second (d holds it x1e6)
+	loads []loadSample // the machine's 1-minute load average, once a second
 	done  chan struct{}
 }
 
-// probeSample is one probe's figure and when it was taken.
+// probeSample is one probe's round trip and when it was taken.
 type probeSample struct {
 	at time.Time
 	d  time.Duration
+}
+
+// loadSample is the load average and when it was read.
+type loadSample struct {
+	at   time.Time
+	load float64
 }
 
 func startKVProbe(t testing.TB, st *schema.Store, interval time.Duration, stop <-chan struct{}) *kvProbe {
@@ -131,7 +137,7 @@ func startKVProbe(t testing.TB, st *schema.Store, interval time.Duration, stop <
 				p.rtts = append(p.rtts, probeSample{start, rtt})
 			}
 			if l, ok := loadAverage(); ok && (len(p.loads) == 0 || start.Sub(p.loads[len(p.loads)-1].at) >= time.Second) {
-				p.loads = append(p.loads, probeSample{start, time.Duration(l * 1e6)})
+				p.loads = append(p.loads, loadSample{start, l})
 			}
 			p.mu.Unlock()
 		}
@@ -188,13 +194,13 @@ func (p *kvProbe) byQuarter(moves []movePause) string {
 			from, to = minTime(from, m.handoff), maxTime(to, m.commit)
 		}
 		kv := durations(p.rtts, from, to)
-		load := 0.0
-		if ls := durations(p.loads, from, to); len(ls) > 0 {
-			for _, l := range ls {
-				load += float64(l) / 1e6
+		load, n := 0.0, 0
+		for _, l := range p.loads {
+			if !l.at.Before(from) && !l.at.After(to) {
+				load, n = load+l.load, n+1
 			}
-			load /= float64(len(ls))
 		}
+		load /= float64(max(n, 1))
 		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %.1fx | %.1f |\n", q+1, ms(pct(pauses, 0.5)), ms(pct(pauses, 0.99)), ms(pct(pauses, 1)),
 			ms(pct(kv, 0.99)), float64(pct(pauses, 0.99))/float64(max(pct(kv, 0.99), 1)), load)
 	}
