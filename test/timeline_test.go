@@ -200,9 +200,12 @@ func (p *kvProbe) byQuarter(moves []movePause) string {
 				load, n = load+l.load, n+1
 			}
 		}
-		load /= float64(max(n, 1))
-		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %.1fx | %.1f |\n", q+1, ms(pct(pauses, 0.5)), ms(pct(pauses, 0.99)), ms(pct(pauses, 1)),
-			ms(pct(kv, 0.99)), float64(pct(pauses, 0.99))/float64(max(pct(kv, 0.99), 1)), load)
+		loadCol := "-" // no reading in a quarter shorter than the readings' second
+		if n > 0 {
+			loadCol = strconv.FormatFloat(load/float64(n), 'f', 1, 64)
+		}
+		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %.1fx | %s |\n", q+1, ms(pct(pauses, 0.5)), ms(pct(pauses, 0.99)), ms(pct(pauses, 1)),
+			ms(pct(kv, 0.99)), float64(pct(pauses, 0.99))/float64(max(pct(kv, 0.99), 1)), loadCol)
 	}
 	return b.String()
 }
