@@ -126,3 +126,11 @@ func IsConflict(err error) bool {
 	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
 		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
+
+// writeInFlight reports whether err is a stream leader's refusal of a conditional write
+// because another write of its key is in flight (see writeCAS): "wrong last sequence" without
+// the sequence.
+func writeInFlight(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}

@@ -244,7 +244,7 @@ func (r *Records) CompareAndSet(ctx context.Context, key string, rev uint64, v a
 	defer cancel()
 	var newRev uint64
 	var doubt inDoubt
-	err = retry(ctx, doubt.note, WriteTry, func(ctx context.Context) (err error) {
+	err = writeCAS(ctx, &doubt, func(ctx context.Context) (err error) {
 		if rev == 0 {
 			newRev, err = kv.Create(ctx, key, b)
 		} else {
@@ -265,6 +265,26 @@ func (r *Records) CompareAndSet(ctx context.Context, key string, rev uint64, v a
 		return 0, fmt.Errorf("write %s/%s: %w", kv.Bucket(), key, err)
 	}
 	return newRev, nil
+}
+
+// writeCAS makes a conditional write: again while unanswered (doubt notes that it may have
+// been stored), and again while the stream leader has a write of the key in flight.
+//
+// A leader refuses a conditional write while another write of its key is proposed and not yet
+// applied there, with "wrong last sequence" and no sequence (err_code 10164). That is not a
+// lost race: the write in flight may be the very one the caller read (a follower applies a
+// write, and delivers it to a watch, before the leader has), and it may yet fail. Taken for a
+// conflict, both targets of a move gave up their commit and the handoff waited 2 s for the
+// rebalancer's (make scale). Once the write in flight is applied, the next try wins or loses
+// for real; the pauses are short, as a write is applied within milliseconds.
+func writeCAS(ctx context.Context, doubt *inDoubt, write func(context.Context) error) error {
+	pauses := backoff.Policy{Initial: time.Millisecond, Max: 50 * time.Millisecond, Jitter: backoff.Half}.Pauses()
+	for {
+		err := retry(ctx, doubt.note, WriteTry, write)
+		if !writeInFlight(err) || !pauses.Wait(ctx) {
+			return err
+		}
+	}
 }
 
 // WriteTry bounds the first attempt of a write (see Records.CompareAndSet). A healthy write takes
@@ -338,7 +358,7 @@ func (r *Records) Delete(ctx context.Context, key string, rev uint64) error {
 		opts = append(opts, jetstream.LastRevision(rev))
 	}
 	var doubt inDoubt
-	err := retry(ctx, doubt.note, WriteTry, func(ctx context.Context) error { return kv.Delete(ctx, key, opts...) })
+	err := writeCAS(ctx, &doubt, func(ctx context.Context) error { return kv.Delete(ctx, key, opts...) })
 	if err != nil && IsConflict(err) && doubt.was {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.Timeout)
 		var gerr error
