@@ -347,6 +347,10 @@ func (e *Engine) awaitTargetCommit(ctx context.Context, m *MoveRecord, p schema.
 			return true, nil // aborted or changed: the drive loop reads it again
 		}
 		if werr != nil || time.Now().After(graceEnd) || !ctxtime.Sleep(ctx, 50*time.Millisecond) {
+			if ctx.Err() == nil {
+				e.cfg.Logger.Warn("the target did not commit the handoff within the grace; committing it here",
+					"move", m.Key(), "tenant", m.Tenant, "to", m.To, "grace", commitGrace)
+			}
 			return false, ctx.Err() // grace over (nil): commit here
 		}
 	}

@@ -268,7 +268,7 @@ func (g *group) startInstance(ctx context.Context, id schema.InstanceID) error {
 		return err
 	}
 	sk, err := shardkit.New(shardkit.Config{Store: st, ID: id, URL: "http://" + ln.Addr().String(), Watcher: g.watchers[id.Kind],
-		Heartbeat: g.cfg.heartbeat, AdminToken: g.cfg.adminToken, DrainTimeout: 5 * time.Second,
+		Heartbeat: g.cfg.heartbeat, AdminToken: g.cfg.adminToken, DrainTimeout: 5 * time.Second, Logger: g.log.With("instance", id.Key()),
 		Routes: []schema.Route{{Method: "*", Prefix: routeOf(id.Kind)}}})
 	if err != nil {
 		ln.Close()
