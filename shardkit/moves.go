@@ -645,8 +645,8 @@ func (s *Shard) Release(ctx context.Context, tenant string) error {
 	if kc := s.kindCfg.Load(); kc != nil && kc.Policy != schema.PolicyAffinity {
 		return ErrNotAffinity
 	}
-	for range 16 {
-		err := s.moves.releaseOnce(ctx, tenant)
+	for try := range 16 {
+		err := s.moves.releaseOnce(ctx, tenant, try > 0)
 		if !errors.Is(err, schema.ErrConflict) {
 			if err == nil {
 				if ts := s.states.get(tenant); ts != nil {
@@ -659,8 +659,15 @@ func (s *Shard) Release(ctx context.Context, tenant string) error {
 	return fmt.Errorf("shardkit: release %s: too many concurrent placement writers", tenant)
 }
 
-func (mv *mover) releaseOnce(ctx context.Context, tenant string) error {
-	p, err := mv.s.st.Placements(mv.s.kind).Get(ctx, tenant)
+// releaseOnce is one try of Release. The first reads the placement with a direct get (any
+// replica); after a lost compare-and-set, from the stream leader (latest): a replica that stays
+// behind would answer the same old revision to every try.
+func (mv *mover) releaseOnce(ctx context.Context, tenant string, latest bool) error {
+	read := mv.s.st.Placements(mv.s.kind).Get
+	if latest {
+		read = mv.s.st.Placements(mv.s.kind).Latest
+	}
+	p, err := read(ctx, tenant)
 	if errors.Is(err, schema.ErrNotFound) {
 		return nil
 	}
