@@ -97,6 +97,9 @@ type Engine struct {
 	dir   *dirView // the directory, shared by the running moves
 	sigs  *sigHub  // the tenant signals, shared by the running moves
 	limit atomic.Int64
+	// controls are the plans this engine applies, by id: a control it records reaches the
+	// apply at once (watchControl).
+	controls sync.Map
 }
 
 // MoveLimit is how many moves the plan being applied may run at once now (its concurrency, or
