@@ -276,16 +276,22 @@ func (r *Records) CompareAndSet(ctx context.Context, key string, rev uint64, v a
 // write, and delivers it to a watch, before the leader has), and it may yet fail. Taken for a
 // conflict, both targets of a move gave up their commit and the handoff waited 2 s for the
 // rebalancer's (make scale). Once the write in flight is applied, the next try wins or loses
-// for real; the pauses are short, as a write is applied within milliseconds.
+// for real; the pauses are short, as a write is applied within milliseconds. The tries are
+// few (inFlightTries, about 30-60 ms in all): a leader too loaded to apply its writes soon
+// gets no storm of them, and the caller gets the refusal as a conflict, as before.
 func writeCAS(ctx context.Context, doubt *inDoubt, write func(context.Context) error) error {
-	pauses := backoff.Policy{Initial: time.Millisecond, Max: 50 * time.Millisecond, Jitter: backoff.Half}.Pauses()
-	for {
+	pauses := backoff.Policy{Initial: time.Millisecond, Max: 32 * time.Millisecond, Jitter: backoff.Half}.Pauses()
+	for try := 1; ; try++ {
 		err := retry(ctx, doubt.note, WriteTry, write)
-		if !writeInFlight(err) || !pauses.Wait(ctx) {
+		if !writeInFlight(err) || try >= inFlightTries || !pauses.Wait(ctx) {
 			return err
 		}
 	}
 }
+
+// inFlightTries bounds the tries of a conditional write the stream leader refuses for a write
+// of its key in flight (writeCAS).
+const inFlightTries = 7
 
 // WriteTry bounds the first attempt of a write (see Records.CompareAndSet). A healthy write takes
 // milliseconds, under load tens of them; an answer lost with a stream leader that stopped is
