@@ -659,7 +659,10 @@ func (ks *kindState) confirmLoop(ctx context.Context) {
 func (ks *kindState) confirm(ctx context.Context) error {
 	asked := monoNow()
 	js := ks.w.cfg.Store.JS()
-	last, err := js.LastSeq(ctx, schema.PlacementStream(ks.kind), schema.PlacementSubjectPrefix(ks.kind)+">")
+	// The stream holds only the kind's placements: its last sequence is theirs (stream info,
+	// constant cost; the last message on the bucket's wildcard cost the leader a walk of every
+	// key).
+	last, err := js.StreamLastSeq(ctx, schema.PlacementStream(ks.kind))
 	// The stream leader's answer is the process's probe of its NATS server: a server cut from
 	// the cluster's majority keeps the connection but lets these time out (jsx.APITimedOut).
 	switch nc := js.Conn(); {

@@ -189,7 +189,7 @@ func (g *group) startWatchers(ctx context.Context) error {
 			return err
 		}
 		g.onStop(nc.Close)
-		w, err := placement.New(placement.Config{Store: st, Kinds: []string{k}, Confirm: time.Second})
+		w, err := placement.New(placement.Config{Store: st, Kinds: []string{k}, Confirm: time.Second, Logger: g.log.With("watcher", k)})
 		if err != nil {
 			return err
 		}
