@@ -292,7 +292,7 @@ func (r *Records) CompareAndSet(ctx context.Context, key string, rev uint64, v a
 	})
 
 	if err != nil && IsConflict(err) && doubt.was {
-		if got, ok := c.recognise(ctx, kv.Bucket(), key, b); ok {
+		if got, ok := c.recognise(ctx, kv.Bucket(), key, b, rev, writeInFlight(err)); ok {
 			return got, nil
 		}
 	}
@@ -353,20 +353,34 @@ func (d *inDoubt) note(err error) bool {
 // recognise reports whether key's newest value, read from the stream leader, is exactly b (a
 // write whose answer was lost landed), and its revision. Values written through the store
 // carry their write time, so another writer's value does not match by accident.
-func (c *Client) recognise(ctx context.Context, bucket, key string, b []byte) (uint64, bool) {
+//
+// inFlight says the last refusal was for a write of the key in flight (writeCAS), likely the
+// unanswered attempt itself on a leader slow to apply it: the read-back then waits while the key
+// is still at prev (0: absent), until the write in flight lands or the timeout.
+func (c *Client) recognise(ctx context.Context, bucket, key string, b []byte, prev uint64, inFlight bool) (uint64, bool) {
 	// The read-back has the client's whole timeout, each try bounded: answering "conflict" for
 	// a write that landed (because a loaded server was slow to answer the read) is worse than a
 	// slower right answer.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.Timeout)
 	defer cancel()
-	var data []byte
-	var rev uint64
-	err := retry(rctx, transient, readAttempt, func(ctx context.Context) (err error) {
-		data, rev, err = c.leaderGet(ctx, bucket, key)
-		return err
-	})
-
-	return rev, err == nil && bytes.Equal(data, b)
+	pauses := backoff.Policy{Initial: 5 * time.Millisecond, Max: 200 * time.Millisecond, Jitter: backoff.Half}.Pauses()
+	for {
+		var data []byte
+		var rev uint64
+		err := retry(rctx, transient, readAttempt, func(ctx context.Context) (err error) {
+			data, rev, err = c.leaderGet(ctx, bucket, key)
+			if errors.Is(err, jetstream.ErrKeyNotFound) {
+				return nil // rev 0
+			}
+			return err
+		})
+		if err != nil {
+			return 0, false
+		}
+		if !inFlight || rev != prev || !pauses.Wait(rctx) {
+			return rev, rev != 0 && bytes.Equal(data, b)
+		}
+	}
 }
 
 // Put writes v to key unconditionally. An unanswered attempt is simply made again (see
