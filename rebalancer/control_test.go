@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
 	"github.com/tenantmesh/tenantmesh/shardkit/kittest"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
@@ -67,13 +68,7 @@ func TestPauseFromAnotherProcess(t *testing.T) {
 	if !ok {
 		t.Fatal("the apply has no control")
 	}
-	for !c.(*planControl).halted() {
-		select {
-		case <-ctx.Done():
-			t.Fatal("the apply never heard of the pause")
-		case <-time.After(5 * time.Millisecond): // polling the apply's state: no event to await
-		}
-	}
+	tmtest.WaitFor(t, 10*time.Second, tmtest.Until("the apply hears of the pause", c.(*planControl).halted))
 	close(gate)
 	var got PlanRecord
 	select {

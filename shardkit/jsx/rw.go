@@ -318,13 +318,9 @@ func (r *Records) CompareAndSet(ctx context.Context, key string, rev uint64, v a
 // few (inFlightTries, about 30-60 ms in all): a leader too loaded to apply its writes soon
 // gets no storm of them, and the caller gets the refusal as a conflict, as before.
 func writeCAS(ctx context.Context, doubt *inDoubt, write func(context.Context) error) error {
-	pauses := backoff.Policy{Initial: time.Millisecond, Max: 32 * time.Millisecond, Jitter: backoff.Half}.Pauses()
-	for try := 1; ; try++ {
-		err := retry(ctx, doubt.note, WriteTry, write)
-		if !writeInFlight(err) || try >= inFlightTries || !pauses.Wait(ctx) {
-			return err
-		}
-	}
+	inFlight := backoff.Policy{Initial: time.Millisecond, Max: 32 * time.Millisecond, Jitter: backoff.Half,
+		Tries: inFlightTries, RetryIf: writeInFlight}
+	return backoff.Retry(ctx, inFlight, func(ctx context.Context) error { return retry(ctx, doubt.note, WriteTry, write) })
 }
 
 // inFlightTries bounds the tries of a conditional write the stream leader refuses for a write
