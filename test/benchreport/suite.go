@@ -199,4 +199,14 @@ var suite = []entry{
 		benchtime: "3x", count: 3, benchmem: true,
 		note: "Zipf loads, shards about 7x unevenly filled, 0.1% pinned; moves/bound is moves over an independent lower bound.",
 	},
+	{
+		title:     "Rebalancer: store a 1,000-move plan on a 3-node cluster",
+		pkg:       "./rebalancer/",
+		bench:     "^BenchmarkStorePlan$",
+		benchtime: "3x", count: 3,
+		ratios: []ratio{
+			same("ns/op", "StorePlan/workers=32", "StorePlan/workers=1"),
+		},
+		note: "The plan's move records written one at a time (workers=1, as before) and 32 at once (the product's storeWorkers), then the plan record; R3 KV, embedded cluster.",
+	},
 }
