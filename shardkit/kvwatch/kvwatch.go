@@ -2,11 +2,9 @@
 //
 // nats.go's KeyValue.Watch runs on an ordered push consumer that, on some failures, closes its
 // channel silently or recovers only after 8-17 s. A Follower instead owns an ephemeral pull
-// consumer on the bucket's stream with idle heartbeats. A pull that hears nothing for two
-// heartbeat intervals asks the consumer's server whether the consumer is still there: if so
-// (the server was only slow), it pulls again from it; if not, it makes a new one that starts
-// at the revision after the last one applied. Either way the handler sees every revision
-// once, in order, with no gap and no duplicate.
+// consumer on the bucket's stream with idle heartbeats: a dead or stale consumer is noticed
+// within two heartbeat intervals and replaced by one that starts at the revision after the last
+// one applied, so the handler sees every revision once, in order, with no gap and no duplicate.
 //
 // A consumer lives on one server of a cluster. When that server stops, the consumer is gone,
 // and a Follower hears it at the latest after two heartbeats; sooner when a stream's new
@@ -72,7 +70,7 @@ type Config struct {
 	// Used to resume from a snapshot that covers revisions up to After.
 	After uint64
 	// Heartbeat is the consumer's idle heartbeat; a consumer silent for twice this long is
-	// replaced unless its server answers that it is still there. Default 500ms.
+	// replaced. Default 500ms.
 	Heartbeat time.Duration
 	// Batch is how many messages one pull asks for. Default 4096.
 	Batch int
@@ -90,9 +88,6 @@ type Stats struct {
 	Applied  uint64 // entries applied
 	Resumes  uint64 // consumers recreated after a failure
 	Gaps     uint64 // sequence gaps detected (each causes a resume)
-	// Repulls are pulls made again from the same consumer after one missed its heartbeats
-	// while the consumer was still there (a server that paused, not a consumer lost).
-	Repulls uint64
 	// LastMessage is when the last entry arrived.
 	LastMessage time.Time
 	// DownSince is when the follower lost its consumer, zero while it has one. Routing from a
@@ -113,7 +108,6 @@ type Follower struct {
 	applied     atomic.Uint64
 	resumes     atomic.Uint64
 	gaps        atomic.Uint64
-	repulls     atomic.Uint64
 	lastMessage atomic.Int64
 	downSince   atomic.Int64
 	synced      atomic.Bool
@@ -160,7 +154,6 @@ func (f *Follower) Stats() Stats {
 		Applied:     f.applied.Load(),
 		Resumes:     f.resumes.Load(),
 		Gaps:        f.gaps.Load(),
-		Repulls:     f.repulls.Load(),
 		LastMessage: unixTime(f.lastMessage.Load()),
 		DownSince:   unixTime(f.downSince.Load()),
 		Synced:      f.synced.Load(),
@@ -308,21 +301,11 @@ func (f *Follower) session(ctx context.Context, createTry time.Duration) error {
 		return fmt.Errorf("%w: %s", errOfflineServer, server)
 	}
 	var consSeq uint64
-	silent := 0 // pulls in a row that missed their heartbeats while the consumer was there
 	for {
 		m, err := it.Next()
-		if errors.Is(err, jetstream.ErrNoHeartbeat) && silent < maxSilentPulls && f.consumerThere(ctx, cons) {
-			// The server was silent (a busy or paused process), not the consumer gone: the
-			// iterator pulls again from it, on the same inbox, so what was sent to the silent
-			// pull still arrives, in order.
-			silent++
-			f.repulls.Add(1)
-			continue
-		}
 		if err != nil {
 			return fmt.Errorf("next: %w", err)
 		}
-		silent = 0
 		f.lastMessage.Store(time.Now().UnixNano())
 		md, err := m.Metadata()
 		if err != nil {
@@ -342,27 +325,6 @@ func (f *Follower) session(ctx context.Context, createTry time.Duration) error {
 			}
 		}
 	}
-}
-
-// A session whose pull missed its heartbeats asks whether its consumer is still there before
-// it makes another one: making a consumer and deleting the old one are two writes through
-// the cluster's meta leader, and a fleet whose servers paused for a few seconds (a saturated
-// machine, a long GC) would otherwise make them all at once, from every follower, and keep
-// the cluster too busy to answer the next heartbeats: 996 instances on 2 cores never
-// recovered from one 2.5 s pause that way (docs/decisions.md). The question costs one
-// request to the consumer's own server; consumerTry bounds it. maxSilentPulls bounds how
-// often one session pulls again without a message in between.
-const (
-	consumerTry    = 5 * time.Second
-	maxSilentPulls = 3
-)
-
-// consumerThere asks the consumer's server whether cons still exists.
-func (f *Follower) consumerThere(ctx context.Context, cons jetstream.Consumer) bool {
-	cctx, cancel := context.WithTimeout(ctx, consumerTry)
-	defer cancel()
-	_, err := cons.Info(cctx)
-	return err == nil
 }
 
 // checkSynced marks the follower synced if nothing under its filter is newer than seq, the

@@ -51,10 +51,6 @@ func newMetrics(w *Watcher, reg prometheus.Registerer) *metrics {
 		promreg.Register(reg, prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "tm_placement_watch_resumes_total", Help: "Placement watches replaced after a failure.", ConstLabels: labels,
 		}, func() float64 { st, _ := w.Stats(kind); return float64(st.Resumes) }))
-		promreg.Register(reg, prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "tm_placement_watch_repulls_total", ConstLabels: labels,
-			Help: "Placement watches that pulled again from their consumer after its server was silent for two heartbeats (the consumer kept, not replaced).",
-		}, func() float64 { st, _ := w.Stats(kind); return float64(st.Repulls) }))
 		if w.cfg.Confirm > 0 {
 			promreg.Register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Name: "tm_placement_confirmed_age_seconds", ConstLabels: labels,

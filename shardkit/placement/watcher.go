@@ -236,7 +236,6 @@ type KindStats struct {
 	Revision   uint64
 	Corrupt    uint64
 	Resumes    uint64
-	Repulls    uint64 // pulls made again from a watch's consumer after its server was silent
 	Gaps       uint64
 	Synced     bool
 	// SnapshotRevision is the revision of the snapshot loaded at start (0: none).
@@ -252,7 +251,7 @@ func (w *Watcher) Stats(kind string) (KindStats, bool) {
 	st := KindStats{Kind: kind, Corrupt: ks.corrupt.Load(), SnapshotRevision: ks.snapRev.Load()}
 	if f := ks.f.Load(); f != nil {
 		fs := f.Stats()
-		st.Revision, st.Resumes, st.Repulls, st.Gaps, st.Synced = fs.Revision, fs.Resumes, fs.Repulls, fs.Gaps, fs.Synced
+		st.Revision, st.Resumes, st.Gaps, st.Synced = fs.Revision, fs.Resumes, fs.Gaps, fs.Synced
 	}
 	ks.mu.Lock()
 	st.Placements = ks.t.Load().len()
