@@ -204,25 +204,11 @@ func (c *Client) StreamLastSeq(ctx context.Context, stream string) (uint64, erro
 	defer cancel()
 	var seq uint64
 	err := retry(ctx, transient, readAttempt, func(ctx context.Context) error {
-		msg, err := c.nc.RequestWithContext(ctx, "$JS.API.STREAM.INFO."+stream, nil)
+		st, err := c.js.Stream(ctx, stream)
 		if err != nil {
 			return err
 		}
-		var resp struct {
-			Error *jetstream.APIError `json:"error"`
-			State *struct {
-				LastSeq uint64 `json:"last_seq"`
-			} `json:"state"`
-		}
-		switch err := json.Unmarshal(msg.Data, &resp); {
-		case err != nil:
-			return fmt.Errorf("invalid JetStream response: %w", err)
-		case resp.Error != nil:
-			return resp.Error
-		case resp.State == nil:
-			return jetstream.ErrInvalidJetStreamResponse
-		}
-		seq = resp.State.LastSeq
+		seq = st.CachedInfo().State.LastSeq
 		return nil
 	})
 	if err != nil {
