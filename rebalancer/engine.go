@@ -222,6 +222,22 @@ func (e *Engine) Plan(ctx context.Context, id string) (PlanRecord, []MoveRecord,
 	return rec, moves, err
 }
 
+// Move reads the move a placement names (Placement.Move: plan/id). It wraps ErrPlanNotFound
+// if there is no such move.
+func (e *Engine) Move(ctx context.Context, key string) (MoveRecord, error) {
+	plan, id, ok := strings.Cut(key, "/")
+	if !ok || schema.CheckName("plan id", plan) != nil || schema.CheckName("move id", id) != nil {
+		return MoveRecord{}, fmt.Errorf("rebalancer: %q is not a move's name (plan/move)", key)
+	}
+	var m MoveRecord
+	rev, err := e.st.Rebalance().Latest(ctx, schema.MoveKey(plan, id), &m)
+	if errors.Is(err, schema.ErrNotFound) {
+		return MoveRecord{}, fmt.Errorf("%w: no move %s", ErrPlanNotFound, key)
+	}
+	m.RecordRev = rev
+	return m, err
+}
+
 // directReadMoves is the largest plan whose moves Plan reads one by one.
 const directReadMoves = 256
 

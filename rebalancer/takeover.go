@@ -34,7 +34,8 @@ const leaseMargin = 250 * time.Millisecond
 const goneDelay = 200 * time.Millisecond
 
 // targetGrace is how long a takeover waits for a target with no live instance before it fails
-// the move (a failover plans another target).
+// the move (a failover, or the autopilot's retake once the source is live, plans another
+// target).
 const targetGrace = 5 * time.Second
 
 // shardDown reports whether Presence says kind's shard has no live instance (false without
@@ -81,7 +82,8 @@ func (e *Engine) startTakeover(ctx context.Context, m *MoveRecord, p schema.Plac
 // takeover waits until the target is ready and no instance of the source can serve the tenant,
 // then commits: takeover(from -> to) -> active(to, epoch+1). A target not ready within
 // WarmTimeout, or without a live instance for targetGrace, fails the move; the placement stays
-// in takeover (held) for a failover to give it another target.
+// in takeover (held) for a failover or a retake (rebalancer/autopilot) to give it another
+// target.
 func (e *Engine) takeover(ctx context.Context, m *MoveRecord, p schema.Placement, w *signalWatch) error {
 	if w.fencedAt.IsZero() {
 		// Resumed (this engine did not write the takeover): the lease counts from now, which is
@@ -131,7 +133,7 @@ func (e *Engine) takeover(ctx context.Context, m *MoveRecord, p schema.Placement
 	}
 	if failed != "" {
 		m.State, m.Finished = MoveFailed, time.Now().UTC()
-		m.Reason = failed + "; the tenant stays in takeover (its requests held) until a failover gives it another target"
+		m.Reason = failed + "; the tenant stays in takeover (its requests held) until a failover or the autopilot's retake gives it another target"
 		e.cfg.Logger.Warn("takeover failed", "move", m.Key(), "kind", m.Kind, "tenant", m.Tenant, "reason", m.Reason)
 		return e.saveMove(ctx, m)
 	}

@@ -10,6 +10,10 @@
 //     taken over by the live shards (planner.Failover; every move a takeover, see
 //     rebalancer/takeover.go). It runs every Tick, in a lane of its own, and no guardrail but
 //     the mode stops it;
+//   - retake: a tenant held in a takeover whose move ended without committing (its target had
+//     no live instance) while its source is live again (a partition healed): nothing else
+//     would move it, so it is taken over again to a live shard (planner.Retake), every
+//     Every, in the failover lane and under the same rules (see retake.go);
 //   - evacuate: an operator marked a shard for maintenance; it is emptied;
 //   - fill: a live shard owns no tenant while others do, for Sustain;
 //   - balance: a kind's max/mean utilisation has been above 1+Trigger for Sustain, or above
@@ -178,6 +182,10 @@ type Deps struct {
 	// ShardTenants, if set, counts the tenants each shard of kind owns from a placement
 	// watcher (the leader's); without it failover lists the kind's placements each tick.
 	ShardTenants func(kind string) map[string]int
+	// Takeovers, if set, calls fn with each of kind's tenants in a takeover and its source
+	// (until fn returns false) from a placement watcher (the leader's), and reports whether it
+	// could; without it retake lists the kind's placements.
+	Takeovers func(kind string, fn func(tenant, source string) bool) bool
 	// OperatorBusy reports the plan an operator is applying ("" if none): the autopilot's
 	// plans wait for it.
 	OperatorBusy func() string
@@ -204,6 +212,7 @@ type Autopilot struct {
 	leading   bool
 	start     time.Time      // when this leader's autopilot started (it decides from start+Startup)
 	down      map[string]int // kind -> tenants on shards without a live instance (last look)
+	stuck     map[string]int // kind -> tenants held in a takeover no move drives (last look)
 	work      sync.WaitGroup
 	now       func() time.Time // the detectors' clock (time.Now; a test's own)
 }
@@ -237,7 +246,7 @@ func New(cfg Config, d Deps) (*Autopilot, error) {
 		d.Apply = d.Engine.Apply
 	}
 	a := &Autopilot{cfg: cfg, d: d, failing: map[string]string{}, retryAt: map[string]time.Time{}, proposed: map[string]time.Time{},
-		since: map[string]time.Time{}, down: map[string]int{}, now: time.Now}
+		since: map[string]time.Time{}, down: map[string]int{}, stuck: map[string]int{}, now: time.Now}
 	a.m = newMetrics(cfg.Registerer, a)
 	return a, nil
 }
@@ -288,6 +297,7 @@ func (a *Autopilot) Run(ctx context.Context) error {
 		a.lookForDeadShards(ctx, warm)
 		if warm && time.Since(last) >= a.cfg.Every {
 			last = time.Now()
+			a.lookForHeldTakeovers(ctx)
 			a.rearrange(ctx)
 		}
 	}
@@ -391,6 +401,8 @@ func (a *Autopilot) failover(ctx context.Context, kind, shard string, n int, sp 
 	subject := kind + "/" + shard
 	a.mu.Lock()
 	_, busy := a.failing[subject]
+	_, retaking := a.failing[kind] // a retake of the kind: its plan may hold this shard's tenants
+	busy = busy || retaking
 	proposedAt, proposed := a.proposed["failover/"+subject]
 	wait := time.Now().Before(a.retryAt[subject])
 	a.mu.Unlock()
@@ -487,9 +499,13 @@ func (a *Autopilot) run(ctx context.Context, detector, subject string, rec rebal
 	if failover && got.Status == rebalancer.PlanDone && rec.Trigger != nil && !rec.Trigger.Since.IsZero() {
 		recovery := lastCommit(moves).Sub(rec.Trigger.Since)
 		a.m.recovery.WithLabelValues(detector).Observe(recovery.Seconds())
-		detail += fmt.Sprintf("; tenants served again %s after the shard's last instance died", recovery.Round(time.Millisecond))
+		since := "the shard's last instance died"
+		if detector == retakeDetector {
+			since = "the first held takeover's move ended"
+		}
+		detail += fmt.Sprintf("; tenants served again %s after %s", recovery.Round(time.Millisecond), since)
 	}
-	if failover {
+	if detector == "failover" {
 		kind, _, _ := strings.Cut(subject, "/")
 		a.m.failovers.WithLabelValues(kind).Inc()
 	}
@@ -531,7 +547,7 @@ func (a *Autopilot) Adopt(ctx context.Context, rec rebalancer.PlanRecord) {
 	if rec.Trigger != nil {
 		detector, subject = rec.Trigger.Detector, rec.Trigger.Subject
 	}
-	failover := detector == "failover"
+	failover := detector == "failover" || detector == retakeDetector
 	a.mu.Lock()
 	if failover {
 		a.failing[subject] = rec.ID

@@ -24,7 +24,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer, a *Autopilot) *metrics {
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tm_autopilot_decisions_total",
-			Help: "The autopilot's decisions by detector (failover, evacuate, fill, balance) and outcome (applied, proposed, blocked, done, partial, failed, yielded, resumed)."},
+			Help: "The autopilot's decisions by detector (failover, retake, evacuate, fill, balance) and outcome (applied, proposed, blocked, done, partial, failed, yielded, resumed)."},
 			[]string{"detector", "outcome"}),
 		blocked: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tm_autopilot_blocked_total",
 			Help: "Plans a detector wanted that a guardrail stopped, by detector and guardrail (operator first, freeze, maintenance window, move budget, byte budget, no plan, no room)."},
@@ -61,8 +61,11 @@ func newMetrics(reg prometheus.Registerer, a *Autopilot) *metrics {
 		Help: "Bytes the autopilot's moves carried within its budget window (as of its last look)."}, func() float64 { return float64(m.usedBytes.Load()) }))
 	promreg.Register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tm_autopilot_budget_moves",
 		Help: "The autopilot's move budget per window."}, func() float64 { return float64(a.cfg.MaxMoves) }))
-	promreg.Register(reg, &downCollector{a: a, desc: prometheus.NewDesc("tm_autopilot_tenants_without_live_shard",
-		"Tenants placed on a shard that has no live instance, by kind (the leader's last look; 0 elsewhere).", []string{"kind"}, nil)})
+	promreg.Register(reg, &downCollector{a: a,
+		down: prometheus.NewDesc("tm_autopilot_tenants_without_live_shard",
+			"Tenants placed on a shard that has no live instance, by kind (the leader's last look; 0 elsewhere).", []string{"kind"}, nil),
+		stuck: prometheus.NewDesc("tm_autopilot_tenants_held_in_takeover",
+			"Tenants held in a takeover that no move drives any more, whose source has a live instance, by kind (the leader's last look; 0 elsewhere): the retake detector takes them over again.", []string{"kind"}, nil)})
 	return m
 }
 
@@ -71,18 +74,22 @@ func (m *metrics) used(moves int, bytes uint64) {
 	m.usedBytes.Store(bytes)
 }
 
-// downCollector reports the tenants on dead shards per kind.
+// downCollector reports, per kind, the tenants on dead shards and those held in a takeover
+// no move drives.
 type downCollector struct {
-	a    *Autopilot
-	desc *prometheus.Desc
+	a           *Autopilot
+	down, stuck *prometheus.Desc
 }
 
-func (c *downCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *downCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.down; ch <- c.stuck }
 
 func (c *downCollector) Collect(ch chan<- prometheus.Metric) {
 	c.a.mu.Lock()
 	defer c.a.mu.Unlock()
 	for kind, n := range c.a.down {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), kind)
+		ch <- prometheus.MustNewConstMetric(c.down, prometheus.GaugeValue, float64(n), kind)
+	}
+	for kind, n := range c.a.stuck {
+		ch <- prometheus.MustNewConstMetric(c.stuck, prometheus.GaugeValue, float64(n), kind)
 	}
 }

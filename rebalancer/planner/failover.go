@@ -2,6 +2,7 @@ package planner
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 )
 
@@ -35,7 +36,7 @@ func Failover(w World, down []string, o Options) (*Plan, error) {
 	}
 	s.buildSegments()
 	var moving []int32
-	var pinned, stranded []string
+	var pinned []string
 	for _, si := range srcs {
 		for _, t := range s.tenantsOf(si, true) {
 			if w.Tenants[t].Pinned {
@@ -45,7 +46,60 @@ func Failover(w World, down []string, o Options) (*Plan, error) {
 			moving = append(moving, t)
 		}
 	}
-	// Heaviest first across all down shards, as Evacuate orders one.
+	return s.takeOver(moving, pinned, "%s: %d pinned tenants stay on their dead shard (%s): unpin them to fail them over", nil), nil
+}
+
+// Retake plans taking over again tenants a takeover left held: the takeover ended without
+// committing (its target had no live instance, or was not ready in time), so the placement
+// still says takeover and gateways hold the tenant's requests, though its source may be live
+// again. Each named tenant goes, as in Failover, to the least utilised shard that can host it;
+// never to its owner (a takeover never goes back to the owner it fenced), and not to a shard
+// marked draining (one without a live instance). A name the world does not list, or a tenant
+// no longer moving, is left with a note.
+func Retake(w World, tenants []string, o Options) (*Plan, error) {
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	o.Budget = 0
+	s, err := newState(&w, o)
+	if err != nil {
+		return nil, err
+	}
+	want := make(map[string]bool, len(tenants))
+	for _, t := range tenants {
+		want[t] = true
+	}
+	var moving []int32
+	var pinned []string
+	for i := range w.Tenants {
+		t := &w.Tenants[i]
+		switch {
+		case !want[t.ID]:
+			continue
+		case t.Pinned:
+			pinned = append(pinned, t.ID)
+		case t.Moving:
+			moving = append(moving, int32(i))
+		}
+		delete(want, t.ID)
+	}
+	p := s.takeOver(moving, pinned, "%s: %d pinned tenants stay in their takeover (%s): unpin them to take them over", func(m *Move) {
+		m.Goal = "take over again from " + m.Kind + "/" + m.From + ": its takeover ended without committing and holds the tenant's requests"
+	})
+	if len(want) > 0 {
+		p.Notes = append(p.Notes, fmt.Sprintf("%s: %d tenants are no longer in a takeover (%s): nothing to do for them", w.Kind, len(want), names10(slices.Sorted(maps.Keys(want)))))
+	}
+	return p, nil
+}
+
+// takeOver plans the takeover of tenants moving, heaviest first, each to the least utilised
+// shard that can host it or, failing that, to the least utilised one whose labels and tenant
+// limit allow it (availability comes first). pinnedNote formats the note on the pinned tenants
+// left (kind, count, names); goal, if set, names each move's goal.
+func (s *state) takeOver(moving []int32, pinned []string, pinnedNote string, goal func(*Move)) *Plan {
+	w := s.w
+	// Heaviest first across all sources, as Evacuate orders one shard's.
 	slices.SortStableFunc(moving, func(a, b int32) int {
 		ta, tb := &w.Tenants[a], &w.Tenants[b]
 		switch {
@@ -57,6 +111,7 @@ func Failover(w World, down []string, o Options) (*Plan, error) {
 		return 0
 	})
 	over := 0
+	var stranded []string
 	for _, t := range moving {
 		r := s.leastUtilised(t, s.canHost)
 		if r < 0 {
@@ -69,21 +124,25 @@ func Failover(w World, down []string, o Options) (*Plan, error) {
 			continue
 		}
 		s.move(t, r)
-		s.moves[len(s.moves)-1].Takeover = true
+		m := &s.moves[len(s.moves)-1]
+		m.Takeover = true
+		if goal != nil {
+			goal(m)
+		}
 	}
-	p := newPlan(StrategyFailover, o)
+	p := newPlan(StrategyFailover, s.opts)
 	p.add(s)
 	if over > 0 {
 		p.Notes = append(p.Notes, fmt.Sprintf("%s: %d tenants went over a shard's load capacity: no shard had room for them, and a tenant served over capacity beats one not served; add a shard, then balance", w.Kind, over))
 	}
 	if len(pinned) > 0 {
-		p.Notes = append(p.Notes, fmt.Sprintf("%s: %d pinned tenants stay on their dead shard (%s): unpin them to fail them over", w.Kind, len(pinned), names10(pinned)))
+		p.Notes = append(p.Notes, fmt.Sprintf(pinnedNote, w.Kind, len(pinned), names10(pinned)))
 	}
 	if len(stranded) > 0 {
 		p.Notes = append(p.Notes, fmt.Sprintf("%s: no live shard can host %d tenants (labels or tenant limit: %s): add a shard that can", w.Kind, len(stranded), names10(stranded)))
 	}
 	p.Complete = len(pinned) == 0 && len(stranded) == 0
-	return p.finish(), nil
+	return p.finish()
 }
 
 // leastUtilised is the shard ok allows for tenant t with the lowest utilisation (ties: by

@@ -466,3 +466,36 @@ func cooling(w World, tenant string) World {
 	}
 	return w
 }
+
+// Retake takes over again the tenants a takeover left held, from a live source: each to the
+// least utilised shard that can host it (not its owner, not a shard without a live instance),
+// and names what it could not do.
+func TestRetake(t *testing.T) {
+	w := drain(world("aggregate", []string{"a-1:100", "a-2:100", "a-3:100", "a-4:100"},
+		"held1@a-1=30", "held2@a-1=10", "stay@a-1=5", "busy@a-2=50", "held3@a-3=5"), "a-4")
+	for _, id := range []string{"held1", "held2", "held3"} {
+		i := slices.IndexFunc(w.Tenants, func(x Tenant) bool { return x.ID == id })
+		w.Tenants[i].Moving = true
+	}
+	p, err := Retake(w, []string{"held1", "held2", "held3", "gone"}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkPlan(t, Options{}, p, w)
+	got := map[string]string{}
+	for _, m := range p.Moves {
+		if !m.Takeover || !strings.Contains(m.Goal, "take over again") {
+			t.Errorf("move %+v: want a takeover whose goal says it is taken over again", m)
+		}
+		got[m.Tenant] = m.From + "->" + m.To
+	}
+	// Heaviest first, never to the owner or the draining a-4: held1 (30) to a-3 (at 5%, a-2 at
+	// 50%), held2 (10) to a-3 (now 35%), held3 (5) off a-3 to a-1 (now 5%).
+	want := map[string]string{"held1": "a-1->a-3", "held2": "a-1->a-3", "held3": "a-3->a-1"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("moves %v, want %v", got, want)
+	}
+	if p.Strategy != StrategyFailover || !p.Complete || len(p.Notes) != 1 || !strings.Contains(p.Notes[0], "gone") {
+		t.Fatalf("plan %s complete=%v notes %q: want a failover plan, complete, with a note on gone", p.Strategy, p.Complete, p.Notes)
+	}
+}

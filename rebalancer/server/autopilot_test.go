@@ -150,6 +150,72 @@ func TestAutopilotFailsOverADeadShard(t *testing.T) {
 	}))
 }
 
+// A takeover whose target has no live instance fails its move and leaves its tenants held in
+// takeover. Their source is live, so no failover comes for them: the retake detector takes
+// them over again, to a live shard, and the source's live instance drains for it.
+func TestAutopilotRetakesAHeldTakeover(t *testing.T) {
+	st, _ := kittest.Store(t)
+	startShard(t, st, "aggregate-1")
+	startShard(t, st, "aggregate-2")
+	tenants := placeOn(t, st, "h", "aggregate-1", 3)
+	r := startAuto(t, st, autopilot.On, func(c *autopilot.Config) { c.Sustain = time.Hour }) // no fill or balance
+	ctx := context.Background()
+
+	// An operator's takeover to aggregate-3, which has no instance at all.
+	var moves []planner.Move
+	for _, tenant := range tenants {
+		moves = append(moves, planner.Move{Kind: "aggregate", Tenant: tenant, From: "aggregate-1", To: "aggregate-3", Takeover: true, Wave: 1})
+	}
+	rec, _, err := r.s.eng.StorePlan(ctx, rebalancer.PlanRecord{Actor: "ops", Origin: "operator",
+		Plan: planner.Plan{Strategy: planner.StrategyFailover, Concurrency: len(moves), Waves: 1, Moves: moves}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := call(t, "POST", r.ts.URL+"/api/plans/"+rec.ID+"/apply", nil, nil); code != http.StatusAccepted {
+		t.Fatalf("apply: %d", code)
+	}
+	tmtest.WaitFor(t, 30*time.Second, tmtest.Until("the takeovers to aggregate-3 to fail", func() bool {
+		_, ms, err := r.s.eng.Plan(ctx, rec.ID)
+		if err != nil {
+			return false
+		}
+		for _, m := range ms {
+			if m.State != rebalancer.MoveFailed || !strings.Contains(m.Reason, "no live instance") {
+				return false
+			}
+		}
+		return true
+	}))
+
+	for _, tenant := range tenants {
+		tmtest.WaitFor(t, 20*time.Second, tmtest.Until(tenant+" taken over again by aggregate-2", func() bool {
+			p, err := st.Placements("aggregate").Latest(ctx, tenant)
+			return err == nil && p.Shard == "aggregate-2" && p.Epoch == 2 && p.Phase == schema.PhaseActive
+		}))
+	}
+	d := decided(t, r, "retake", "done")
+	if d.Subject != "aggregate" || !strings.Contains(d.Detail, "served again") {
+		t.Fatalf("decision %+v", d)
+	}
+	got, ms, err := r.s.eng.Plan(ctx, d.Plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Trigger == nil || got.Trigger.Detector != "retake" || !strings.Contains(got.Trigger.Figure, "3 tenants held") || !strings.Contains(got.Trigger.Figure, rec.ID) {
+		t.Fatalf("trigger %+v", got.Trigger)
+	}
+	for _, m := range ms {
+		if !m.Takeover || m.State != rebalancer.MoveDone || m.To != "aggregate-2" || !strings.Contains(m.Goal, "again") || !strings.Contains(m.Fenced, "drained") {
+			t.Fatalf("move %+v", m)
+		}
+	}
+	var m string
+	tmtest.WaitFor(t, 10*time.Second, tmtest.Until("the gauge to show no tenant held", func() bool {
+		m = get(t, r.ts.URL+"/metrics")
+		return strings.Contains(m, `tm_autopilot_tenants_held_in_takeover{kind="aggregate"} 0`)
+	}))
+}
+
 // In dry-run the autopilot proposes: the failover plan is stored, marked proposed, and nothing
 // moves until an operator applies it.
 func TestAutopilotDryRunProposes(t *testing.T) {

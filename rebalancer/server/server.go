@@ -164,7 +164,7 @@ func New(cfg Config) (*Server, error) {
 		ac.Actor = "autopilot/" + cfg.Holder
 	}
 	s.auto, err = autopilot.New(ac, autopilot.Deps{Store: cfg.Store, Engine: eng, Presence: s.presence,
-		ShardTenants: s.shardTenants, OperatorBusy: s.operatorBusy,
+		ShardTenants: s.shardTenants, Takeovers: s.takeovers, OperatorBusy: s.operatorBusy,
 		Apply: func(ctx context.Context, id string) (rebalancer.PlanRecord, error) {
 			return resumed(ctx, s.log, id, func(c context.Context) (rebalancer.PlanRecord, error) { return s.eng.Apply(c, id) })
 		}})
@@ -431,6 +431,22 @@ func (s *Server) shardTenants(kind string) map[string]int {
 	default:
 		return nil
 	}
+}
+
+// takeovers calls fn with kind's tenants in a takeover, from the leader's placement watcher;
+// false if the watcher does not follow kind or is not ready.
+func (s *Server) takeovers(kind string, fn func(tenant, source string) bool) bool {
+	w := s.placements.Load()
+	if w == nil || !w.Has(kind) {
+		return false
+	}
+	select {
+	case <-w.Ready():
+	default:
+		return false
+	}
+	w.Takeovers(kind, func(tenant string, e placement.Entry) bool { return fn(tenant, e.Shard) })
+	return true
 }
 
 // operatorBusy is the operator's plan this process applies ("" if none).

@@ -27,6 +27,8 @@ type table struct {
 	seed maphash.Seed
 	idx  atomic.Pointer[index]
 	refs atomic.Pointer[[]*ref]
+	// takeovers counts the placements in a takeover (written by the writer, read by anyone).
+	takeovers atomic.Int64
 
 	// Writer-only state.
 	refIDs     map[string]uint16
@@ -291,10 +293,16 @@ func (t *table) account(old, v uint64) {
 	if old != 0 {
 		refs[uint16(old)].count.Add(-1)
 		t.live--
+		if inTakeover(old) {
+			t.takeovers.Add(-1)
+		}
 	}
 	if v != 0 {
 		refs[uint16(v)].count.Add(1)
 		t.live++
+		if inTakeover(v) {
+			t.takeovers.Add(1)
+		}
 	}
 }
 
@@ -390,6 +398,12 @@ func (t *table) rangeAll(fn func(key string, e Entry) bool) {
 		}
 	}
 }
+
+// inTakeover reports whether packed value v is a placement in a takeover.
+func inTakeover(v uint64) bool { return (v>>phaseShift)&7 == takeoverCode }
+
+// takeoverCode is PhaseTakeover's code in a packed value.
+var takeoverCode = phaseCode(schema.PhaseTakeover)
 
 // len is the number of live placements.
 func (t *table) len() int { return t.live }

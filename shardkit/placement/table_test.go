@@ -48,8 +48,11 @@ func TestTableAgainstMap(t *testing.T) {
 			continue
 		}
 		p := schema.Placement{Shard: fmt.Sprintf("s-%d", rng.IntN(50)), Epoch: uint64(rng.IntN(1000) + 1), Phase: schema.PhaseActive}
-		if rng.IntN(5) == 0 {
+		switch rng.IntN(10) {
+		case 0, 1:
 			p.Phase, p.Target = schema.PhaseHandoff, "s-99"
+		case 2:
+			p.Phase, p.Target = schema.PhaseTakeover, "s-98"
 		}
 		v, ok := tb.pack(p)
 		if !ok {
@@ -62,6 +65,15 @@ func TestTableAgainstMap(t *testing.T) {
 	wg.Wait()
 	if tb.len() != len(ref) {
 		t.Fatalf("table holds %d, reference %d", tb.len(), len(ref))
+	}
+	takeovers := 0
+	for _, v := range ref {
+		if inTakeover(v) {
+			takeovers++
+		}
+	}
+	if got := tb.takeovers.Load(); got != int64(takeovers) || takeovers == 0 {
+		t.Fatalf("table counts %d takeovers, reference %d", got, takeovers)
 	}
 	for i := range 3000 {
 		k := key(i)
@@ -79,8 +91,8 @@ func TestTableAgainstMap(t *testing.T) {
 	}
 	// A snapshot round trip preserves everything.
 	t2, rev, err := decodeSnapshot("k", encodeSnapshot("k", 77, tb))
-	if err != nil || rev != 77 || t2.len() != tb.len() {
-		t.Fatalf("snapshot: %v rev=%d len=%d", err, rev, t2.len())
+	if err != nil || rev != 77 || t2.len() != tb.len() || t2.takeovers.Load() != tb.takeovers.Load() {
+		t.Fatalf("snapshot: %v rev=%d len=%d takeovers=%d", err, rev, t2.len(), t2.takeovers.Load())
 	}
 	for k := range ref {
 		a, _ := tb.lookup(k)
