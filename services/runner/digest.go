@@ -80,8 +80,12 @@ type captured struct {
 }
 
 // captureAtFence starts reading the tenant's digest as a move's source stops acquiring it; it
-// does not wait for the read (the handoff goes on meanwhile; see awaitSourceDigest).
-func (s *Service) captureAtFence(tenant string) {
+// does not wait for the read (the handoff goes on meanwhile; see awaitSourceDigest). The read
+// waits (within OpTimeout) for settled, the claims under way at the fence: a claim that then
+// finds the tenant released gives its job back to pending, and a read before that give-back
+// saw the job running where the target, reading later, sees it queued (a false mismatch that
+// a quiet 1,000-move e2e run once hit).
+func (s *Service) captureAtFence(tenant string, settled <-chan struct{}) {
 	if !s.verify.Load() {
 		return
 	}
@@ -94,6 +98,13 @@ func (s *Service) captureAtFence(tenant string) {
 	s.mu.Unlock()
 	s.housekeeping.Go(func() {
 		defer close(c.done)
+		t := time.NewTimer(s.cfg.OpTimeout)
+		select {
+		case <-settled:
+		case <-t.C:
+			s.cfg.Logger.Warn("a claim under way at the fence has not settled; reading the digest without it", "tenant", tenant, "waited", s.cfg.OpTimeout)
+		}
+		t.Stop()
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
 		defer cancel()
 		c.d, c.err = s.queueDigest(ctx, tenant, epoch)

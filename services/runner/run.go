@@ -23,6 +23,12 @@ type executor struct{ s *Service }
 
 // claimAndRun claims the entry's job and runs it, or gives the slot and the tokens back.
 func (x *executor) claimAndRun(ctx context.Context, tq *tenantQ, msg *jetstream.RawStreamMsg) {
+	claimed := false
+	defer func() {
+		if !claimed {
+			x.claimSettled(tq)
+		}
+	}()
 	r, err := x.claim(ctx, tq, msg)
 	if err != nil && ctx.Err() == nil {
 		x.s.cfg.Logger.Warn("claiming job", "tenant", tq.tenant, "seq", msg.Sequence, "err", err)
@@ -52,6 +58,8 @@ func (x *executor) claimAndRun(ctx context.Context, tq *tenantQ, msg *jetstream.
 		x.done(tq)
 		return
 	}
+	claimed = true
+	x.claimSettled(tq)
 	x.s.recent.note(r)
 	if h := nats.Header(msg.Header); tracing.Traced(h) {
 		var span trace.Span
@@ -65,6 +73,31 @@ func (x *executor) claimAndRun(ctx context.Context, tq *tenantQ, msg *jetstream.
 // tracer makes the runner's spans: job.run for a job created in a sampled trace, and
 // effect.deliver for each of its effects.
 var tracer = tracing.NewTracer("github.com/tenantmesh/tenantmesh/services/runner")
+
+// claimSettled ends one of tq's claims under way: it ran, or it gave its job back.
+func (x *executor) claimSettled(tq *tenantQ) {
+	x.s.mu.Lock()
+	defer x.s.mu.Unlock()
+	if tq.claiming--; tq.claiming == 0 && tq.settled != nil {
+		close(tq.settled)
+		tq.settled = nil
+	}
+}
+
+// settledClaims returns a channel closed once tenant's claims under way have settled (closed
+// already if there are none). Called under s.mu.
+func (s *Service) settledClaims(tq *tenantQ) <-chan struct{} {
+	if tq == nil || tq.claiming == 0 {
+		return closedChan
+	}
+	if tq.settled == nil {
+		tq.settled = make(chan struct{})
+	}
+	return tq.settled
+}
+
+// closedChan is a closed channel: nothing to wait for.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // done frees a slot of tenant tq.
 func (x *executor) done(tq *tenantQ) {

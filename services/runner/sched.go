@@ -46,6 +46,11 @@ type tenantQ struct {
 	cancel context.CancelFunc
 	// idle is signalled whenever inflight drops.
 	idle chan struct{}
+	// claiming counts the claims under way (a claim, and the give-back of a claim that found
+	// the tenant released); settled, if not nil, is closed when it drops to 0. A move's
+	// source reads its digest once they settled (settledClaims).
+	claiming int
+	settled  chan struct{}
 	// awaiting is the handoff epoch whose digests acquisition waits for (a verified move to
 	// this shard); digested the last one recorded or waited out (awaitDigests).
 	awaiting, digested uint64
@@ -442,6 +447,7 @@ func (s *Service) dispatch(ctx context.Context) time.Duration {
 		}
 		s.running++
 		tq.inflight++
+		tq.claiming++
 		tq.work.Add(1)
 		rctx := tq.ctx
 		// Back to the end of the ring: the tenant may have more, after every other ready one.

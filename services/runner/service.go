@@ -374,13 +374,14 @@ func (s *Service) Fence(tenant string) uint64 {
 	if tq != nil {
 		tq.released = true
 	}
+	settled := s.settledClaims(tq)
 	s.changed[tenant] = struct{}{}
 	s.mu.Unlock()
 	if tq != nil {
 		s.wakes.unsubscribe(tq)
 	}
 	nudge(s.recon)
-	s.captureAtFence(tenant)
+	s.captureAtFence(tenant, settled)
 	return 0
 }
 
