@@ -54,8 +54,8 @@ func Failover(w World, down []string, o Options) (*Plan, error) {
 // still says takeover and gateways hold the tenant's requests, though its source may be live
 // again. Each named tenant goes, as in Failover, to the least utilised shard that can host it;
 // never to its owner (a takeover never goes back to the owner it fenced), and not to a shard
-// marked draining (one without a live instance). A name the world does not list, or a tenant
-// no longer moving, is left with a note.
+// marked draining (one without a live instance). A tenant the world does not list, or lists
+// as no longer moving, is left with a note.
 func Retake(w World, tenants []string, o Options) (*Plan, error) {
 	o, err := o.withDefaults()
 	if err != nil {
@@ -75,11 +75,11 @@ func Retake(w World, tenants []string, o Options) (*Plan, error) {
 	for i := range w.Tenants {
 		t := &w.Tenants[i]
 		switch {
-		case !want[t.ID]:
-			continue
+		case !want[t.ID] || !t.Moving:
+			continue // a tenant no longer moving keeps its note below
 		case t.Pinned:
 			pinned = append(pinned, t.ID)
-		case t.Moving:
+		default:
 			moving = append(moving, int32(i))
 		}
 		delete(want, t.ID)

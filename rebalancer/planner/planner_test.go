@@ -477,7 +477,7 @@ func TestRetake(t *testing.T) {
 		i := slices.IndexFunc(w.Tenants, func(x Tenant) bool { return x.ID == id })
 		w.Tenants[i].Moving = true
 	}
-	p, err := Retake(w, []string{"held1", "held2", "held3", "gone"}, Options{})
+	p, err := Retake(w, []string{"held1", "held2", "held3", "gone", "stay"}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -495,7 +495,7 @@ func TestRetake(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("moves %v, want %v", got, want)
 	}
-	if p.Strategy != StrategyFailover || !p.Complete || len(p.Notes) != 1 || !strings.Contains(p.Notes[0], "gone") {
-		t.Fatalf("plan %s complete=%v notes %q: want a failover plan, complete, with a note on gone", p.Strategy, p.Complete, p.Notes)
+	if p.Strategy != StrategyFailover || !p.Complete || len(p.Notes) != 1 || !strings.Contains(p.Notes[0], "2 tenants are no longer in a takeover ([gone stay])") {
+		t.Fatalf("plan %s complete=%v notes %q: want a failover plan, complete, with a note on gone and stay", p.Strategy, p.Complete, p.Notes)
 	}
 }
