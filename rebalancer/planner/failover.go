@@ -16,12 +16,7 @@ import (
 // move's source cannot finish it). The budget does not apply: every move is a takeover
 // (Move.Takeover), and the plan is complete when every tenant was placed.
 func Failover(w World, down []string, o Options) (*Plan, error) {
-	o, err := o.withDefaults()
-	if err != nil {
-		return nil, err
-	}
-	o.Budget = 0
-	s, err := newState(&w, o)
+	s, err := takeoverState(&w, o)
 	if err != nil {
 		return nil, err
 	}
@@ -57,12 +52,7 @@ func Failover(w World, down []string, o Options) (*Plan, error) {
 // marked draining (one without a live instance). A tenant the world does not list, or lists
 // as no longer moving, is left with a note.
 func Retake(w World, tenants []string, o Options) (*Plan, error) {
-	o, err := o.withDefaults()
-	if err != nil {
-		return nil, err
-	}
-	o.Budget = 0
-	s, err := newState(&w, o)
+	s, err := takeoverState(&w, o)
 	if err != nil {
 		return nil, err
 	}
@@ -91,6 +81,16 @@ func Retake(w World, tenants []string, o Options) (*Plan, error) {
 		p.Notes = append(p.Notes, fmt.Sprintf("%s: %d tenants are no longer in a takeover (%s): nothing to do for them", w.Kind, len(want), names10(slices.Sorted(maps.Keys(want)))))
 	}
 	return p, nil
+}
+
+// takeoverState is the working state of a takeover plan: no budget applies.
+func takeoverState(w *World, o Options) (*state, error) {
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	o.Budget = 0
+	return newState(w, o)
 }
 
 // takeOver plans the takeover of tenants moving, heaviest first, each to the least utilised
