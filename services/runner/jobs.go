@@ -195,19 +195,53 @@ func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bo
 			ErrBadJob, nj.Instance, s.cfg.ID.Shard)
 	}
 	id := newID(tenant, nj.IdempotencyKey)
-	if nj.IdempotencyKey != "" {
-		if r, err := s.Get(ctx, tenant, id); err == nil {
-			return s.store.replayed(ctx, r)
+	// The queue's depth is read beside the run record's create, not before it, and a key used
+	// before is found by the create itself, not by a read first: a create is two round trips
+	// (this one and the enqueue) where it was three, four with a key. A create that finds the
+	// queue full takes its run back: the rare refusal pays a round trip more.
+	var depth int
+	var derr error
+	depthRead := make(chan struct{})
+	go func() {
+		defer close(depthRead)
+		depth, derr = s.Depth(ctx, tenant)
+	}()
+	r, created, err := s.record(ctx, tenant, id, now, notBefore, nj)
+	<-depthRead
+	if err != nil || !created {
+		return r, false, err
+	}
+	if derr != nil || depth >= s.cfg.MaxQueued {
+		// Unenqueued, the run was never seen by a claim; without it a key may be used again.
+		_ = s.store.runs.Delete(context.WithoutCancel(ctx), runKey(tenant, id), jetstream.LastRevision(r.rev))
+		if derr != nil {
+			return Run{}, false, derr
 		}
-	}
-	depth, err := s.Depth(ctx, tenant)
-	if err != nil {
-		return Run{}, false, err
-	}
-	if depth >= s.cfg.MaxQueued {
 		s.m.rejected.Inc()
 		return Run{}, false, &queueFullError{depth: depth, max: s.cfg.MaxQueued, retry: s.store.retryAfter(depth)}
 	}
+	// Announced before the queue has it, so no instance can run it (and announce its run)
+	// before this event is out: the live stream shows job.created first. A create whose
+	// enqueue then fails was announced all the same; its client got the error.
+	s.announce(schema.JobCreated, &r)
+	seq, err := s.store.enqueue(ctx, r)
+	if err != nil {
+		if nj.IdempotencyKey == "" {
+			// The client cannot retry this job: remove the run so it does not wait for ever.
+			// (If the entry was stored after all, its claim finds no run and drops it.)
+			_ = s.store.runs.Delete(context.WithoutCancel(ctx), runKey(tenant, id), jetstream.LastRevision(r.rev))
+		}
+		// With a key the run stays: the retry the client is told to make enqueues it.
+		return Run{}, false, err
+	}
+	r.Seq = seq
+	s.m.created.Inc()
+	return r, true, nil
+}
+
+// record writes the pending run of a new job (created), or finds the job its key made before
+// and answers as a replay of it (not created; a pending one is enqueued again).
+func (s *Service) record(ctx context.Context, tenant, id string, now, notBefore time.Time, nj NewJob) (Run, bool, error) {
 	r := Run{ID: id, Tenant: tenant, Type: nj.Type, Payload: nj.Payload, Instance: nj.Instance,
 		Status: StatusPending, CreatedAt: now, Schedule: nj.schedule}
 	switch {
@@ -219,7 +253,7 @@ func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bo
 	}
 	b, _ := json.Marshal(r)
 	var rev uint64
-	err = s.cfg.whileUnavailable(ctx, func(octx context.Context) (err error) {
+	err := s.cfg.whileUnavailable(ctx, func(octx context.Context) (err error) {
 		rev, err = s.store.runs.Create(octx, runKey(tenant, id), b)
 		return err
 	}, "recording a job", "tenant", tenant, "job", id)
@@ -244,22 +278,6 @@ func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bo
 		return Run{}, false, fmt.Errorf("runner: record job %s: %w", id, err)
 	}
 	r.rev = rev
-	// Announced before the queue has it, so no instance can run it (and announce its run)
-	// before this event is out: the live stream shows job.created first. A create whose
-	// enqueue then fails was announced all the same; its client got the error.
-	s.announce(schema.JobCreated, &r)
-	seq, err := s.store.enqueue(ctx, r)
-	if err != nil {
-		if nj.IdempotencyKey == "" {
-			// The client cannot retry this job: remove the run so it does not wait for ever.
-			// (If the entry was stored after all, its claim finds no run and drops it.)
-			_ = s.store.runs.Delete(context.WithoutCancel(ctx), runKey(tenant, id), jetstream.LastRevision(rev))
-		}
-		// With a key the run stays: the retry the client is told to make enqueues it.
-		return Run{}, false, err
-	}
-	r.Seq = seq
-	s.m.created.Inc()
 	return r, true, nil
 }
 

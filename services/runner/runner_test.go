@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -119,6 +120,13 @@ func TestQueueCap(t *testing.T) {
 	resp, p := call(t, srv, "POST", "/jobs", "busy", `{"type":"noop"}`)
 	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("over the cap: %d %v, want 429 with Retry-After", resp.StatusCode, p)
+	}
+	// A keyed create refused at the cap leaves no run behind: its retry later is a new job.
+	if resp, p := call(t, srv, "POST", "/jobs", "busy", `{"type":"noop","idempotency_key":"later"}`); resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("keyed, over the cap: %d %v, want 429", resp.StatusCode, p)
+	}
+	if r, err := s.Get(context.Background(), "busy", newID("busy", "later")); !errors.Is(err, ErrNoJob) {
+		t.Fatalf("the refused keyed job's run: %+v %v, want none", r, err)
 	}
 	if resp, _ := call(t, srv, "POST", "/jobs", "calm", `{"type":"noop"}`); resp.StatusCode != 202 {
 		t.Fatalf("another tenant: %d", resp.StatusCode)
