@@ -318,17 +318,20 @@ type Status struct {
 	Mode    Mode `json:"mode"`
 	Leading bool `json:"leading"`
 	// Deciding: leading, and past the leader's startup wait (Config.Startup).
-	Deciding   bool              `json:"deciding"`
-	Guardrails Config            `json:"guardrails"`
-	Windows    []string          `json:"windows,omitempty"`
-	Frozen     *Freeze           `json:"frozen,omitempty"`
-	State      State             `json:"state"`
-	Used       Usage             `json:"used"`
-	Down       []DownShard       `json:"down"`
-	Running    string            `json:"running,omitempty"`
-	Yielded    string            `json:"yielded,omitempty"`
-	Failing    map[string]string `json:"failing,omitempty"`
-	Decisions  []Decision        `json:"decisions"`
+	Deciding   bool        `json:"deciding"`
+	Guardrails Config      `json:"guardrails"`
+	Windows    []string    `json:"windows,omitempty"`
+	Frozen     *Freeze     `json:"frozen,omitempty"`
+	State      State       `json:"state"`
+	Used       Usage       `json:"used"`
+	Down       []DownShard `json:"down"`
+	// Held counts, by kind, the tenants held in a takeover that no move drives any more while
+	// their source is live (the retake detector's last look): it takes them over again.
+	Held      map[string]int    `json:"held,omitempty"`
+	Running   string            `json:"running,omitempty"`
+	Yielded   string            `json:"yielded,omitempty"`
+	Failing   map[string]string `json:"failing,omitempty"`
+	Decisions []Decision        `json:"decisions"`
 }
 
 // Usage is what the autopilot moved within its budget window.
@@ -365,6 +368,14 @@ func (a *Autopilot) Status(ctx context.Context) (Status, error) {
 	a.mu.Lock()
 	s.Leading, s.Running, s.Yielded = a.leading, a.running, a.yielded
 	s.Deciding = a.leading && now.Sub(a.start) >= a.cfg.Startup
+	for kind, n := range a.stuck {
+		if n > 0 {
+			if s.Held == nil {
+				s.Held = map[string]int{}
+			}
+			s.Held[kind] = n
+		}
+	}
 	if len(a.failing) > 0 {
 		s.Failing = map[string]string{}
 		for k, v := range a.failing {

@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -354,7 +356,14 @@ func renderAutopilot(w io.Writer, s autopilot.Status, now time.Time) error {
 		fmt.Fprintf(w, "plan paused for an operator's: %s\n", s.Yielded)
 	}
 	for subject, id := range s.Failing {
-		fmt.Fprintf(w, "failover under way: %s (plan %s)\n", subject, id)
+		what := "failover"
+		if !strings.Contains(subject, "/") {
+			what = "retake" // a kind's held takeovers
+		}
+		fmt.Fprintf(w, "%s under way: %s (plan %s)\n", what, subject, id)
+	}
+	for _, kind := range slices.Sorted(maps.Keys(s.Held)) {
+		fmt.Fprintf(w, "%s: %d tenants held in a takeover that no move drives (their requests wait); retake takes them over again\n", kind, s.Held[kind])
 	}
 	if err := renderAutopilotState(w, s.State, now); err != nil {
 		return err
