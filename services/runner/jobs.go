@@ -195,30 +195,45 @@ func (s *Service) Create(ctx context.Context, tenant string, nj NewJob) (Run, bo
 			ErrBadJob, nj.Instance, s.cfg.ID.Shard)
 	}
 	id := newID(tenant, nj.IdempotencyKey)
-	// The queue's depth is read beside the run record's create, not before it, and a key used
-	// before is found by the create itself, not by a read first: a create is two round trips
-	// (this one and the enqueue) where it was three, four with a key. A create that finds the
-	// queue full takes its run back: the rare refusal pays a round trip more.
+	// A key used before is found by the run record's create itself, not by a read first. A
+	// create without a key reads the queue's depth beside that create, and takes its run back
+	// if the queue is full (the rare refusal pays a round trip more): two round trips with the
+	// enqueue, where it was three. A keyed create reads the depth first, so it never takes a
+	// run back: a retry with its key could replay that run in the meantime (three round trips,
+	// where it was four).
 	var depth int
 	var derr error
 	depthRead := make(chan struct{})
-	go func() {
-		defer close(depthRead)
+	if nj.IdempotencyKey != "" {
 		depth, derr = s.Depth(ctx, tenant)
-	}()
+		close(depthRead)
+		if derr != nil {
+			return Run{}, false, derr
+		}
+		if depth >= s.cfg.MaxQueued {
+			if r, err := s.Get(ctx, tenant, id); err == nil {
+				return s.store.replayed(ctx, r) // its key's job: the answer it had
+			}
+			return Run{}, false, s.queueFull(depth)
+		}
+	} else {
+		go func() {
+			defer close(depthRead)
+			depth, derr = s.Depth(ctx, tenant)
+		}()
+	}
 	r, created, err := s.record(ctx, tenant, id, now, notBefore, nj)
 	<-depthRead
 	if err != nil || !created {
 		return r, false, err
 	}
 	if derr != nil || depth >= s.cfg.MaxQueued {
-		// Unenqueued, the run was never seen by a claim; without it a key may be used again.
+		// Unenqueued, and its id known to no one yet: no claim or replay saw the run.
 		_ = s.store.runs.Delete(context.WithoutCancel(ctx), runKey(tenant, id), jetstream.LastRevision(r.rev))
 		if derr != nil {
 			return Run{}, false, derr
 		}
-		s.m.rejected.Inc()
-		return Run{}, false, &queueFullError{depth: depth, max: s.cfg.MaxQueued, retry: s.store.retryAfter(depth)}
+		return Run{}, false, s.queueFull(depth)
 	}
 	// Announced before the queue has it, so no instance can run it (and announce its run)
 	// before this event is out: the live stream shows job.created first. A create whose
@@ -458,6 +473,12 @@ func (e *queueFullError) Error() string {
 }
 
 func (e *queueFullError) Is(target error) bool { return target == ErrQueueFull }
+
+// queueFull counts a create refused at the queue's cap and says when to try again.
+func (s *Service) queueFull(depth int) error {
+	s.m.rejected.Inc()
+	return &queueFullError{depth: depth, max: s.cfg.MaxQueued, retry: s.store.retryAfter(depth)}
+}
 
 // retryAfter estimates when the tenant's queue drops under its cap: the jobs over it at the
 // tenant's rate, if it has one; else a second. At most a minute.

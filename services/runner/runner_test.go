@@ -113,13 +113,21 @@ func TestQueueCap(t *testing.T) {
 	s := startService(t, st, "runner-1", "a", Config{MaxQueued: 5})
 	srv := serve(t, s)
 	for i := range 5 {
-		if resp, p := call(t, srv, "POST", "/jobs", "busy", `{"type":"noop"}`); resp.StatusCode != 202 {
+		body := `{"type":"noop"}`
+		if i == 0 {
+			body = `{"type":"noop","idempotency_key":"first"}`
+		}
+		if resp, p := call(t, srv, "POST", "/jobs", "busy", body); resp.StatusCode != 202 {
 			t.Fatalf("job %d: %d %v", i, resp.StatusCode, p)
 		}
 	}
 	resp, p := call(t, srv, "POST", "/jobs", "busy", `{"type":"noop"}`)
 	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("over the cap: %d %v, want 429 with Retry-After", resp.StatusCode, p)
+	}
+	// A key used before answers with its job, full queue or not.
+	if resp, p := call(t, srv, "POST", "/jobs", "busy", `{"type":"noop","idempotency_key":"first"}`); resp.StatusCode != http.StatusOK || resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("a replay at the cap: %d %v, want 200, replayed", resp.StatusCode, p)
 	}
 	// A keyed create refused at the cap leaves no run behind: its retry later is a new job.
 	if resp, p := call(t, srv, "POST", "/jobs", "busy", `{"type":"noop","idempotency_key":"later"}`); resp.StatusCode != http.StatusTooManyRequests {
