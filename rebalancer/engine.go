@@ -223,11 +223,11 @@ func (e *Engine) Plan(ctx context.Context, id string) (PlanRecord, []MoveRecord,
 }
 
 // Move reads the move a placement names (Placement.Move: plan/id). It wraps ErrPlanNotFound
-// if there is no such move.
+// if there is no such move (or key names none).
 func (e *Engine) Move(ctx context.Context, key string) (MoveRecord, error) {
 	plan, id, ok := strings.Cut(key, "/")
 	if !ok || schema.CheckName("plan id", plan) != nil || schema.CheckName("move id", id) != nil {
-		return MoveRecord{}, fmt.Errorf("rebalancer: %q is not a move's name (plan/move)", key)
+		return MoveRecord{}, fmt.Errorf("%w: %q is not a move's name (plan/move)", ErrPlanNotFound, key)
 	}
 	var m MoveRecord
 	rev, err := e.st.Rebalance().Latest(ctx, schema.MoveKey(plan, id), &m)

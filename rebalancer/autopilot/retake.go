@@ -29,8 +29,8 @@ const retakeDetector = "retake"
 
 // heldTakeover is a tenant whose takeover's move ended without committing.
 type heldTakeover struct {
-	tenant, source, move, reason string
-	since                        time.Time // when the move ended
+	tenant, source, reason string
+	since                  time.Time // when the move ended
 }
 
 // lookForHeldTakeovers is the retake detector: for every kind whose failover is auto, the
@@ -90,7 +90,7 @@ func (a *Autopilot) heldTakeovers(ctx context.Context, kind string) []heldTakeov
 		if err != nil || p.Phase != schema.PhaseTakeover {
 			continue
 		}
-		h := heldTakeover{tenant: tenant, source: p.Shard, move: p.Move, since: p.UpdatedAt}
+		h := heldTakeover{tenant: tenant, source: p.Shard, since: p.UpdatedAt}
 		m, err := a.d.Engine.Move(ctx, p.Move)
 		switch {
 		case errors.Is(err, rebalancer.ErrPlanNotFound):
