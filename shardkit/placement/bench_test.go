@@ -248,3 +248,27 @@ func BenchmarkLookup1MGoMap(b *testing.B) {
 	b.ReportMetric(perEntry, "B/placement")
 	runtime.KeepAlive(m)
 }
+
+// BenchmarkTakeovers1M is one look for the tenants in a takeover (Watcher.Takeovers, what the
+// autopilot's retake detector does every few seconds while any exists) among 1M placements,
+// 100 of them in a takeover.
+func BenchmarkTakeovers1M(b *testing.B) {
+	const n, held = 1_000_000, 100
+	t := buildTable(n)
+	for i := range held {
+		p := schema.Placement{Shard: "aggregate-1", Target: "aggregate-2", Epoch: 2, Phase: schema.PhaseTakeover}
+		v, _ := t.pack(p)
+		t.set(tenantKey(i*(n/held)), v, uint64(n+i+1))
+	}
+	ks := &kindState{kind: "aggregate"}
+	ks.t.Store(t)
+	w := &Watcher{kinds: map[string]*kindState{"aggregate": ks}}
+	b.ReportAllocs()
+	for b.Loop() {
+		found := 0
+		w.Takeovers("aggregate", func(string, Entry) bool { found++; return true })
+		if found != held {
+			b.Fatalf("found %d takeovers, want %d", found, held)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package placement
 
 import (
 	"hash/maphash"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -27,8 +28,11 @@ type table struct {
 	seed maphash.Seed
 	idx  atomic.Pointer[index]
 	refs atomic.Pointer[[]*ref]
-	// takeovers counts the placements in a takeover (written by the writer, read by anyone).
+	// takeovers counts the placements in a takeover (written by the writer, read by anyone),
+	// and held names them: finding them costs their number, not the kind's placements.
 	takeovers atomic.Int64
+	heldMu    sync.Mutex
+	held      map[string]struct{}
 
 	// Writer-only state.
 	refIDs     map[string]uint16
@@ -118,7 +122,7 @@ func phaseCode(p schema.Phase) uint64 {
 }
 
 func newTable(sizeHint int) *table {
-	t := &table{seed: maphash.MakeSeed(), refIDs: map[string]uint16{}}
+	t := &table{seed: maphash.MakeSeed(), refIDs: map[string]uint16{}, held: map[string]struct{}{}}
 	refs := []*ref{{}} // ref 0 is "none"
 	t.refs.Store(&refs)
 	nslots := uint32(16)
@@ -268,7 +272,7 @@ func (t *table) set(key string, v, rev uint64) uint64 {
 	ix := t.idx.Load()
 	if e := t.find(ix, key, h); e != nil {
 		old := e.val.Load()
-		t.account(old, v)
+		t.account(key, old, v)
 		switch {
 		case old != 0 && v == 0:
 			t.tombstones++
@@ -283,27 +287,49 @@ func (t *table) set(key string, v, rev uint64) uint64 {
 		return 0
 	}
 	t.insert(ix, key, h, v, rev)
-	t.account(0, v)
+	t.account(key, 0, v)
 	return 0
 }
 
-// account keeps live, tombstone and per-owner counts as a value changes from old to v.
-func (t *table) account(old, v uint64) {
+// account keeps live, tombstone, per-owner and takeover counts, and the takeover set, as key's
+// value changes from old to v.
+func (t *table) account(key string, old, v uint64) {
 	refs := *t.refs.Load()
 	if old != 0 {
 		refs[uint16(old)].count.Add(-1)
 		t.live--
-		if inTakeover(old) {
-			t.takeovers.Add(-1)
-		}
 	}
 	if v != 0 {
 		refs[uint16(v)].count.Add(1)
 		t.live++
-		if inTakeover(v) {
-			t.takeovers.Add(1)
-		}
 	}
+	was, is := old != 0 && inTakeover(old), v != 0 && inTakeover(v)
+	if was == is {
+		return
+	}
+	t.heldMu.Lock()
+	defer t.heldMu.Unlock()
+	if is {
+		t.held[key] = struct{}{}
+		t.takeovers.Add(1)
+	} else {
+		delete(t.held, key)
+		t.takeovers.Add(-1)
+	}
+}
+
+// heldTenants returns the tenants in a takeover (a copy; their placements may change after).
+func (t *table) heldTenants() []string {
+	if t.takeovers.Load() == 0 {
+		return nil
+	}
+	t.heldMu.Lock()
+	defer t.heldMu.Unlock()
+	out := make([]string, 0, len(t.held))
+	for k := range t.held {
+		out = append(out, k)
+	}
+	return out
 }
 
 // insert appends a new entry and publishes it; it grows or compacts the index as needed.

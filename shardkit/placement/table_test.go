@@ -3,6 +3,7 @@ package placement
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -37,6 +38,9 @@ func TestTableAgainstMap(t *testing.T) {
 					t.Errorf("torn read: %+v", e)
 					return
 				}
+				if i%64 == 0 {
+					_ = tb.heldTenants() // beside the writer's changes to the set
+				}
 			}
 		})
 	}
@@ -66,14 +70,18 @@ func TestTableAgainstMap(t *testing.T) {
 	if tb.len() != len(ref) {
 		t.Fatalf("table holds %d, reference %d", tb.len(), len(ref))
 	}
-	takeovers := 0
-	for _, v := range ref {
+	var takeovers []string
+	for k, v := range ref {
 		if inTakeover(v) {
-			takeovers++
+			takeovers = append(takeovers, k)
 		}
 	}
-	if got := tb.takeovers.Load(); got != int64(takeovers) || takeovers == 0 {
-		t.Fatalf("table counts %d takeovers, reference %d", got, takeovers)
+	slices.Sort(takeovers)
+	if got := tb.takeovers.Load(); got != int64(len(takeovers)) || len(takeovers) == 0 {
+		t.Fatalf("table counts %d takeovers, reference %d", got, len(takeovers))
+	}
+	if held := tb.heldTenants(); !slices.Equal(slices.Sorted(slices.Values(held)), takeovers) {
+		t.Fatalf("table holds %d tenants in a takeover, reference %d (or others)", len(held), len(takeovers))
 	}
 	for i := range 3000 {
 		k := key(i)
@@ -93,6 +101,9 @@ func TestTableAgainstMap(t *testing.T) {
 	t2, rev, err := decodeSnapshot("k", encodeSnapshot("k", 77, tb))
 	if err != nil || rev != 77 || t2.len() != tb.len() || t2.takeovers.Load() != tb.takeovers.Load() {
 		t.Fatalf("snapshot: %v rev=%d len=%d takeovers=%d", err, rev, t2.len(), t2.takeovers.Load())
+	}
+	if held := t2.heldTenants(); !slices.Equal(slices.Sorted(slices.Values(held)), takeovers) {
+		t.Fatalf("snapshot: %d tenants in a takeover, reference %d (or others)", len(held), len(takeovers))
 	}
 	for k := range ref {
 		a, _ := tb.lookup(k)

@@ -213,21 +213,20 @@ func (w *Watcher) Range(kind string, fn func(tenant string, e Entry) bool) {
 	}
 }
 
-// Takeovers calls fn for every placement of kind in a takeover until fn returns false. The
-// watcher counts them as it applies changes, so while there is none it costs nothing; else it
-// walks the kind's placements as Range does.
+// Takeovers calls fn for every placement of kind in a takeover until fn returns false, in no
+// particular order. The watcher keeps the set of them as it applies changes, so a look costs
+// their number, not the kind's placements (nothing while there is none).
 func (w *Watcher) Takeovers(kind string, fn func(tenant string, e Entry) bool) {
 	ks := w.kinds[kind]
 	if ks == nil {
 		return
 	}
 	t := ks.t.Load()
-	if t.takeovers.Load() == 0 {
-		return
+	for _, tenant := range t.heldTenants() {
+		if e, ok := t.lookup(tenant); ok && e.Phase == schema.PhaseTakeover && !fn(tenant, e) {
+			return
+		}
 	}
-	t.rangeAll(func(tenant string, e Entry) bool {
-		return e.Phase != schema.PhaseTakeover || fn(tenant, e)
-	})
 }
 
 // Has reports whether the watcher follows kind.

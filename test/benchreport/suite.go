@@ -38,10 +38,10 @@ var suite = []entry{
 	{
 		title:     "Placement watcher: lookup, put -> applied",
 		pkg:       "./shardkit/placement/",
-		bench:     "^Benchmark(Lookup1M|Lookup1MGoMap|LookupParallel|PutToApplied)$",
+		bench:     "^Benchmark(Lookup1M|Lookup1MGoMap|LookupParallel|PutToApplied|Takeovers1M)$",
 		benchtime: "1s", count: 3, benchmem: true,
 		ratios: []ratio{same("ns/op", "Lookup1M", "Lookup1MGoMap"), same("B/placement", "Lookup1M", "Lookup1MGoMap")},
-		note:   "Lookup1M: hit lookup among 1M placements; the peer is a plain Go map. PutToApplied: KV put issued -> watcher applied, embedded server.",
+		note:   "Lookup1M: hit lookup among 1M placements; the peer is a plain Go map. PutToApplied: KV put issued -> watcher applied, embedded server. Takeovers1M: one look for the 100 tenants in a takeover among 1M placements (the retake detector's, every few seconds while any exists).",
 	},
 	{
 		title:     "Placement watcher: cold start at 1M placements",
