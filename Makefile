@@ -122,7 +122,8 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 ## e2e: the whole platform as processes under load: 1,000 tenant moves across all three kinds
-## (TM_E2E_MOVES changes it) with zero failed requests, the long chaos run, 20 starts on a
+## (TM_E2E_MOVES changes it; its clients send back to back, or with TM_E2E_THINK, e.g. 100ms,
+## between iterations) with zero failed requests, the long chaos run, 20 starts on a
 ## fresh 3-node NATS cluster (TM_CLUSTER_STARTS), 20 failovers of a killed shard of every kind
 ## and a 30 s freeze (TM_FAILOVER_RUNS, TM_FREEZE) with the ledger history checked for
 ## linearizability, and a 4-minute autopilot soak (TM_SOAK_MINUTES).

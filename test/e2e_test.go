@@ -132,8 +132,33 @@ func (l *load) fail(s string) {
 	l.failures = append(l.failures, s)
 }
 
-// run sends commands, queries and jobs for tenant until stop is closed.
+// thinkTime is the clients' think time between iterations: 0 (one after another, the
+// machine's cores busy throughout), or TM_E2E_THINK (a duration), for the pause at a lighter
+// load (docs/benchmarks.md).
+func thinkTime() time.Duration {
+	d, _ := time.ParseDuration(os.Getenv("TM_E2E_THINK"))
+	return d
+}
+
+// think waits d (if any) unless stop closes first; it reports whether to go on.
+func think(d time.Duration, stop <-chan struct{}) bool {
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-stop:
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// run sends commands, queries and jobs for tenant until stop is closed, with thinkTime between
+// iterations.
 func (l *load) run(tenant string, stop <-chan struct{}) {
+	pause := thinkTime()
 	l.do(tenant, "POST", "/commands", map[string]any{"aggregate_type": "account", "aggregate_id": "load",
 		"command": "open", "idempotency_key": "load-open"})
 	for i := 0; ; i++ {
@@ -141,6 +166,9 @@ func (l *load) run(tenant string, stop <-chan struct{}) {
 		case <-stop:
 			return
 		default:
+		}
+		if i > 0 && !think(pause, stop) { // the first at once: it places the tenant in every kind
+			return
 		}
 		amount := int64(i%7 + 1)
 		code, _ := l.do(tenant, "POST", "/commands", map[string]any{"aggregate_type": "account", "aggregate_id": "load",

@@ -79,11 +79,15 @@ func (g *grpcLoad) run(stop <-chan struct{}) {
 	defer wg.Wait()
 	gw := 0
 	g.submit(&gw, "open", 0, "grpc-open")
+	pause := thinkTime()
 	for i := 0; ; i++ {
 		select {
 		case <-stop:
 			return
 		default:
+		}
+		if i > 0 && !think(pause, stop) {
+			return
 		}
 		amount := int64(i%5 + 1)
 		if g.submit(&gw, "deposit", amount, fmt.Sprintf("grpc-dep-%d", i)) {
