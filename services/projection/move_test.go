@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/tenantmesh/tenantmesh/services/aggregate"
 	"github.com/tenantmesh/tenantmesh/services/aggregate/ledgertest"
@@ -355,5 +356,83 @@ func TestNewerFormatEventRefused(t *testing.T) {
 	}
 	if got := s.host("globex").appliedSeq(); got >= at {
 		t.Fatalf("applied up to %d, past the newer event at %d", got, at)
+	}
+}
+
+// TestLeaveKeepsTheConsumer: a tenant leaving (a move's source, at its end) makes no new tail
+// consumer, which would hold up the instance's other tenants (a move's target among them)
+// while it is made: their events go on arriving through the one they have, the departed
+// tenant's are skipped. Once the filters of tenants gone outnumber the live ones, the consumer
+// is made again without them.
+func TestLeaveKeepsTheConsumer(t *testing.T) {
+	st := openStore(t)
+	a := newAggregate(t, st)
+	s, _ := newService(t, st, Config{TailPartitions: 1})
+	ctx := context.Background()
+	tenants := []string{"acme", "globex", "initech"}
+	deposit := func(tenant string) uint64 {
+		return do(t, a, tenant, command("acc1", aggregate.CmdDeposit, 1)).Seq
+	}
+	for _, tenant := range tenants {
+		do(t, a, tenant, command("acc1", aggregate.CmdOpen, 0))
+		warm(t, s, tenant, 0)
+	}
+	waitTailLive(t, s, 3)
+	for _, tenant := range tenants { // through the tail: every tenant is in its consumer
+		warm(t, s, tenant, deposit(tenant))
+	}
+	made := tailRebuilds(t, s)
+
+	if err := s.Release(ctx, "acme"); err != nil {
+		t.Fatal(err)
+	}
+	waitTailLive(t, s, 2)
+	deposit("acme")
+	warm(t, s, "globex", deposit("globex"))
+	warm(t, s, "initech", deposit("initech"))
+	if got := tailRebuilds(t, s); got != made {
+		t.Fatalf("acme's leave made %d new tail consumers, want none", got-made)
+	}
+	if slices.Contains(s.Tenants(), "acme") {
+		t.Fatal("acme still hosted after its release")
+	}
+
+	if err := s.Release(ctx, "globex"); err != nil { // 2 gone, 1 live: made again
+		t.Fatal(err)
+	}
+	waitTailLive(t, s, 1)
+	warm(t, s, "initech", deposit("initech"))
+	if got := tailRebuilds(t, s); got != made+1 {
+		t.Fatalf("with 2 tenants gone and 1 live, %d new tail consumers, want 1", got-made)
+	}
+}
+
+// tailRebuilds is how many tail consumers s has made.
+func tailRebuilds(t testing.TB, s *Service) uint64 {
+	t.Helper()
+	var m dto.Metric
+	if err := s.m.rebuilds.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetHistogram().GetSampleCount()
+}
+
+// waitTailLive polls (the tails take joins and leaves on their own goroutines) until s's tails
+// count n live tenants.
+func waitTailLive(t testing.TB, s *Service, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var m dto.Metric
+		if err := s.m.liveTenants.Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		if int(m.GetGauge().GetValue()) == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v live tenants, want %d", m.GetGauge().GetValue(), n)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

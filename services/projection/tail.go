@@ -44,6 +44,7 @@ type tail struct {
 	pos      uint64 // last stream sequence processed
 	posValid bool   // pos binds live tenants (false before the first consumer and once none is live)
 	restart  uint64 // 0, or the first sequence joiners need from the next consumer
+	left     int    // tenants that left since the consumer was made: their filters are still in it
 	cur      *feed
 	all      bool // the consumer reads events.>
 	remode   bool // the consumer should switch between filters and events.>
@@ -104,7 +105,13 @@ func (t *tail) run(ctx context.Context) {
 			// a change of the live set only, without a new consumer.
 			changed, t.restart = false, 0
 		}
-		if changed || t.remode || (t.cur == nil && (len(t.live) > 0 || t.s.cfg.AllTenants)) {
+		// A leave alone makes no new consumer: handle skips the events of a tenant that is not
+		// live, so its filter can stay until a join rebuilds it, or until the filters of tenants
+		// gone outnumber the live ones. A move's source leaves at its end; a new consumer then
+		// held up this instance's other tenants for its creation (a move's target among them,
+		// waiting for the events up to its fence).
+		stale := t.cur != nil && !t.s.cfg.AllTenants && (len(t.live) == 0 || !t.all && t.left > len(t.live))
+		if changed || stale || t.remode || (t.cur == nil && (len(t.live) > 0 || t.s.cfg.AllTenants)) {
 			if err := t.rebuild(ctx); err != nil {
 				t.s.cfg.Logger.Warn("tail consumer rebuild failed; retrying", "err", err)
 				if !ctxtime.Sleep(ctx, time.Second) {
@@ -125,7 +132,7 @@ func (t *tail) run(ctx context.Context) {
 }
 
 // takeChanges applies queued leaves and joins to the live set, lowering restart to where the
-// joiners' catch-ups stopped; it reports whether the set changed.
+// joiners' catch-ups stopped, and counts the leaves; it reports whether a tenant joined.
 func (t *tail) takeChanges() bool {
 	t.mu.Lock()
 	joins, leaves := t.joins, t.leaves
@@ -136,7 +143,7 @@ func (t *tail) takeChanges() bool {
 		if _, in := t.live[tenant]; in {
 			delete(t.live, tenant)
 			t.s.m.liveTenants.Dec()
-			changed = true
+			t.left++
 		}
 	}
 	if len(t.live) == 0 && !t.s.cfg.AllTenants {
@@ -181,6 +188,7 @@ func (t *tail) filters(all bool) []string {
 // where joiners need it.
 func (t *tail) rebuild(ctx context.Context) error {
 	t.closeFeed()
+	t.left = 0
 	if len(t.live) == 0 && !t.s.cfg.AllTenants {
 		t.restart = 0
 		return nil
