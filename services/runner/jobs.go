@@ -301,6 +301,8 @@ func (s *Service) record(ctx context.Context, tenant, id string, now, notBefore 
 type runStore struct {
 	s    *Service
 	runs jetstream.KeyValue
+	// behind, if set, answers a claim's direct gets in their place: a test's replica behind.
+	behind func(tenant, id string) (Run, bool)
 }
 
 // enqueue puts the run's entry on its queue. The message id makes a repeat within the
@@ -383,6 +385,24 @@ func decodeRun(id string, b []byte, rev uint64) (Run, error) {
 	}
 	r.rev = rev
 	return r, nil
+}
+
+// getDirect reads one run with a direct get (any replica, no JetStream API request): it may be
+// a moment behind the leader (see getLatest).
+func (q *runStore) getDirect(ctx context.Context, tenant, id string) (Run, error) {
+	if q.behind != nil {
+		if r, ok := q.behind(tenant, id); ok {
+			return r, nil
+		}
+	}
+	e, err := q.runs.Get(ctx, runKey(tenant, id))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Run{}, fmt.Errorf("%w: %s", ErrNoJob, id)
+	}
+	if err != nil {
+		return Run{}, err
+	}
+	return decodeRun(id, e.Value(), e.Revision())
 }
 
 // getLatest reads one run from the leader of the runs bucket's stream. Get is a direct get,

@@ -114,18 +114,52 @@ func (x *executor) done(tq *tenantQ) {
 }
 
 // claim takes the job of a queue entry if it can run now: pending and due, or running on a
-// lease that ran out. The compare-and-set on the run record makes one claimant win. The run is
-// read from the leader (getLatest): a direct get may miss a run just created, and a missing
-// run drops the entry.
+// lease that ran out. The compare-and-set on the run record makes one claimant win.
+//
+// The run is read with a direct get first (claimRead), which any replica answers without a
+// JetStream API request (a claim per job: at a few hundred jobs a second they queued on the
+// server beside the requests a move's handoff waits for). A replica may be a moment behind, so
+// what would matter if it were out of date is read again from the leader: no run (a missing
+// run drops the entry), a run still running (a claim would wait out its lease) or one waiting
+// for a retry. A pending run read from a replica is claimed by the compare-and-set, which
+// refuses a stale revision; the claim then reads the leader and decides once more.
 func (x *executor) claim(ctx context.Context, tq *tenantQ, msg *jetstream.RawStreamMsg) (*Run, error) {
 	var qe queueEntry
 	if err := json.Unmarshal(msg.Data, &qe); err != nil || !validID(qe.ID) {
 		x.dropEntry(msg.Sequence)
 		return nil, fmt.Errorf("corrupt queue entry %d dropped", msg.Sequence)
 	}
-	gctx, cancel := context.WithTimeout(ctx, x.s.cfg.OpTimeout)
-	r, err := x.s.store.getLatest(gctx, tq.tenant, qe.ID)
-	cancel()
+	r, err := x.claimOnce(ctx, tq, msg, qe, false)
+	if errors.Is(err, errStaleRead) {
+		r, err = x.claimOnce(ctx, tq, msg, qe, true)
+	}
+	return r, err
+}
+
+// errStaleRead is claimOnce's answer when a compare-and-set refused a run read from a replica.
+var errStaleRead = errors.New("runner: the run read from a replica was not the latest")
+
+// claimRead reads a run for a claim: from the leader if leader is set, else with a direct get,
+// and from the leader after all unless that finds the run finished (final, however far behind
+// the replica) or pending and due (the compare-and-set checks it). It reports whether the run
+// came from the leader.
+func (x *executor) claimRead(ctx context.Context, tenant, id string, leader bool) (Run, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, x.s.cfg.OpTimeout)
+	defer cancel()
+	if !leader {
+		r, err := x.s.store.getDirect(ctx, tenant, id)
+		due := r.Status == StatusPending && (r.NotBefore == nil || !r.NotBefore.After(time.Now()))
+		if err == nil && (due || r.Status.done()) {
+			return r, false, nil
+		}
+	}
+	r, err := x.s.store.getLatest(ctx, tenant, id)
+	return r, true, err
+}
+
+// claimOnce is one read and decision of claim (see there).
+func (x *executor) claimOnce(ctx context.Context, tq *tenantQ, msg *jetstream.RawStreamMsg, qe queueEntry, leader bool) (*Run, error) {
+	r, leader, err := x.claimRead(ctx, tq.tenant, qe.ID, leader)
 	if errors.Is(err, ErrNoJob) {
 		x.dropEntry(msg.Sequence)
 		return nil, nil
@@ -166,7 +200,10 @@ func (x *executor) claim(ctx context.Context, tq *tenantQ, msg *jetstream.RawStr
 	cctx, cancel := context.WithDeadline(ctx, lease)
 	defer cancel()
 	if err := x.putRunRetrying(cctx, &r, "claiming a job"); err != nil {
-		if schema.IsConflict(err) {
+		switch {
+		case schema.IsConflict(err) && !leader:
+			return nil, errStaleRead
+		case schema.IsConflict(err):
 			return nil, nil // a sibling claimed it first
 		}
 		return nil, err

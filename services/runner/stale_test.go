@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -130,5 +131,59 @@ func TestClaimReadsTheLatestRun(t *testing.T) {
 		if n := counts[fmt.Sprintf("%s.job.%s.0", tenant, id)]; n != 1 {
 			t.Errorf("job %s: effect delivered %d times, want 1", id, n)
 		}
+	}
+}
+
+// A claim reads the run with a direct get first, and a replica behind may answer with an older
+// revision of a run that is pending and due. The claim's compare-and-set refuses it; the claim
+// must then read the leader and claim, not take the refusal for a sibling's claim and leave the
+// job waiting. Here every direct get of the job's run answers its first revision (a replica
+// behind for good: JetStream has no way to hold one back, so the runner's read is given it),
+// and the run is written again at the leader before it is due: the job still runs, once.
+func TestClaimAfterAStaleRead(t *testing.T) {
+	st, _ := kittest.Store(t)
+	ctx := context.Background()
+	rc := newReceiver(t)
+	const tenant = "acme"
+	place(t, st, tenant, "runner-1")
+	a := startService(t, st, "runner-1", "a", Config{Logger: testLogger()})
+	owning(t, a, tenant, true)
+	var first atomic.Pointer[Run]
+	a.store.behind = func(tn, id string) (Run, bool) {
+		if r := first.Load(); r != nil && tn == r.Tenant && id == r.ID {
+			return *r, true
+		}
+		return Run{}, false
+	}
+	job := hookJob(rc.URL, "x")
+	job.Delay = "2s"
+	id := create(t, a, tenant, 1, job)[0]
+	r, err := a.store.getLatest(ctx, tenant, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.Store(&r)
+	kv, err := st.JS().JetStream().KeyValue(ctx, schema.ServiceBucket(Kind, "runs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur, err := kv.Get(ctx, runKey(tenant, id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cur.Revision() != r.rev {
+		t.Fatalf("the run changed before it was due: revision %d, read %d", cur.Revision(), r.rev)
+	}
+	if _, err := kv.Update(ctx, runKey(tenant, id), cur.Value(), cur.Revision()); err != nil {
+		t.Fatal(err)
+	}
+
+	done := waitDone(t, a, tenant, []string{id}, 30*time.Second)
+	if got := done[id]; got.Status != StatusSucceeded {
+		t.Fatalf("job %s: %s %s", id, got.Status, got.Error)
+	}
+	counts, _ := rc.snapshot()
+	if n := counts[fmt.Sprintf("%s.job.%s.0", tenant, id)]; n != 1 {
+		t.Errorf("job %s: effect delivered %d times, want 1", id, n)
 	}
 }
