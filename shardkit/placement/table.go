@@ -2,6 +2,8 @@ package placement
 
 import (
 	"hash/maphash"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -325,11 +327,7 @@ func (t *table) heldTenants() []string {
 	}
 	t.heldMu.Lock()
 	defer t.heldMu.Unlock()
-	out := make([]string, 0, len(t.held))
-	for k := range t.held {
-		out = append(out, k)
-	}
-	return out
+	return slices.AppendSeq(make([]string, 0, len(t.held)), maps.Keys(t.held))
 }
 
 // insert appends a new entry and publishes it; it grows or compacts the index as needed.
