@@ -119,10 +119,11 @@ func (x *executor) done(tq *tenantQ) {
 // The run is read with a direct get first (claimRead), which any replica answers without a
 // JetStream API request (a claim per job: at a few hundred jobs a second they queued on the
 // server beside the requests a move's handoff waits for). A replica may be a moment behind, so
-// what would matter if it were out of date is read again from the leader: no run (a missing
-// run drops the entry), a run still running (a claim would wait out its lease) or one waiting
-// for a retry. A pending run read from a replica is claimed by the compare-and-set, which
-// refuses a stale revision; the claim then reads the leader and decides once more.
+// only a run it shows pending and due is taken from it: the compare-and-set refuses a stale
+// revision, and the claim then reads the leader and decides once more. Anything else is read
+// again from the leader: no run (a missing run drops the entry), a finished one (so does that,
+// and a keyed job's id comes back once its run expired), one running (a claim would wait out
+// its lease) or one waiting for a retry.
 func (x *executor) claim(ctx context.Context, tq *tenantQ, msg *jetstream.RawStreamMsg) (*Run, error) {
 	var qe queueEntry
 	if err := json.Unmarshal(msg.Data, &qe); err != nil || !validID(qe.ID) {
@@ -140,16 +141,14 @@ func (x *executor) claim(ctx context.Context, tq *tenantQ, msg *jetstream.RawStr
 var errStaleRead = errors.New("runner: the run read from a replica was not the latest")
 
 // claimRead reads a run for a claim: from the leader if leader is set, else with a direct get,
-// and from the leader after all unless that finds the run finished (final, however far behind
-// the replica) or pending and due (the compare-and-set checks it). It reports whether the run
-// came from the leader.
+// and from the leader after all unless that finds the run pending and due (the claim's
+// compare-and-set checks it). It reports whether the run came from the leader.
 func (x *executor) claimRead(ctx context.Context, tenant, id string, leader bool) (Run, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, x.s.cfg.OpTimeout)
 	defer cancel()
 	if !leader {
 		r, err := x.s.store.getDirect(ctx, tenant, id)
-		due := r.Status == StatusPending && (r.NotBefore == nil || !r.NotBefore.After(time.Now()))
-		if err == nil && (due || r.Status.done()) {
+		if err == nil && r.Status == StatusPending && (r.NotBefore == nil || !r.NotBefore.After(time.Now())) {
 			return r, false, nil
 		}
 	}
