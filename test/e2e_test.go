@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -49,9 +50,9 @@ type load struct {
 
 // sample is one request's start and latency.
 type sample struct {
-	tenant string
-	at     time.Time
-	took   time.Duration
+	tenant, what string // what: method and path
+	at           time.Time
+	took         time.Duration
 }
 
 // window is the time a move of tenant was in flight (plan applied to plan done).
@@ -92,6 +93,36 @@ func (l *load) latencyAround(ws []window) (in, out []time.Duration) {
 	return in, out
 }
 
+// byRequest is the requests' latency by method and path (p50, p99, max, count), the paths in
+// order: which requests a client waits on.
+func (l *load) byRequest() string {
+	l.mu.Lock()
+	by := map[string][]time.Duration{}
+	for _, s := range l.samples {
+		by[s.what] = append(by[s.what], s.took)
+	}
+	l.mu.Unlock()
+	var b strings.Builder
+	for _, what := range slices.Sorted(maps.Keys(by)) {
+		d := by[what]
+		fmt.Fprintf(&b, "\n    | %s | %s | %s | %s | %d |", what, pct(d, 0.5), pct(d, 0.99), pct(d, 1), len(d))
+	}
+	return "\n    | request | p50 | p99 | max | count |\n    |---|---:|---:|---:|---:|" + b.String()
+}
+
+// pathShape is path with its ids (segments of 16 or more hex digits) as {id}, and without its
+// query: one row of byRequest per kind of request.
+func pathShape(path string) string {
+	path, _, _ = strings.Cut(path, "?")
+	segs := strings.Split(path, "/")
+	for i, seg := range segs {
+		if len(seg) >= 16 && strings.Trim(seg, "0123456789abcdef") == "" {
+			segs[i] = "{id}"
+		}
+	}
+	return strings.Join(segs, "/")
+}
+
 func (l *load) do(tenant, method, path string, body any) (int, []byte) {
 	var rd io.Reader
 	if body != nil {
@@ -106,7 +137,7 @@ func (l *load) do(tenant, method, path string, body any) (int, []byte) {
 	resp, err := l.hc.Do(req)
 	defer func() {
 		l.mu.Lock()
-		l.samples = append(l.samples, sample{tenant: tenant, at: start, took: time.Since(start)})
+		l.samples = append(l.samples, sample{tenant: tenant, what: method + " " + pathShape(path), at: start, took: time.Since(start)})
 		l.mu.Unlock()
 	}()
 	if err != nil {
@@ -314,6 +345,7 @@ func TestMovesUnderLoad(t *testing.T) {
 		moves, elapsed.Round(time.Millisecond), l.requests.Load(), l.commandsN.Load(), len(l.jobs), len(l.failures),
 		pct(pauses, 0.5), pct(pauses, 0.99), pct(pauses, 1),
 		pct(in, 0.5), pct(in, 0.99), len(in), pct(out, 0.5), pct(out, 0.99), len(out))
+	t.Logf("requests by kind (the ledger and view checks after the run included):%s", l.byRequest())
 	t.Logf("handoff pause by quarter of the run (does it grow as the run goes on?):%s", probe.byQuarter(timed))
 	t.Logf("where the pause goes (each step from the one before, by the shards' stamps):%s", pauseReport(t, timed, rtts, s.gateway+"/metrics"))
 	t.Logf("state digests at the fence (move verification): %s", digestSummary())
