@@ -199,8 +199,9 @@ func (e *Engine) Plan(ctx context.Context, id string) (PlanRecord, []MoveRecord,
 	var moves []MoveRecord
 	if n := len(rec.Plan.Moves); n <= directReadMoves {
 		// A plan's moves are stored before the plan itself, so they all exist: read them by key
-		// (direct gets) rather than by listing, which costs a consumer on the server each time
-		// (on a cluster a meta-layer operation; dashboards and CLIs poll this).
+		// rather than by listing, which costs a consumer on the server each time (on a cluster
+		// a meta-layer operation; dashboards and CLIs poll this). Each read is the stream
+		// leader's (Latest), so a client's status read never lags its own apply or rollback.
 		moves = make([]MoveRecord, n)
 		for i := range moves {
 			rev, err := e.st.Rebalance().Latest(ctx, schema.MoveKey(id, moveID(i)), &moves[i])
