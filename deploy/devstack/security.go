@@ -29,6 +29,15 @@ func newSecurity(c config) (*security, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Scoped keys for the stack's roles, in the account before NATS starts: their users' JWTs
+	// hold a name and a tag instead of their permissions (natsauth, scope.go).
+	if changed, err := natsperm.AddScopes(chain, append(natsperm.Scopes(), c.gatewayRole())); err != nil {
+		return nil, err
+	} else if changed {
+		if err := chain.Save(); err != nil {
+			return nil, err
+		}
+	}
 	s := &security{chain: chain, creds: filepath.Join(c.data, "creds")}
 	if c.natsTLS {
 		f, err := natsauth.LoadOrCreateTLS(filepath.Join(c.data, "auth", "tls"))

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -37,6 +38,13 @@ type Role struct {
 	// subject the requester chose: NATS's allow_responses), without a publish permission on
 	// the requesters' inboxes.
 	Respond bool
+	// Template, if set, is the role's permissions as NATS permission templates: what differs
+	// between users of one kind of role written as {{tag(<key>)}}, which Tags fill in for
+	// this user. A chain with a scoped key for it (AddScope; scope.go) mints the role's
+	// users with that key, their JWTs holding no permissions of their own. Without Template,
+	// the role is its own template (no tags).
+	Template *Role             `json:",omitempty"`
+	Tags     map[string]string `json:",omitempty"`
 }
 
 // Inbox is the reply prefix the role's connections use (natsconn reads the name from the JWT).
@@ -49,7 +57,12 @@ func (r Role) Sorted() Role {
 		slices.Sort(s)
 		return slices.Compact(s)
 	}
-	return Role{Name: r.Name, Pub: sortUniq(r.Pub), Sub: sortUniq(r.Sub), Respond: r.Respond}
+	out := Role{Name: r.Name, Pub: sortUniq(r.Pub), Sub: sortUniq(r.Sub), Respond: r.Respond, Tags: maps.Clone(r.Tags)}
+	if r.Template != nil {
+		t := r.Template.Sorted()
+		out.Template = &t
+	}
+	return out
 }
 
 // Admin may do everything in tenantmesh's account: the rebalancer and the operator CLI.
@@ -254,6 +267,12 @@ func (c *Chain) SystemCreds() ([]byte, error) {
 // creds mints a user of role signed by signer (a seed); issuer, if set, is the account the
 // signer signs for (a signing key's). ttl 0: no expiry.
 func creds(signer, issuer string, role Role, ttl time.Duration) ([]byte, User, error) {
+	return mint(signer, issuer, role, false, ttl)
+}
+
+// mint mints a user of role signed by signer; scoped: signer is a scoped key, which holds the
+// permissions, so the user carries only its name and role's tags.
+func mint(signer, issuer string, role Role, scoped bool, ttl time.Duration) ([]byte, User, error) {
 	kp, err := nkeys.FromSeed([]byte(signer))
 	if err != nil {
 		return nil, User{}, fmt.Errorf("natsauth: signing seed: %w", err)
@@ -269,11 +288,18 @@ func creds(signer, issuer string, role Role, ttl time.Duration) ([]byte, User, e
 	if ttl > 0 {
 		uc.Expires = time.Now().Add(ttl).Unix()
 	}
-	r := role.Sorted()
-	uc.Pub.Allow = jwt.StringList(r.Pub)
-	uc.Sub.Allow = jwt.StringList(r.Sub)
-	if r.Respond {
-		uc.Resp = &jwt.ResponsePermission{MaxMsgs: 1, Expires: time.Minute}
+	if scoped {
+		uc.UserPermissionLimits = jwt.UserPermissionLimits{} // none at all: the scope has them (limits too)
+		for _, k := range slices.Sorted(maps.Keys(role.Tags)) {
+			uc.Tags.Add(k + ":" + role.Tags[k])
+		}
+	} else {
+		r := role.Sorted()
+		uc.Pub.Allow = jwt.StringList(r.Pub)
+		uc.Sub.Allow = jwt.StringList(r.Sub)
+		if r.Respond {
+			uc.Resp = responses()
+		}
 	}
 	tok, err := uc.Encode(kp)
 	if err != nil {

@@ -22,6 +22,8 @@ const DefaultExpiry = 90 * 24 * time.Hour
 type SigningKey struct {
 	Version int    `json:"version"`
 	Seed    string `json:"seed"`
+	// Scoped are this version's scoped keys, one per role template (scope.go).
+	Scoped []ScopedKey `json:"scoped,omitempty"`
 }
 
 // User is a user the chain minted.
@@ -43,12 +45,18 @@ func (c *Chain) KeyVersion() int {
 
 // CredsFor mints a user for role, valid for ttl (0: no expiry), signed by the newest signing
 // key, and keeps it in Users (Save to keep that).
+//
+// A role whose template has a scoped key in the newest version (AddScope) is signed by that
+// key, and its JWT carries only its name and tags; any other role carries its permissions.
 func (c *Chain) CredsFor(role Role, ttl time.Duration) ([]byte, error) {
-	signer, issuer := c.AccountSeed, ""
+	signer, issuer, scoped := c.AccountSeed, "", false
 	if n := len(c.SigningKeys); n > 0 {
 		signer, issuer = c.SigningKeys[n-1].Seed, pub(c.AccountJWT)
+		if k, ok := c.scopeFor(role); ok {
+			signer, scoped = k.Seed, true
+		}
 	}
-	b, u, err := creds(signer, issuer, role, ttl)
+	b, u, err := mint(signer, issuer, role, scoped, ttl)
 	if err != nil {
 		return nil, err
 	}
@@ -87,6 +95,13 @@ func (c *Chain) encodeAccount() error {
 		}
 		p, _ := kp.PublicKey()
 		ac.SigningKeys.Add(p)
+		for _, sk := range k.Scoped {
+			us, err := sk.userScope()
+			if err != nil {
+				return fmt.Errorf("natsauth: signing key %d: %w", k.Version, err)
+			}
+			ac.SigningKeys.AddScopedSigner(us)
+		}
 	}
 	ac.Revocations = jwt.RevocationList{}
 	for k, t := range c.Revocations {
@@ -104,13 +119,24 @@ func (c *Chain) encodeAccount() error {
 	return nil
 }
 
-// addSigningKey adds the next version of the signing key.
+// addSigningKey adds the next version of the signing key, with a scoped key for each template
+// the version before had.
 func (c *Chain) addSigningKey() error {
 	kp, err := nkeys.CreateAccount()
 	if err != nil {
 		return err
 	}
-	c.SigningKeys = append(c.SigningKeys, SigningKey{Version: c.KeyVersion() + 1, Seed: seed(kp)})
+	next := SigningKey{Version: c.KeyVersion() + 1, Seed: seed(kp)}
+	if n := len(c.SigningKeys); n > 0 {
+		for _, sk := range c.SigningKeys[n-1].Scoped {
+			k, err := newScopedKey(sk.Template)
+			if err != nil {
+				return err
+			}
+			next.Scoped = append(next.Scoped, k)
+		}
+	}
+	c.SigningKeys = append(c.SigningKeys, next)
 	return c.encodeAccount()
 }
 

@@ -57,6 +57,11 @@ allowed only the subjects that role needs (see 'auth permissions' and docs/secur
 Users expire after --expiry (default 90 days): mint again before then. Every change rewrites
 auth.conf too, so a server restarted later keeps it.
 
+init keeps the gateway's and each shard kind's permissions in the account (NATS scoped signing
+keys): their credentials then carry a name and a tag, not a few hundred subjects that every
+JetStream request would carry to the server. creds uses such a key when the role's kind has
+one; a kind init did not see gets its permissions in its credentials, as before.
+
 --dir holds the chain's seeds: keep it secret, like a CA's key.`
 
 const authExamples = `  rebalance auth init --dir ./nats-auth --shards aggregate:aggregate-1,aggregate:aggregate-2
@@ -173,11 +178,6 @@ func (c *AuthCommand) init() error {
 	if err != nil {
 		return err
 	}
-	conf := filepath.Join(c.dir, "auth.conf")
-	if err := os.WriteFile(conf, []byte(chain.ServerConfig()), 0o644); err != nil {
-		return err
-	}
-	out := []written{{"trust chain (secret: the seeds)", filepath.Join(c.dir, "chain.json")}, {"server config: include it in nats-server.conf", conf}}
 	roles := []natsperm.Role{natsperm.Rebalancer(), natsperm.Gateway(list(c.kinds), list(c.affinity))}
 	for _, ks := range list(c.shards) {
 		kind, shard, ok := strings.Cut(ks, ":")
@@ -190,6 +190,16 @@ func (c *AuthCommand) init() error {
 		}
 		roles = append(roles, r)
 	}
+	// The gateway's and the shards' permissions go into the account as scoped keys, before
+	// auth.conf is written: their credentials then hold a name and a tag, not the subjects.
+	if _, err := natsperm.AddScopes(chain, roles[1:]); err != nil {
+		return err
+	}
+	conf := filepath.Join(c.dir, "auth.conf")
+	if err := os.WriteFile(conf, []byte(chain.ServerConfig()), 0o644); err != nil {
+		return err
+	}
+	out := []written{{"trust chain (secret: the seeds)", filepath.Join(c.dir, "chain.json")}, {"server config: include it in nats-server.conf", conf}}
 	creds := filepath.Join(c.dir, "creds")
 	for _, r := range roles {
 		path, err := c.writeCreds(chain, creds, r)

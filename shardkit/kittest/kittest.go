@@ -20,9 +20,14 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/shardkit"
+	"github.com/tenantmesh/tenantmesh/shardkit/natsperm"
 	"github.com/tenantmesh/tenantmesh/shardkit/schema"
 	"github.com/tenantmesh/tenantmesh/shardkit/shardmain"
 )
+
+// The built-in roles run on scoped keys in tests as in a deployment: their credentials carry a
+// name and a tag, and the server fills in their permissions.
+func init() { natstest.KeepScopes(natsperm.Scopes()...) }
 
 // Store starts an embedded JetStream server and opens a store on it; URL is the server's. The
 // test is checked for goroutines it leaves behind (ResourceCheck).

@@ -55,6 +55,32 @@ func DefaultGateway(more ...string) Role {
 	return Gateway(append(BuiltinKinds(), more...), []string{"render"})
 }
 
+// Scopes are the roles whose templates a trust chain keeps as scoped keys (natsauth.AddScope)
+// before its servers start: the built-in kinds' shards and the default gateway (with more
+// kinds, if it routes them). Their users' JWTs then hold a name and a tag, not a few hundred
+// subjects, which every JetStream API request they make carries to the server.
+func Scopes(moreKinds ...string) []Role {
+	out := []Role{DefaultGateway(moreKinds...)}
+	for _, k := range BuiltinKinds() {
+		out = append(out, Shard(k, "scope", KindAssets(k)))
+	}
+	return out
+}
+
+// AddScopes gives chain a scoped key for each of roles' templates; it reports whether the
+// account changed (servers already running need it pushed).
+func AddScopes(chain *natsauth.Chain, roles []Role) (bool, error) {
+	changed := false
+	for _, r := range roles {
+		c, err := chain.AddScope(r)
+		if err != nil {
+			return changed, err
+		}
+		changed = changed || c
+	}
+	return changed, nil
+}
+
 // Assets are a kind's application data: what its instances create, write and read.
 type Assets struct {
 	// Streams and KV buckets the kind owns: created, updated, written, purged.
@@ -91,7 +117,18 @@ func KindAssets(kind string) Assets {
 // released by its shard), routes, their load reports and their kind's audit events; note
 // signals to their kind's shards and hear their own shard's notes; answer the rebalancer's
 // liveness probes of their own shard (a reply each); and use their kind's application assets.
+//
+// Its Template is the same with the shard as the user's tag "shard" (natsauth's scoped keys),
+// so one scope in the account serves every shard of the kind.
 func Shard(kind, shard string, a Assets) Role {
+	r := shardRole(kind, shard, a)
+	t := shardRole(kind, "{{tag(shard)}}", a)
+	t.Name = "shard-" + kind
+	r.Template, r.Tags = &t, map[string]string{"shard": shard}
+	return r
+}
+
+func shardRole(kind, shard string, a Assets) Role {
 	p := base("shard-" + kind + "-" + shard)
 	p.readKV(schema.BucketKinds, schema.BucketInstances, schema.BucketMembers, schema.BucketRoutes,
 		schema.BucketTenantState, schema.PlacementBucket(kind))

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
@@ -224,4 +225,37 @@ func TestGatewayPlacesButCannotRebalance(t *testing.T) {
 	if _, err := admin.Directory().Instance(ctx, agg); err == nil {
 		t.Error("the refused registration is in the directory")
 	}
+}
+
+// TestBuiltinRolesAreScoped: with the built-in scopes in the account (natsperm.Scopes, kept by
+// kittest as a deployment's chain keeps them), a shard's and the gateway's credentials carry no
+// subjects, and stay small: every JetStream API request carries them to the server.
+func TestBuiltinRolesAreScoped(t *testing.T) {
+	for _, r := range []natsperm.Role{natsperm.DefaultGateway(), natsperm.Shard("runner", "runner-1", natsperm.KindAssets("runner")),
+		natsperm.Shard("aggregate", "aggregate-7", natsperm.KindAssets("aggregate"))} {
+		tok, err := jwt.ParseDecoratedJWT(natstest.Creds(t, r))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if uc := natstestClaims(t, r); len(uc.Pub.Allow) != 0 || len(tok) > 1500 {
+			t.Errorf("%s: %d subjects in a %d-byte JWT; want a scoped user", r.Name, len(uc.Pub.Allow), len(tok))
+		}
+	}
+	// A kind without a scope carries its permissions, and works all the same.
+	if uc := natstestClaims(t, natsperm.Shard("notes", "notes-1", natsperm.Assets{KV: []string{"tm_notes_x"}})); len(uc.Pub.Allow) == 0 {
+		t.Error("a kind without a scope must carry its permissions")
+	}
+}
+
+func natstestClaims(t *testing.T, r natsperm.Role) *jwt.UserClaims {
+	t.Helper()
+	tok, err := jwt.ParseDecoratedJWT(natstest.Creds(t, r))
+	if err != nil {
+		t.Fatal(err)
+	}
+	uc, err := jwt.DecodeUserClaims(tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uc
 }

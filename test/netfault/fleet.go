@@ -166,6 +166,9 @@ func Start(t testing.TB, o Options) *Fleet {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := natsperm.AddScopes(chain, natsperm.Scopes()); err != nil { // before NATS starts
+		t.Fatal(err)
+	}
 	if f.gateKey, err = gatesig.LoadOrCreate(filepath.Join(f.dir, "auth", "gate.key")); err != nil {
 		t.Fatal(err)
 	}

@@ -50,6 +50,9 @@ func run(backends, grpcBackends []string, tenants, port int, dir string) error {
 	if err != nil {
 		return err
 	}
+	if _, err := natsperm.AddScopes(chain, natsperm.Scopes()); err != nil {
+		return err
+	}
 	admin, err := chain.WriteCreds(filepath.Join(dir, "creds"), natsperm.Rebalancer())
 	if err != nil {
 		return err

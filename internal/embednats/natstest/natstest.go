@@ -24,7 +24,28 @@ import (
 	"github.com/tenantmesh/tenantmesh/internal/natsauth"
 )
 
-var chain = sync.OnceValues(natsauth.New)
+// chain is made once per test binary, with the scoped keys of KeepScopes's roles in its
+// account before any server trusts it, as a deployment makes its own.
+var chain = sync.OnceValues(func() (*natsauth.Chain, error) {
+	c, err := natsauth.New()
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range scopes {
+		if _, err := c.AddScope(r); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+})
+
+var scopes []natsauth.Role
+
+// KeepScopes makes the test binary's chain keep roles' templates as scoped keys (natsauth's
+// AddScope), so that their users' credentials carry no permissions of their own, as in a
+// deployment (shardkit/kittest keeps the built-in roles'). Call it from an init: the chain is
+// made by the first test that needs it.
+func KeepScopes(roles ...natsauth.Role) { scopes = append(scopes, roles...) }
 
 // Auth is the trust chain every natstest server trusts.
 func Auth(t testing.TB) *natsauth.Chain {
