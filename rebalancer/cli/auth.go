@@ -412,6 +412,9 @@ func (c *AuthCommand) permissions() error {
 		return err
 	}
 	roles := []natsperm.Role{natsperm.Rebalancer().Sorted(), natsperm.Gateway(list(c.kinds), list(c.affinity)).Sorted(), shard.Sorted()}
+	for i := range roles {
+		roles[i].Template = nil // the same subjects with the shard as {{tag(shard)}}: see Tags
+	}
 	return c.emit(c.m.Stdout, roles, func(w io.Writer) error {
 		tw := newTable(w)
 		fmt.Fprintln(tw, "ROLE\tMAY\tSUBJECT")
