@@ -82,7 +82,7 @@ func TestScopedUserCarriesNoPermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 	uc := claims(t, scoped)
-	if len(uc.Pub.Allow) != 0 || len(uc.Sub.Allow) != 0 || uc.Resp != nil || !uc.Tags.Contains("shard:notes-2") || uc.IssuerAccount == "" {
+	if len(uc.Pub.Allow) != 0 || len(uc.Sub.Allow) != 0 || uc.Resp != nil || !uc.Tags.Contains("shard:notes-2") || uc.IssuerAccount == "" || uc.Expires == 0 {
 		t.Fatalf("scoped user: pub %v sub %v resp %v tags %v issuer %q", uc.Pub.Allow, uc.Sub.Allow, uc.Resp, uc.Tags, uc.IssuerAccount)
 	}
 	if tok, _ := jwt.ParseDecoratedJWT(scoped); len(tok) >= len(mustJWT(t, classic)) {
