@@ -167,6 +167,15 @@ func (h *harness) start() {
 	if h.chain, err = natsauth.LoadOrCreate(filepath.Join(h.dir, "auth")); err != nil {
 		h.t.Fatal(err)
 	}
+	// The roles' scoped keys, before NATS starts (natsauth, scope.go): the fleet's shards are
+	// shards of the built-in kinds without application assets.
+	scopes := []natsperm.Role{natsperm.DefaultGateway()}
+	for _, k := range kinds {
+		scopes = append(scopes, natsperm.Shard(k, "scope", natsperm.Assets{}))
+	}
+	if _, err := natsperm.AddScopes(h.chain, scopes); err != nil {
+		h.t.Fatal(err)
+	}
 	h.t.Cleanup(h.stopAll)
 	ports, err := embednats.FreePorts("", 9)
 	if err != nil {
