@@ -176,6 +176,9 @@ func (h *harness) start() {
 	if _, err := natsperm.AddScopes(h.chain, scopes); err != nil {
 		h.t.Fatal(err)
 	}
+	if err := h.chain.Save(); err != nil { // the NATS nodes read the account from it
+		h.t.Fatal(err)
+	}
 	h.t.Cleanup(h.stopAll)
 	ports, err := embednats.FreePorts("", 9)
 	if err != nil {
