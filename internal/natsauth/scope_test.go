@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 
+	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
 	"github.com/tenantmesh/tenantmesh/internal/natsauth"
 )
 
@@ -31,14 +32,7 @@ func shardRole(shard string) natsauth.Role {
 // claims decodes a credentials file's user.
 func claims(t *testing.T, creds []byte) *jwt.UserClaims {
 	t.Helper()
-	tok, err := jwt.ParseDecoratedJWT(creds)
-	if err != nil {
-		t.Fatal(err)
-	}
-	uc, err := jwt.DecodeUserClaims(tok)
-	if err != nil {
-		t.Fatal(err)
-	}
+	uc, _ := natstest.UserClaims(t, creds)
 	return uc
 }
 
@@ -85,8 +79,9 @@ func TestScopedUserCarriesNoPermissions(t *testing.T) {
 	if len(uc.Pub.Allow) != 0 || len(uc.Sub.Allow) != 0 || uc.Resp != nil || !uc.Tags.Contains("shard:notes-2") || uc.IssuerAccount == "" || uc.Expires == 0 {
 		t.Fatalf("scoped user: pub %v sub %v resp %v tags %v issuer %q", uc.Pub.Allow, uc.Sub.Allow, uc.Resp, uc.Tags, uc.IssuerAccount)
 	}
-	if tok, _ := jwt.ParseDecoratedJWT(scoped); len(tok) >= len(mustJWT(t, classic)) {
-		t.Fatalf("the scoped JWT is %d bytes, the classic one %d", len(tok), len(mustJWT(t, classic)))
+	_, n := natstest.UserClaims(t, scoped)
+	if _, m := natstest.UserClaims(t, classic); n >= m {
+		t.Fatalf("the scoped JWT is %d bytes, the classic one %d", n, m)
 	}
 
 	path := filepath.Join(t.TempDir(), "notes-2.creds")
@@ -132,15 +127,6 @@ func TestScopedUserCarriesNoPermissions(t *testing.T) {
 	if seen["notes.notes-2.x"] || seen["ping.notes-2"] {
 		t.Fatalf("its own subjects were refused: %v", seen)
 	}
-}
-
-func mustJWT(t *testing.T, creds []byte) string {
-	t.Helper()
-	tok, err := jwt.ParseDecoratedJWT(creds)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tok
 }
 
 // TestScopeOnlyWhenItGrantsTheSame: a user is minted with a scope only when the template,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/tenantmesh/tenantmesh/internal/tmtest"
 	"github.com/tenantmesh/tenantmesh/services/aggregate"
 	"github.com/tenantmesh/tenantmesh/services/aggregate/ledgertest"
 	"github.com/tenantmesh/tenantmesh/shardkit/events"
@@ -417,22 +419,18 @@ func tailRebuilds(t testing.TB, s *Service) uint64 {
 	return m.GetHistogram().GetSampleCount()
 }
 
-// waitTailLive polls (the tails take joins and leaves on their own goroutines) until s's tails
+// waitTailLive waits (the tails take joins and leaves on their own goroutines) until s's tails
 // count n live tenants.
 func waitTailLive(t testing.TB, s *Service, n int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	tmtest.WaitFor(t, 10*time.Second, func() error {
 		var m dto.Metric
 		if err := s.m.liveTenants.Write(&m); err != nil {
-			t.Fatal(err)
+			return err
 		}
-		if int(m.GetGauge().GetValue()) == n {
-			return
+		if got := int(m.GetGauge().GetValue()); got != n {
+			return fmt.Errorf("%d live tenants, want %d", got, n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%v live tenants, want %d", m.GetGauge().GetValue(), n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }

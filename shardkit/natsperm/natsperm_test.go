@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 
 	"github.com/tenantmesh/tenantmesh/internal/embednats/natstest"
@@ -233,29 +232,13 @@ func TestGatewayPlacesButCannotRebalance(t *testing.T) {
 func TestBuiltinRolesAreScoped(t *testing.T) {
 	for _, r := range []natsperm.Role{natsperm.DefaultGateway(), natsperm.Shard("runner", "runner-1", natsperm.KindAssets("runner")),
 		natsperm.Shard("aggregate", "aggregate-7", natsperm.KindAssets("aggregate"))} {
-		tok, err := jwt.ParseDecoratedJWT(natstest.Creds(t, r))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if uc := natstestClaims(t, r); len(uc.Pub.Allow) != 0 || len(tok) > 1500 {
-			t.Errorf("%s: %d subjects in a %d-byte JWT; want a scoped user", r.Name, len(uc.Pub.Allow), len(tok))
+		if uc, n := natstest.UserClaims(t, natstest.Creds(t, r)); len(uc.Pub.Allow) != 0 || n > 1500 {
+			t.Errorf("%s: %d subjects in a %d-byte JWT; want a scoped user", r.Name, len(uc.Pub.Allow), n)
 		}
 	}
 	// A kind without a scope carries its permissions, and works all the same.
-	if uc := natstestClaims(t, natsperm.Shard("notes", "notes-1", natsperm.Assets{KV: []string{"tm_notes_x"}})); len(uc.Pub.Allow) == 0 {
+	notes := natsperm.Shard("notes", "notes-1", natsperm.Assets{KV: []string{"tm_notes_x"}})
+	if uc, _ := natstest.UserClaims(t, natstest.Creds(t, notes)); len(uc.Pub.Allow) == 0 {
 		t.Error("a kind without a scope must carry its permissions")
 	}
-}
-
-func natstestClaims(t *testing.T, r natsperm.Role) *jwt.UserClaims {
-	t.Helper()
-	tok, err := jwt.ParseDecoratedJWT(natstest.Creds(t, r))
-	if err != nil {
-		t.Fatal(err)
-	}
-	uc, err := jwt.DecodeUserClaims(tok)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return uc
 }

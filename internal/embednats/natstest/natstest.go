@@ -67,6 +67,20 @@ func Creds(t testing.TB, role natsauth.Role) []byte {
 	return b
 }
 
+// UserClaims decodes the user of a credentials file, and returns its JWT's length with it.
+func UserClaims(t testing.TB, creds []byte) (*jwt.UserClaims, int) {
+	t.Helper()
+	tok, err := jwt.ParseDecoratedJWT(creds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uc, err := jwt.DecodeUserClaims(tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uc, len(tok)
+}
+
 // CredsFile writes role's credentials under t.TempDir() and returns the path, for processes.
 func CredsFile(t testing.TB, role natsauth.Role) string {
 	t.Helper()
