@@ -115,7 +115,7 @@ func TestMoveTargetAcceptsOnlyAfterCommit(t *testing.T) {
 	expect(b, "1", http.StatusMisdirectedRequest, "aggregate-1")
 
 	// handoff: both refuse (503, the gateway holds); A drains and reports its fence; B warms to it.
-	p.Phase = schema.PhaseHandoff
+	p.Phase, p.Move, p.Pinned = schema.PhaseHandoff, "mv-1", true
 	p = place(t, st, p)
 	synced(t, p.Revision, a, b)
 	expect(a, "1", http.StatusServiceUnavailable, "aggregate-2")
@@ -140,6 +140,9 @@ func TestMoveTargetAcceptsOnlyAfterCommit(t *testing.T) {
 	p = awaitPlacement(t, st, "aggregate", "t1", func(p schema.Placement) bool {
 		return p.Phase == schema.PhaseDraining && p.Shard == "aggregate-2" && p.Source == "aggregate-1" && p.Epoch == 2
 	})
+	if p.Move != "mv-1" || !p.Pinned || p.UpdatedBy != "shard/"+b.ID().Key() {
+		t.Fatalf("the commit did not carry the handoff's move and pin on (it writes from the watcher's view): %+v", p)
+	}
 	synced(t, p.Revision, a, b)
 	expect(b, "2", http.StatusOK, "")
 	expect(b, "", http.StatusOK, "")

@@ -29,7 +29,7 @@ func (mv *mover) handleChange(c placement.Change) {
 	case c.NewOK && n.Phase == schema.PhaseTakeover && n.Target == me:
 		mv.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { mv.takeoverTask(ctx, ts, n) })
 	case c.NewOK && (n.Phase == schema.PhaseWarming || n.Phase == schema.PhaseHandoff) && n.Target == me:
-		mv.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { mv.warmTask(ctx, ts, n, seen) })
+		mv.startTask(c.Tenant, func(ctx context.Context, ts *tenantState) { mv.warmTask(ctx, ts, n, c.Move, seen) })
 	case c.NewOK && n.Phase.Moving() && n.Shard == me:
 		// A handoff, or a takeover of this shard that found it alive after all (it was frozen,
 		// or cut off for a while): stop, let in-flight requests finish, report drained. A
@@ -79,17 +79,12 @@ func (mv *mover) startTask(tenant string, fn func(context.Context, *tenantState)
 
 // warmTask runs on a move's target: warming reports warming, calls Warm and reports ready; at
 // handoff it learns the source's fence from the source's drained signals, warms up to it and
-// reports ready with that fence. seen is when the watcher applied e.
-func (mv *mover) warmTask(ctx context.Context, ts *tenantState, e placement.Entry, seen time.Time) {
+// reports ready with that fence. seen is when the watcher applied e; move is a handoff's move
+// workflow (placement.Change.Move).
+func (mv *mover) warmTask(ctx context.Context, ts *tenantState, e placement.Entry, move string, seen time.Time) {
 	var fence uint64
-	var handoff func() (schema.Placement, error)
 	var steps *schema.HandoffSteps
 	if e.Phase == schema.PhaseHandoff {
-		// The commit needs the whole handoff record (the watcher keeps only what routing
-		// needs): read it while the source drains, not after.
-		var wait func()
-		handoff, wait = mv.readPlacement(ctx, ts.tenant)
-		defer wait()
 		var ok bool
 		if fence, steps, ok = mv.awaitFence(ctx, ts.tenant, e.Shard, e.Epoch); !ok {
 			return
@@ -105,7 +100,7 @@ func (mv *mover) warmTask(ctx context.Context, ts *tenantState, e placement.Entr
 	if e.Phase == schema.PhaseHandoff {
 		steps.TargetAtFence = time.Now()
 		ready.Steps = steps
-		mv.commit(ctx, ts, e, ready, handoff)
+		mv.commit(ctx, ts, e, move, ready)
 	} else {
 		mv.putSignal(ctx, ts, ready)
 	}
@@ -174,7 +169,7 @@ func (mv *mover) takeoverTask(ctx context.Context, ts *tenantState, e placement.
 // move's other steps. The rebalancer commits only if no target did within its grace (a target
 // that died after reporting ready). With no sibling to wait for, the ready signal and the
 // commit are written at once: the handoff pause is the source's drain and two writes.
-func (mv *mover) commit(ctx context.Context, ts *tenantState, e placement.Entry, ready schema.TenantSignal, handoff func() (schema.Placement, error)) {
+func (mv *mover) commit(ctx context.Context, ts *tenantState, e placement.Entry, move string, ready schema.TenantSignal) {
 	me := mv.s.cfg.ID.Instance
 	live, _ := mv.s.peers.liveNames(mv.s.cfg.ID.Shard)
 	alone := !slices.ContainsFunc(live, func(n string) bool { return n != me })
@@ -208,7 +203,7 @@ func (mv *mover) commit(ctx context.Context, ts *tenantState, e placement.Entry,
 		}()
 		defer func() { close(committing); <-written }()
 	}
-	mv.commitPlacement(ctx, ts.tenant, e, handoff, sent)
+	mv.commitPlacement(ctx, ts.tenant, e, move, sent)
 }
 
 // awaitSiblings waits until every live instance of this shard reports ready at the fence and
@@ -252,57 +247,32 @@ func (mv *mover) awaitSiblings(ctx context.Context, tenant string, ready schema.
 }
 
 // commitPlacement writes handoff(source -> this shard) -> draining(this shard, epoch + 1) by
-// compare-and-set (the rebalancer audits it as move.commit). Any other outcome (already
-// committed by a sibling or the rebalancer, aborted, rolled back) is left to whoever wrote it.
-// handoff is the record read when the handoff was seen; sent gets the time the write went out.
-func (mv *mover) commitPlacement(ctx context.Context, tenant string, e placement.Entry, handoff func() (schema.Placement, error), sent chan<- time.Time) {
-	p, err := handoff()
-	if err != nil || p.Revision < e.Revision {
-		// The early read failed (NATS electing a leader then, say), or a replica answered
-		// older than what the watcher saw: the stream leader, now.
-		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		p, err = mv.s.st.Placements(mv.s.kind).Latest(rctx, tenant)
-		cancel()
-	}
-	if err != nil {
-		if ctx.Err() == nil {
-			mv.s.cfg.Logger.Warn("reading the handoff to commit it; the rebalancer will", "tenant", tenant, "err", err)
-		}
-		return
-	}
-	if ctx.Err() != nil || p.Phase != schema.PhaseHandoff || p.Target != mv.s.cfg.ID.Shard || p.Epoch != e.Epoch {
+// compare-and-set on the handoff's revision (the rebalancer audits it as move.commit). It
+// reads nothing first: the watcher's entry and the handoff's move are the whole of what the
+// commit carries on, and a record that changed since it was seen makes the write a conflict.
+// Any other outcome (already committed by a sibling or the rebalancer, aborted, rolled back)
+// is left to whoever wrote it. sent gets the time the write went out.
+func (mv *mover) commitPlacement(ctx context.Context, tenant string, e placement.Entry, move string, sent chan<- time.Time) {
+	if ctx.Err() != nil {
 		return // moved on meanwhile: whoever moved it goes on
 	}
-	next := schema.Placement{Kind: p.Kind, Tenant: p.Tenant, Shard: p.Target, Epoch: p.Epoch + 1, Phase: schema.PhaseDraining,
-		Source: p.Shard, Move: p.Move, Pinned: p.Pinned, UpdatedBy: "shard/" + mv.s.cfg.ID.Key()}
+	prev := schema.Placement{Kind: mv.s.kind, Tenant: tenant, Shard: e.Shard, Epoch: e.Epoch, Phase: e.Phase, Target: e.Target,
+		Move: move, Pinned: e.Pinned, Revision: e.Revision}
+	next := schema.Placement{Kind: prev.Kind, Tenant: tenant, Shard: e.Target, Epoch: e.Epoch + 1, Phase: schema.PhaseDraining,
+		Source: e.Shard, Move: move, Pinned: e.Pinned, UpdatedBy: "shard/" + mv.s.cfg.ID.Key()}
 	// Not cancelled with the task: the watcher seeing this very write cancels the task, and
 	// the write's answer would read as a failure.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	sent <- time.Now()
-	got, err := mv.s.st.Placements(next.Kind).Update(wctx, p, next)
+	got, err := mv.s.st.Placements(next.Kind).Update(wctx, prev, next)
 	if err != nil {
 		if !errors.As(err, new(*schema.ConflictError)) {
 			mv.s.cfg.Logger.Warn("committing the move; the rebalancer will", "tenant", tenant, "err", err)
 		}
 		return
 	}
-	mv.s.cfg.Logger.Info("move.commit", "tenant", tenant, "from", p.Shard, "to", got.Shard, "epoch", got.Epoch)
-}
-
-// readPlacement starts reading the tenant's placement (a direct get: any replica, no JetStream
-// API queue) and returns its answer's getter, and a wait for the read to end.
-func (mv *mover) readPlacement(ctx context.Context, tenant string) (get func() (schema.Placement, error), wait func()) {
-	var p schema.Placement
-	var err error
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		p, err = mv.s.st.Placements(mv.s.kind).Get(rctx, tenant)
-	}()
-	return func() (schema.Placement, error) { <-done; return p, err }, func() { <-done }
+	mv.s.cfg.Logger.Info("move.commit", "tenant", tenant, "from", e.Shard, "to", got.Shard, "epoch", got.Epoch)
 }
 
 // awaitFence watches the source shard's signals for the tenant until every live source

@@ -41,6 +41,9 @@ type Change struct {
 	Kind, Tenant string
 	Old, New     Entry
 	OldOK, NewOK bool
+	// Move is the move workflow of a handoff (New.Phase handoff; "" otherwise), which the
+	// table does not keep: the target's commit carries it on, without reading the record.
+	Move string
 }
 
 // Config configures a Watcher.
@@ -451,6 +454,13 @@ func (ks *kindState) Apply(e kvwatch.Entry) {
 		c := Change{Kind: ks.kind, Tenant: e.Key}
 		c.Old, c.OldOK = t.decode(old, 0)
 		c.New, c.NewOK = t.decode(v, e.Revision)
+		if c.NewOK && c.New.Phase == schema.PhaseHandoff {
+			var m struct {
+				Move string `json:"move"`
+			}
+			_ = json.Unmarshal(e.Value, &m) // decoded once already, in decode
+			c.Move = m.Move
+		}
 		if cb != nil {
 			cb(c)
 		}

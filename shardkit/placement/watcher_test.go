@@ -87,8 +87,20 @@ func TestWatcherFollowsPlacement(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := waitChange(t, ch, "t1", func(c placement.Change) bool { return c.New.Phase != schema.PhaseActive })
-	if !c.NewOK || c.New.Phase != schema.PhaseWarming || c.New.Target != "aggregate-2" || c.Old.Phase != schema.PhaseActive {
+	if !c.NewOK || c.New.Phase != schema.PhaseWarming || c.New.Target != "aggregate-2" || c.Old.Phase != schema.PhaseActive || c.Move != "" {
 		t.Fatalf("change = %+v", c)
+	}
+	// A handoff's change names its move, which the table does not keep (the target's commit
+	// carries it on without a read).
+	p = next
+	p.Revision = c.New.Revision
+	next.Phase, next.Move = schema.PhaseHandoff, "mv-7"
+	if _, err := st.Placements(next.Kind).Update(ctx, p, next); err != nil {
+		t.Fatal(err)
+	}
+	c = waitChange(t, ch, "t1", func(c placement.Change) bool { return c.New.Phase == schema.PhaseHandoff })
+	if c.Move != "mv-7" || c.New.Target != "aggregate-2" {
+		t.Fatalf("handoff change = %+v, want its move mv-7", c)
 	}
 	if err := st.Placements("aggregate").Delete(ctx, "t1", 0); err != nil {
 		t.Fatal(err)
