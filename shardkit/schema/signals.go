@@ -77,7 +77,7 @@ var HandoffStepNames = [...]string{
 	"its fence is taken, its drained note sent",
 	"the target has the note (one hop)",
 	"the target has applied up to the fence",
-	"the target sends its commit (its ready signal, the handoff read)",
+	"the target sends its commit (its siblings at the fence, if it has any)",
 }
 
 // Gaps is how long each step took after the one before it (HandoffStepNames), the first from
