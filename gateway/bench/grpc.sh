@@ -79,7 +79,7 @@ frontend fe
     bind 127.0.0.1:9081 proto h2
     use_backend g%[req.hdr(x-tenant-id),map($WORK/haproxy.map)] if { path_beg /bench.v1.Bench/ }
     use_backend %[req.hdr(x-tenant-id),map($WORK/haproxy.map)]
-$(for n in 1 2 3 4; do printf 'backend b%d\n    server s%d 127.0.0.1:910%d\nbackend gb%d\n    server s%d 127.0.0.1:911%d proto h2\n' "$n" "$n" "$n" "$n" "$n" "$n"; done)
+$(for n in 1 2 3 4; do printf 'backend aggregate-%d\n    server s%d 127.0.0.1:910%d\nbackend gaggregate-%d\n    server s%d 127.0.0.1:911%d proto h2\n' "$n" "$n" "$n" "$n" "$n" "$n"; done)
 CFG
 haproxy -f "$WORK/haproxy.cfg" -db > "$WORK/haproxy.log" 2>&1 & PIDS+=($!)
 HAPROXY_PID=$!
@@ -95,7 +95,7 @@ http {
     map_hash_bucket_size 128;
     map_hash_max_size 65536;
     map \$http_x_tenant_id \$tenant_backend { include $WORK/nginx.map; }
-$(for n in 1 2 3 4; do printf '    upstream b%d { server 127.0.0.1:910%d; keepalive 64; keepalive_requests 10000000; }\n    upstream gb%d { server 127.0.0.1:911%d; keepalive 64; keepalive_requests 10000000; }\n' "$n" "$n" "$n" "$n"; done)
+$(for n in 1 2 3 4; do printf '    upstream aggregate-%d { server 127.0.0.1:910%d; keepalive 64; keepalive_requests 10000000; }\n    upstream gaggregate-%d { server 127.0.0.1:911%d; keepalive 64; keepalive_requests 10000000; }\n' "$n" "$n" "$n" "$n"; done)
     server {
         listen 127.0.0.1:9082 http2;
         http2_max_concurrent_streams 256;

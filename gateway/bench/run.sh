@@ -7,6 +7,11 @@
 # the proxy's processes from /proc over the same runs). Everything listens on 127.0.0.1 only.
 # Needs haproxy, nginx and wrk (make bench-gateway installs them with apt-get).
 #
+# PEER_FIELDS=1 (the default) makes HAProxy and nginx send the backends the fields the gateway
+# sends (X-Forwarded-For/-Host/-Proto, X-Request-Id, X-Tm-Kind/-Epoch/-Shard, the epoch from a
+# second map), so the routing is the same and the backends, on the same two cores, parse the same
+# requests behind each proxy; PEER_FIELDS=0 runs them bare, as before 2026-11-29.
+#
 # EXTRA_START (a command run with WORK, NATS_URL and NATS_CREDS set once the backends and NATS
 # are up) and EXTRA_TARGETS ("name=url=process-name ...") add targets started outside this
 # script, for experiments measured side by side (process-name: for the CPU figures, pgrep -x).
@@ -17,6 +22,7 @@ CONNS_LIST=${CONNS_LIST:-${CONNS:-32 256}}
 SIZES=${SIZES:-64 16384}
 THREADS=${THREADS:-2}
 TENANTS=${TENANTS_N:-10000}
+PEER_FIELDS=${PEER_FIELDS:-1}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=$(mktemp -d /tmp/gwbench.XXXXXX)
 PIDS=()
@@ -65,8 +71,19 @@ defaults
     http-reuse always
 frontend fe
     bind 127.0.0.1:9081
-    use_backend %[req.hdr(x-tenant-id),map($WORK/haproxy.map)]
-$(for n in 1 2 3 4; do printf 'backend b%d\n    server s%d 127.0.0.1:910%d\n' "$n" "$n" "$n"; done)
+    http-request set-var(txn.shard) req.hdr(x-tenant-id),map($WORK/haproxy.map)
+$(if [ "$PEER_FIELDS" = 1 ]; then cat <<FIELDS
+    option forwardfor
+    http-request set-header X-Forwarded-Host %[req.hdr(host)]
+    http-request set-header X-Forwarded-Proto http
+    http-request set-header X-Request-Id %[uuid]
+    http-request set-header X-Tm-Kind aggregate
+    http-request set-header X-Tm-Epoch %[req.hdr(x-tenant-id),map($WORK/haproxy-epoch.map)]
+    http-request set-header X-Tm-Shard %[var(txn.shard)]
+FIELDS
+fi)
+    use_backend %[var(txn.shard)]
+$(for n in 1 2 3 4; do printf 'backend aggregate-%d\n    server s%d 127.0.0.1:910%d\n' "$n" "$n" "$n"; done)
 CFG
 haproxy -f "$WORK/haproxy.cfg" -db > "$WORK/haproxy.log" 2>&1 & PIDS+=($!)
 HAPROXY_PID=$!
@@ -81,12 +98,23 @@ http {
     map_hash_bucket_size 128;
     map_hash_max_size 65536;
     map \$http_x_tenant_id \$tenant_backend { include $WORK/nginx.map; }
-$(for n in 1 2 3 4; do printf '    upstream b%d { server 127.0.0.1:910%d; keepalive 64; }\n' "$n" "$n"; done)
+    map \$http_x_tenant_id \$tenant_epoch { include $WORK/nginx-epoch.map; }
+$(for n in 1 2 3 4; do printf '    upstream aggregate-%d { server 127.0.0.1:910%d; keepalive 64; }\n' "$n" "$n"; done)
     server {
         listen 127.0.0.1:9082;
         location / {
             proxy_http_version 1.1;
             proxy_set_header Connection "";
+$(if [ "$PEER_FIELDS" = 1 ]; then cat <<FIELDS
+            proxy_set_header X-Forwarded-For \$remote_addr;
+            proxy_set_header X-Forwarded-Host \$host;
+            proxy_set_header X-Forwarded-Proto \$scheme;
+            proxy_set_header X-Request-Id \$request_id;
+            proxy_set_header X-Tm-Kind aggregate;
+            proxy_set_header X-Tm-Epoch \$tenant_epoch;
+            proxy_set_header X-Tm-Shard \$tenant_backend;
+FIELDS
+fi)
             proxy_pass http://\$tenant_backend;
         }
     }
@@ -116,7 +144,13 @@ for t in haproxy nginx gateway "${EXTRA_NAMES[@]}"; do
   [ "$got" = "ok b2" ] || { echo "$t routed tenant-00001 to '$got', want 'ok b2'"; exit 1; }
   got=$(curl -fs -H 'x-tenant-id: tenant-00001' "${URL[$t]}/bytes/16384" | wc -c)
   [ "$got" = 16384 ] || { echo "$t answered $got bytes for /bytes/16384"; exit 1; }
+  if [ "$PEER_FIELDS" = 1 ]; then
+    got=$(curl -fs -H 'x-tenant-id: tenant-00001' "${URL[$t]}/fields" | tr '\n' ' ')
+    want=$(curl -fs -H 'x-tenant-id: tenant-00001' "${URL[gateway]}/fields" | tr '\n' ' ')
+    [ "$got" = "$want" ] || { echo "$t sends the fields '$got', the gateway '$want'"; exit 1; }
+  fi
 done
+echo "fields the backends get from each proxy: $(curl -fs -H 'x-tenant-id: tenant-00001' "${URL[gateway]}/fields" | tr '\n' ' ')"
 PROCS[nginx]=$(pgrep -d' ' -P "$NGINX_PID" || true)
 for name in "${EXTRA_NAMES[@]}"; do
   [ -n "${PROCS[$name]}" ] && PROCS[$name]=$(pgrep -d' ' -x "${PROCS[$name]}" || true)

@@ -1,6 +1,8 @@
 // Command backend is the benchmark's shard stand-in: a minimal HTTP/1.1 server that answers
 // every request with 200: "ok <name>\n" on /, and on /bytes/<n> a body of n bytes (up to 1 MiB)
-// that starts with the same line. With -grpc it is a gRPC server (grpc-go's own HTTP/2
+// that starts with the same line; on /fields the names of the forwarding and tenantmesh fields the
+// request carried (X-Forwarded-*, X-Request-Id, X-Tm-*), sorted, one per line, so the benchmark
+// can check that every proxy sends the same. With -grpc it is a gRPC server (grpc-go's own HTTP/2
 // transport, h2c) whose every method reads one message and answers, whatever the message:
 // /bench.v1.Bench/Unary one message of -msg bytes, /bench.v1.Bench/Stream -stream messages of
 // -msg bytes (gateway/bench/grpc.sh).
@@ -11,6 +13,7 @@ import (
 	"flag"
 	"log"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -51,6 +54,17 @@ func main() {
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			h := w.Header()
 			h["X-Backend"] = []string{*name}
+			if r.URL.Path == "/fields" {
+				var names []string
+				for n := range r.Header {
+					if strings.HasPrefix(n, "X-Forwarded-") || strings.HasPrefix(n, "X-Tm-") || n == "X-Request-Id" {
+						names = append(names, n)
+					}
+				}
+				slices.Sort(names)
+				_, _ = w.Write([]byte(strings.Join(names, "\n") + "\n"))
+				return
+			}
 			h["Content-Type"] = []string{"text/plain"}
 			b := bodyOf(r.URL.Path)
 			h["Content-Length"] = []string{strconv.Itoa(len(b))} // not chunked, whatever the size

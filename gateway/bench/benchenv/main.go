@@ -102,7 +102,7 @@ func run(backends, grpcBackends []string, tenants, port int, dir string) error {
 		}
 	}
 	files := map[string]*bufio.Writer{}
-	for _, name := range []string{"haproxy.map", "nginx.map", "tenants.txt"} {
+	for _, name := range []string{"haproxy.map", "nginx.map", "haproxy-epoch.map", "nginx-epoch.map", "tenants.txt"} {
 		f, err := os.Create(filepath.Join(dir, name))
 		if err != nil {
 			return err
@@ -114,24 +114,33 @@ func run(backends, grpcBackends []string, tenants, port int, dir string) error {
 	}
 	// Placements are written concurrently (bounded) to keep the setup short.
 	sem := make(chan struct{}, 64)
-	errs := make(chan error, tenants)
+	type placed struct {
+		tenant string
+		epoch  uint64
+		err    error
+	}
+	epochs := make(chan placed, tenants)
 	for i := range tenants {
 		tenant := fmt.Sprintf("tenant-%05d", i)
 		shard := i % len(backends)
-		fmt.Fprintf(files["haproxy.map"], "%s b%d\n", tenant, shard+1)
-		fmt.Fprintf(files["nginx.map"], "%s b%d;\n", tenant, shard+1)
+		fmt.Fprintf(files["haproxy.map"], "%s aggregate-%d\n", tenant, shard+1)
+		fmt.Fprintf(files["nginx.map"], "%s aggregate-%d;\n", tenant, shard+1)
 		fmt.Fprintf(files["tenants.txt"], "%s\n", tenant)
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem }()
-			_, _, err := st.Placements("aggregate").Ensure(ctx, schema.Placement{Tenant: tenant, Shard: fmt.Sprintf("aggregate-%d", shard+1)})
-			errs <- err
+			p, _, err := st.Placements("aggregate").Ensure(ctx, schema.Placement{Tenant: tenant, Shard: fmt.Sprintf("aggregate-%d", shard+1)})
+			epochs <- placed{tenant, p.Epoch, err}
 		}()
 	}
+	// The peers' epoch maps, in the order the placements were written (any order routes).
 	for range tenants {
-		if err := <-errs; err != nil {
-			return err
+		pl := <-epochs
+		if pl.err != nil {
+			return pl.err
 		}
+		fmt.Fprintf(files["haproxy-epoch.map"], "%s %d\n", pl.tenant, pl.epoch)
+		fmt.Fprintf(files["nginx-epoch.map"], "%s %d;\n", pl.tenant, pl.epoch)
 	}
 	for _, w := range files {
 		if err := w.Flush(); err != nil {
