@@ -58,11 +58,6 @@ type Shard struct {
 	queueMu sync.Mutex
 	queue   []placement.Change
 	queued  chan struct{}
-	// applying: applyLoop runs; handling: it or onChange is handling changes. A change that
-	// comes while applying and not handling, with none queued, is handled on the watcher's
-	// goroutine at once (a handoff's first step without a goroutine's wake-up); otherwise it
-	// is queued behind the others, in order.
-	applying, handling bool
 
 	runCtx    context.Context // lives while Run runs; tasks derive from it
 	cancel    context.CancelFunc
@@ -459,11 +454,8 @@ func (s *Shard) waitIdle(ctx context.Context, bound time.Duration) int64 {
 	}
 }
 
-// onChange runs on the watcher's apply goroutine: wake epoch waiters and hand the changes that
-// may need work to handleChange, which only starts tasks: here at once when nothing is queued
-// or being handled (a handoff's drain starts without waiting for applyLoop's goroutine to be
-// scheduled, which under load took milliseconds), else queued for applyLoop, so they are
-// handled in order.
+// onChange runs on the watcher's apply goroutine: wake epoch waiters and queue the changes
+// that may need work (see handleChange).
 func (s *Shard) onChange(c placement.Change) {
 	s.changeMu.Lock()
 	close(s.changed)
@@ -473,25 +465,8 @@ func (s *Shard) onChange(c placement.Change) {
 		return
 	}
 	s.queueMu.Lock()
-	if s.applying && !s.handling && len(s.queue) == 0 {
-		s.handling = true
-		s.queueMu.Unlock()
-		s.moves.handleChange(c)
-		s.queueMu.Lock()
-		s.handling = false
-		n := len(s.queue)
-		s.queueMu.Unlock()
-		if n > 0 { // queued by no one but this goroutine, so never; but never strand one
-			s.wakeApply()
-		}
-		return
-	}
 	s.queue = append(s.queue, c)
 	s.queueMu.Unlock()
-	s.wakeApply()
-}
-
-func (s *Shard) wakeApply() {
 	select {
 	case s.queued <- struct{}{}:
 	default:
@@ -540,37 +515,18 @@ func (s *Shard) WaitPlacement(ctx context.Context, rev uint64) error {
 
 // applyLoop hands queued placement changes to handleChange, in order.
 func (s *Shard) applyLoop(ctx context.Context) {
-	s.queueMu.Lock()
-	s.applying = true
-	s.queueMu.Unlock()
-	defer func() {
-		s.queueMu.Lock()
-		s.applying = false
-		s.queueMu.Unlock()
-	}()
 	for {
 		select {
 		case <-s.queued:
 		case <-ctx.Done():
 			return
 		}
-		for {
-			s.queueMu.Lock()
-			q := s.queue
-			s.queue = nil
-			if len(q) == 0 || s.handling {
-				s.queue = q // onChange is handling one: it wakes this loop for what it left
-				s.queueMu.Unlock()
-				break
-			}
-			s.handling = true
-			s.queueMu.Unlock()
-			for _, c := range q {
-				s.moves.handleChange(c)
-			}
-			s.queueMu.Lock()
-			s.handling = false
-			s.queueMu.Unlock()
+		s.queueMu.Lock()
+		q := s.queue
+		s.queue = nil
+		s.queueMu.Unlock()
+		for _, c := range q {
+			s.moves.handleChange(c)
 		}
 	}
 }
