@@ -104,3 +104,66 @@ func TestDrainIsBounded(t *testing.T) {
 		t.Fatalf("the request that outlived the drain: %d", code)
 	}
 }
+
+// A handoff that finds a request of the tenant in flight calls the service's Fencing as its
+// drain starts, while the request still runs, and reports what the function Fencing returned
+// answers once the request finished; a handoff that finds none reports Fence, read after.
+func TestHandoffFencesBesideTheDrain(t *testing.T) {
+	srv := natstest.Server(t)
+	st := kittest.StoreAt(t, srv.URL())
+	p1 := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t1", Shard: "aggregate-1"})
+	p2 := place(t, st, schema.Placement{Kind: "aggregate", Tenant: "t2", Shard: "aggregate-1"})
+	fencing := make(chan string, 2)
+	var answered atomic.Int32
+	hooks := shardkit.Hooks{
+		Fence: func(string) uint64 { return 42 },
+		Fencing: func(_ context.Context, tenant string) func() uint64 {
+			fencing <- tenant
+			return func() uint64 { answered.Add(1); return 99 }
+		},
+	}
+	a := startShard(t, shardkit.Config{Store: st, ID: id("aggregate-1", "a"), Hooks: hooks})
+	synced(t, p2.Revision, a)
+	sig1 := watchSignal(t, st, "aggregate", "t1", a.ID())
+	sig2 := watchSignal(t, st, "aggregate", "t2", a.ID())
+	handoff := func(p schema.Placement) {
+		t.Helper()
+		p.Phase, p.Target = schema.PhaseWarming, "aggregate-2"
+		p = place(t, st, p)
+		p.Phase = schema.PhaseHandoff
+		synced(t, place(t, st, p).Revision, a)
+	}
+
+	slow := make(chan int, 1)
+	go func() { code, _, _ := call(t, "GET", a.URL+"/t/slow", "t1", nil, ""); slow <- code }()
+	<-a.app.entered
+	handoff(p1)
+	select {
+	case tenant := <-fencing:
+		if tenant != "t1" {
+			t.Fatalf("Fencing called for %s", tenant)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a handoff with a request in flight did not call Fencing as its drain started")
+	}
+	if answered.Load() != 0 {
+		t.Fatal("the fence was answered while the request was still in flight")
+	}
+	close(a.app.release)
+	if code := <-slow; code != http.StatusOK {
+		t.Fatalf("the in-flight request: %d", code)
+	}
+	if got := sig1.next(t, "drained", phaseIs(schema.SignalDrained)); got.Fence != 99 || answered.Load() != 1 {
+		t.Fatalf("drained with a request in flight at the handoff: %+v (Fencing's answer is 99)", got)
+	}
+
+	handoff(p2)
+	if got := sig2.next(t, "drained", phaseIs(schema.SignalDrained)); got.Fence != 42 {
+		t.Fatalf("drained with nothing in flight: %+v (Fence says 42)", got)
+	}
+	select {
+	case tenant := <-fencing:
+		t.Fatalf("Fencing called for %s, which had nothing in flight", tenant)
+	default:
+	}
+}

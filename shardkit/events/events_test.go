@@ -261,3 +261,49 @@ func TestTakeoverFencesTheFormerOwner(t *testing.T) {
 		t.Fatalf("a, owner again at epoch 3: %v", err)
 	}
 }
+
+// Fencing reads a handoff's fence beside the drain: what it answers once the commands in flight
+// have finished covers the events stored before its read and every append this instance made
+// since, and an append of unknown outcome since makes it read again. (Its function is called
+// more than once here to order the read before the appends; it answers afresh each time.)
+func TestFencingCoversTheDrain(t *testing.T) {
+	st := openStore(t)
+	a, b := newLog(t, st, ""), newLog(t, st, "")
+	ctx := context.Background()
+	for i := range 3 {
+		if _, err := inc(a, "acme", "c.x", fmt.Sprintf("k%d", i), 100); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := inc(b, "acme", "c.y", "b0", 100); err != nil {
+		t.Fatal(err)
+	}
+	fence := a.Fencing(ctx, "acme")
+	if got := fence(); got != 4 {
+		t.Fatalf("fence before the drain's appends = %d, want 4 (a sibling's event included)", got)
+	}
+	// A command in flight at the handoff appends after the read.
+	r, err := inc(a, "acme", "c.x", "in-flight", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fence(); got != r.Event.Seq {
+		t.Fatalf("fence after an append during the drain = %d, want its sequence %d", got, r.Event.Seq)
+	}
+	// An append whose answer never came (its command's context ended as it went out) may be
+	// stored; a sibling's write after the read is then found by reading again.
+	cctx, cancel := context.WithCancel(ctx)
+	if _, err := a.Execute(cctx, "acme", "c.x", "in-doubt", func(*counters, events.Position) (events.Event, error) {
+		cancel()
+		return events.Event{Type: "inc", Data: []byte("x")}, nil
+	}); err == nil {
+		t.Fatal("a command whose context ended before its append succeeded")
+	}
+	rb, err := inc(b, "acme", "c.y", "b1", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fence(); got != rb.Event.Seq {
+		t.Fatalf("fence after an append in doubt = %d, want the stream's last event %d", got, rb.Event.Seq)
+	}
+}
