@@ -150,12 +150,6 @@ type Hooks struct {
 	Applied func(tenant string) uint64
 	// Fence is the sequence a drained source reports as the fence at handoff. Default Applied.
 	Fence func(tenant string) uint64
-	// Fencing, if set, is used in place of Fence when a handoff finds requests of the tenant in
-	// flight: it is called as the drain starts (the gate refuses the tenant already), may start
-	// what Fence would do beside the drain, and the function it returns is called once those
-	// requests have finished and answers what Fence would answer then. ctx ends with the
-	// handoff's task.
-	Fencing func(ctx context.Context, tenant string) (fence func() uint64)
 	// Lag is the tenant's count of entries not yet applied. Default fence - applied.
 	Lag func(tenant string) uint64
 	// Release drops the tenant's state once this shard no longer serves it (after a drain, after

@@ -56,8 +56,7 @@
 //     reports ready with Fence 0 once Warm returned and Applied >= 0.
 //   - handoff(A->B): each instance of A stops accepting the tenant, waits for its in-flight
 //     requests (DrainTimeout), then reports drained at the handoff epoch E with
-//     Fence = Applied = Hooks.Fence (default Hooks.Applied; with requests in flight at the
-//     handoff, Hooks.Fencing, started beside the drain). Each instance of B waits until every
+//     Fence = Applied = Hooks.Fence (default Hooks.Applied). Each instance of B waits until every
 //     live instance of A reported drained at E (at least one), takes the highest fence, calls
 //     Hooks.Warm(tenant, fence) and reports ready with that Fence once Applied >= fence (warming
 //     with Lag meanwhile). B commits itself: the instance that sees every live sibling ready

@@ -395,20 +395,11 @@ func (mv *mover) handoffTask(ctx context.Context, ts *tenantState, e placement.E
 		}()
 		defer func() { <-reported }()
 	}
-	var fencing func() uint64
-	if reported != nil && mv.s.cfg.Hooks.Fencing != nil {
-		fencing = mv.s.cfg.Hooks.Fencing(ctx, ts.tenant) // the fence's read beside the drain
-	}
 	if !mv.quiesce(ctx, ts) {
 		return
 	}
 	idle := time.Now()
-	var fence uint64
-	if fencing != nil && ts.inflight.Load() == 0 {
-		fence = fencing()
-	} else { // nothing was in flight, or the drain's bound left some: after the drain, as ever
-		fence = mv.s.cfg.Hooks.fence(ts.tenant)
-	}
+	fence := mv.s.cfg.Hooks.fence(ts.tenant)
 	drained := schema.TenantSignal{Phase: schema.SignalDrained, Epoch: e.Epoch, Applied: fence, Fence: fence,
 		Steps: &schema.HandoffSteps{SourceSaw: seen, SourceIdle: idle, SourceFenced: time.Now()}}
 	// The move's target waits for this: it hears it before the write, not after (a write's

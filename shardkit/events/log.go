@@ -439,7 +439,7 @@ func (l *Log[S]) writeSnapshot(ctx context.Context, tenant string) {
 // Hooks are the Log's part of shardkit's move protocol: Warm, Applied, Fence, Release and
 // Takeover.
 func (l *Log[S]) Hooks() shardkit.Hooks {
-	return shardkit.Hooks{Warm: l.Warm, Applied: l.Applied, Fence: l.Fence, Fencing: l.Fencing, Release: l.Release, Sizes: l.Sizes, Takeover: l.Takeover}
+	return shardkit.Hooks{Warm: l.Warm, Applied: l.Applied, Fence: l.Fence, Release: l.Release, Sizes: l.Sizes, Takeover: l.Takeover}
 }
 
 // Warm loads tenant (with the move's strategy, else the default) and catches it up until its
@@ -522,41 +522,6 @@ func (l *Log[S]) Fence(tenant string) uint64 {
 		l.cfg.Logger.Warn("fence: catch-up failed", "tenant", tenant, "err", err)
 	}
 	return ts.contig
-}
-
-// Fencing is Fence for a handoff that found commands of the tenant in flight (shardkit's
-// Hooks.Fencing): it asks the stream leader for the tenant's last event now, beside the
-// drain, and the function it returns, called once those commands have finished, answers the
-// higher of that and the tenant's contiguous applied sequence here. Each of this instance's
-// appends expected the tenant's last event, so after one that sequence is the append's own:
-// the fence covers every event stored before the read and every append this instance made
-// since. An append since the read whose outcome is unknown (it failed without a conflict, and
-// may be stored) makes it read again after the drain, as Fence does. Against Fence, what it
-// leaves out is a write of an instance that is not live (so no one waits for its drain)
-// stored during the drain; Fence leaves it out when stored after its read.
-func (l *Log[S]) Fencing(ctx context.Context, tenant string) func() uint64 {
-	doubts := l.es.doubts.Load()
-	var last uint64
-	var err error
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		last, err = l.es.lastSeq(rctx, l.es.tenantFilter(tenant))
-	}()
-	return func() uint64 {
-		<-done
-		if err != nil || l.es.doubts.Load() != doubts {
-			return l.Fence(tenant)
-		}
-		if ts := l.loaded(tenant); ts != nil {
-			ts.mu.Lock()
-			last = max(last, ts.contig)
-			ts.mu.Unlock()
-		}
-		return last
-	}
 }
 
 // Release writes the tenant's final snapshot (so its next owner loads it) and drops it from

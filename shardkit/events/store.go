@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -68,9 +67,6 @@ type store struct {
 	batch int
 	// retries counts append tries made again.
 	retries prometheus.Counter
-	// doubts counts appends whose outcome is unknown: they failed without a conflict, and
-	// may be stored all the same (Fencing).
-	doubts atomic.Uint64
 }
 
 // subject is where tenant's events about subject are stored.
@@ -132,7 +128,6 @@ func (es *store) publish(ctx context.Context, msg *nats.Msg, opts []jetstream.Pu
 	case schema.IsConflict(err):
 		return 0, false, fmt.Errorf("%w: %v", ErrStale, err)
 	default:
-		es.doubts.Add(1)
 		return 0, false, fmt.Errorf("%w: append to %s: %w", ErrStore, msg.Subject, err)
 	}
 }
